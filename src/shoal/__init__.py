@@ -1,0 +1,49 @@
+"""shoal: durable runs and replica coordination through the store you already have."""
+
+from shoal.app import App, Workflow
+from shoal.clock import Clock, SystemClock
+from shoal.engine.context import AbortSignal, RunContext
+from shoal.errors import (
+    AdmissionRejectedError,
+    BudgetExceededError,
+    ConfigurationError,
+    LeaseLostError,
+    NonDeterminismError,
+    NotPausedError,
+    RunCancelledError,
+    RunFailedError,
+    ShoalError,
+    StoreUnavailableError,
+    UnknownPauseError,
+    UnknownRunError,
+    UnknownWorkflowError,
+)
+from shoal.stores.base import Run, RunStatus, Store
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AbortSignal",
+    "AdmissionRejectedError",
+    "App",
+    "BudgetExceededError",
+    "Clock",
+    "ConfigurationError",
+    "LeaseLostError",
+    "NonDeterminismError",
+    "NotPausedError",
+    "Run",
+    "RunCancelledError",
+    "RunContext",
+    "RunFailedError",
+    "RunStatus",
+    "ShoalError",
+    "Store",
+    "StoreUnavailableError",
+    "SystemClock",
+    "UnknownPauseError",
+    "UnknownRunError",
+    "UnknownWorkflowError",
+    "Workflow",
+    "__version__",
+]

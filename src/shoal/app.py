@@ -1,0 +1,407 @@
+"""``shoal.App``: the public face. It wires a store, a clock and an engine together."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import os
+import signal as signals
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
+
+from shoal import _ids, _json
+from shoal.clock import Clock, SystemClock
+from shoal.engine.context import RunContext
+from shoal.engine.runner import Engine, ErrorHandler, WorkflowSpec
+from shoal.errors import (
+    ConfigurationError,
+    RunCancelledError,
+    RunFailedError,
+    ShoalError,
+    UnknownRunError,
+    UnknownWorkflowError,
+)
+from shoal.stores import Store, mask_url, open_store
+from shoal.stores.base import NewRun, Run, RunStatus
+
+log = logging.getLogger("shoal")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+WorkflowFunction = Callable[[RunContext, Any], Awaitable[Any]]
+KeyFn = Callable[[Any], "str | None"]
+
+
+class Workflow(Generic[R]):
+    """A registered workflow. Pass it (or its name) to ``app.dispatch``."""
+
+    def __init__(self, spec: WorkflowSpec) -> None:
+        self.spec = spec
+        self.name = spec.name
+
+    async def __call__(self, ctx: RunContext, input: Any) -> Any:
+        return await self.spec.fn(ctx, input)
+
+    def __repr__(self) -> str:
+        return f"<shoal.Workflow {self.name!r}>"
+
+
+class App:
+    """One instance (replica) of a service's durable runs, over a shared store."""
+
+    def __init__(
+        self,
+        namespace: str,
+        store: str | Store = "sqlite:///shoal.db",
+        coordination: str | list[str] | None = None,
+        instance_id: str | None = None,
+        max_concurrent_runs: int = 4,
+        lease: float = 30.0,
+        clock: Clock | None = None,
+        version: str | None = None,
+        max_queued: int | None = None,
+        admission: Literal["reject", "park"] = "reject",
+        membership_interval: float = 5.0,
+        pause_retention: float = 86400.0,
+        run_retention: float = 7 * 86400.0,
+    ) -> None:
+        if not isinstance(namespace, str) or not namespace:
+            raise ConfigurationError("App(namespace) must be a non-empty string, e.g. 'billing'.")
+        if not isinstance(max_concurrent_runs, int) or max_concurrent_runs < 1:
+            raise ConfigurationError(
+                f"max_concurrent_runs must be an int >= 1, not {max_concurrent_runs!r}.")
+        if not isinstance(lease, (int, float)) or lease <= 0:
+            raise ConfigurationError(f"lease must be a positive number of seconds, not {lease!r}.")
+        if admission not in ("reject", "park"):
+            raise ConfigurationError(f"admission must be 'reject' or 'park', not {admission!r}.")
+        if max_queued is not None and (not isinstance(max_queued, int) or max_queued < 1):
+            raise ConfigurationError(f"max_queued must be None or an int >= 1, not {max_queued!r}.")
+        if isinstance(coordination, list) and len(coordination) % 2 == 0:
+            raise ConfigurationError(
+                f"Atomicity takes an odd number of addresses, {len(coordination)} given.")
+        self.namespace = namespace
+        self.store: Store = open_store(store) if isinstance(store, str) else store
+        # A store passed in as an object may be shared by several apps: its owner closes it.
+        self._owns_store = isinstance(store, str)
+        self.coordination = coordination
+        self.instance_id = instance_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.max_concurrent_runs = max_concurrent_runs
+        self.lease = float(lease)
+        self.clock: Clock = clock or SystemClock()
+        self.version = version
+        self.max_queued = max_queued
+        self.admission = admission
+        self.membership_interval = membership_interval
+        self.pause_retention = pause_retention
+        self.run_retention = run_retention
+        self._workflows: dict[str, WorkflowSpec] = {}
+        self._on_error: list[ErrorHandler] = []
+        self._engine: Engine | None = None
+        self._opened = False
+        self._started = False
+
+    def __repr__(self) -> str:
+        return (f"<shoal.App {self.namespace!r} instance={self.instance_id!r} "
+                f"store={mask_url(self.store.url)!r}>")
+
+    @classmethod
+    def from_env(cls, namespace: str | None = None, **kwargs: Any) -> App:
+        """An App from ``SHOAL_STORE``, ``SHOAL_COORDINATION``, ``SHOAL_INSTANCE_ID`` (and
+        ``SHOAL_NAMESPACE`` when ``namespace`` is not given)."""
+        env = os.environ
+        coordination: str | list[str] | None = env.get("SHOAL_COORDINATION") or None
+        if isinstance(coordination, str) and "," in coordination:
+            coordination = [a.strip() for a in coordination.split(",") if a.strip()]
+        return cls(
+            namespace or env.get("SHOAL_NAMESPACE", "default"),
+            store=env.get("SHOAL_STORE", "sqlite:///shoal.db"),
+            coordination=coordination,
+            instance_id=env.get("SHOAL_INSTANCE_ID") or None,
+            **kwargs,
+        )
+
+    # -- registration ----------------------------------------------------------------------
+
+    @overload
+    def workflow(self, fn: WorkflowFunction, /) -> Workflow[Any]: ...
+
+    @overload
+    def workflow(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        max_attempts: int = 3,
+        priority: int = 0,
+        concurrency_key: str | KeyFn | None = None,
+        backoff: float = 1.0,
+        max_backoff: float = 300.0,
+    ) -> Callable[[WorkflowFunction], Workflow[Any]]: ...
+
+    def workflow(
+        self,
+        fn: WorkflowFunction | None = None,
+        /,
+        *,
+        name: str | None = None,
+        max_attempts: int = 3,
+        priority: int = 0,
+        concurrency_key: str | KeyFn | None = None,
+        backoff: float = 1.0,
+        max_backoff: float = 300.0,
+    ) -> Workflow[Any] | Callable[[WorkflowFunction], Workflow[Any]]:
+        """Register an ``async def fn(ctx, input)`` as a workflow. ``max_attempts`` counts failed
+        attempts (an exception, or a crash of the executing instance); retries wait
+        ``backoff * 2**(attempt-1)`` seconds (at most ``max_backoff``) times a jitter in
+        [0.5, 1]."""
+
+        def register(f: WorkflowFunction) -> Workflow[Any]:
+            if not inspect.iscoroutinefunction(f):
+                raise ConfigurationError(
+                    f"Workflow {getattr(f, '__name__', f)!r} must be an async function "
+                    f"'async def {getattr(f, '__name__', 'fn')}(ctx, input)'.")
+            wf_name = name or f.__name__
+            if not isinstance(max_attempts, int) or max_attempts < 1:
+                raise ConfigurationError(
+                    f"Workflow {wf_name!r}: max_attempts must be an int >= 1, not "
+                    f"{max_attempts!r}.")
+            if wf_name in self._workflows:
+                raise ConfigurationError(f"A workflow named {wf_name!r} is already registered.")
+            spec = WorkflowSpec(wf_name, f, max_attempts, priority, concurrency_key, backoff,
+                                max_backoff)
+            self._workflows[wf_name] = spec
+            return Workflow(spec)
+
+        if fn is not None:
+            return register(fn)
+        return register
+
+    def on_error(self, fn: ErrorHandler) -> ErrorHandler:
+        """Call ``fn(error)`` (sync or async) for errors that reach no caller: a lost lease
+        (``LeaseLostError``), a failed poll. Returns ``fn`` (usable as a decorator)."""
+        self._on_error.append(fn)
+        return fn
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def _open_store(self) -> None:
+        if not self._opened:
+            await self.store.open()
+            self._opened = True
+
+    @contextlib.asynccontextmanager
+    async def open(self) -> AsyncIterator[App]:
+        """Connect only and run nothing: for a process that dispatches, signals and reads."""
+        await self._open_store()
+        try:
+            yield self
+        finally:
+            if not self._started:
+                await self._close_store()
+
+    async def start(self) -> None:
+        """Migrate if needed, record this instance's workflows, then poll, schedule, recover."""
+        if self._started:
+            return
+        await self._open_store()
+        await self.store.register_workflows(self.namespace, list(self._workflows),
+                                            self.clock.now())
+        self._engine = Engine(
+            store=self.store, clock=self.clock, namespace=self.namespace,
+            instance_id=self.instance_id, slots=self.max_concurrent_runs, lease=self.lease,
+            workflows=self._workflows, max_queued=self.max_queued, on_error=self._on_error,
+        )
+        self._engine.start()
+        self._started = True
+        log.info("app.started: %r", self, extra={"event": "app.started"})
+
+    async def close(self, timeout: float = 25.0) -> None:
+        """Graceful stop: take no more runs, wait up to ``timeout`` seconds for the running ones,
+        then interrupt the rest (each releases its claim at once; another instance continues
+        it at its next poll). Idempotent."""
+        if self._engine is not None:
+            engine, self._engine = self._engine, None
+            await engine.close(timeout)
+        self._started = False
+        await self._close_store()
+
+    async def _close_store(self) -> None:
+        if self._opened:
+            self._opened = False
+            if self._owns_store:
+                await self.store.close()
+
+    async def __aenter__(self) -> App:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def run_forever(self, *, timeout: float = 25.0) -> None:
+        """Start, serve until SIGTERM or SIGINT, then ``close(timeout)``. Blocks."""
+
+        async def serve() -> None:
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signals.SIGTERM, signals.SIGINT):
+                loop.add_signal_handler(sig, stop.set)
+            await self.start()
+            try:
+                await stop.wait()
+            finally:
+                log.info("app.stopping: %r", self, extra={"event": "app.stopping"})
+                await self.close(timeout)
+
+        asyncio.run(serve())
+
+    async def poll(self) -> None:
+        """Run one poll now (renew, recover, schedule). The engine also does it every lease/3."""
+        if self._engine is None:
+            raise ShoalError("The app is not started: use 'async with app:' or await app.start().")
+        await self._engine.poll()
+
+    # -- runs ------------------------------------------------------------------------------
+
+    async def dispatch(
+        self,
+        workflow: Workflow[Any] | WorkflowFunction | str,
+        input: Any = None,
+        *,
+        idempotency_key: str | None = None,
+        concurrency_key: str | None = None,
+        priority: int | None = None,
+        tenant: str = "default",
+        delay: float | None = None,
+        max_attempts: int | None = None,
+    ) -> Run:
+        """Store a new queued run and return it; with an ``idempotency_key`` already used for
+        this (tenant, workflow), return that run instead. Raises ``TypeError`` for input that is
+        not JSON and ``UnknownWorkflowError`` for a name no instance registered; nothing is
+        stored then."""
+        name = self._workflow_name(workflow)
+        _json.check_json(input, "input")
+        for what, value in (("idempotency_key", idempotency_key),
+                            ("concurrency_key", concurrency_key), ("tenant", tenant)):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"{what} must be a str, not {type(value).__name__}")
+        if delay is not None and (not isinstance(delay, (int, float)) or delay < 0):
+            raise ValueError(f"delay must be a number of seconds >= 0, not {delay!r}")
+        if max_attempts is not None and (not isinstance(max_attempts, int) or max_attempts < 1):
+            raise ValueError(f"max_attempts must be an int >= 1, not {max_attempts!r}")
+        await self._open_store()
+        spec = self._workflows.get(name)
+        if spec is None and not await self.store.has_workflow(self.namespace, name):
+            raise UnknownWorkflowError(name, self.namespace)
+        if concurrency_key is None and spec is not None and spec.concurrency_key is not None:
+            key = spec.concurrency_key
+            concurrency_key = key(input) if callable(key) else key
+            if concurrency_key is not None and not isinstance(concurrency_key, str):
+                raise TypeError(f"the concurrency_key of workflow {name!r} gave "
+                                f"{concurrency_key!r}; it must give a str or None")
+        now = self.clock.now()
+        run_id = _ids.new_id(now)
+        new = NewRun(
+            id=run_id, namespace=self.namespace, tenant=tenant, workflow=name, input=input,
+            priority=priority if priority is not None else (spec.priority if spec else 0),
+            created_at=now, run_at=now + (delay or 0.0),
+            max_attempts=max_attempts or (spec.max_attempts if spec else 3),
+            concurrency_key=concurrency_key, idempotency_key=idempotency_key,
+            version=self.version, root_id=run_id,
+        )
+        run, created = await self.store.create_run(new, max_queued=self.max_queued,
+                                                   admission=self.admission)
+        if created and self._engine is not None:
+            self._engine.kick()
+        return run
+
+    def _workflow_name(self, workflow: Any) -> str:
+        if isinstance(workflow, Workflow):
+            return workflow.name
+        if isinstance(workflow, str):
+            if not workflow:
+                raise UnknownWorkflowError(workflow, self.namespace)
+            return workflow
+        for spec in self._workflows.values():
+            if spec.fn is workflow:
+                return spec.name
+        raise TypeError(f"dispatch takes a workflow registered with @app.workflow or its name, "
+                        f"not {workflow!r}")
+
+    async def get_run(self, run_id: str) -> Run:
+        """The run; raises ``UnknownRunError``."""
+        await self._open_store()
+        run = await self.store.get_run(run_id)
+        if run is None or run.namespace != self.namespace:
+            raise UnknownRunError(run_id)
+        return run
+
+    async def list_runs(
+        self,
+        status: RunStatus | str | None = None,
+        workflow: str | None = None,
+        tenant: str | None = None,
+        limit: int = 100,
+        after: str | None = None,
+    ) -> list[Run]:
+        """Runs of this namespace in creation order; page with ``after=last.id``."""
+        await self._open_store()
+        if status is not None:
+            try:
+                status = RunStatus(status)
+            except ValueError:
+                raise ValueError(f"Unknown status {status!r}; one of "
+                                 f"{', '.join(s.value for s in RunStatus)}") from None
+        return await self.store.list_runs(
+            self.namespace, status=None if status is None else status.value,
+            workflow=workflow, tenant=tenant, limit=limit, after=after)
+
+    async def result(self, run_id: str, timeout: float | None = None) -> Any:
+        """Wait until the run is final and return its output. Raises ``RunFailedError``,
+        ``RunCancelledError``, or ``TimeoutError`` after ``timeout`` seconds (app clock)."""
+        deadline = None if timeout is None else self.clock.now() + timeout
+        while True:
+            run = await self.get_run(run_id)
+            if run.status == RunStatus.SUCCEEDED:
+                return run.output
+            if run.status == RunStatus.FAILED:
+                raise RunFailedError(run.id, run.error)
+            if run.status == RunStatus.CANCELLED:
+                raise RunCancelledError(run.id)
+            if deadline is not None and self.clock.now() >= deadline:
+                raise TimeoutError(f"Run {run_id} is still {run.status.value} after {timeout}s.")
+            if self._engine is not None:
+                await self._engine.wait_settled(0.05)
+            else:
+                await asyncio.sleep(0.05)
+
+    async def cancel(self, run_id: str) -> Run:
+        """Cancel: a queued/sleeping/waiting/interrupted run at once, a running one by its owner
+        (which aborts it at its next poll, or at once when it is this instance)."""
+        await self._open_store()
+        run = await self.store.cancel_run(run_id, self.clock.now())
+        if run is None or run.namespace != self.namespace:
+            raise UnknownRunError(run_id)
+        if self._engine is not None:
+            if run.status == RunStatus.RUNNING:
+                self._engine.cancel_local(run_id)
+            self._engine.kick()
+        return run
+
+    async def signal(self, run_id: str, name: str, payload: Any = None) -> None:
+        """Send signal ``name`` to the run; kept until its ``ctx.wait_for(name)`` consumes it."""
+        _json.check_json(payload, "payload")
+        await self._open_store()
+        existing = await self.store.get_run(run_id)
+        if existing is None or existing.namespace != self.namespace:
+            raise UnknownRunError(run_id)
+        now = self.clock.now()
+        run = await self.store.send_signal(run_id, name, payload, _ids.new_id(now), now)
+        if run is None:
+            raise UnknownRunError(run_id)
+        if self._engine is not None:
+            self._engine.kick()

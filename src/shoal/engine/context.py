@@ -1,0 +1,195 @@
+"""What a workflow sees while it executes: ``RunContext`` and its ``AbortSignal``."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from shoal import _json
+from shoal.errors import LeaseLostError, NonDeterminismError
+from shoal.stores.base import Fence, Run, Step
+
+if TYPE_CHECKING:
+    from shoal.engine.runner import Engine
+
+
+class AbortSignal:
+    """Set when the run must stop here: its lease was lost, it was cancelled, or the instance is
+    stopping. Long steps may poll ``aborted`` or call ``raise_if_aborted()``."""
+
+    def __init__(self) -> None:
+        self._reason: BaseException | None = None
+        self._event = asyncio.Event()
+
+    @property
+    def aborted(self) -> bool:
+        return self._reason is not None
+
+    @property
+    def reason(self) -> BaseException | None:
+        """Why: a ``LeaseLostError``, or ``asyncio.CancelledError`` for a cancel or a stop."""
+        return self._reason
+
+    def raise_if_aborted(self) -> None:
+        """Raise the reason if the signal is set."""
+        if self._reason is not None:
+            raise self._reason
+
+    async def wait(self) -> None:
+        """Return once the signal is set."""
+        await self._event.wait()
+
+    def _abort(self, reason: BaseException) -> None:
+        if self._reason is None:
+            self._reason = reason
+            self._event.set()
+
+
+class Suspended(BaseException):
+    """Raised inside a run that has durably yielded (sleep, wait): the store already says so.
+    A BaseException, so a workflow's ``except Exception`` does not swallow it."""
+
+    def __init__(self, status: str, until: float | None) -> None:
+        super().__init__(status)
+        self.status = status
+        self.until = until
+
+
+@dataclass
+class Execution:
+    """One local execution of a claimed run."""
+
+    run: Run
+    fence: Fence
+    steps: dict[int, Step] = field(default_factory=dict)
+    seq: int = 0
+    abort: str | None = None   # "cancel", "interrupt" or "lost" once aborted
+    task: asyncio.Task[None] | None = None
+    context: RunContext | None = None
+
+
+class RunContext:
+    """The handle a workflow function gets as its first argument."""
+
+    def __init__(self, engine: Engine, execution: Execution) -> None:
+        self._engine = engine
+        self._x = execution
+        run = execution.run
+        self.run_id: str = run.id
+        self.tenant: str = run.tenant
+        self.attempt: int = run.attempts
+        self.workflow: str = run.workflow
+        self.root_id: str = run.root_id
+        self.lease_epoch: int = run.lease_epoch
+        self.signal = AbortSignal()
+        self.step_key: str | None = None
+
+    def _next(self, name: str) -> tuple[int, Step | None]:
+        self._x.seq += 1
+        seq = self._x.seq
+        recorded = self._x.steps.get(seq)
+        if recorded is not None and recorded.name != name:
+            raise NonDeterminismError(self.run_id, seq, recorded.name, name)
+        return seq, recorded
+
+    def _lost(self) -> NoReturn:
+        raise LeaseLostError(self.run_id, self._x.fence.owner)
+
+    async def step(
+        self, name: str, fn: Callable[..., Any], *args: Any, retries: int = 0, **kwargs: Any
+    ) -> Any:
+        """Run ``fn(*args, **kwargs)`` once for this run and checkpoint its JSON result before
+        anything else happens; on a replay, return the recorded result without running it.
+        ``retries`` retries it in place (with backoff) before the exception fails the attempt."""
+        seq, recorded = self._next(name)
+        if recorded is not None and recorded.finished:
+            return copy.deepcopy(recorded.output)
+        self.signal.raise_if_aborted()
+        self.step_key = f"{self.run_id}:{seq}"
+        tries = 0
+        while True:
+            try:
+                if inspect.iscoroutinefunction(fn):
+                    result = await fn(*args, **kwargs)
+                else:
+                    result = await asyncio.to_thread(fn, *args, **kwargs)
+                    if inspect.isawaitable(result):
+                        result = await result
+                break
+            except Exception:
+                if tries >= retries:
+                    raise
+                tries += 1
+                await self._engine.clock.sleep(min(30.0, 0.5 * 2 ** (tries - 1))
+                                               * random.uniform(0.5, 1.0))
+                self.signal.raise_if_aborted()
+        _json.check_json(result, f"the result of step {name!r}")
+        step = Step(seq, name, result, True, self._x.fence.epoch)
+        engine = self._engine
+        if not await engine.store.checkpoint_step(self._x.fence, step, engine.lease,
+                                                  engine.clock.now()):
+            self._lost()
+        self._x.steps[seq] = step
+        self.step_key = None
+        return copy.deepcopy(result)
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep durably: the run gives up its slot and its claim, and is delivered again (to any
+        instance) once ``seconds`` have passed. Does not count as an attempt."""
+        seq, recorded = self._next("shoal.sleep")
+        if recorded is not None and recorded.finished:
+            return
+        engine = self._engine
+        now = engine.clock.now()
+        until = float(recorded.output["until"]) if recorded is not None else now + seconds
+        if now >= until:
+            step = Step(seq, "shoal.sleep", {"until": until}, True, self._x.fence.epoch)
+            if not await engine.store.checkpoint_step(self._x.fence, step, engine.lease, now):
+                self._lost()
+            self._x.steps[seq] = step
+            return
+        pending = Step(seq, "shoal.sleep", {"until": until}, False, self._x.fence.epoch)
+        if not await engine.store.suspend_run(self._x.fence, pending, "sleeping", until, None,
+                                              now):
+            self._lost()
+        raise Suspended("sleeping", until)
+
+    async def wait_for(self, name: str, timeout: float | None = None) -> Any:
+        """Wait durably for ``app.signal(run_id, name, payload)`` and return its payload. A signal
+        sent before the wait is kept and returned at once. Raises ``TimeoutError`` once
+        ``timeout`` seconds have passed without one. The run holds no slot while it waits."""
+        step_name = f"shoal.wait_for:{name}"
+        seq, recorded = self._next(step_name)
+        if recorded is not None and recorded.finished:
+            return self._waited(recorded.output, name)
+        engine = self._engine
+        now = engine.clock.now()
+        if recorded is not None:
+            deadline = recorded.output.get("deadline")
+        else:
+            deadline = None if timeout is None else now + timeout
+        pending = Step(seq, step_name, {"deadline": deadline}, False, self._x.fence.epoch)
+        got = await engine.store.wait_signal(self._x.fence, pending, name, deadline, now)
+        if got is None:
+            self._lost()
+        if got.received:
+            self._x.steps[seq] = Step(seq, step_name, {"payload": got.payload}, True,
+                                      self._x.fence.epoch)
+            return got.payload
+        if got.parked:
+            raise Suspended("waiting", deadline)
+        done = Step(seq, step_name, {"timeout": deadline}, True, self._x.fence.epoch)
+        if not await engine.store.checkpoint_step(self._x.fence, done, engine.lease, now):
+            self._lost()
+        self._x.steps[seq] = done
+        return self._waited(done.output, name)
+
+    def _waited(self, output: Any, name: str) -> Any:
+        if "timeout" in output:
+            raise TimeoutError(f"No signal {name!r} arrived for run {self.run_id} in time.")
+        return copy.deepcopy(output["payload"])

@@ -1,0 +1,315 @@
+"""The engine: local slots, the scheduling pass, the poll (renew, recover, schedule), executions
+with replay, and the graceful stop. It speaks to the store only through the Store protocol."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import inspect
+import logging
+import random
+import traceback
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from shoal import _json
+from shoal.clock import Clock
+from shoal.engine.context import Execution, RunContext, Suspended
+from shoal.errors import LeaseLostError, NonDeterminismError
+from shoal.stores.base import Fence, Run, Settlement, Store
+
+log = logging.getLogger("shoal")
+
+WorkflowFn = Callable[[RunContext, Any], Awaitable[Any]]
+ErrorHandler = Callable[[BaseException], Any]
+
+
+@dataclass(frozen=True)
+class WorkflowSpec:
+    """What the engine needs to know of a registered workflow."""
+
+    name: str
+    fn: WorkflowFn
+    max_attempts: int
+    priority: int
+    concurrency_key: str | Callable[[Any], str | None] | None
+    backoff: float
+    max_backoff: float
+
+
+class Engine:
+    """Executes the runs this instance claims, at most ``slots`` at once."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        clock: Clock,
+        namespace: str,
+        instance_id: str,
+        slots: int,
+        lease: float,
+        workflows: dict[str, WorkflowSpec],
+        max_queued: int | None,
+        on_error: list[ErrorHandler],
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.namespace = namespace
+        self.instance_id = instance_id
+        self.slots = slots
+        self.lease = lease
+        self.poll_interval = lease / 3
+        self.workflows = workflows
+        self.max_queued = max_queued
+        self._on_error = on_error
+        self._local: dict[str, Execution] = {}
+        self._accepting = False
+        self._kicked = asyncio.Event()
+        self._background: list[asyncio.Task[None]] = []
+        self._timers: set[asyncio.Task[None]] = set()
+        self._settled = asyncio.Event()
+        self._closing = False
+        self.last_poll_at: float | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._accepting = True
+        for coro in (self._poll_loop(), self._schedule_loop(), self._watch_loop()):
+            self._background.append(asyncio.create_task(coro))
+
+    async def close(self, timeout: float) -> None:
+        """Stop claiming, wait up to ``timeout`` for local runs, then interrupt the rest: each
+        releases its claim at once (``interrupted``) for another instance's next poll."""
+        self._accepting = False
+        self._closing = True
+        tasks = [x.task for x in self._local.values() if x.task is not None]
+        if tasks:
+            waiter = asyncio.ensure_future(asyncio.wait(tasks))
+            deadline = asyncio.ensure_future(self.clock.sleep(timeout))
+            await asyncio.wait({waiter, deadline}, return_when=asyncio.FIRST_COMPLETED)
+            deadline.cancel()
+            waiter.cancel()
+        for x in list(self._local.values()):
+            self._abort(x, "interrupt", asyncio.CancelledError("the instance is stopping"))
+        remaining = [x.task for x in self._local.values() if x.task is not None]
+        if remaining:
+            await asyncio.wait(remaining)
+        for task in [*self._background, *self._timers]:
+            task.cancel()
+        for task in [*self._background, *self._timers]:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._background.clear()
+        self._timers.clear()
+
+    def kick(self) -> None:
+        """Ask for a scheduling pass soon."""
+        self._kicked.set()
+
+    @property
+    def running(self) -> int:
+        return len(self._local)
+
+    async def wait_settled(self, timeout: float) -> None:
+        """Return when a local run settles, or after ``timeout`` real seconds."""
+        waiter = asyncio.ensure_future(self._settled.wait())
+        await asyncio.wait({waiter}, timeout=timeout)
+        waiter.cancel()
+
+    # -- loops -----------------------------------------------------------------------------
+
+    async def _poll_loop(self) -> None:
+        while not self._closing:
+            try:
+                await self.poll()
+            except Exception as e:
+                log.warning("poll.failed: %s", e, extra={"event": "poll.failed"})
+                await self._report(e)
+            await self.clock.sleep(self.poll_interval)
+
+    async def poll(self) -> None:
+        """One poll: renew local leases, recover expired or released claims, release held runs,
+        then a scheduling pass."""
+        await self._renew()
+        now = self.clock.now()
+        for run in await self.store.recover_runs(self.namespace, now):
+            log.info("run.recovered: %s %s -> %s", run.workflow, run.id, run.status,
+                     extra={"event": "run.recovered", "run_id": run.id})
+        if self.max_queued is not None:
+            await self.store.release_held(self.namespace, self.max_queued, now)
+        await self._pass()
+        self.last_poll_at = self.clock.now()
+
+    async def _schedule_loop(self) -> None:
+        while not self._closing:
+            await self._kicked.wait()
+            self._kicked.clear()
+            try:
+                await self._pass()
+            except Exception as e:
+                log.warning("schedule.failed: %s", e, extra={"event": "schedule.failed"})
+                await self._report(e)
+
+    async def _watch_loop(self) -> None:
+        while not self._closing:
+            try:
+                await self.store.wait_for_work(1.0)
+            except Exception as e:
+                log.debug("watch.failed: %s", e)
+                await asyncio.sleep(1.0)
+            if self._accepting and len(self._local) < self.slots:
+                self.kick()
+
+    async def _pass(self) -> None:
+        while self._accepting:
+            free = self.slots - len(self._local)
+            if free <= 0:
+                return
+            runs = await self.store.claim_runs(
+                self.namespace, list(self.workflows), self.instance_id, free, self.lease,
+                self.clock.now(),
+            )
+            for run in runs:
+                self._launch(run)
+            if len(runs) < free:
+                return
+
+    async def _renew(self) -> None:
+        leases = {x.run.id: x.fence.epoch for x in self._local.values() if x.abort is None}
+        if not leases:
+            return
+        renewal = await self.store.renew_leases(self.instance_id, leases, self.lease,
+                                                self.clock.now())
+        for run_id in leases:
+            x = self._local.get(run_id)
+            if x is None or x.abort is not None:
+                continue
+            if run_id not in renewal.renewed:
+                self._abort(x, "lost", LeaseLostError(run_id, self.instance_id))
+            elif run_id in renewal.cancel_requested:
+                self._abort(x, "cancel", asyncio.CancelledError("the run was cancelled"))
+
+    def cancel_local(self, run_id: str) -> None:
+        """Abort a local execution at once after its cancel was requested."""
+        x = self._local.get(run_id)
+        if x is not None:
+            self._abort(x, "cancel", asyncio.CancelledError("the run was cancelled"))
+
+    def _abort(self, x: Execution, why: str, reason: BaseException) -> None:
+        if x.abort is not None:
+            return
+        x.abort = why
+        ctx = x.context
+        if ctx is not None:
+            ctx.signal._abort(reason)
+        if x.task is not None:
+            x.task.cancel()
+
+    # -- executions ------------------------------------------------------------------------
+
+    def _launch(self, run: Run) -> None:
+        x = Execution(run=run, fence=Fence(run.id, self.instance_id, run.lease_epoch))
+        self._local[run.id] = x
+        x.task = asyncio.create_task(self._execute(x), name=f"shoal-run-{run.id}")
+
+    async def _execute(self, x: Execution) -> None:
+        run = x.run
+        spec = self.workflows[run.workflow]
+        ctx = RunContext(self, x)
+        x.context = ctx
+        try:
+            try:
+                x.steps = {s.seq: s for s in await self.store.load_steps(run.id)}
+                output = await spec.fn(ctx, copy.deepcopy(run.input))
+                _json.check_json(output, f"the output of workflow {run.workflow!r}")
+            except Suspended as s:
+                if s.until is not None:
+                    self._wake_at(s.until)
+                return
+            except asyncio.CancelledError:
+                await self._aborted(x)
+                return
+            except LeaseLostError as e:
+                await self._lost(x, e)
+                return
+            except NonDeterminismError as e:
+                await self._settle(x, Settlement("failed", error=str(e)))
+                return
+            except Exception as e:
+                if x.abort is not None:   # the abort surfaced as the step's own error
+                    await self._aborted(x)
+                    return
+                await self._failed(x, spec, e)
+                return
+            await self._settle(x, Settlement("succeeded", output=output))
+        finally:
+            self._local.pop(run.id, None)
+            self._settled.set()
+            self._settled = asyncio.Event()
+            self.kick()
+
+    async def _aborted(self, x: Execution) -> None:
+        if x.abort == "cancel":
+            await self._settle(x, Settlement("cancelled", error="cancelled"))
+        elif x.abort == "interrupt":
+            await self.store.release_run(x.fence, self.clock.now())
+            log.info("run.interrupted: %s", x.run.id, extra={"event": "run.interrupted"})
+        elif x.abort == "lost":
+            await self._lost(x, LeaseLostError(x.run.id, self.instance_id))
+        else:   # cancelled from outside (the event loop is going away): let it go quickly
+            with contextlib.suppress(Exception):
+                await self.store.release_run(x.fence, self.clock.now())
+            raise asyncio.CancelledError
+
+    async def _failed(self, x: Execution, spec: WorkflowSpec, e: Exception) -> None:
+        run = x.run
+        error = f"{type(e).__name__}: {e}"
+        if run.attempts < run.max_attempts:
+            delay = min(spec.max_backoff, spec.backoff * 2 ** (run.attempts - 1))
+            delay *= random.uniform(0.5, 1.0)
+            log.warning("run.retry: %s %s attempt %d/%d failed (%s); again in %.1fs",
+                        run.workflow, run.id, run.attempts, run.max_attempts, error, delay,
+                        extra={"event": "run.retry", "run_id": run.id})
+            settled = Settlement("retry", error=error, run_at=self.clock.now() + delay)
+            if await self._settle(x, settled):
+                self._wake_at(self.clock.now() + delay)
+        else:
+            log.error("run.failed: %s %s after %d attempts\n%s", run.workflow, run.id,
+                      run.attempts, "".join(traceback.format_exception(e)),
+                      extra={"event": "run.failed", "run_id": run.id})
+            await self._settle(x, Settlement("failed", error=error))
+
+    async def _settle(self, x: Execution, settlement: Settlement) -> bool:
+        if await self.store.settle_run(x.fence, settlement, self.clock.now()):
+            return True
+        await self._lost(x, LeaseLostError(x.run.id, self.instance_id))
+        return False
+
+    async def _lost(self, x: Execution, e: LeaseLostError) -> None:
+        log.warning("lease.lost: %s %s", x.run.workflow, x.run.id,
+                    extra={"event": "lease.lost", "run_id": x.run.id})
+        await self._report(e)
+
+    async def _report(self, error: BaseException) -> None:
+        for handler in list(self._on_error):
+            try:
+                result = handler(error)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("on_error handler %r raised", handler)
+
+    def _wake_at(self, when: float) -> None:
+        async def wake() -> None:
+            await self.clock.sleep(max(0.0, when - self.clock.now()))
+            self.kick()
+
+        task = asyncio.create_task(wake())
+        self._timers.add(task)
+        task.add_done_callback(self._timers.discard)
+
+

@@ -1,0 +1,103 @@
+"""Every error shoal raises on purpose. Each message says what happened and what to do."""
+
+from __future__ import annotations
+
+
+class ShoalError(Exception):
+    """Base class of shoal's errors."""
+
+
+class ConfigurationError(ShoalError):
+    """The app or a store was configured in a way that cannot work."""
+
+
+class StoreUnavailableError(ShoalError):
+    """The store could not be opened or reached."""
+
+
+class UnknownRunError(ShoalError):
+    """No run has this id."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"No run with id {run_id!r}. Check the id (shoal runs lists them).")
+        self.run_id = run_id
+
+
+class UnknownWorkflowError(ShoalError):
+    """The workflow is registered neither here nor by any instance of this namespace."""
+
+    def __init__(self, name: str, namespace: str) -> None:
+        super().__init__(
+            f"No workflow named {name!r} in namespace {namespace!r}. Register it with "
+            f"@app.workflow(name={name!r}) in this app or in a started instance of the namespace."
+        )
+        self.name = name
+
+
+class RunFailedError(ShoalError):
+    """The awaited run ended ``failed``."""
+
+    def __init__(self, run_id: str, error: str | None) -> None:
+        super().__init__(f"Run {run_id} failed: {error}")
+        self.run_id = run_id
+        self.error = error
+
+
+class RunCancelledError(ShoalError):
+    """The awaited run ended ``cancelled``."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"Run {run_id} was cancelled.")
+        self.run_id = run_id
+
+
+class NonDeterminismError(ShoalError):
+    """A replay reached a step whose name differs from the recorded one."""
+
+    def __init__(self, run_id: str, seq: int, recorded: str, now: str) -> None:
+        super().__init__(
+            f"Run {run_id}: step #{seq} was recorded as {recorded!r} but the replay reached "
+            f"{now!r}. Code outside ctx.step must be deterministic: take decisions from step "
+            f"results, not from time, randomness or outside state."
+        )
+        self.run_id = run_id
+        self.seq = seq
+        self.recorded = recorded
+        self.replayed = now
+
+
+class LeaseLostError(ShoalError):
+    """This instance no longer holds the run's claim; the new owner continues it."""
+
+    def __init__(self, run_id: str, owner: str) -> None:
+        super().__init__(
+            f"Instance {owner} lost its lease on run {run_id} (it expired and was taken over, or "
+            f"the run was cancelled); this instance stopped executing it. "
+            f"Not a failure of the run: the new owner continues from the last checkpoint. "
+            f"If this happens often, raise App(lease=...) or look for a blocked event loop."
+        )
+        self.run_id = run_id
+        self.owner = owner
+
+
+class AdmissionRejectedError(ShoalError):
+    """``max_queued`` runs are already queued and the admission policy is ``reject``."""
+
+    def __init__(self, namespace: str, max_queued: int) -> None:
+        super().__init__(
+            f"Namespace {namespace!r} already has {max_queued} queued runs (max_queued); the run "
+            f"was not stored. Retry later, add workers, or use admission='park'."
+        )
+        self.max_queued = max_queued
+
+
+class NotPausedError(ShoalError):
+    """The pause was already resolved."""
+
+
+class UnknownPauseError(ShoalError):
+    """No pause has this id."""
+
+
+class BudgetExceededError(ShoalError):
+    """A cost budget would be exceeded."""

@@ -1,0 +1,43 @@
+"""Store backends behind one protocol; ``open_store`` picks one from a URL."""
+
+from __future__ import annotations
+
+from shoal.errors import ConfigurationError
+from shoal.stores.base import Store
+
+
+def open_store(url: str) -> Store:
+    """Build (not yet open) the store a URL names: ``memory://`` or ``sqlite:///path``."""
+    if url == "memory://" or url.startswith("memory:"):
+        from shoal.stores.memory import MemoryStore
+
+        return MemoryStore()
+    if url.startswith("sqlite:"):
+        from shoal.stores.sqlite import SQLiteStore
+
+        return SQLiteStore.from_url(url)
+    if url.startswith(("postgresql:", "postgres:")):
+        raise ConfigurationError(
+            "The PostgreSQL store is not available in this version of shoal yet; use "
+            "'sqlite:///path' for several processes on one machine."
+        )
+    raise ConfigurationError(
+        f"Unknown store URL {mask_url(url)!r}: use 'memory://' or 'sqlite:///path/to/file.db'."
+    )
+
+
+def mask_url(url: str) -> str:
+    """The URL with any password replaced by ``***``."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+__all__ = ["Store", "mask_url", "open_store"]

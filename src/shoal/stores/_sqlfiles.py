@@ -1,0 +1,29 @@
+"""SQL kept as files: versioned migrations ``NNNN_*.sql`` and named blocks in ``queries.sql``."""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+
+_NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
+
+
+def queries(backend: str) -> dict[str, str]:
+    """The named statements of ``sql/<backend>/queries.sql``."""
+    text = resources.files("shoal.stores").joinpath("sql", backend, "queries.sql").read_text()
+    parts = _NAME.split(text)
+    named: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        named[name] = body.strip().rstrip(";")
+    return named
+
+
+def migrations(backend: str) -> list[tuple[int, str, str]]:
+    """``(version, file name, sql)`` of every migration, in version order."""
+    folder = resources.files("shoal.stores").joinpath("sql", backend)
+    found = []
+    for entry in folder.iterdir():
+        match = re.match(r"^(\d{4})_\w+\.sql$", entry.name)
+        if match:
+            found.append((int(match.group(1)), entry.name, entry.read_text()))
+    return sorted(found)

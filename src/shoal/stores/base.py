@@ -1,0 +1,263 @@
+"""The Store protocol: a few semantic, atomic operations over runs, steps and signals.
+
+Each method is one atomic operation with one invariant, stated in its docstring. Every method that
+compares or stores a time takes ``now`` from the app's Clock; a store never reads its own clock.
+Writes of a running run take a :class:`Fence` and succeed only while the run is ``running`` under
+that owner and lease epoch (invariant 1), so a writer that lost its lease can never overwrite the
+new owner's work.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
+
+JSON = Any
+
+
+class RunStatus(enum.StrEnum):
+    """Where a run stands. ``succeeded``, ``failed`` and ``cancelled`` are final."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SLEEPING = "sleeping"
+    WAITING = "waiting"
+    INTERRUPTED = "interrupted"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def final(self) -> bool:
+        return self in FINAL_STATUSES
+
+
+FINAL_STATUSES = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED})
+# A run that has started and is in one of these holds its concurrency key (besides a queued run that
+# has started before, i.e. one waiting for a retry or for recovery).
+KEY_HOLDING_STATUSES = ("running", "sleeping", "waiting", "interrupted")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run as the store keeps it. ``held`` is True while admission control parks it."""
+
+    id: str
+    namespace: str
+    tenant: str
+    workflow: str
+    input: JSON
+    output: JSON
+    error: str | None
+    status: RunStatus
+    priority: int
+    created_at: float
+    run_at: float | None
+    attempts: int
+    max_attempts: int
+    concurrency_key: str | None
+    idempotency_key: str | None
+    owner: str | None
+    lease_expires_at: float | None
+    lease_epoch: int
+    cancel_requested: bool
+    version: str | None
+    parent_id: str | None
+    root_id: str
+    wait_for: str | None
+    held: bool
+    started_at: float | None
+    finished_at: float | None
+
+
+@dataclass(frozen=True)
+class NewRun:
+    """What ``create_run`` inserts; the store fills in status, attempts, owner and epoch."""
+
+    id: str
+    namespace: str
+    tenant: str
+    workflow: str
+    input: JSON
+    priority: int
+    created_at: float
+    run_at: float
+    max_attempts: int
+    concurrency_key: str | None
+    idempotency_key: str | None
+    version: str | None
+    parent_id: str | None = None
+    root_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Fence:
+    """The claim a write is conditional on: the run is ``running`` under this owner and epoch."""
+
+    run_id: str
+    owner: str
+    epoch: int
+
+
+@dataclass(frozen=True)
+class Step:
+    """A checkpoint at position ``seq`` of a run. ``finished`` False: a sleep or wait in progress,
+    whose ``output`` holds what it waits for (``{"until": t}`` or ``{"deadline": t}``)."""
+
+    seq: int
+    name: str
+    output: JSON
+    finished: bool
+    epoch: int
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """How an attempt ends. ``retry`` requeues the run at ``run_at`` with ``attempts + 1``."""
+
+    outcome: Literal["succeeded", "failed", "cancelled", "retry"]
+    output: JSON = None
+    error: str | None = None
+    run_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Renewal:
+    """Result of ``renew_leases``: runs still held, and those of them asked to cancel."""
+
+    renewed: frozenset[str]
+    cancel_requested: frozenset[str]
+
+
+@dataclass(frozen=True)
+class SignalWait:
+    """Result of ``wait_signal``: ``received`` with the payload; else ``parked`` (the run now
+    waits), or neither when the deadline has passed."""
+
+    received: bool
+    payload: JSON = None
+    parked: bool = False
+
+
+@runtime_checkable
+class Store(Protocol):
+    """What a backend implements. ``shoal.testing.contract`` is the behaviour to match."""
+
+    url: str
+
+    async def open(self) -> None:
+        """Connect and migrate the schema to the newest version (safe from several processes)."""
+
+    async def close(self) -> None:
+        """Release connections. Idempotent."""
+
+    async def migrate(self) -> int:
+        """Apply missing schema versions; return the version now in force."""
+
+    async def ping(self) -> None:
+        """One round trip; raises when the store does not answer."""
+
+    async def register_workflows(self, namespace: str, names: Sequence[str], now: float) -> None:
+        """Record that an instance of ``namespace`` serves these workflow names."""
+
+    async def has_workflow(self, namespace: str, name: str) -> bool:
+        """Whether some instance of ``namespace`` registered ``name``."""
+
+    async def create_run(
+        self, new: NewRun, *, max_queued: int | None, admission: str
+    ) -> tuple[Run, bool]:
+        """Insert ``new`` as queued, or return the existing run of its idempotency key
+        (tenant, workflow, key) with ``False`` (invariant 5). Over ``max_queued`` queued runs in the
+        namespace: ``admission="reject"`` raises AdmissionRejectedError and stores nothing;
+        ``"park"`` stores it held, behind every run held before it."""
+
+    async def get_run(self, run_id: str) -> Run | None:
+        """The run, or None."""
+
+    async def list_runs(
+        self,
+        namespace: str | None,
+        *,
+        status: str | None = None,
+        workflow: str | None = None,
+        tenant: str | None = None,
+        limit: int = 100,
+        after: str | None = None,
+    ) -> list[Run]:
+        """Runs in id order (creation order), those with id greater than ``after``."""
+
+    async def claim_runs(
+        self,
+        namespace: str,
+        workflows: Sequence[str],
+        owner: str,
+        limit: int,
+        lease: float,
+        now: float,
+    ) -> list[Run]:
+        """Atomically claim up to ``limit`` due runs of these workflows, by priority descending,
+        created_at, id: set them running under ``owner`` with a new epoch and a lease until
+        ``now + lease``. A run with a concurrency key is claimed only when no other run of its
+        workflow and key has started and not ended (invariant 4). Due: queued (not held) or
+        sleeping/waiting with ``run_at <= now``."""
+
+    async def renew_leases(
+        self, owner: str, leases: dict[str, int], lease: float, now: float
+    ) -> Renewal:
+        """Extend each lease still held by ``owner`` at that epoch to ``now + lease``."""
+
+    async def load_steps(self, run_id: str) -> list[Step]:
+        """The run's checkpoints in seq order."""
+
+    async def checkpoint_step(self, fence: Fence, step: Step, lease: float, now: float) -> bool:
+        """Write ``step`` finished (replacing an unfinished one at its seq) and extend the lease,
+        only under ``fence``; False when the fence no longer holds (nothing written)."""
+
+    async def suspend_run(
+        self,
+        fence: Fence,
+        step: Step,
+        status: Literal["sleeping", "waiting"],
+        run_at: float,
+        wait_for: str | None,
+        now: float,
+    ) -> bool:
+        """Under ``fence``: record the unfinished ``step``, set the run sleeping or waiting until
+        ``run_at`` and drop the claim. The run keeps its concurrency key and its attempt."""
+
+    async def wait_signal(
+        self, fence: Fence, step: Step, signal: str, deadline: float | None, now: float
+    ) -> SignalWait | None:
+        """Under ``fence``: consume the oldest unconsumed signal ``signal`` of the run and record
+        ``step`` finished with output ``{"payload": payload}``; or, if none is there, park the
+        run waiting for it (until ``deadline``) with ``step`` unfinished. None when the fence no
+        longer holds. Invariant 6: a signal is consumed once and never lost."""
+
+    async def settle_run(self, fence: Fence, settlement: Settlement, now: float) -> bool:
+        """Under ``fence``: end the attempt as ``settlement`` says; False when fenced out."""
+
+    async def release_run(self, fence: Fence, now: float) -> bool:
+        """Under ``fence``: drop the claim at once, status ``interrupted`` (graceful stop)."""
+
+    async def recover_runs(self, namespace: str, now: float) -> list[Run]:
+        """Requeue runs whose claim expired (a crash: the attempt counts; past ``max_attempts``
+        the run fails) or was released (``interrupted``: it does not count). Returns them."""
+
+    async def cancel_run(self, run_id: str, now: float) -> Run | None:
+        """Cancel a queued/sleeping/waiting/interrupted run at once; mark a running one
+        ``cancel_requested`` for its owner. None for an unknown id; a final run is unchanged."""
+
+    async def send_signal(
+        self, run_id: str, name: str, payload: JSON, signal_id: str, now: float
+    ) -> Run | None:
+        """Keep the signal until consumed; a run waiting for ``name`` becomes due at once.
+        None for an unknown id."""
+
+    async def release_held(self, namespace: str, max_queued: int, now: float) -> int:
+        """Release held runs, oldest first, while fewer than ``max_queued`` are queued."""
+
+    async def wait_for_work(self, timeout: float) -> None:
+        """Return when another writer may have made work due (a hint), or after ``timeout``
+        seconds of real time."""

@@ -1,0 +1,363 @@
+"""The in-memory store: one process, the reference semantics of the Store protocol.
+
+Every method runs without an await between its reads and writes, so each is atomic on the event
+loop. Several apps of one process may share one MemoryStore object (``shoal.testing.cluster``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from shoal.errors import AdmissionRejectedError
+from shoal.stores.base import (
+    JSON,
+    KEY_HOLDING_STATUSES,
+    Fence,
+    NewRun,
+    Renewal,
+    Run,
+    RunStatus,
+    Settlement,
+    SignalWait,
+    Step,
+)
+
+_Q = RunStatus.QUEUED
+
+
+@dataclass
+class _Signal:
+    id: str
+    run_id: str
+    name: str
+    payload: JSON
+    created_at: float
+    consumed: bool = False
+
+
+class MemoryStore:
+    """``memory://``: nothing is shared with other processes and nothing survives a restart."""
+
+    url = "memory://"
+
+    def __init__(self) -> None:
+        self._runs: dict[str, Run] = {}
+        self._steps: dict[str, dict[int, Step]] = {}
+        self._signals: list[_Signal] = []
+        self._workflows: set[tuple[str, str]] = set()
+        self._waiters: list[asyncio.Future[None]] = []
+
+    async def open(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def migrate(self) -> int:
+        return 1
+
+    async def ping(self) -> None:
+        return None
+
+    def _touch(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+    async def wait_for_work(self, timeout: float) -> None:
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        # asyncio.wait, not wait_for: on 3.11 wait_for can swallow a cancellation.
+        await asyncio.wait({waiter}, timeout=timeout)
+        waiter.cancel()
+
+    # -- workflows -------------------------------------------------------------------------
+
+    async def register_workflows(self, namespace: str, names: Sequence[str], now: float) -> None:
+        self._workflows.update((namespace, name) for name in names)
+
+    async def has_workflow(self, namespace: str, name: str) -> bool:
+        return (namespace, name) in self._workflows
+
+    # -- runs ------------------------------------------------------------------------------
+
+    def _in(self, namespace: str) -> Iterable[Run]:
+        return (r for r in self._runs.values() if r.namespace == namespace)
+
+    async def create_run(
+        self, new: NewRun, *, max_queued: int | None, admission: str
+    ) -> tuple[Run, bool]:
+        if new.idempotency_key is not None:
+            for r in self._in(new.namespace):
+                if (r.tenant, r.workflow, r.idempotency_key) == (
+                    new.tenant, new.workflow, new.idempotency_key
+                ):
+                    return r, False
+        held = False
+        if max_queued is not None:
+            queued = sum(1 for r in self._in(new.namespace) if r.status == _Q and not r.held)
+            parked = any(r.held for r in self._in(new.namespace))
+            if queued >= max_queued or parked:
+                if admission == "reject":
+                    raise AdmissionRejectedError(new.namespace, max_queued)
+                held = True
+        run = Run(
+            id=new.id, namespace=new.namespace, tenant=new.tenant, workflow=new.workflow,
+            input=copy.deepcopy(new.input), output=None, error=None, status=_Q,
+            priority=new.priority, created_at=new.created_at, run_at=new.run_at, attempts=0,
+            max_attempts=new.max_attempts, concurrency_key=new.concurrency_key,
+            idempotency_key=new.idempotency_key, owner=None, lease_expires_at=None,
+            lease_epoch=0, cancel_requested=False, version=new.version,
+            parent_id=new.parent_id, root_id=new.root_id or new.id, wait_for=None, held=held,
+            started_at=None, finished_at=None,
+        )
+        self._runs[run.id] = run
+        self._touch()
+        return run, True
+
+    async def get_run(self, run_id: str) -> Run | None:
+        return self._runs.get(run_id)
+
+    async def list_runs(
+        self,
+        namespace: str | None,
+        *,
+        status: str | None = None,
+        workflow: str | None = None,
+        tenant: str | None = None,
+        limit: int = 100,
+        after: str | None = None,
+    ) -> list[Run]:
+        found = [
+            r for r in self._runs.values()
+            if (namespace is None or r.namespace == namespace)
+            and (status is None or r.status == status)
+            and (workflow is None or r.workflow == workflow)
+            and (tenant is None or r.tenant == tenant)
+            and (after is None or r.id > after)
+        ]
+        return sorted(found, key=lambda r: r.id)[:limit]
+
+    def _key_held(self, run: Run) -> bool:
+        for o in self._in(run.namespace):
+            if (o.id != run.id and o.workflow == run.workflow
+                    and o.concurrency_key == run.concurrency_key
+                    and (o.status in KEY_HOLDING_STATUSES
+                         or (o.status == _Q and o.started_at is not None))):
+                return True
+        return False
+
+    async def claim_runs(
+        self,
+        namespace: str,
+        workflows: Sequence[str],
+        owner: str,
+        limit: int,
+        lease: float,
+        now: float,
+    ) -> list[Run]:
+        if limit <= 0:
+            return []
+        wanted = set(workflows)
+        due = sorted(
+            (r for r in self._in(namespace)
+             if r.workflow in wanted and r.run_at is not None and r.run_at <= now
+             and ((r.status == _Q and not r.held)
+                  or r.status in (RunStatus.SLEEPING, RunStatus.WAITING))),
+            key=lambda r: (-r.priority, r.created_at, r.id),
+        )
+        claimed: list[Run] = []
+        keys: set[tuple[str, str]] = set()
+        for r in due:
+            if r.concurrency_key is not None:
+                if (r.workflow, r.concurrency_key) in keys or self._key_held(r):
+                    continue
+                keys.add((r.workflow, r.concurrency_key))
+            run = replace(
+                r, status=RunStatus.RUNNING, owner=owner, lease_expires_at=now + lease,
+                lease_epoch=r.lease_epoch + 1, attempts=max(r.attempts, 1),
+                started_at=r.started_at if r.started_at is not None else now, wait_for=None,
+                run_at=now,
+            )
+            self._runs[r.id] = run
+            claimed.append(run)
+            if len(claimed) == limit:
+                break
+        return claimed
+
+    def _holds(self, fence: Fence) -> Run | None:
+        r = self._runs.get(fence.run_id)
+        if (r is not None and r.status == RunStatus.RUNNING and r.owner == fence.owner
+                and r.lease_epoch == fence.epoch):
+            return r
+        return None
+
+    async def renew_leases(
+        self, owner: str, leases: dict[str, int], lease: float, now: float
+    ) -> Renewal:
+        renewed, cancel = set(), set()
+        for run_id, epoch in leases.items():
+            r = self._holds(Fence(run_id, owner, epoch))
+            if r is not None:
+                self._runs[run_id] = replace(r, lease_expires_at=now + lease)
+                renewed.add(run_id)
+                if r.cancel_requested:
+                    cancel.add(run_id)
+        return Renewal(frozenset(renewed), frozenset(cancel))
+
+    async def load_steps(self, run_id: str) -> list[Step]:
+        steps = self._steps.get(run_id, {})
+        return [copy.deepcopy(steps[seq]) for seq in sorted(steps)]
+
+    def _put_step(self, fence: Fence, step: Step) -> None:
+        steps = self._steps.setdefault(fence.run_id, {})
+        old = steps.get(step.seq)
+        if old is None or not old.finished:
+            steps[step.seq] = Step(step.seq, step.name, copy.deepcopy(step.output),
+                                   step.finished, fence.epoch)
+
+    async def checkpoint_step(self, fence: Fence, step: Step, lease: float, now: float) -> bool:
+        r = self._holds(fence)
+        if r is None:
+            return False
+        self._runs[r.id] = replace(r, lease_expires_at=now + lease)
+        self._put_step(fence, step)
+        return True
+
+    def _suspend(self, r: Run, status: RunStatus, run_at: float | None,
+                 wait_for: str | None) -> None:
+        self._runs[r.id] = replace(r, status=status, run_at=run_at, wait_for=wait_for,
+                                   owner=None, lease_expires_at=None)
+
+    async def suspend_run(
+        self,
+        fence: Fence,
+        step: Step,
+        status: Literal["sleeping", "waiting"],
+        run_at: float,
+        wait_for: str | None,
+        now: float,
+    ) -> bool:
+        r = self._holds(fence)
+        if r is None:
+            return False
+        self._suspend(r, RunStatus(status), run_at, wait_for)
+        self._put_step(fence, step)
+        return True
+
+    async def wait_signal(
+        self, fence: Fence, step: Step, signal: str, deadline: float | None, now: float
+    ) -> SignalWait | None:
+        r = self._holds(fence)
+        if r is None:
+            return None
+        pending = sorted((s for s in self._signals
+                          if s.run_id == r.id and s.name == signal and not s.consumed),
+                         key=lambda s: (s.created_at, s.id))
+        if pending:
+            s = pending[0]
+            s.consumed = True
+            self._put_step(fence, Step(step.seq, step.name, {"payload": s.payload}, True,
+                                       fence.epoch))
+            return SignalWait(received=True, payload=copy.deepcopy(s.payload))
+        if deadline is not None and deadline <= now:
+            return SignalWait(received=False, parked=False)
+        self._suspend(r, RunStatus.WAITING, deadline, signal)
+        self._put_step(fence, step)
+        return SignalWait(received=False, parked=True)
+
+    async def settle_run(self, fence: Fence, settlement: Settlement, now: float) -> bool:
+        r = self._holds(fence)
+        if r is None:
+            return False
+        if settlement.outcome == "retry":
+            run = replace(r, status=_Q, run_at=settlement.run_at, attempts=r.attempts + 1,
+                          output=None, finished_at=None, owner=None, lease_expires_at=None,
+                          error=settlement.error)
+        else:
+            output = copy.deepcopy(settlement.output) if settlement.outcome == "succeeded" else None
+            run = replace(r, status=RunStatus(settlement.outcome), output=output,
+                          finished_at=now, run_at=now, owner=None, lease_expires_at=None,
+                          error=settlement.error)
+        self._runs[r.id] = run
+        self._touch()
+        return True
+
+    async def release_run(self, fence: Fence, now: float) -> bool:
+        r = self._holds(fence)
+        if r is None:
+            return False
+        self._runs[r.id] = replace(r, status=RunStatus.INTERRUPTED, owner=None,
+                                   lease_expires_at=None)
+        self._touch()
+        return True
+
+    async def recover_runs(self, namespace: str, now: float) -> list[Run]:
+        out = []
+        for r in list(self._in(namespace)):
+            run: Run | None = None
+            if (r.status == RunStatus.RUNNING and r.lease_expires_at is not None
+                    and r.lease_expires_at <= now):
+                if r.attempts >= r.max_attempts:
+                    run = replace(
+                        r, status=RunStatus.FAILED, finished_at=now, owner=None,
+                        lease_expires_at=None,
+                        error=f"the instance executing attempt {r.attempts} of {r.max_attempts} "
+                              f"stopped (crashed or lost its lease); no attempts are left",
+                    )
+                else:
+                    run = replace(r, status=_Q, attempts=r.attempts + 1, owner=None,
+                                  lease_expires_at=None, run_at=now)
+            elif r.status == RunStatus.INTERRUPTED:
+                if r.cancel_requested:
+                    run = replace(r, status=RunStatus.CANCELLED, finished_at=now)
+                else:
+                    run = replace(r, status=_Q, run_at=now)
+            if run is not None:
+                self._runs[r.id] = run
+                out.append(run)
+        if out:
+            self._touch()
+        return out
+
+    async def cancel_run(self, run_id: str, now: float) -> Run | None:
+        r = self._runs.get(run_id)
+        if r is None:
+            return None
+        if r.status in (_Q, RunStatus.SLEEPING, RunStatus.WAITING, RunStatus.INTERRUPTED):
+            r = replace(r, status=RunStatus.CANCELLED, cancel_requested=True, finished_at=now,
+                        held=False, owner=None, lease_expires_at=None)
+            self._touch()
+        elif r.status == RunStatus.RUNNING:
+            r = replace(r, cancel_requested=True)
+        self._runs[run_id] = r
+        return r
+
+    async def send_signal(
+        self, run_id: str, name: str, payload: JSON, signal_id: str, now: float
+    ) -> Run | None:
+        r = self._runs.get(run_id)
+        if r is None:
+            return None
+        self._signals.append(_Signal(signal_id, run_id, name, copy.deepcopy(payload), now))
+        if r.status == RunStatus.WAITING and r.wait_for == name:
+            r = replace(r, run_at=now)
+            self._runs[run_id] = r
+            self._touch()
+        return r
+
+    async def release_held(self, namespace: str, max_queued: int, now: float) -> int:
+        queued = sum(1 for r in self._in(namespace) if r.status == _Q and not r.held)
+        held = sorted((r for r in self._in(namespace) if r.held),
+                      key=lambda r: (r.created_at, r.id))
+        n = max(0, min(len(held), max_queued - queued))
+        for r in held[:n]:
+            self._runs[r.id] = replace(r, held=False)
+        if n:
+            self._touch()
+        return n

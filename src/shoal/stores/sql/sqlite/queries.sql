@@ -1,0 +1,148 @@
+-- Named statements of the SQLite store. Each block starts with "-- name: NAME".
+
+-- name: insert_run
+INSERT INTO runs (id, namespace, tenant, workflow, input, status, priority, created_at, run_at,
+                  max_attempts, concurrency_key, idempotency_key, version, parent_id, root_id, held)
+VALUES (:id, :namespace, :tenant, :workflow, :input, 'queued', :priority, :created_at, :run_at,
+        :max_attempts, :concurrency_key, :idempotency_key, :version, :parent_id, :root_id, :held)
+RETURNING *;
+
+-- name: find_idempotent
+SELECT * FROM runs
+WHERE namespace = :namespace AND tenant = :tenant AND workflow = :workflow
+  AND idempotency_key = :idempotency_key;
+
+-- name: count_queued
+SELECT
+    (SELECT count(*) FROM runs WHERE namespace = :namespace AND status = 'queued' AND held = 0),
+    (SELECT count(*) FROM runs WHERE namespace = :namespace AND held = 1);
+
+-- name: get_run
+SELECT * FROM runs WHERE id = :id;
+
+-- name: claim_candidates
+-- Due runs in claim order whose concurrency key no started, unfinished run of the key holds.
+SELECT r.id, r.workflow, r.concurrency_key FROM runs r
+WHERE r.namespace = :namespace
+  AND r.workflow IN (SELECT value FROM json_each(:workflows))
+  AND r.run_at <= :now
+  AND ((r.status = 'queued' AND r.held = 0) OR r.status IN ('sleeping', 'waiting'))
+  AND (r.concurrency_key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM runs o
+        WHERE o.namespace = r.namespace AND o.workflow = r.workflow
+          AND o.concurrency_key = r.concurrency_key AND o.id <> r.id
+          AND (o.status IN ('running', 'sleeping', 'waiting', 'interrupted')
+               OR (o.status = 'queued' AND o.started_at IS NOT NULL))))
+ORDER BY r.priority DESC, r.created_at, r.id
+LIMIT :scan;
+
+-- name: claim
+UPDATE runs
+SET status = 'running', owner = :owner, lease_expires_at = :expires, lease_epoch = lease_epoch + 1,
+    attempts = max(attempts, 1), started_at = coalesce(started_at, :now), wait_for = NULL,
+    run_at = :now
+WHERE id IN (SELECT value FROM json_each(:ids))
+RETURNING *;
+
+-- name: renew
+UPDATE runs SET lease_expires_at = :expires
+WHERE id = :id AND owner = :owner AND lease_epoch = :epoch AND status = 'running'
+RETURNING id, cancel_requested;
+
+-- name: load_steps
+SELECT seq, name, output, finished, epoch FROM steps WHERE run_id = :run_id ORDER BY seq;
+
+-- name: fence_extend
+UPDATE runs SET lease_expires_at = :expires
+WHERE id = :run_id AND owner = :owner AND lease_epoch = :epoch AND status = 'running';
+
+-- name: fence_check
+SELECT 1 FROM runs
+WHERE id = :run_id AND owner = :owner AND lease_epoch = :epoch AND status = 'running';
+
+-- name: put_step
+INSERT INTO steps (run_id, seq, name, output, finished, epoch, finished_at)
+VALUES (:run_id, :seq, :name, :output, :finished, :epoch, :finished_at)
+ON CONFLICT (run_id, seq) DO UPDATE
+SET name = excluded.name, output = excluded.output, finished = excluded.finished,
+    epoch = excluded.epoch, finished_at = excluded.finished_at
+WHERE steps.finished = 0;
+
+-- name: suspend
+UPDATE runs
+SET status = :status, run_at = :run_at, wait_for = :wait_for, owner = NULL, lease_expires_at = NULL
+WHERE id = :run_id AND owner = :owner AND lease_epoch = :epoch AND status = 'running';
+
+-- name: next_signal
+SELECT id, payload FROM signals
+WHERE run_id = :run_id AND name = :name AND consumed = 0
+ORDER BY created_at, id LIMIT 1;
+
+-- name: consume_signal
+UPDATE signals SET consumed = 1 WHERE id = :id AND consumed = 0;
+
+-- name: settle
+UPDATE runs
+SET status = :status, output = :output, error = :error, finished_at = :finished_at,
+    run_at = :run_at, attempts = attempts + :attempt_inc, owner = NULL, lease_expires_at = NULL
+WHERE id = :run_id AND owner = :owner AND lease_epoch = :epoch AND status = 'running';
+
+-- name: release
+UPDATE runs SET status = 'interrupted', owner = NULL, lease_expires_at = NULL
+WHERE id = :run_id AND owner = :owner AND lease_epoch = :epoch AND status = 'running';
+
+-- name: recover_crashed_final
+UPDATE runs
+SET status = 'failed', finished_at = :now, owner = NULL, lease_expires_at = NULL,
+    error = 'the instance executing attempt ' || attempts || ' of ' || max_attempts
+            || ' stopped (crashed or lost its lease); no attempts are left'
+WHERE namespace = :namespace AND status = 'running' AND lease_expires_at <= :now
+  AND attempts >= max_attempts
+RETURNING *;
+
+-- name: recover_crashed
+UPDATE runs
+SET status = 'queued', attempts = attempts + 1, owner = NULL, lease_expires_at = NULL, run_at = :now
+WHERE namespace = :namespace AND status = 'running' AND lease_expires_at <= :now
+RETURNING *;
+
+-- name: recover_cancelled_interrupted
+UPDATE runs SET status = 'cancelled', finished_at = :now
+WHERE namespace = :namespace AND status = 'interrupted' AND cancel_requested = 1
+RETURNING *;
+
+-- name: recover_interrupted
+UPDATE runs SET status = 'queued', run_at = :now
+WHERE namespace = :namespace AND status = 'interrupted'
+RETURNING *;
+
+-- name: cancel_now
+UPDATE runs
+SET status = 'cancelled', cancel_requested = 1, finished_at = :now, held = 0, owner = NULL,
+    lease_expires_at = NULL
+WHERE id = :id AND status IN ('queued', 'sleeping', 'waiting', 'interrupted')
+RETURNING *;
+
+-- name: cancel_request
+UPDATE runs SET cancel_requested = 1 WHERE id = :id AND status = 'running' RETURNING *;
+
+-- name: insert_signal
+INSERT INTO signals (id, run_id, name, payload, created_at)
+VALUES (:id, :run_id, :name, :payload, :now);
+
+-- name: wake_waiter
+UPDATE runs SET run_at = :now
+WHERE id = :run_id AND status = 'waiting' AND wait_for = :name
+RETURNING *;
+
+-- name: release_held
+UPDATE runs SET held = 0
+WHERE id IN (SELECT id FROM runs WHERE namespace = :namespace AND held = 1
+             ORDER BY created_at, id LIMIT :n);
+
+-- name: register_workflow
+INSERT INTO workflows (namespace, name, registered_at) VALUES (:namespace, :name, :now)
+ON CONFLICT (namespace, name) DO UPDATE SET registered_at = excluded.registered_at;
+
+-- name: has_workflow
+SELECT 1 FROM workflows WHERE namespace = :namespace AND name = :name;

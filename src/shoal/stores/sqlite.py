@@ -1,0 +1,452 @@
+"""SQLite store: several processes on one machine over one file.
+
+WAL mode (readers never block the writer), a busy timeout of 5 s (a writer waits for the other's
+lock, then fails; it never hangs), every atomic operation in one ``BEGIN IMMEDIATE`` transaction,
+claims with ``UPDATE … RETURNING``. One connection per store object. Calls run on the event loop's
+thread: each is a handful of statements with no await inside, so a transaction never interleaves
+with another of the same process; a busy wait blocks the loop for at most the busy timeout.
+``sqlite:///:memory:`` is one connection, so it serves one process only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import parse_qs, urlsplit
+
+from shoal import _json
+from shoal.errors import AdmissionRejectedError, ConfigurationError, StoreUnavailableError
+from shoal.stores._sqlfiles import migrations, queries
+from shoal.stores.base import (
+    JSON,
+    Fence,
+    NewRun,
+    Renewal,
+    Run,
+    RunStatus,
+    Settlement,
+    SignalWait,
+    Step,
+)
+
+_Q = queries("sqlite")
+_SYNCHRONOUS = {"off", "normal", "full", "extra"}
+
+
+class SQLiteStore:
+    """The ``sqlite:///path`` store. ``synchronous`` is SQLite's setting (default ``full``)."""
+
+    def __init__(self, path: str, *, busy_timeout: float = 5.0, synchronous: str = "full") -> None:
+        if synchronous.lower() not in _SYNCHRONOUS:
+            raise ConfigurationError(
+                f"synchronous={synchronous!r} is not one of {sorted(_SYNCHRONOUS)}."
+            )
+        self.path = path
+        self.url = f"sqlite:///{path}"
+        self.busy_timeout = busy_timeout
+        self.synchronous = synchronous.lower()
+        self._conn: sqlite3.Connection | None = None
+        self._data_version = 0
+
+    @classmethod
+    def from_url(cls, url: str) -> SQLiteStore:
+        """``sqlite:///relative.db``, ``sqlite:////abs/path.db``, ``sqlite:///:memory:``;
+        query options ``busy_timeout`` (seconds) and ``synchronous``."""
+        parts = urlsplit(url)
+        if parts.scheme != "sqlite" or parts.netloc:
+            raise ConfigurationError(
+                f"Bad SQLite URL {url!r}: write 'sqlite:///relative/path.db' or "
+                f"'sqlite:////absolute/path.db'."
+            )
+        path = parts.path[1:] if parts.path.startswith("/") else parts.path
+        if not path:
+            raise ConfigurationError(f"The SQLite URL {url!r} names no file.")
+        options = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        unknown = set(options) - {"busy_timeout", "synchronous"}
+        if unknown:
+            raise ConfigurationError(f"Unknown SQLite URL options {sorted(unknown)} in {url!r}.")
+        return cls(
+            path,
+            busy_timeout=float(options.get("busy_timeout", 5.0)),
+            synchronous=options.get("synchronous", "full"),
+        )
+
+    # -- connection and schema -------------------------------------------------------------
+
+    async def open(self) -> None:
+        if self._conn is not None:
+            return
+        if self.path != ":memory:":
+            parent = Path(self.path).resolve().parent
+            if not parent.is_dir():
+                raise StoreUnavailableError(
+                    f"Cannot open the SQLite store {self.path!r}: the folder {str(parent)!r} "
+                    f"does not exist. Create it or give another path."
+                )
+        try:
+            conn = sqlite3.connect(
+                self.path, timeout=self.busy_timeout, isolation_level=None,
+                check_same_thread=False,
+            )
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+            conn.execute("PRAGMA foreign_keys = ON")
+        except sqlite3.Error as e:
+            raise StoreUnavailableError(f"Cannot open the SQLite store {self.path!r}: {e}") from e
+        self._conn = conn
+        try:
+            await self.migrate()
+        except sqlite3.DatabaseError as e:
+            conn.close()
+            self._conn = None
+            raise StoreUnavailableError(
+                f"Cannot use {self.path!r} as a shoal SQLite store: {e}"
+            ) from e
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    async def migrate(self) -> int:
+        with self._tx() as db:
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS shoal_migrations "
+                "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
+            )
+            done = {row[0] for row in db.execute("SELECT version FROM shoal_migrations")}
+            version = max(done, default=0)
+            for number, name, sql in migrations("sqlite"):
+                if number in done:
+                    continue
+                for statement in _statements(sql):
+                    db.execute(statement)
+                db.execute(
+                    "INSERT INTO shoal_migrations (version, name, applied_at) VALUES (?, ?, ?)",
+                    (number, name, time.time()),
+                )
+                version = number
+        return version
+
+    async def ping(self) -> None:
+        self._db.execute("SELECT 1").fetchone()
+
+    @property
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StoreUnavailableError(f"The SQLite store {self.path!r} is not open.")
+        return self._conn
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    # -- workflows -------------------------------------------------------------------------
+
+    async def register_workflows(self, namespace: str, names: Sequence[str], now: float) -> None:
+        with self._tx() as db:
+            for name in names:
+                db.execute(_Q["register_workflow"], {"namespace": namespace, "name": name,
+                                                     "now": now})
+
+    async def has_workflow(self, namespace: str, name: str) -> bool:
+        row = self._db.execute(_Q["has_workflow"], {"namespace": namespace, "name": name})
+        return row.fetchone() is not None
+
+    # -- runs ------------------------------------------------------------------------------
+
+    async def create_run(
+        self, new: NewRun, *, max_queued: int | None, admission: str
+    ) -> tuple[Run, bool]:
+        with self._tx() as db:
+            if new.idempotency_key is not None:
+                row = db.execute(_Q["find_idempotent"], {
+                    "namespace": new.namespace, "tenant": new.tenant, "workflow": new.workflow,
+                    "idempotency_key": new.idempotency_key,
+                }).fetchone()
+                if row is not None:
+                    return _run(row), False
+            held = 0
+            if max_queued is not None:
+                queued, parked = db.execute(_Q["count_queued"],
+                                            {"namespace": new.namespace}).fetchone()
+                if queued >= max_queued or parked > 0:
+                    if admission == "reject":
+                        raise AdmissionRejectedError(new.namespace, max_queued)
+                    held = 1
+            row = db.execute(_Q["insert_run"], {
+                "id": new.id, "namespace": new.namespace, "tenant": new.tenant,
+                "workflow": new.workflow, "input": _json.dumps(new.input),
+                "priority": new.priority, "created_at": new.created_at, "run_at": new.run_at,
+                "max_attempts": new.max_attempts, "concurrency_key": new.concurrency_key,
+                "idempotency_key": new.idempotency_key, "version": new.version,
+                "parent_id": new.parent_id, "root_id": new.root_id or new.id, "held": held,
+            }).fetchone()
+            return _run(row), True
+
+    async def get_run(self, run_id: str) -> Run | None:
+        row = self._db.execute(_Q["get_run"], {"id": run_id}).fetchone()
+        return None if row is None else _run(row)
+
+    async def list_runs(
+        self,
+        namespace: str | None,
+        *,
+        status: str | None = None,
+        workflow: str | None = None,
+        tenant: str | None = None,
+        limit: int = 100,
+        after: str | None = None,
+    ) -> list[Run]:
+        where, args = [], []
+        for column, value in (("namespace", namespace), ("status", status),
+                              ("workflow", workflow), ("tenant", tenant)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        if after is not None:
+            where.append("id > ?")
+            args.append(after)
+        sql = "SELECT * FROM runs"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY id LIMIT ?"
+        rows = self._db.execute(sql, [*args, limit]).fetchall()
+        return [_run(row) for row in rows]
+
+    async def claim_runs(
+        self,
+        namespace: str,
+        workflows: Sequence[str],
+        owner: str,
+        limit: int,
+        lease: float,
+        now: float,
+    ) -> list[Run]:
+        if limit <= 0 or not workflows:
+            return []
+        args: dict[str, Any] = {"namespace": namespace, "workflows": _json.dumps(list(workflows)),
+                                "now": now, "scan": limit * 4 + 16}
+        # A plain read first: an idle poll takes no write lock.
+        if not self._db.execute(_Q["claim_candidates"], args).fetchone():
+            return []
+        with self._tx() as db:
+            ids: list[str] = []
+            keys: set[tuple[str, str]] = set()
+            for row in db.execute(_Q["claim_candidates"], args):
+                key = row["concurrency_key"]
+                if key is not None:
+                    if (row["workflow"], key) in keys:
+                        continue
+                    keys.add((row["workflow"], key))
+                ids.append(row["id"])
+                if len(ids) == limit:
+                    break
+            if not ids:
+                return []
+            rows = db.execute(_Q["claim"], {"owner": owner, "expires": now + lease, "now": now,
+                                            "ids": _json.dumps(ids)}).fetchall()
+        runs = sorted((_run(r) for r in rows), key=lambda r: (-r.priority, r.created_at, r.id))
+        return runs
+
+    async def renew_leases(
+        self, owner: str, leases: dict[str, int], lease: float, now: float
+    ) -> Renewal:
+        renewed, cancel = set(), set()
+        if leases:
+            with self._tx() as db:
+                for run_id, epoch in leases.items():
+                    row = db.execute(_Q["renew"], {"expires": now + lease, "id": run_id,
+                                                   "owner": owner, "epoch": epoch}).fetchone()
+                    if row is not None:
+                        renewed.add(run_id)
+                        if row["cancel_requested"]:
+                            cancel.add(run_id)
+        return Renewal(frozenset(renewed), frozenset(cancel))
+
+    async def load_steps(self, run_id: str) -> list[Step]:
+        rows = self._db.execute(_Q["load_steps"], {"run_id": run_id}).fetchall()
+        return [Step(r["seq"], r["name"], _json.loads(r["output"]), bool(r["finished"]),
+                     r["epoch"]) for r in rows]
+
+    def _fenced(self, db: sqlite3.Connection, fence: Fence, lease: float, now: float) -> bool:
+        cur = db.execute(_Q["fence_extend"], {"expires": now + lease, "run_id": fence.run_id,
+                                              "owner": fence.owner, "epoch": fence.epoch})
+        return cur.rowcount == 1
+
+    def _put_step(self, db: sqlite3.Connection, fence: Fence, step: Step, now: float) -> None:
+        db.execute(_Q["put_step"], {
+            "run_id": fence.run_id, "seq": step.seq, "name": step.name,
+            "output": _json.dumps(step.output), "finished": int(step.finished),
+            "epoch": fence.epoch, "finished_at": now if step.finished else None,
+        })
+
+    async def checkpoint_step(self, fence: Fence, step: Step, lease: float, now: float) -> bool:
+        with self._tx() as db:
+            if not self._fenced(db, fence, lease, now):
+                return False
+            self._put_step(db, fence, step, now)
+            return True
+
+    async def suspend_run(
+        self,
+        fence: Fence,
+        step: Step,
+        status: Literal["sleeping", "waiting"],
+        run_at: float,
+        wait_for: str | None,
+        now: float,
+    ) -> bool:
+        with self._tx() as db:
+            cur = db.execute(_Q["suspend"], {
+                "status": status, "run_at": run_at, "wait_for": wait_for,
+                "run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
+            })
+            if cur.rowcount != 1:
+                return False
+            self._put_step(db, fence, step, now)
+            return True
+
+    async def wait_signal(
+        self, fence: Fence, step: Step, signal: str, deadline: float | None, now: float
+    ) -> SignalWait | None:
+        with self._tx() as db:
+            held = db.execute(_Q["fence_check"], {"run_id": fence.run_id, "owner": fence.owner,
+                                                  "epoch": fence.epoch}).fetchone()
+            if held is None:
+                return None
+            row = db.execute(_Q["next_signal"], {"run_id": fence.run_id,
+                                                 "name": signal}).fetchone()
+            if row is not None:
+                db.execute(_Q["consume_signal"], {"id": row["id"]})
+                payload = _json.loads(row["payload"])
+                self._put_step(db, fence, Step(step.seq, step.name, {"payload": payload}, True,
+                                               fence.epoch), now)
+                return SignalWait(received=True, payload=payload)
+            if deadline is not None and deadline <= now:
+                return SignalWait(received=False, parked=False)
+            db.execute(_Q["suspend"], {
+                "status": "waiting", "run_at": deadline, "wait_for": signal,
+                "run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
+            })
+            self._put_step(db, fence, step, now)
+            return SignalWait(received=False, parked=True)
+
+    async def settle_run(self, fence: Fence, settlement: Settlement, now: float) -> bool:
+        outcome = settlement.outcome
+        with self._tx() as db:
+            cur = db.execute(_Q["settle"], {
+                "status": "queued" if outcome == "retry" else outcome,
+                "output": _json.dumps(settlement.output) if outcome == "succeeded" else None,
+                "error": settlement.error,
+                "finished_at": None if outcome == "retry" else now,
+                "run_at": settlement.run_at if outcome == "retry" else now,
+                "attempt_inc": 1 if outcome == "retry" else 0,
+                "run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
+            })
+            return cur.rowcount == 1
+
+    async def release_run(self, fence: Fence, now: float) -> bool:
+        with self._tx() as db:
+            cur = db.execute(_Q["release"], {"run_id": fence.run_id, "owner": fence.owner,
+                                             "epoch": fence.epoch})
+            return cur.rowcount == 1
+
+    async def recover_runs(self, namespace: str, now: float) -> list[Run]:
+        args = {"namespace": namespace, "now": now}
+        with self._tx() as db:
+            rows = [*db.execute(_Q["recover_crashed_final"], args).fetchall(),
+                    *db.execute(_Q["recover_crashed"], args).fetchall(),
+                    *db.execute(_Q["recover_cancelled_interrupted"], args).fetchall(),
+                    *db.execute(_Q["recover_interrupted"], args).fetchall()]
+        return [_run(r) for r in rows]
+
+    async def cancel_run(self, run_id: str, now: float) -> Run | None:
+        with self._tx() as db:
+            row = db.execute(_Q["cancel_now"], {"id": run_id, "now": now}).fetchone()
+            if row is None:
+                row = db.execute(_Q["cancel_request"], {"id": run_id}).fetchone()
+            if row is None:
+                row = db.execute(_Q["get_run"], {"id": run_id}).fetchone()
+            return None if row is None else _run(row)
+
+    async def send_signal(
+        self, run_id: str, name: str, payload: JSON, signal_id: str, now: float
+    ) -> Run | None:
+        with self._tx() as db:
+            row = db.execute(_Q["get_run"], {"id": run_id}).fetchone()
+            if row is None:
+                return None
+            db.execute(_Q["insert_signal"], {"id": signal_id, "run_id": run_id, "name": name,
+                                             "payload": _json.dumps(payload), "now": now})
+            woken = db.execute(_Q["wake_waiter"], {"run_id": run_id, "name": name,
+                                                   "now": now}).fetchone()
+            return _run(woken if woken is not None else row)
+
+    async def release_held(self, namespace: str, max_queued: int, now: float) -> int:
+        queued, parked = self._db.execute(_Q["count_queued"], {"namespace": namespace}).fetchone()
+        if parked == 0 or queued >= max_queued:
+            return 0
+        with self._tx() as db:
+            queued, parked = db.execute(_Q["count_queued"], {"namespace": namespace}).fetchone()
+            n = min(parked, max_queued - queued)
+            if n <= 0:
+                return 0
+            return db.execute(_Q["release_held"], {"namespace": namespace, "n": n}).rowcount
+
+    async def wait_for_work(self, timeout: float) -> None:
+        # PRAGMA data_version changes when another connection commits: a cheap, local wake-up.
+        deadline = time.monotonic() + timeout
+        while self._conn is not None:
+            version = self._conn.execute("PRAGMA data_version").fetchone()[0]
+            if version != self._data_version:
+                self._data_version = version
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            await asyncio.sleep(min(0.02, remaining))
+
+
+def _statements(sql: str) -> list[str]:
+    """Split a migration file into statements (sqlite3.complete_statement decides the ends)."""
+    out, buf = [], ""
+    for line in sql.splitlines(keepends=True):
+        buf += line
+        if sqlite3.complete_statement(buf):
+            out.append(buf.strip())
+            buf = ""
+    if buf.strip() and not all(
+        ln.strip().startswith("--") or not ln.strip() for ln in buf.splitlines()
+    ):
+        raise ConfigurationError(f"Incomplete SQL statement in a migration: {buf[:80]!r}")
+    return out
+
+
+def _run(row: sqlite3.Row) -> Run:
+    return Run(
+        id=row["id"], namespace=row["namespace"], tenant=row["tenant"],
+        workflow=row["workflow"], input=_json.loads(row["input"]),
+        output=_json.loads(row["output"]), error=row["error"], status=RunStatus(row["status"]),
+        priority=row["priority"], created_at=row["created_at"], run_at=row["run_at"],
+        attempts=row["attempts"], max_attempts=row["max_attempts"],
+        concurrency_key=row["concurrency_key"], idempotency_key=row["idempotency_key"],
+        owner=row["owner"], lease_expires_at=row["lease_expires_at"],
+        lease_epoch=row["lease_epoch"], cancel_requested=bool(row["cancel_requested"]),
+        version=row["version"], parent_id=row["parent_id"], root_id=row["root_id"],
+        wait_for=row["wait_for"], held=bool(row["held"]), started_at=row["started_at"],
+        finished_at=row["finished_at"],
+    )
