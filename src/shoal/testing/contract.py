@@ -1,0 +1,462 @@
+"""The store contract: one body of tests every Store backend must pass.
+
+Subclass :class:`StoreContract` in a pytest module and provide two async fixtures: ``store``, an
+opened, empty store, and ``other``, a second opened handle to the *same* data (another connection
+to the same file or database; for an in-process store, the same object). Needs pytest and
+pytest-asyncio (``asyncio_mode = "auto"``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from shoal import _ids
+from shoal.app import App
+from shoal.engine.context import RunContext
+from shoal.errors import AdmissionRejectedError, LeaseLostError
+from shoal.stores.base import Fence, NewRun, Run, RunStatus, Settlement, Step, Store
+from shoal.testing import VirtualClock, settle
+
+T0 = 1_767_225_600.0
+NS = "contract"
+LEASE = 30.0
+
+
+def new_run(
+    now: float = T0,
+    *,
+    workflow: str = "wf",
+    priority: int = 0,
+    key: str | None = None,
+    idem: str | None = None,
+    tenant: str = "default",
+    delay: float = 0.0,
+    max_attempts: int = 3,
+    namespace: str = NS,
+    input: Any = None,
+) -> NewRun:
+    run_id = _ids.new_id(now)
+    return NewRun(
+        id=run_id, namespace=namespace, tenant=tenant, workflow=workflow,
+        input=input if input is not None else {"n": 1}, priority=priority, created_at=now,
+        run_at=now + delay, max_attempts=max_attempts, concurrency_key=key,
+        idempotency_key=idem, version=None, root_id=run_id,
+    )
+
+
+async def add(store: Store, *args: Any, **kwargs: Any) -> Run:
+    run, created = await store.create_run(new_run(*args, **kwargs), max_queued=None,
+                                          admission="reject")
+    assert created
+    return run
+
+
+async def claim(store: Store, owner: str = "a", now: float = T0, limit: int = 10,
+                workflows: tuple[str, ...] = ("wf", "other")) -> list[Run]:
+    return await store.claim_runs(NS, list(workflows), owner, limit, LEASE, now)
+
+
+def fence(run: Run) -> Fence:
+    assert run.owner is not None
+    return Fence(run.id, run.owner, run.lease_epoch)
+
+
+class StoreContract:
+    """Behaviour every backend must show. The store gets ``now`` explicitly in every call."""
+
+    # -- creating and reading runs ---------------------------------------------------------
+
+    async def test_create_get_and_list(self, store: Store) -> None:
+        a = await add(store, T0, input={"x": [1, "two", None, True, 2.5]})
+        b = await add(store, T0 + 1, tenant="t2")
+        got = await store.get_run(a.id)
+        assert got is not None
+        assert got.status == RunStatus.QUEUED and got.input == {"x": [1, "two", None, True, 2.5]}
+        assert got.attempts == 0 and got.owner is None and got.root_id == a.id
+        assert await store.get_run("no-such-run") is None
+        assert [r.id for r in await store.list_runs(NS)] == [a.id, b.id]
+        assert [r.id for r in await store.list_runs(NS, after=a.id)] == [b.id]
+        assert [r.id for r in await store.list_runs(NS, tenant="t2")] == [b.id]
+        assert [r.id for r in await store.list_runs(NS, limit=1)] == [a.id]
+        assert await store.list_runs("elsewhere") == []
+
+    async def test_idempotency_key_maps_to_one_run(self, store: Store, other: Store) -> None:
+        first, created = await store.create_run(new_run(idem="order-42"), max_queued=None,
+                                                admission="reject")
+        assert created
+        again, created = await other.create_run(new_run(T0 + 5, idem="order-42"),
+                                                max_queued=None, admission="reject")
+        assert not created and again.id == first.id
+        other_tenant, created = await store.create_run(
+            new_run(idem="order-42", tenant="t2"), max_queued=None, admission="reject")
+        assert created and other_tenant.id != first.id
+        other_wf, created = await store.create_run(
+            new_run(idem="order-42", workflow="other"), max_queued=None, admission="reject")
+        assert created and other_wf.id != first.id
+        # still the same run once it is final
+        [c] = await claim(store, limit=1)
+        assert c.id == first.id
+        assert await store.settle_run(fence(c), Settlement("succeeded", output=1), T0)
+        third, created = await store.create_run(new_run(T0 + 9, idem="order-42"),
+                                                max_queued=None, admission="reject")
+        assert not created and third.id == first.id
+        assert len(await store.list_runs(NS)) == 3
+
+    # -- claiming --------------------------------------------------------------------------
+
+    async def test_claim_order_priority_then_fifo(self, store: Store) -> None:
+        low = await add(store, T0)
+        high = await add(store, T0 + 1, priority=5)
+        low2 = await add(store, T0 + 2)
+        later = await add(store, T0, delay=60)
+        claimed = await claim(store, now=T0 + 3, limit=2)
+        assert [r.id for r in claimed] == [high.id, low.id]
+        [rest] = await claim(store, now=T0 + 3)
+        assert rest.id == low2.id
+        assert await claim(store, now=T0 + 59) == []
+        [due] = await claim(store, now=T0 + 60)
+        assert due.id == later.id
+
+    async def test_claim_takes_a_lease(self, store: Store, other: Store) -> None:
+        run = await add(store)
+        [c] = await claim(store, owner="inst-1", now=T0 + 1)
+        assert c.id == run.id and c.status == RunStatus.RUNNING and c.owner == "inst-1"
+        assert c.lease_epoch == 1 and c.attempts == 1 and c.started_at == T0 + 1
+        assert c.lease_expires_at == T0 + 1 + LEASE
+        assert await claim(other, owner="inst-2", now=T0 + 1) == []
+
+    async def test_claim_only_registered_workflows(self, store: Store) -> None:
+        await add(store, workflow="mine")
+        assert await claim(store, workflows=("theirs",)) == []
+        assert len(await claim(store, workflows=("mine",))) == 1
+
+    async def test_concurrent_claims_never_share_a_run(self, store: Store, other: Store) -> None:
+        for i in range(20):
+            await add(store, T0 + i * 0.001)
+        got = await asyncio.gather(*(claim(s, owner=f"o{i}", now=T0 + 1, limit=3)
+                                     for i, s in enumerate([store, other] * 4)))
+        ids = [r.id for batch in got for r in batch]
+        assert len(ids) == len(set(ids)) == 20
+
+    # -- concurrency keys ------------------------------------------------------------------
+
+    async def test_concurrency_key_one_at_a_time(self, store: Store) -> None:
+        a1 = await add(store, T0, key="c1")
+        a2 = await add(store, T0 + 1, key="c1")
+        b1 = await add(store, T0 + 2, key="c2")
+        free = await add(store, T0 + 3)
+        claimed = await claim(store, now=T0 + 5)
+        assert {r.id for r in claimed} == {a1.id, b1.id, free.id}
+        assert await claim(store, now=T0 + 5) == []
+        first = next(r for r in claimed if r.id == a1.id)
+        assert await store.settle_run(fence(first), Settlement("succeeded"), T0 + 6)
+        [second] = await claim(store, now=T0 + 6)
+        assert second.id == a2.id
+
+    async def test_concurrency_key_is_per_workflow(self, store: Store) -> None:
+        await add(store, key="k")
+        await add(store, T0 + 1, key="k", workflow="other")
+        assert len(await claim(store, now=T0 + 1)) == 2
+
+    async def test_key_held_while_sleeping_waiting_interrupted_and_retrying(
+        self, store: Store
+    ) -> None:
+        first = await add(store, T0, key="k")
+        second = await add(store, T0 + 1, key="k")
+        [c] = await claim(store, now=T0 + 1)
+        assert c.id == first.id
+        f = fence(c)
+        # sleeping keeps the key
+        assert await store.suspend_run(f, Step(1, "shoal.sleep", {"until": T0 + 50}, False, 1),
+                                       "sleeping", T0 + 50, None, T0 + 2)
+        assert await claim(store, now=T0 + 10) == []
+        [c] = await claim(store, now=T0 + 50)
+        assert c.id == first.id
+        # waiting keeps the key
+        got = await store.wait_signal(fence(c), Step(2, "shoal.wait_for:go", {}, False, 0),
+                                      "go", None, T0 + 51)
+        assert got is not None and got.parked
+        assert await claim(store, now=T0 + 52) == []
+        await store.send_signal(first.id, "go", None, _ids.new_id(T0 + 53), T0 + 53)
+        [c] = await claim(store, now=T0 + 53)
+        assert c.id == first.id
+        # interrupted (released by a graceful stop) keeps the key
+        assert await store.release_run(fence(c), T0 + 54)
+        assert (await store.get_run(first.id)).status == RunStatus.INTERRUPTED  # type: ignore[union-attr]
+        assert await claim(store, now=T0 + 54) == []
+        await store.recover_runs(NS, T0 + 55)
+        [c] = await claim(store, now=T0 + 55)
+        assert c.id == first.id
+        # a retry waiting for its backoff keeps the key
+        assert await store.settle_run(fence(c), Settlement("retry", error="boom",
+                                                           run_at=T0 + 70), T0 + 56)
+        assert await claim(store, now=T0 + 60) == []
+        [c] = await claim(store, now=T0 + 70)
+        assert c.id == first.id and c.attempts == 2
+        assert await store.settle_run(fence(c), Settlement("succeeded"), T0 + 71)
+        [c] = await claim(store, now=T0 + 71)
+        assert c.id == second.id
+
+    # -- leases and fencing ----------------------------------------------------------------
+
+    async def test_renew_extends_only_the_holders_lease(self, store: Store) -> None:
+        run = await add(store)
+        [c] = await claim(store, owner="a", now=T0)
+        ok = await store.renew_leases("a", {run.id: c.lease_epoch}, LEASE, T0 + 10)
+        assert ok.renewed == {run.id} and not ok.cancel_requested
+        assert (await store.get_run(run.id)).lease_expires_at == T0 + 10 + LEASE  # type: ignore[union-attr]
+        assert (await store.renew_leases("b", {run.id: c.lease_epoch}, LEASE, T0 + 10)).renewed \
+            == frozenset()
+        assert (await store.renew_leases("a", {run.id: c.lease_epoch + 1}, LEASE,
+                                          T0 + 10)).renewed == frozenset()
+        # renewed in time: not recovered
+        assert await store.recover_runs(NS, T0 + LEASE + 5) == []
+
+    async def test_fenced_writes_after_a_lost_lease_are_refused(
+        self, store: Store, other: Store
+    ) -> None:
+        run = await add(store)
+        [a] = await claim(store, owner="a", now=T0)
+        assert await store.checkpoint_step(fence(a), Step(1, "one", {"v": "a"}, True, 0),
+                                           LEASE, T0 + 1)
+        # a is frozen past its lease; b recovers and claims
+        [rec] = await other.recover_runs(NS, T0 + 1 + LEASE)
+        assert rec.id == run.id and rec.status == RunStatus.QUEUED and rec.attempts == 2
+        [b] = await claim(other, owner="b", now=T0 + 1 + LEASE)
+        assert b.lease_epoch == a.lease_epoch + 1
+        now = T0 + 2 + LEASE
+        assert not await store.checkpoint_step(fence(a), Step(2, "two", {"v": "a"}, True, 0),
+                                               LEASE, now)
+        assert not await store.settle_run(fence(a), Settlement("succeeded", output="a"), now)
+        assert not await store.release_run(fence(a), now)
+        assert not await store.suspend_run(fence(a), Step(2, "shoal.sleep", {}, False, 0),
+                                           "sleeping", now + 9, None, now)
+        assert await store.wait_signal(fence(a), Step(2, "w", {}, False, 0), "x", None,
+                                       now) is None
+        assert (await store.renew_leases("a", {run.id: a.lease_epoch}, LEASE, now)).renewed \
+            == frozenset()
+        steps = await other.load_steps(run.id)
+        assert [(s.seq, s.name, s.output, s.epoch) for s in steps] == [(1, "one", {"v": "a"}, 1)]
+        assert await other.checkpoint_step(fence(b), Step(2, "two", {"v": "b"}, True, 0),
+                                           LEASE, now)
+        assert await other.settle_run(fence(b), Settlement("succeeded", output="b"), now)
+        final = await store.get_run(run.id)
+        assert final is not None and final.status == RunStatus.SUCCEEDED and final.output == "b"
+        steps = await store.load_steps(run.id)
+        assert [(s.seq, s.output, s.epoch) for s in steps] == [(1, {"v": "a"}, 1),
+                                                              (2, {"v": "b"}, 2)]
+
+    async def test_a_finished_checkpoint_is_never_replaced(self, store: Store) -> None:
+        await add(store)
+        [c] = await claim(store)
+        assert await store.checkpoint_step(fence(c), Step(1, "one", 1, True, 0), LEASE, T0)
+        assert await store.checkpoint_step(fence(c), Step(1, "one", 2, True, 0), LEASE, T0)
+        [s] = await store.load_steps(c.id)
+        assert s.output == 1 and s.finished
+
+    async def test_recover_counts_a_crash_as_an_attempt(self, store: Store) -> None:
+        run = await add(store, max_attempts=2)
+        [c] = await claim(store, now=T0)
+        assert await store.recover_runs(NS, T0 + LEASE - 1) == []
+        [r] = await store.recover_runs(NS, T0 + LEASE)
+        assert r.status == RunStatus.QUEUED and r.attempts == 2 and r.owner is None
+        [c] = await claim(store, now=T0 + LEASE)
+        assert c.attempts == 2
+        [r] = await store.recover_runs(NS, T0 + 2 * LEASE)
+        assert r.id == run.id and r.status == RunStatus.FAILED and "stopped" in (r.error or "")
+
+    async def test_released_run_is_requeued_without_an_attempt(self, store: Store) -> None:
+        await add(store)
+        [c] = await claim(store)
+        assert await store.release_run(fence(c), T0 + 1)
+        [r] = await store.recover_runs(NS, T0 + 1)
+        assert r.status == RunStatus.QUEUED and r.attempts == 1
+        [c2] = await claim(store, owner="b", now=T0 + 1)
+        assert c2.attempts == 1 and c2.lease_epoch == 2
+
+    async def test_retry_and_final_settlements(self, store: Store) -> None:
+        run = await add(store)
+        [c] = await claim(store)
+        assert await store.settle_run(fence(c), Settlement("retry", error="E: x", run_at=T0 + 9),
+                                      T0 + 1)
+        r = await store.get_run(run.id)
+        assert r is not None and r.status == RunStatus.QUEUED and r.attempts == 2
+        assert r.error == "E: x" and r.owner is None
+        assert await claim(store, now=T0 + 8) == []
+        [c] = await claim(store, now=T0 + 9)
+        assert await store.settle_run(fence(c), Settlement("failed", error="E: y"), T0 + 10)
+        r = await store.get_run(run.id)
+        assert r is not None and r.status == RunStatus.FAILED and r.finished_at == T0 + 10
+
+    # -- sleeping, signals -----------------------------------------------------------------
+
+    async def test_sleep_is_due_at_its_time(self, store: Store, other: Store) -> None:
+        run = await add(store)
+        [c] = await claim(store)
+        assert await store.suspend_run(fence(c), Step(1, "shoal.sleep", {"until": T0 + 100},
+                                                      False, 0), "sleeping", T0 + 100, None, T0)
+        r = await store.get_run(run.id)
+        assert r is not None and r.status == RunStatus.SLEEPING and r.owner is None
+        assert await claim(other, owner="b", now=T0 + 99) == []
+        [c2] = await claim(other, owner="b", now=T0 + 100)
+        assert c2.id == run.id and c2.attempts == 1 and c2.lease_epoch == 2
+        [s] = await other.load_steps(run.id)
+        assert s.name == "shoal.sleep" and not s.finished and s.output == {"until": T0 + 100}
+
+    async def test_signal_sent_before_the_wait_is_kept(self, store: Store, other: Store) -> None:
+        run = await add(store)
+        await other.send_signal(run.id, "paid", {"amount": 5}, _ids.new_id(T0), T0)
+        [c] = await claim(store)
+        got = await store.wait_signal(fence(c), Step(1, "shoal.wait_for:paid", {}, False, 0),
+                                      "paid", None, T0 + 1)
+        assert got is not None and got.received and got.payload == {"amount": 5}
+        [s] = await store.load_steps(run.id)
+        assert s.finished and s.output == {"payload": {"amount": 5}}
+        # consumed exactly once
+        again = await store.wait_signal(fence(c), Step(2, "shoal.wait_for:paid", {}, False, 0),
+                                        "paid", None, T0 + 2)
+        assert again is not None and again.parked and not again.received
+
+    async def test_signal_sent_after_the_wait_wakes_the_run(
+        self, store: Store, other: Store
+    ) -> None:
+        run = await add(store)
+        [c] = await claim(store)
+        got = await store.wait_signal(fence(c), Step(1, "shoal.wait_for:paid", {}, False, 0),
+                                      "paid", None, T0)
+        assert got is not None and got.parked
+        r = await store.get_run(run.id)
+        assert r is not None and r.status == RunStatus.WAITING and r.wait_for == "paid"
+        await other.send_signal(run.id, "unrelated", 1, _ids.new_id(T0 + 1), T0 + 1)
+        assert await claim(store, now=T0 + 1000) == []
+        await other.send_signal(run.id, "paid", 2, _ids.new_id(T0 + 2), T0 + 2)
+        [c] = await claim(store, now=T0 + 2)
+        got = await store.wait_signal(fence(c), Step(1, "shoal.wait_for:paid", {}, False, 0),
+                                      "paid", None, T0 + 3)
+        assert got is not None and got.received and got.payload == 2
+        assert await store.send_signal("missing", "x", None, _ids.new_id(T0), T0) is None
+
+    async def test_wait_deadline(self, store: Store) -> None:
+        await add(store)
+        [c] = await claim(store)
+        got = await store.wait_signal(fence(c), Step(1, "w", {}, False, 0), "go", T0 + 10, T0)
+        assert got is not None and got.parked
+        assert await claim(store, now=T0 + 9) == []
+        [c] = await claim(store, now=T0 + 10)
+        late = await store.wait_signal(fence(c), Step(1, "w", {}, False, 0), "go", T0 + 10,
+                                       T0 + 10)
+        assert late is not None and not late.received and not late.parked
+
+    # -- cancel ----------------------------------------------------------------------------
+
+    async def test_cancel(self, store: Store) -> None:
+        queued = await add(store)
+        running = await add(store, T0 + 1)
+        [c] = await claim(store, limit=1)
+        assert c.id == queued.id
+        q = await store.cancel_run(queued.id, T0 + 2)
+        assert q is not None and q.status == RunStatus.RUNNING and q.cancel_requested
+        renewal = await store.renew_leases("a", {c.id: c.lease_epoch}, LEASE, T0 + 3)
+        assert renewal.cancel_requested == {c.id}
+        assert await store.settle_run(fence(c), Settlement("cancelled"), T0 + 4)
+        x = await store.cancel_run(running.id, T0 + 5)
+        assert x is not None and x.status == RunStatus.CANCELLED
+        assert await claim(store, now=T0 + 6) == []
+        done = await store.cancel_run(queued.id, T0 + 7)
+        assert done is not None and done.status == RunStatus.CANCELLED
+        assert await store.cancel_run("missing", T0) is None
+
+    # -- admission -------------------------------------------------------------------------
+
+    async def test_admission_reject_stores_nothing(self, store: Store) -> None:
+        for i in range(2):
+            await store.create_run(new_run(T0 + i), max_queued=2, admission="reject")
+        with pytest.raises(AdmissionRejectedError):
+            await store.create_run(new_run(T0 + 3), max_queued=2, admission="reject")
+        assert len(await store.list_runs(NS)) == 2
+        await claim(store, limit=1, now=T0 + 4)
+        run, created = await store.create_run(new_run(T0 + 5), max_queued=2, admission="reject")
+        assert created
+
+    async def test_admission_park_holds_then_releases_in_order(self, store: Store) -> None:
+        await store.create_run(new_run(T0), max_queued=1, admission="park")
+        held = []
+        for i in range(3):
+            run, _ = await store.create_run(new_run(T0 + 1 + i, priority=9 - i), max_queued=1,
+                                            admission="park")
+            assert run.held and run.status == RunStatus.QUEUED
+            held.append(run)
+        assert await store.release_held(NS, 1, T0 + 5) == 0
+        [first] = await claim(store, now=T0 + 5)
+        assert not first.held
+        assert await store.release_held(NS, 1, T0 + 6) == 1
+        [nxt] = await claim(store, now=T0 + 6)
+        assert nxt.id == held[0].id
+        assert await store.release_held(NS, 5, T0 + 7) == 2
+        assert [r.id for r in await claim(store, now=T0 + 7)] == [held[1].id, held[2].id]
+
+    # -- through the app, under a VirtualClock ---------------------------------------------
+
+    async def test_lease_expiry_under_the_virtual_clock(self, store: Store, other: Store) -> None:
+        """A holder frozen past its lease loses the run; its late writes are refused and the
+        new owner continues from the last checkpoint."""
+        clock = VirtualClock(T0)
+        frozen_clock = VirtualClock(T0)   # instance a's time stands still: it is frozen
+        release = asyncio.Event()
+        executed: list[tuple[str, str]] = []
+        lost: list[BaseException] = []
+
+        def make(s: Store, c: Any, name: str) -> App:
+            app = App(NS, store=s, clock=c, instance_id=name, lease=LEASE)
+
+            @app.workflow(name="wf")
+            async def wf(ctx: RunContext, input: Any) -> Any:
+                async def one() -> str:
+                    executed.append((name, "one"))
+                    return name
+
+                async def two() -> str:
+                    executed.append((name, "two"))
+                    if name == "a":
+                        await release.wait()
+                    return name
+
+                first = await ctx.step("one", one)
+                second = await ctx.step("two", two)
+                return [first, second]
+
+            app.on_error(lost.append)
+            return app
+
+        a = make(store, frozen_clock, "a")
+        b = make(other, clock, "b")
+        async with a:
+            run = await a.dispatch("wf", {})
+            for _ in range(100):
+                await settle()
+                if ("a", "two") in executed:
+                    break
+            assert executed == [("a", "one"), ("a", "two")]
+            async with b:
+                await clock.advance(LEASE + 1)
+                for _ in range(200):
+                    await settle()
+                    if (await b.get_run(run.id)).status == RunStatus.SUCCEEDED:
+                        break
+                done = await b.get_run(run.id)
+                assert done.status == RunStatus.SUCCEEDED and done.output == ["a", "b"]
+                assert executed == [("a", "one"), ("a", "two"), ("b", "two")]
+                release.set()
+                for _ in range(100):
+                    await settle()
+                    if lost:
+                        break
+                assert len(lost) == 1 and isinstance(lost[0], LeaseLostError)
+                final = await b.get_run(run.id)
+                assert final.output == ["a", "b"] and final.attempts == 2
+                steps = await b.store.load_steps(run.id)
+                assert [(s.name, s.output, s.epoch) for s in steps] == [("one", "a", 1),
+                                                                       ("two", "b", 2)]
