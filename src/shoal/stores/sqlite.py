@@ -135,7 +135,17 @@ class SQLiteStore:
         return version
 
     async def ping(self) -> None:
-        self._db.execute("SELECT 1").fetchone()
+        self._one("SELECT 1")
+
+    def _one(self, sql: str, args: Any = ()) -> sqlite3.Row | None:
+        """One row of a read outside any transaction; the statement is finished at once so no
+        read snapshot stays open (a stale snapshot would make the next write fail busy)."""
+        cur = self._db.execute(sql, args)
+        try:
+            row: sqlite3.Row | None = cur.fetchone()
+            return row
+        finally:
+            cur.close()
 
     @property
     def _db(self) -> sqlite3.Connection:
@@ -163,8 +173,7 @@ class SQLiteStore:
                                                      "now": now})
 
     async def has_workflow(self, namespace: str, name: str) -> bool:
-        row = self._db.execute(_Q["has_workflow"], {"namespace": namespace, "name": name})
-        return row.fetchone() is not None
+        return self._one(_Q["has_workflow"], {"namespace": namespace, "name": name}) is not None
 
     # -- runs ------------------------------------------------------------------------------
 
@@ -198,7 +207,7 @@ class SQLiteStore:
             return _run(row), True
 
     async def get_run(self, run_id: str) -> Run | None:
-        row = self._db.execute(_Q["get_run"], {"id": run_id}).fetchone()
+        row = self._one(_Q["get_run"], {"id": run_id})
         return None if row is None else _run(row)
 
     async def list_runs(
@@ -241,7 +250,7 @@ class SQLiteStore:
         args: dict[str, Any] = {"namespace": namespace, "workflows": _json.dumps(list(workflows)),
                                 "now": now, "scan": limit * 4 + 16}
         # A plain read first: an idle poll takes no write lock.
-        if not self._db.execute(_Q["claim_candidates"], args).fetchone():
+        if self._one(_Q["claim_candidates"], args) is None:
             return []
         with self._tx() as db:
             ids: list[str] = []
@@ -367,6 +376,8 @@ class SQLiteStore:
 
     async def recover_runs(self, namespace: str, now: float) -> list[Run]:
         args = {"namespace": namespace, "now": now}
+        if self._one(_Q["anything_to_recover"], args) is None:
+            return []
         with self._tx() as db:
             rows = [*db.execute(_Q["recover_crashed_final"], args).fetchall(),
                     *db.execute(_Q["recover_crashed"], args).fetchall(),
@@ -397,7 +408,9 @@ class SQLiteStore:
             return _run(woken if woken is not None else row)
 
     async def release_held(self, namespace: str, max_queued: int, now: float) -> int:
-        queued, parked = self._db.execute(_Q["count_queued"], {"namespace": namespace}).fetchone()
+        counts = self._one(_Q["count_queued"], {"namespace": namespace})
+        assert counts is not None
+        queued, parked = counts
         if parked == 0 or queued >= max_queued:
             return 0
         with self._tx() as db:
@@ -411,7 +424,8 @@ class SQLiteStore:
         # PRAGMA data_version changes when another connection commits: a cheap, local wake-up.
         deadline = time.monotonic() + timeout
         while self._conn is not None:
-            version = self._conn.execute("PRAGMA data_version").fetchone()[0]
+            row = self._one("PRAGMA data_version")
+            version = row[0] if row is not None else 0
             if version != self._data_version:
                 self._data_version = version
                 return

@@ -378,7 +378,7 @@ class StoreContract:
             await store.create_run(new_run(T0 + 3), max_queued=2, admission="reject")
         assert len(await store.list_runs(NS)) == 2
         await claim(store, limit=1, now=T0 + 4)
-        run, created = await store.create_run(new_run(T0 + 5), max_queued=2, admission="reject")
+        _, created = await store.create_run(new_run(T0 + 5), max_queued=2, admission="reject")
         assert created
 
     async def test_admission_park_holds_then_releases_in_order(self, store: Store) -> None:

@@ -91,6 +91,12 @@ WHERE id = :run_id AND owner = :owner AND lease_epoch = :epoch AND status = 'run
 UPDATE runs SET status = 'interrupted', owner = NULL, lease_expires_at = NULL
 WHERE id = :run_id AND owner = :owner AND lease_epoch = :epoch AND status = 'running';
 
+-- name: anything_to_recover
+SELECT 1 FROM runs
+WHERE namespace = :namespace
+  AND ((status = 'running' AND lease_expires_at <= :now) OR status = 'interrupted')
+LIMIT 1;
+
 -- name: recover_crashed_final
 UPDATE runs
 SET status = 'failed', finished_at = :now, owner = NULL, lease_expires_at = NULL,

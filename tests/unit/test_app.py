@@ -1,0 +1,459 @@
+"""The App and engine through the public API, on the memory store under a VirtualClock."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import shoal
+from shoal.stores.memory import MemoryStore
+from shoal.testing import VirtualClock, cluster, settle
+
+
+async def until(check: Callable[[], Awaitable[bool]], rounds: int = 200) -> None:
+    for _ in range(rounds):
+        if await check():
+            return
+        await settle()
+    raise AssertionError("condition not reached")
+
+
+def status_is(app: shoal.App, run_id: str, status: str) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return (await app.get_run(run_id)).status == status
+    return check
+
+
+@pytest.fixture
+def clock() -> VirtualClock:
+    return VirtualClock()
+
+
+def make_app(clock: VirtualClock, store: shoal.Store | None = None, **kw: Any) -> shoal.App:
+    return shoal.App("test", store=store or MemoryStore(), clock=clock, lease=30.0, **kw)
+
+
+# -- bad input ---------------------------------------------------------------------------------
+
+async def test_non_json_input_is_refused_and_nothing_stored(clock: VirtualClock) -> None:
+    app = make_app(clock)
+
+    @app.workflow
+    async def wf(ctx: shoal.RunContext, input: Any) -> None:
+        return None
+
+    async with app:
+        with pytest.raises(TypeError, match=r"input\['when'\]\[1\] is a datetime"):
+            import datetime
+            await app.dispatch(wf, {"when": [1, datetime.datetime.now()]})
+        with pytest.raises(TypeError, match="NaN"):
+            await app.dispatch(wf, {"x": float("nan")})
+        with pytest.raises(TypeError, match="key 3"):
+            await app.dispatch(wf, {3: "int key"})
+        assert await app.list_runs() == []
+
+
+async def test_unknown_workflow_is_refused(clock: VirtualClock) -> None:
+    store = MemoryStore()
+    app = make_app(clock, store)
+    async with app.open():
+        with pytest.raises(shoal.UnknownWorkflowError, match="'nope'"):
+            await app.dispatch("nope", {})
+        assert await app.list_runs() == []
+    # a name registered by a started instance of the namespace is known to everyone
+    worker = make_app(clock, store)
+
+    @worker.workflow(name="remote")
+    async def remote(ctx: shoal.RunContext, input: Any) -> str:
+        return "done"
+
+    async with worker, app.open():
+        run = await app.dispatch("remote", {})
+        assert await app.result(run.id) == "done"
+
+
+async def test_unopenable_store_path(tmp_path: Path) -> None:
+    app = shoal.App("t", store=f"sqlite:///{tmp_path}/missing/dir/x.db")
+    with pytest.raises(shoal.StoreUnavailableError, match="does not exist"):
+        await app.start()
+    assert not (tmp_path / "missing").exists()
+    with pytest.raises(shoal.ConfigurationError, match="Unknown store URL"):
+        shoal.App("t", store="mysql://u:secret@host/db")
+    try:
+        shoal.App("t", store="mysql://u:secret@host/db")
+    except shoal.ConfigurationError as e:
+        assert "secret" not in str(e)
+
+
+async def test_configuration_errors() -> None:
+    with pytest.raises(shoal.ConfigurationError, match="odd number of addresses, 2 given"):
+        shoal.App("t", store="memory://", coordination=["redis://a", "redis://b"])
+    with pytest.raises(shoal.ConfigurationError, match="admission"):
+        shoal.App("t", store="memory://", admission="drop")  # type: ignore[arg-type]
+    app = shoal.App("t", store="memory://")
+    with pytest.raises(shoal.ConfigurationError, match="async function"):
+        app.workflow(lambda ctx, i: None)  # type: ignore[arg-type]
+
+
+# -- steps, replay, determinism --------------------------------------------------------------
+
+async def test_steps_are_checkpointed_and_replayed(clock: VirtualClock) -> None:
+    app = make_app(clock)
+    calls: list[str] = []
+
+    @app.workflow
+    async def wf(ctx: shoal.RunContext, input: Any) -> Any:
+        def one() -> int:               # a plain function runs in a thread
+            calls.append("one")
+            return 1
+
+        a = await ctx.step("one", one)
+        await ctx.sleep(60)            # durable: the run is re-delivered and replayed
+        b = await ctx.step("two", lambda: calls.append("two") or 2)
+        return {"sum": a + b, "attempt": ctx.attempt}
+
+    async with app:
+        run = await app.dispatch(wf)
+        await until(status_is(app, run.id, "sleeping"))
+        await clock.advance(61)
+        await until(status_is(app, run.id, "succeeded"))
+        assert await app.result(run.id) == {"sum": 3, "attempt": 1}
+        assert calls == ["one", "two"]
+
+
+async def test_nondeterminism_is_detected(clock: VirtualClock) -> None:
+    app = make_app(clock)
+    branch = {"name": "charge"}
+
+    @app.workflow
+    async def wf(ctx: shoal.RunContext, input: Any) -> None:
+        await ctx.step(branch["name"], lambda: 1)
+        await ctx.sleep(10)
+
+    async with app:
+        run = await app.dispatch(wf)
+        await until(status_is(app, run.id, "sleeping"))
+        branch["name"] = "refund"
+        await clock.advance(11)
+        await until(status_is(app, run.id, "failed"))
+        with pytest.raises(shoal.RunFailedError, match=r"'charge'.*'refund'"):
+            await app.result(run.id)
+
+
+async def test_step_result_must_be_json(clock: VirtualClock) -> None:
+    app = make_app(clock)
+
+    @app.workflow(max_attempts=1)
+    async def wf(ctx: shoal.RunContext, input: Any) -> None:
+        await ctx.step("bad", lambda: {1, 2})
+
+    async with app:
+        run = await app.dispatch(wf)
+        with pytest.raises(shoal.RunFailedError, match="result of step 'bad'"):
+            await app.result(run.id)
+
+
+# -- retries, attempts -----------------------------------------------------------------------
+
+async def test_retries_with_backoff_then_success(clock: VirtualClock) -> None:
+    app = make_app(clock)
+    seen: list[int] = []
+
+    @app.workflow(max_attempts=3, backoff=10.0)
+    async def flaky(ctx: shoal.RunContext, input: Any) -> int:
+        seen.append(ctx.attempt)
+        await ctx.step("first", lambda: "once")
+        if ctx.attempt < 3:
+            raise RuntimeError(f"boom {ctx.attempt}")
+        return ctx.attempt
+
+    async with app:
+        run = await app.dispatch(flaky)
+        await until(lambda: _attempts(app, run.id, 2))
+        assert (await app.get_run(run.id)).error == "RuntimeError: boom 1"
+        await clock.advance(4)          # below the smallest backoff (10 * 0.5)
+        assert seen == [1]
+        await clock.advance(6)
+        await until(lambda: _attempts(app, run.id, 3))
+        await clock.advance(20)
+        await until(status_is(app, run.id, "succeeded"))
+        assert seen == [1, 2, 3] and await app.result(run.id) == 3
+
+
+async def _attempts(app: shoal.App, run_id: str, n: int) -> bool:
+    return (await app.get_run(run_id)).attempts == n
+
+
+async def test_exhausted_attempts_fail(clock: VirtualClock) -> None:
+    app = make_app(clock)
+
+    @app.workflow(max_attempts=2, backoff=1.0)
+    async def bad(ctx: shoal.RunContext, input: Any) -> None:
+        raise ValueError("always")
+
+    async with app:
+        run = await app.dispatch(bad)
+        await until(lambda: _attempts(app, run.id, 2))
+        await clock.advance(2)
+        await until(status_is(app, run.id, "failed"))
+        with pytest.raises(shoal.RunFailedError, match="ValueError: always"):
+            await app.result(run.id)
+
+
+async def test_sleeps_and_waits_do_not_consume_attempts(clock: VirtualClock) -> None:
+    app = make_app(clock)
+
+    @app.workflow(max_attempts=1)
+    async def patient(ctx: shoal.RunContext, input: Any) -> int:
+        for _ in range(3):
+            await ctx.sleep(5)
+        await ctx.wait_for("go")
+        return ctx.attempt
+
+    async with app:
+        run = await app.dispatch(patient)
+        for _ in range(3):
+            await until(status_is(app, run.id, "sleeping"))
+            await clock.advance(6)
+        await until(status_is(app, run.id, "waiting"))
+        await app.signal(run.id, "go")
+        assert await app.result(run.id) == 1
+
+
+# -- sleep, signals --------------------------------------------------------------------------
+
+async def test_sleeping_and_waiting_runs_hold_no_slot(clock: VirtualClock) -> None:
+    app = make_app(clock, max_concurrent_runs=1)
+
+    @app.workflow
+    async def sleeper(ctx: shoal.RunContext, input: Any) -> str:
+        await ctx.sleep(3600)
+        return "slept"
+
+    @app.workflow
+    async def waiter(ctx: shoal.RunContext, input: Any) -> Any:
+        return await ctx.wait_for("go")
+
+    @app.workflow
+    async def quick(ctx: shoal.RunContext, input: Any) -> str:
+        return "quick"
+
+    async with app:
+        s = await app.dispatch(sleeper)
+        w = await app.dispatch(waiter)
+        q = await app.dispatch(quick)
+        assert await app.result(q.id) == "quick"
+        assert (await app.get_run(s.id)).status == "sleeping"
+        assert (await app.get_run(w.id)).status == "waiting"
+        await app.signal(w.id, "go", {"ok": True})
+        assert await app.result(w.id) == {"ok": True}
+        await clock.advance(3600)
+        assert await app.result(s.id) == "slept"
+
+
+async def test_signal_before_wait_and_timeout(clock: VirtualClock) -> None:
+    app = make_app(clock)
+
+    @app.workflow
+    async def wf(ctx: shoal.RunContext, input: Any) -> Any:
+        await ctx.sleep(10)
+        first = await ctx.wait_for("early")
+        try:
+            await ctx.wait_for("never", timeout=30)
+        except TimeoutError:
+            return {"first": first, "timed_out": True}
+        return None
+
+    async with app:
+        run = await app.dispatch(wf)
+        await app.signal(run.id, "early", [1, 2])          # sent before the wait
+        await until(status_is(app, run.id, "sleeping"))
+        await clock.advance(10)
+        await until(status_is(app, run.id, "waiting"))
+        await clock.advance(29)
+        assert (await app.get_run(run.id)).status == "waiting"
+        await clock.advance(2)
+        assert await app.result(run.id) == {"first": [1, 2], "timed_out": True}
+        with pytest.raises(shoal.UnknownRunError):
+            await app.signal("missing", "x")
+        with pytest.raises(TypeError, match="payload"):
+            await app.signal(run.id, "x", object())
+
+
+# -- cancel, keys, priority, idempotency -----------------------------------------------------
+
+async def test_cancel_queued_and_running(clock: VirtualClock) -> None:
+    app = make_app(clock, max_concurrent_runs=1)
+    started = asyncio.Event()
+
+    @app.workflow
+    async def long(ctx: shoal.RunContext, input: Any) -> None:
+        started.set()
+        await ctx.step("forever", asyncio.Event().wait)
+
+    async with app:
+        running = await app.dispatch(long)
+        queued = await app.dispatch(long)
+        await started.wait()
+        c = await app.cancel(queued.id)
+        assert c.status == "cancelled"
+        await app.cancel(running.id)
+        with pytest.raises(shoal.RunCancelledError):
+            await app.result(running.id)
+        with pytest.raises(shoal.RunCancelledError):
+            await app.result(queued.id)
+        with pytest.raises(shoal.UnknownRunError):
+            await app.cancel("missing")
+
+
+async def test_priority_then_fifo_and_concurrency_keys(clock: VirtualClock) -> None:
+    app = make_app(clock, max_concurrent_runs=1)
+    order: list[str] = []
+
+    @app.workflow(concurrency_key=lambda i: i.get("key"))
+    async def wf(ctx: shoal.RunContext, input: Any) -> None:
+        order.append(input["name"])
+        if input.get("sleep"):
+            await ctx.sleep(100)
+        order.append(input["name"] + "-end")
+
+    async with app.open():   # dispatch everything before a worker starts
+        await app.dispatch(wf, {"name": "low"})
+        await app.dispatch(wf, {"name": "k1", "key": "k", "sleep": True}, priority=5)
+        await app.dispatch(wf, {"name": "k2", "key": "k"}, priority=5)
+        await app.dispatch(wf, {"name": "high"}, priority=9)
+    async with app:
+        await until(lambda: _count(app, "succeeded", 2))
+        # k2 waits for k1 (which holds its key while sleeping); low runs past it
+        assert order == ["high", "high-end", "k1", "low", "low-end"]
+        await clock.advance(100)
+        await until(lambda: _count(app, "succeeded", 4))
+        assert order[5:] == ["k1", "k1-end", "k2", "k2-end"]
+
+
+async def _count(app: shoal.App, status: str, n: int) -> bool:
+    return len(await app.list_runs(status=status)) == n
+
+
+async def test_idempotency_key_across_instances(clock: VirtualClock) -> None:
+    def make(store: shoal.Store, clk: shoal.Clock, name: str) -> shoal.App:
+        app = shoal.App("test", store=store, clock=clk, instance_id=name)
+
+        @app.workflow(name="wf")
+        async def wf(ctx: shoal.RunContext, input: Any) -> Any:
+            return input
+
+        return app
+
+    async with cluster(make, instances=2, clock=clock) as (a, b):
+        first = await a.dispatch("wf", {"v": 1}, idempotency_key="order-42")
+        second = await b.dispatch("wf", {"v": 2}, idempotency_key="order-42")
+        assert first.id == second.id
+        assert await b.result(first.id) == {"v": 1}
+        third = await b.dispatch("wf", {"v": 3}, idempotency_key="order-42")
+        assert third.id == first.id and third.status == "succeeded"
+
+
+# -- admission -------------------------------------------------------------------------------
+
+async def test_admission_reject_and_park(clock: VirtualClock) -> None:
+    store = MemoryStore()
+    rejecting = make_app(clock, store, max_queued=2)
+    parking = make_app(clock, store, max_queued=2, admission="park")
+
+    @parking.workflow(name="wf")
+    async def wf(ctx: shoal.RunContext, input: Any) -> Any:
+        return input
+
+    rejecting.workflow(name="wf")(wf.spec.fn)
+    async with rejecting.open():
+        await rejecting.dispatch("wf", 1)
+        await rejecting.dispatch("wf", 2)
+        with pytest.raises(shoal.AdmissionRejectedError, match="max_queued"):
+            await rejecting.dispatch("wf", 3)
+        assert len(await rejecting.list_runs()) == 2
+        held = [await parking.dispatch("wf", n) for n in (3, 4, 5)]
+        assert all(r.held for r in held)
+    async with parking:
+        for _ in range(6):
+            await clock.advance(10)
+        results = [await parking.result(r.id) for r in held]
+        assert results == [3, 4, 5]
+
+
+# -- leases, recovery, graceful stop ---------------------------------------------------------
+
+async def test_graceful_stop_interrupts_and_another_instance_continues(
+    clock: VirtualClock,
+) -> None:
+    store = MemoryStore()
+    executed: list[tuple[str, str]] = []
+    gate = asyncio.Event()
+
+    def make(name: str) -> shoal.App:
+        app = shoal.App("test", store=store, clock=clock, instance_id=name, lease=30.0)
+
+        @app.workflow(name="wf", concurrency_key="one")
+        async def wf(ctx: shoal.RunContext, input: Any) -> str:
+            await ctx.step("a", lambda: executed.append((name, "a")) or 1)
+
+            async def b() -> int:
+                executed.append((name, "b"))
+                if name == "first":
+                    await gate.wait()
+                return 2
+
+            await ctx.step("b", b)
+            return name
+
+        return app
+
+    first, second = make("first"), make("second")
+    await first.start()
+    run = await first.dispatch("wf")
+    await until(lambda: _has(executed, ("first", "b")))
+    closing = asyncio.create_task(first.close(timeout=5))
+    await clock.advance(5)                # the step does not finish: interrupted after 5 s
+    await closing
+    interrupted = await second.get_run(run.id)
+    assert interrupted.status == "interrupted" and interrupted.owner is None
+    async with second:                    # continued at its first poll, no lease wait
+        assert await second.result(run.id) == "second"
+    assert executed == [("first", "a"), ("first", "b"), ("second", "b")]
+    final = await second.get_run(run.id)
+    assert final.attempts == 1            # an interruption is not a failed attempt
+
+
+async def _has(items: list[Any], item: Any) -> bool:
+    return item in items
+
+
+async def test_crash_recovery_after_lease_counts_an_attempt(clock: VirtualClock) -> None:
+    store = MemoryStore()
+    frozen = VirtualClock()
+
+    def make(name: str, clk: VirtualClock) -> shoal.App:
+        app = shoal.App("test", store=store, clock=clk, instance_id=name, lease=30.0)
+
+        @app.workflow(name="wf", max_attempts=2)
+        async def wf(ctx: shoal.RunContext, input: Any) -> int:
+            if ctx.attempt == 1:
+                await ctx.step("hang", asyncio.Event().wait)
+            return ctx.attempt
+
+        return app
+
+    crashed, survivor = make("crashed", frozen), make("survivor", clock)
+    await crashed.start()
+    run = await crashed.dispatch("wf")
+    await until(status_is(crashed, run.id, "running"))
+    async with survivor:
+        await clock.advance(29)
+        assert (await survivor.get_run(run.id)).owner == "crashed"
+        await clock.advance(12)          # lease + one poll
+        assert await survivor.result(run.id) == 2
+    await crashed.close(timeout=0)
