@@ -1,0 +1,453 @@
+"""The ``shoal`` command line: serve an app, inspect and steer runs, migrate a store, the tour.
+
+The store comes from ``--store`` or ``SHOAL_STORE`` (default ``sqlite:///shoal.db``), the namespace
+from ``--namespace`` or ``SHOAL_NAMESPACE``; read commands cover every namespace when none is given.
+A shoal error (bad URL, unreachable store, unknown run, bad input) ends the command with one line
+on stderr and exit code 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib
+import json
+import logging
+import os
+import sqlite3
+import sys
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from shoal.app import App
+from shoal.errors import ShoalError, UnknownRunError
+from shoal.stores import mask_url, open_store
+from shoal.stores.base import Run, RunStatus, Step, Store
+
+DEFAULT_STORE = "sqlite:///shoal.db"
+T = TypeVar("T")
+
+_STATUS_STYLE = {
+    "queued": "cyan", "running": "bold yellow", "sleeping": "blue", "waiting": "magenta",
+    "interrupted": "yellow", "succeeded": "green", "failed": "bold red", "cancelled": "dim",
+}
+
+
+class _Target:
+    """Where a command points: the store URL and, when given, the namespace."""
+
+    def __init__(self, store: str, namespace: str | None) -> None:
+        self.store = store
+        self.namespace = namespace
+
+
+class _ShoalGroup(click.Group):
+    """Turns shoal's own errors into one line on stderr and exit code 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ShoalError as e:
+            raise click.ClickException(str(e)) from None
+        except sqlite3.Error as e:
+            raise click.ClickException(f"The SQLite store failed: {e}") from None
+
+
+def _console() -> Console:
+    console = Console()
+    if not console.is_terminal:
+        # Piped or captured: wide enough that run ids are never folded.
+        console = Console(width=max(console.width, 160))
+    return console
+
+
+def _run_async(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+# -- options shared by the commands that talk to a store -------------------------------------
+
+
+def _target_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--store`` and ``--namespace`` on a subcommand too, overriding the group's."""
+    fn = click.option("--store", "store_override", metavar="URL", default=None,
+                      help="Store URL (overrides the one given before the command).")(fn)
+    fn = click.option("--namespace", "-n", "namespace_override", metavar="NAME", default=None,
+                      help="Namespace (overrides the one given before the command).")(fn)
+    return fn
+
+
+def _target(ctx: click.Context, store: str | None, namespace: str | None) -> _Target:
+    base: _Target = ctx.find_object(_Target) or _Target(DEFAULT_STORE, None)
+    return _Target(store or base.store, namespace or base.namespace)
+
+
+@asynccontextmanager
+async def _opened_store(url: str, *, create: bool = False) -> AsyncIterator[Store]:
+    """The store at ``url``, opened (which migrates it). A SQLite file that does not exist is
+    refused unless ``create``: a typo in a path must not look like an empty store."""
+    store = open_store(url)
+    path = getattr(store, "path", None)
+    if (not create and isinstance(path, str) and path != ":memory:"
+            and not Path(path).exists()):
+        raise click.ClickException(
+            f"No shoal store at {mask_url(url)!r}: the file {path!r} does not exist. Give "
+            f"--store or set SHOAL_STORE (shoal migrate creates a new store).")
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+@asynccontextmanager
+async def _app_for_run(target: _Target, store: Store, run_id: str) -> AsyncIterator[App]:
+    """An App (opened, running nothing) of the run's namespace: the given one, or the run's own
+    when no namespace was given. Raises ``UnknownRunError``."""
+    namespace = target.namespace
+    if namespace is None:
+        run = await store.get_run(run_id)
+        if run is None:
+            raise UnknownRunError(run_id)
+        namespace = run.namespace
+    app = App(namespace, store=store)
+    async with app.open():
+        yield app
+
+
+# -- the group -------------------------------------------------------------------------------
+
+
+@click.group(cls=_ShoalGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--store", envvar="SHOAL_STORE", default=DEFAULT_STORE, show_default=True,
+              metavar="URL", help="Store URL: sqlite:///path.db or memory:// [env SHOAL_STORE].")
+@click.option("--namespace", "-n", envvar="SHOAL_NAMESPACE", default=None, metavar="NAME",
+              help="Namespace of the runs [env SHOAL_NAMESPACE]; read commands show every "
+                   "namespace when none is given.")
+@click.version_option(package_name="shoal", prog_name="shoal")
+@click.pass_context
+def cli(ctx: click.Context, store: str, namespace: str | None) -> None:
+    """shoal: durable runs and replica coordination through the store you already have."""
+    ctx.obj = _Target(store, namespace)
+
+
+# -- worker ----------------------------------------------------------------------------------
+
+
+def _load_app(spec: str) -> App:
+    """The App named by ``MODULE:ATTRIBUTE`` (ATTRIBUTE defaults to ``app``), importable from the
+    current directory too."""
+    module_name, _, attribute = spec.partition(":")
+    attribute = attribute or "app"
+    if not module_name:
+        raise click.ClickException(f"Give the app as MODULE:APP, e.g. 'myservice.jobs:app', "
+                                   f"not {spec!r}.")
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        # Only a missing module *named here* is a usage error; one missing inside the user's
+        # module is their bug and keeps its traceback.
+        if e.name is not None and (module_name == e.name
+                                   or module_name.startswith(e.name + ".")):
+            raise click.ClickException(
+                f"Cannot import {module_name!r}: no module named {e.name!r} (looked in "
+                f"{cwd!r} and the installed packages).") from None
+        raise
+    obj: Any = module
+    for part in attribute.split("."):
+        if not hasattr(obj, part):
+            raise click.ClickException(f"Module {module_name!r} has no attribute {attribute!r}.")
+        obj = getattr(obj, part)
+    if not isinstance(obj, App):
+        raise click.ClickException(
+            f"{spec} is a {type(obj).__name__}, not a shoal.App.")
+    return obj
+
+
+@cli.command(short_help="Serve an App until SIGTERM or Ctrl-C.")
+@click.argument("app_spec", metavar="MODULE:APP")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+              help="Level of the log lines written to stderr.")
+@click.option("--shutdown-timeout", default=25.0, show_default=True, type=float,
+              help="Seconds a stop waits for running runs before interrupting them.")
+@click.pass_context
+def worker(ctx: click.Context, app_spec: str, log_level: str, shutdown_timeout: float) -> None:
+    """Serve the App MODULE:APP until SIGTERM or SIGINT, then stop gracefully.
+
+    The app names its own store; build it with shoal.App.from_env() to take SHOAL_STORE,
+    SHOAL_INSTANCE_ID and SHOAL_COORDINATION from the environment.
+    """
+    source = ctx.parent.get_parameter_source("store") if ctx.parent else None
+    if source is click.core.ParameterSource.COMMANDLINE:
+        click.echo("shoal worker: --store is ignored; the app names its own store "
+                   "(build it with shoal.App.from_env() to take SHOAL_STORE).", err=True)
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    app = _load_app(app_spec)
+    click.echo(f"shoal worker: serving {app!r}; SIGTERM or Ctrl-C stops it gracefully.",
+               err=True)
+    app.run_forever(timeout=shutdown_timeout)
+
+
+# -- runs ------------------------------------------------------------------------------------
+
+
+def _when(t: float | None) -> str:
+    if t is None:
+        return ""
+    return datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _status(status: RunStatus | str) -> str:
+    value = str(status)
+    return f"[{_STATUS_STYLE.get(value, '')}]{value}[/]"
+
+
+def _json_text(value: Any, limit: int | None = None) -> str:
+    text = json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+    if limit is not None and len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return text
+
+
+def _run_dict(run: Run) -> dict[str, Any]:
+    out = dataclasses.asdict(run)
+    out["status"] = str(run.status)
+    return out
+
+
+@cli.command()
+@click.option("--status", type=click.Choice([s.value for s in RunStatus]), default=None,
+              help="Only runs with this status.")
+@click.option("--workflow", "-w", default=None, help="Only runs of this workflow.")
+@click.option("--tenant", default=None, help="Only runs of this tenant.")
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(min=1),
+              help="At most this many runs.")
+@click.option("--after", default=None, metavar="RUN_ID",
+              help="Only runs created after this one (to page).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@_target_options
+@click.pass_context
+def runs(ctx: click.Context, status: str | None, workflow: str | None, tenant: str | None,
+         limit: int, after: str | None, as_json: bool, store_override: str | None,
+         namespace_override: str | None) -> None:
+    """List runs in creation order (all namespaces unless one is given)."""
+    target = _target(ctx, store_override, namespace_override)
+
+    async def read() -> list[Run]:
+        async with _opened_store(target.store) as store:
+            return await store.list_runs(target.namespace, status=status, workflow=workflow,
+                                         tenant=tenant, limit=limit, after=after)
+
+    found = _run_async(read())
+    if as_json:
+        for run in found:
+            click.echo(json.dumps(_run_dict(run), ensure_ascii=False))
+        return
+    console = _console()
+    if not found:
+        where = f"namespace {target.namespace!r}" if target.namespace else "any namespace"
+        console.print(f"No runs in {escape(where)} of {escape(mask_url(target.store))}.")
+        return
+    table = Table(title=f"runs in {escape(mask_url(target.store))}", title_justify="left")
+    table.add_column("id", no_wrap=True)
+    if target.namespace is None:
+        table.add_column("namespace")
+    for column in ("workflow", "status", "attempts", "owner", "created"):
+        table.add_column(column, no_wrap=column in ("status", "created"))
+    for run in found:
+        cells = [run.id]
+        if target.namespace is None:
+            cells.append(escape(run.namespace))
+        cells += [escape(run.workflow), _status(run.status),
+                  f"{run.attempts}/{run.max_attempts}", escape(run.owner or ""),
+                  _when(run.created_at)]
+        table.add_row(*cells)
+    console.print(table)
+    if len(found) == limit:
+        console.print(f"[dim]First {limit} shown; the next page: --after {found[-1].id}[/]")
+
+
+# -- run show / cancel -----------------------------------------------------------------------
+
+
+@cli.group()
+def run() -> None:
+    """Look at one run, or cancel it."""
+
+
+@run.command("show")
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True, help="The run and its steps as JSON.")
+@_target_options
+@click.pass_context
+def run_show(ctx: click.Context, run_id: str, as_json: bool, store_override: str | None,
+             namespace_override: str | None) -> None:
+    """Every field of run RUN_ID and its checkpointed steps."""
+    target = _target(ctx, store_override, namespace_override)
+
+    async def read() -> tuple[Run, list[Step]]:
+        async with _opened_store(target.store) as store, \
+                _app_for_run(target, store, run_id) as app:
+            found = await app.get_run(run_id)
+            return found, await store.load_steps(run_id)
+
+    found, steps = _run_async(read())
+    if as_json:
+        out = _run_dict(found)
+        out["steps"] = [dataclasses.asdict(s) for s in steps]
+        click.echo(json.dumps(out, ensure_ascii=False, indent=2))
+        return
+    console = _console()
+    fields = Table(show_header=False, title=f"run {found.id}", title_justify="left")
+    fields.add_column("field", style="bold")
+    fields.add_column("value", overflow="fold")
+    for field in dataclasses.fields(found):
+        value = getattr(found, field.name)
+        if field.name == "status":
+            text = _status(value)
+        elif field.name in ("input", "output"):
+            text = escape(_json_text(value))
+        elif field.name.endswith("_at") and isinstance(value, float):
+            text = f"{_when(value)}  [dim]({value:.3f})[/]"
+        else:
+            text = escape("" if value is None else str(value))
+        fields.add_row(field.name, text)
+    console.print(fields)
+    if not steps:
+        console.print("[dim]No steps checkpointed yet.[/]")
+        return
+    table = Table(title="steps", title_justify="left")
+    for column in ("seq", "name", "finished", "epoch", "output"):
+        table.add_column(column, overflow="fold")
+    for step in steps:
+        table.add_row(str(step.seq), escape(step.name), "yes" if step.finished else "no",
+                      str(step.epoch), escape(_json_text(step.output, 200)))
+    console.print(table)
+
+
+@run.command("cancel")
+@click.argument("run_id")
+@_target_options
+@click.pass_context
+def run_cancel(ctx: click.Context, run_id: str, store_override: str | None,
+               namespace_override: str | None) -> None:
+    """Cancel run RUN_ID: at once unless it is running; then its owner aborts it at its next
+    poll."""
+    target = _target(ctx, store_override, namespace_override)
+
+    async def cancel() -> tuple[RunStatus, Run]:
+        async with _opened_store(target.store) as store, \
+                _app_for_run(target, store, run_id) as app:
+            before = (await app.get_run(run_id)).status
+            return before, await app.cancel(run_id)
+
+    before, after = _run_async(cancel())
+    if after.status == RunStatus.CANCELLED and before != RunStatus.CANCELLED:
+        click.echo(f"Cancelled run {run_id} (it was {before}).")
+    elif after.status == RunStatus.RUNNING:
+        click.echo(f"Asked {after.owner} to cancel run {run_id}: it is running there and "
+                   f"stops at that instance's next poll.")
+    else:
+        click.echo(f"Run {run_id} had already ended ({after.status}); nothing to cancel.")
+
+
+# -- signal ----------------------------------------------------------------------------------
+
+
+@cli.command(short_help="Send a signal with a JSON payload to a run.")
+@click.argument("run_id")
+@click.argument("name")
+@click.argument("payload", metavar="[JSON]", required=False)
+@_target_options
+@click.pass_context
+def signal(ctx: click.Context, run_id: str, name: str, payload: str | None,
+           store_override: str | None, namespace_override: str | None) -> None:
+    """Send signal NAME to run RUN_ID with a JSON payload (default null); a run waiting in
+    ctx.wait_for(NAME) continues with it."""
+    target = _target(ctx, store_override, namespace_override)
+    value: Any = None
+    if payload is not None:
+        try:
+            value = json.loads(payload)
+        except json.JSONDecodeError as e:
+            raise click.ClickException(
+                f"The payload is not JSON ({e.msg} at column {e.colno}): {payload!r}. Quote "
+                f"it for the shell, e.g. '{{\"approved\": true}}' or '\"text\"'.") from None
+
+    async def send() -> Run:
+        async with _opened_store(target.store) as store, \
+                _app_for_run(target, store, run_id) as app:
+            await app.signal(run_id, name, value)
+            return await app.get_run(run_id)
+
+    found = _run_async(send())
+    click.echo(f"Sent signal {name!r} to run {run_id} ({found.status}).")
+    if found.status.final:
+        click.echo(f"Note: run {run_id} has already ended; no one will receive this signal.",
+                   err=True)
+
+
+# -- migrate ---------------------------------------------------------------------------------
+
+
+@cli.command(short_help="Create or upgrade the store; print its version.")
+@_target_options
+@click.pass_context
+def migrate(ctx: click.Context, store_override: str | None,
+            namespace_override: str | None) -> None:
+    """Create the store or bring its schema up to date, and print the schema version."""
+    target = _target(ctx, store_override, namespace_override)
+
+    async def go() -> int:
+        async with _opened_store(target.store, create=True) as store:
+            return await store.migrate()
+
+    version = _run_async(go())
+    click.echo(f"{mask_url(target.store)} is at schema version {version}.")
+
+
+# -- demo ------------------------------------------------------------------------------------
+
+
+@cli.command(short_help="The guided tour: replicas, one killed, nothing lost.")
+@click.option("--runs", "runs_", default=36, show_default=True, type=click.IntRange(6, 500),
+              help="How many runs to dispatch.")
+@click.option("--workers", default=3, show_default=True, type=click.IntRange(2, 8),
+              help="How many replica processes to start (one is killed).")
+@click.option("--db", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="The SQLite file to use; it must not exist yet. Default: a fresh temporary "
+                   "file.")
+@click.option("--timeout", default=45.0, show_default=True, type=float,
+              help="Give up (and fail) after this many seconds.")
+@click.option("--keep", is_flag=True, help="Keep the temporary folder (database, logs) even "
+                                           "when every check passes.")
+def demo(runs_: int, workers: int, db: Path | None, timeout: float, keep: bool) -> None:
+    """The guided tour: replicas on one SQLite file, one killed with SIGKILL mid-run, its runs
+    continued by the others; ends with checks proven from the store. Exits 1 if one fails."""
+    from shoal.demo import run_tour
+
+    code = run_tour(runs=runs_, workers=workers, db=db, timeout=timeout, keep=keep)
+    if code:
+        sys.exit(code)
+
+
+def main() -> None:
+    """The ``shoal`` console script."""
+    cli(prog_name="shoal")
+
+
+if __name__ == "__main__":
+    main()

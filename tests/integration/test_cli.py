@@ -1,0 +1,340 @@
+"""The ``shoal`` command line over a real SQLite file: reads, cancel, signal, migrate, the bad-input
+cases (one line on stderr, exit code 1, no traceback), a real ``shoal worker`` process, and the
+guided tour end to end as a subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+import shoal
+from shoal.cli import cli
+
+CLI = [sys.executable, "-m", "shoal.cli"]
+
+
+@dataclass(frozen=True)
+class Seeded:
+    url: str
+    waiting: str      # a run of namespace "shop" parked in ctx.wait_for("go"), one step done
+    queued: str       # a run of namespace "shop" due in an hour
+    other: str        # a queued run of namespace "other"
+
+
+def shop_app(url: str) -> shoal.App:
+    app = shoal.App("shop", store=url, instance_id="seeder", lease=3.0)
+
+    @app.workflow(name="pack")
+    async def pack(ctx: shoal.RunContext, input: dict[str, Any]) -> dict[str, Any]:
+        box = await ctx.step("pick", lambda: {"items": input["items"]})
+        got = await ctx.wait_for("go")
+        return {"box": box, "go": got}
+
+    return app
+
+
+async def _seed(url: str) -> Seeded:
+    app = shop_app(url)
+    async with app:
+        waiting = await app.dispatch("pack", {"items": 2})
+        queued = await app.dispatch("pack", {"items": 5}, delay=3600)
+        for _ in range(200):
+            if (await app.get_run(waiting.id)).status == shoal.RunStatus.WAITING:
+                break
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError("the seeded run never reached ctx.wait_for")
+    other = shoal.App("other", store=url)
+
+    @other.workflow(name="audit")
+    async def audit(ctx: shoal.RunContext, input: Any) -> None:
+        return None
+
+    async with other.open():
+        queued_other = await other.dispatch(audit, {"n": 1})
+    return Seeded(url, waiting.id, queued.id, queued_other.id)
+
+
+@pytest.fixture
+def seeded(tmp_path: Path) -> Seeded:
+    return asyncio.run(_seed(f"sqlite:///{tmp_path / 'cli.db'}"))
+
+
+def shoal_cli(*args: str, store: str | None = None, env: dict[str, str] | None = None) -> Result:
+    """Run the CLI in-process with a clean SHOAL_* environment."""
+    environment: dict[str, str | None] = {"SHOAL_STORE": None, "SHOAL_NAMESPACE": None}
+    environment.update(env or {})
+    argv = (["--store", store] if store else []) + list(args)
+    return CliRunner().invoke(cli, argv, env=environment, prog_name="shoal")
+
+
+def assert_fails(result: Result, *fragments: str) -> None:
+    """Exit code 1 and one line on stderr naming what went wrong; no traceback."""
+    assert result.exit_code == 1, (result.exit_code, result.output, result.exception)
+    assert isinstance(result.exception, SystemExit), result.exception
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+# -- reads --------------------------------------------------------------------------------------
+
+
+def test_runs_lists_every_namespace_unless_one_is_given(seeded: Seeded) -> None:
+    result = shoal_cli("runs", store=seeded.url)
+    assert result.exit_code == 0, result.output
+    for run_id in (seeded.waiting, seeded.queued, seeded.other):
+        assert run_id in result.stdout
+    assert "namespace" in result.stdout and "waiting" in result.stdout
+
+    only_shop = shoal_cli("-n", "shop", "runs", store=seeded.url)
+    assert only_shop.exit_code == 0
+    assert seeded.waiting in only_shop.stdout and seeded.other not in only_shop.stdout
+
+    # SHOAL_STORE and SHOAL_NAMESPACE are read from the environment; options after the command
+    # work too.
+    waiting = shoal_cli("runs", "--status", "waiting", "--json",
+                        env={"SHOAL_STORE": seeded.url, "SHOAL_NAMESPACE": "shop"})
+    rows = [json.loads(line) for line in waiting.stdout.splitlines()]
+    assert [(r["id"], r["status"], r["workflow"]) for r in rows] == [
+        (seeded.waiting, "waiting", "pack")]
+
+    page = shoal_cli("runs", "--limit", "1", "--store", seeded.url)
+    assert page.exit_code == 0
+    assert f"--after {seeded.waiting}" in page.stdout
+
+
+def test_run_show_prints_the_fields_and_the_steps(seeded: Seeded) -> None:
+    result = shoal_cli("run", "show", seeded.waiting, store=seeded.url)
+    assert result.exit_code == 0, result.output
+    for text in (seeded.waiting, "namespace", "shop", "waiting", "wait_for", '"items": 2',
+                 "steps", "pick", "shoal.wait_for:go"):
+        assert text in result.stdout, text
+
+    as_json = json.loads(shoal_cli("run", "show", seeded.waiting, "--json",
+                                   store=seeded.url).stdout)
+    assert as_json["status"] == "waiting"
+    assert [(s["seq"], s["name"], s["finished"]) for s in as_json["steps"]] == [
+        (1, "pick", True), (2, "shoal.wait_for:go", False)]
+    assert as_json["steps"][0]["output"] == {"items": 2}
+
+
+def test_cancel_a_queued_run(seeded: Seeded) -> None:
+    result = shoal_cli("run", "cancel", seeded.queued, store=seeded.url)
+    assert result.exit_code == 0, result.output
+    assert "Cancelled run" in result.stdout and "queued" in result.stdout
+    shown = json.loads(shoal_cli("run", "show", seeded.queued, "--json",
+                                 store=seeded.url).stdout)
+    assert shown["status"] == "cancelled"
+
+    again = shoal_cli("run", "cancel", seeded.queued, store=seeded.url)
+    assert again.exit_code == 0
+    assert "already ended (cancelled)" in again.stdout
+
+
+def test_signal_reaches_the_waiting_run(seeded: Seeded) -> None:
+    result = shoal_cli("signal", seeded.waiting, "go", '{"approved": true}', store=seeded.url)
+    assert result.exit_code == 0, result.output
+    assert "Sent signal 'go'" in result.stdout
+
+    async def finish() -> Any:
+        async with shop_app(seeded.url) as app:
+            return await app.result(seeded.waiting, timeout=10)
+
+    assert asyncio.run(finish()) == {"box": {"items": 2}, "go": {"approved": True}}
+
+
+def test_migrate_creates_a_store_and_prints_its_version(tmp_path: Path) -> None:
+    db = tmp_path / "new.db"
+    result = shoal_cli("migrate", store=f"sqlite:///{db}")
+    assert result.exit_code == 0, result.output
+    assert re.search(r"is at schema version [1-9]\d*\.", result.stdout)
+    assert db.exists()
+    assert shoal_cli("migrate", store=f"sqlite:///{db}").stdout == result.stdout
+
+
+# -- bad input: one line, exit code 1 ------------------------------------------------------------
+
+
+def test_unknown_run_id(seeded: Seeded) -> None:
+    for args in (["run", "show", "nope"], ["run", "cancel", "nope"],
+                 ["signal", "nope", "go", "1"]):
+        assert_fails(shoal_cli(*args, store=seeded.url), "No run with id 'nope'")
+    # A run of another namespace is unknown in this one.
+    assert_fails(shoal_cli("-n", "shop", "run", "show", seeded.other, store=seeded.url),
+                 "No run with id")
+
+
+def test_signal_payload_must_be_json(seeded: Seeded) -> None:
+    assert_fails(shoal_cli("signal", seeded.waiting, "go", "{approved: yes}", store=seeded.url),
+                 "not JSON", "{approved: yes}")
+    shown = json.loads(shoal_cli("run", "show", seeded.waiting, "--json",
+                                 store=seeded.url).stdout)
+    assert shown["status"] == "waiting"
+
+
+def test_stores_that_cannot_be_opened(tmp_path: Path) -> None:
+    assert_fails(shoal_cli("migrate", store=f"sqlite:///{tmp_path / 'no' / 'such' / 'x.db'}"),
+                 "does not exist")
+    # A read never creates a store: a wrong path is an error, not an empty list.
+    assert_fails(shoal_cli("runs", store=f"sqlite:///{tmp_path / 'missing.db'}"),
+                 "No shoal store", "does not exist")
+    assert not (tmp_path / "missing.db").exists()
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"this is not a database" * 100)
+    assert_fails(shoal_cli("runs", store=f"sqlite:///{garbage}"), "not a database")
+    assert_fails(shoal_cli("runs", store="sqlite://host/x.db"), "Bad SQLite URL")
+    leaky = shoal_cli("runs", store="redis://admin:s3cret@cache:6379/0")
+    assert_fails(leaky, "Unknown store URL", "admin:***@cache")
+    assert "s3cret" not in leaky.output
+
+
+def test_worker_refuses_what_is_not_an_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert_fails(shoal_cli("worker", "no_such_module:app"), "Cannot import 'no_such_module'")
+    assert_fails(shoal_cli("worker", "json:loads"), "not a shoal.App")
+    assert_fails(shoal_cli("worker", "json:nothing"), "has no attribute 'nothing'")
+
+
+def test_demo_refuses_an_existing_database(tmp_path: Path) -> None:
+    db = tmp_path / "old.db"
+    db.write_bytes(b"x" * 10)
+    assert_fails(shoal_cli("demo", "--db", str(db)), "needs a fresh SQLite file")
+
+
+# -- real processes ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Processes a test starts; killed at its end whatever happened."""
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+def test_worker_serves_an_app_until_sigterm(
+    tmp_path: Path, processes: list[subprocess.Popen[bytes]]
+) -> None:
+    (tmp_path / "greeter.py").write_text(
+        "import shoal\n"
+        "app = shoal.App.from_env('greet', lease=3.0)\n"
+        "@app.workflow\n"
+        "async def hello(ctx, name):\n"
+        "    return await ctx.step('greet', lambda: f'hello {name}')\n"
+    )
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    env = {**os.environ, "SHOAL_STORE": url, "SHOAL_INSTANCE_ID": "w-1"}
+    worker = subprocess.Popen([*CLI, "worker", "greeter:app"], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    processes.append(worker)
+
+    async def greet() -> Any:
+        client = shoal.App("greet", store=url)
+        async with client.open():
+            for _ in range(200):   # the workflow's name is known once the worker has started
+                try:
+                    run = await client.dispatch("hello", "shoal")
+                    break
+                except (shoal.UnknownWorkflowError, shoal.StoreUnavailableError):
+                    await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("the worker never registered its workflow")
+            return await client.result(run.id, timeout=10)
+
+    assert asyncio.run(greet()) == "hello shoal"
+    worker.send_signal(signal.SIGTERM)
+    out, _ = worker.communicate(timeout=15)
+    assert worker.returncode == 0, out.decode()
+    assert b"app.started" in out and b"app.stopping" in out
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def _wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = [pid for pid in pids if not _gone(pid)]
+        if not alive:
+            return []
+        time.sleep(0.1)
+    return alive
+
+
+def _demo_env(tmp_path: Path) -> dict[str, str]:
+    """The tour's temporary folder (kept when it fails) goes under the test's own."""
+    return {**os.environ, "TMPDIR": str(tmp_path)}
+
+
+def _replica_pids(output: str) -> list[int]:
+    return sorted({int(pid) for pid in re.findall(r"replica-\d+ \(pid (\d+)\)", output)})
+
+
+@pytest.mark.slow
+def test_demo_end_to_end(tmp_path: Path, processes: list[subprocess.Popen[bytes]]) -> None:
+    started = time.monotonic()
+    demo = subprocess.Popen([*CLI, "demo"], cwd=tmp_path, env=_demo_env(tmp_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    processes.append(demo)
+    out, err = demo.communicate(timeout=80)
+    took = time.monotonic() - started
+    text = out.decode()
+    assert demo.returncode == 0, text + err.decode()
+    assert took < 60, took
+    assert "VERDICT: PASS" in text
+    assert "with SIGKILL" in text and "continued by" in text
+    pids = _replica_pids(text)
+    assert len(pids) == 3
+    assert _wait_gone(pids) == []
+
+
+@pytest.mark.slow
+def test_demo_interrupted_leaves_no_process_behind(
+    tmp_path: Path, processes: list[subprocess.Popen[bytes]]
+) -> None:
+    demo = subprocess.Popen([*CLI, "demo"], cwd=tmp_path, env=_demo_env(tmp_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    processes.append(demo)
+    assert demo.stdout is not None
+    seen = b""
+    deadline = time.monotonic() + 30
+    while b"dispatched" not in seen and time.monotonic() < deadline:
+        ready, _, _ = select.select([demo.stdout], [], [], 0.5)
+        if ready:
+            chunk = os.read(demo.stdout.fileno(), 65536)
+            if not chunk:
+                break
+            seen += chunk
+    assert b"dispatched" in seen, seen.decode()
+    pids = _replica_pids(seen.decode())
+    assert len(pids) == 3
+    demo.send_signal(signal.SIGINT)
+    rest, _ = demo.communicate(timeout=30)
+    assert demo.returncode == 130, (seen + rest).decode()
+    assert b"Interrupted" in rest
+    assert _wait_gone(pids) == []
