@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
@@ -89,9 +89,10 @@ class SQLiteStore:
                     f"does not exist. Create it or give another path."
                 )
         try:
+            # a short busy timeout inside SQLite; longer waits for the write lock happen in
+            # _begin without blocking the event loop
             conn = sqlite3.connect(
-                self.path, timeout=self.busy_timeout, isolation_level=None,
-                check_same_thread=False,
+                self.path, timeout=0.002, isolation_level=None, check_same_thread=False,
             )
             conn.row_factory = sqlite3.Row
             conn.execute("PRAGMA journal_mode = WAL")
@@ -115,7 +116,7 @@ class SQLiteStore:
             self._conn = None
 
     async def migrate(self) -> int:
-        with self._tx() as db:
+        async with self._tx() as db:
             db.execute(
                 "CREATE TABLE IF NOT EXISTS shoal_migrations "
                 "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
@@ -153,21 +154,44 @@ class SQLiteStore:
             raise StoreUnavailableError(f"The SQLite store {self.path!r} is not open.")
         return self._conn
 
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
+    @asynccontextmanager
+    async def _tx(self) -> AsyncIterator[sqlite3.Connection]:
+        """One write transaction. The body must not await: it runs as one block on the loop."""
         db = self._db
-        db.execute("BEGIN IMMEDIATE")
+        await self._begin(db)
         try:
             yield db
+            db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            if db.in_transaction:
+                db.execute("ROLLBACK")
             raise
-        db.execute("COMMIT")
+
+    async def _begin(self, db: sqlite3.Connection) -> None:
+        # SQLite's own busy handler would sleep on the event loop's thread and freeze every run
+        # of this instance (renewals included) while another process writes; wait here instead.
+        deadline = time.monotonic() + self.busy_timeout
+        delay = 0.0005
+        while True:
+            try:
+                db.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) and "busy" not in str(e):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise StoreUnavailableError(
+                        f"The SQLite store {self.path!r} stayed locked by another writer for "
+                        f"more than busy_timeout ({self.busy_timeout:g} s); nothing was written. "
+                        f"Retry, or raise ?busy_timeout= in the store URL."
+                    ) from e
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.01)
 
     # -- workflows -------------------------------------------------------------------------
 
     async def register_workflows(self, namespace: str, names: Sequence[str], now: float) -> None:
-        with self._tx() as db:
+        async with self._tx() as db:
             for name in names:
                 db.execute(_Q["register_workflow"], {"namespace": namespace, "name": name,
                                                      "now": now})
@@ -180,7 +204,7 @@ class SQLiteStore:
     async def create_run(
         self, new: NewRun, *, max_queued: int | None, admission: str
     ) -> tuple[Run, bool]:
-        with self._tx() as db:
+        async with self._tx() as db:
             if new.idempotency_key is not None:
                 row = db.execute(_Q["find_idempotent"], {
                     "namespace": new.namespace, "tenant": new.tenant, "workflow": new.workflow,
@@ -252,7 +276,7 @@ class SQLiteStore:
         # A plain read first: an idle poll takes no write lock.
         if self._one(_Q["claim_candidates"], args) is None:
             return []
-        with self._tx() as db:
+        async with self._tx() as db:
             ids: list[str] = []
             keys: set[tuple[str, str]] = set()
             for row in db.execute(_Q["claim_candidates"], args):
@@ -276,7 +300,7 @@ class SQLiteStore:
     ) -> Renewal:
         renewed, cancel = set(), set()
         if leases:
-            with self._tx() as db:
+            async with self._tx() as db:
                 for run_id, epoch in leases.items():
                     row = db.execute(_Q["renew"], {"expires": now + lease, "id": run_id,
                                                    "owner": owner, "epoch": epoch}).fetchone()
@@ -304,7 +328,7 @@ class SQLiteStore:
         })
 
     async def checkpoint_step(self, fence: Fence, step: Step, lease: float, now: float) -> bool:
-        with self._tx() as db:
+        async with self._tx() as db:
             if not self._fenced(db, fence, lease, now):
                 return False
             self._put_step(db, fence, step, now)
@@ -319,7 +343,7 @@ class SQLiteStore:
         wait_for: str | None,
         now: float,
     ) -> bool:
-        with self._tx() as db:
+        async with self._tx() as db:
             cur = db.execute(_Q["suspend"], {
                 "status": status, "run_at": run_at, "wait_for": wait_for,
                 "run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
@@ -332,7 +356,7 @@ class SQLiteStore:
     async def wait_signal(
         self, fence: Fence, step: Step, signal: str, deadline: float | None, now: float
     ) -> SignalWait | None:
-        with self._tx() as db:
+        async with self._tx() as db:
             held = db.execute(_Q["fence_check"], {"run_id": fence.run_id, "owner": fence.owner,
                                                   "epoch": fence.epoch}).fetchone()
             if held is None:
@@ -356,7 +380,7 @@ class SQLiteStore:
 
     async def settle_run(self, fence: Fence, settlement: Settlement, now: float) -> bool:
         outcome = settlement.outcome
-        with self._tx() as db:
+        async with self._tx() as db:
             cur = db.execute(_Q["settle"], {
                 "status": "queued" if outcome == "retry" else outcome,
                 "output": _json.dumps(settlement.output) if outcome == "succeeded" else None,
@@ -369,7 +393,7 @@ class SQLiteStore:
             return cur.rowcount == 1
 
     async def release_run(self, fence: Fence, now: float) -> bool:
-        with self._tx() as db:
+        async with self._tx() as db:
             cur = db.execute(_Q["release"], {"run_id": fence.run_id, "owner": fence.owner,
                                              "epoch": fence.epoch})
             return cur.rowcount == 1
@@ -378,7 +402,7 @@ class SQLiteStore:
         args = {"namespace": namespace, "now": now}
         if self._one(_Q["anything_to_recover"], args) is None:
             return []
-        with self._tx() as db:
+        async with self._tx() as db:
             rows = [*db.execute(_Q["recover_crashed_final"], args).fetchall(),
                     *db.execute(_Q["recover_crashed"], args).fetchall(),
                     *db.execute(_Q["recover_cancelled_interrupted"], args).fetchall(),
@@ -386,7 +410,7 @@ class SQLiteStore:
         return [_run(r) for r in rows]
 
     async def cancel_run(self, run_id: str, now: float) -> Run | None:
-        with self._tx() as db:
+        async with self._tx() as db:
             row = db.execute(_Q["cancel_now"], {"id": run_id, "now": now}).fetchone()
             if row is None:
                 row = db.execute(_Q["cancel_request"], {"id": run_id}).fetchone()
@@ -397,7 +421,7 @@ class SQLiteStore:
     async def send_signal(
         self, run_id: str, name: str, payload: JSON, signal_id: str, now: float
     ) -> Run | None:
-        with self._tx() as db:
+        async with self._tx() as db:
             row = db.execute(_Q["get_run"], {"id": run_id}).fetchone()
             if row is None:
                 return None
@@ -413,7 +437,7 @@ class SQLiteStore:
         queued, parked = counts
         if parked == 0 or queued >= max_queued:
             return 0
-        with self._tx() as db:
+        async with self._tx() as db:
             queued, parked = db.execute(_Q["count_queued"], {"namespace": namespace}).fetchone()
             n = min(parked, max_queued - queued)
             if n <= 0:

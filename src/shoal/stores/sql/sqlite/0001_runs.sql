@@ -40,8 +40,11 @@ CREATE INDEX runs_timed ON runs (namespace, run_at)
     WHERE status IN ('sleeping', 'waiting');
 CREATE INDEX runs_claimed ON runs (namespace, status, lease_expires_at)
     WHERE status IN ('running', 'interrupted');
-CREATE INDEX runs_key ON runs (namespace, workflow, concurrency_key)
-    WHERE concurrency_key IS NOT NULL AND status IN ('queued', 'running', 'sleeping', 'waiting', 'interrupted');
+-- invariant 4, enforced by the database: a run holds its concurrency key from its first start
+-- until it ends, and at most one run of a (workflow, key) holds it
+CREATE UNIQUE INDEX runs_key_holder ON runs (namespace, workflow, concurrency_key)
+    WHERE concurrency_key IS NOT NULL AND started_at IS NOT NULL
+      AND status IN ('queued', 'running', 'sleeping', 'waiting', 'interrupted');
 CREATE INDEX runs_held ON runs (namespace, created_at, id) WHERE held = 1;
 CREATE INDEX runs_namespace ON runs (namespace, id);
 

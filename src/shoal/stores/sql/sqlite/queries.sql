@@ -22,18 +22,32 @@ SELECT * FROM runs WHERE id = :id;
 
 -- name: claim_candidates
 -- Due runs in claim order whose concurrency key no started, unfinished run of the key holds.
-SELECT r.id, r.workflow, r.concurrency_key FROM runs r
-WHERE r.namespace = :namespace
-  AND r.workflow IN (SELECT value FROM json_each(:workflows))
-  AND r.run_at <= :now
-  AND ((r.status = 'queued' AND r.held = 0) OR r.status IN ('sleeping', 'waiting'))
-  AND (r.concurrency_key IS NULL OR NOT EXISTS (
-        SELECT 1 FROM runs o
-        WHERE o.namespace = r.namespace AND o.workflow = r.workflow
-          AND o.concurrency_key = r.concurrency_key AND o.id <> r.id
-          AND (o.status IN ('running', 'sleeping', 'waiting', 'interrupted')
-               OR (o.status = 'queued' AND o.started_at IS NOT NULL))))
-ORDER BY r.priority DESC, r.created_at, r.id
+-- Two branches, each limited and walking its partial index, so the cost stays flat however
+-- many runs are finished or queued behind: queued in claim order, due sleepers and waiters.
+SELECT id, workflow, concurrency_key FROM (
+    SELECT * FROM (
+        SELECT r.id, r.workflow, r.concurrency_key, r.priority, r.created_at
+        FROM runs r INDEXED BY runs_queued
+        WHERE r.namespace = :namespace AND r.status = 'queued' AND r.held = 0
+          AND r.run_at <= :now AND r.workflow IN (SELECT value FROM json_each(:workflows))
+          AND (r.concurrency_key IS NULL OR r.started_at IS NOT NULL OR NOT EXISTS (
+                SELECT 1 FROM runs o INDEXED BY runs_key_holder
+                WHERE o.namespace = r.namespace AND o.workflow = r.workflow
+                  AND o.concurrency_key = r.concurrency_key
+                  AND o.concurrency_key IS NOT NULL AND o.started_at IS NOT NULL
+                  AND o.status IN ('queued', 'running', 'sleeping', 'waiting', 'interrupted')))
+        ORDER BY r.priority DESC, r.created_at, r.id
+        LIMIT :scan)
+    UNION ALL
+    SELECT * FROM (
+        SELECT r.id, r.workflow, r.concurrency_key, r.priority, r.created_at
+        FROM runs r INDEXED BY runs_timed
+        WHERE r.namespace = :namespace AND r.status IN ('sleeping', 'waiting')
+          AND r.run_at <= :now AND r.workflow IN (SELECT value FROM json_each(:workflows))
+        ORDER BY r.priority DESC, r.created_at, r.id
+        LIMIT :scan)
+)
+ORDER BY priority DESC, created_at, id
 LIMIT :scan;
 
 -- name: claim
