@@ -14,8 +14,9 @@ WHERE namespace = :namespace AND tenant = :tenant AND workflow = :workflow
 
 -- name: count_queued
 SELECT
-    (SELECT count(*) FROM runs WHERE namespace = :namespace AND status = 'queued' AND held = 0),
-    (SELECT count(*) FROM runs WHERE namespace = :namespace AND held = 1);
+    (SELECT count(*) FROM runs INDEXED BY runs_queued
+     WHERE namespace = :namespace AND status = 'queued' AND held = 0),
+    (SELECT count(*) FROM runs INDEXED BY runs_held WHERE namespace = :namespace AND held = 1);
 
 -- name: get_run
 SELECT * FROM runs WHERE id = :id;
@@ -106,34 +107,36 @@ UPDATE runs SET status = 'interrupted', owner = NULL, lease_expires_at = NULL
 WHERE id = :run_id AND owner = :owner AND lease_epoch = :epoch AND status = 'running';
 
 -- name: anything_to_recover
-SELECT 1 FROM runs
-WHERE namespace = :namespace
-  AND ((status = 'running' AND lease_expires_at <= :now) OR status = 'interrupted')
+SELECT 1 FROM runs INDEXED BY runs_claimed
+WHERE namespace = :namespace AND status IN ('running', 'interrupted')
+  AND (status = 'interrupted' OR lease_expires_at <= :now)
 LIMIT 1;
 
 -- name: recover_crashed_final
-UPDATE runs
+UPDATE runs INDEXED BY runs_claimed
 SET status = 'failed', finished_at = :now, owner = NULL, lease_expires_at = NULL,
     error = 'the instance executing attempt ' || attempts || ' of ' || max_attempts
             || ' stopped (crashed or lost its lease); no attempts are left'
-WHERE namespace = :namespace AND status = 'running' AND lease_expires_at <= :now
-  AND attempts >= max_attempts
+WHERE namespace = :namespace AND status IN ('running', 'interrupted') AND status = 'running'
+  AND lease_expires_at <= :now AND attempts >= max_attempts
 RETURNING *;
 
 -- name: recover_crashed
-UPDATE runs
+UPDATE runs INDEXED BY runs_claimed
 SET status = 'queued', attempts = attempts + 1, owner = NULL, lease_expires_at = NULL, run_at = :now
-WHERE namespace = :namespace AND status = 'running' AND lease_expires_at <= :now
+WHERE namespace = :namespace AND status IN ('running', 'interrupted') AND status = 'running'
+  AND lease_expires_at <= :now
 RETURNING *;
 
 -- name: recover_cancelled_interrupted
-UPDATE runs SET status = 'cancelled', finished_at = :now
-WHERE namespace = :namespace AND status = 'interrupted' AND cancel_requested = 1
+UPDATE runs INDEXED BY runs_claimed SET status = 'cancelled', finished_at = :now
+WHERE namespace = :namespace AND status IN ('running', 'interrupted') AND status = 'interrupted'
+  AND cancel_requested = 1
 RETURNING *;
 
 -- name: recover_interrupted
-UPDATE runs SET status = 'queued', run_at = :now
-WHERE namespace = :namespace AND status = 'interrupted'
+UPDATE runs INDEXED BY runs_claimed SET status = 'queued', run_at = :now
+WHERE namespace = :namespace AND status IN ('running', 'interrupted') AND status = 'interrupted'
 RETURNING *;
 
 -- name: cancel_now
@@ -157,7 +160,7 @@ RETURNING *;
 
 -- name: release_held
 UPDATE runs SET held = 0
-WHERE id IN (SELECT id FROM runs WHERE namespace = :namespace AND held = 1
+WHERE id IN (SELECT id FROM runs INDEXED BY runs_held WHERE namespace = :namespace AND held = 1
              ORDER BY created_at, id LIMIT :n);
 
 -- name: register_workflow
