@@ -208,8 +208,9 @@ class App:
         if self._started:
             return
         await self._open_store()
-        await self.store.register_workflows(self.namespace, list(self._workflows),
-                                            self.clock.now())
+        await self.store.register_workflows(
+            self.namespace, {name: spec.options() for name, spec in self._workflows.items()},
+            self.clock.now())
         self._engine = Engine(
             store=self.store, clock=self.clock, namespace=self.namespace,
             instance_id=self.instance_id, slots=self.max_concurrent_runs, lease=self.lease,
@@ -295,21 +296,31 @@ class App:
             raise ValueError(f"max_attempts must be an int >= 1, not {max_attempts!r}")
         await self._open_store()
         spec = self._workflows.get(name)
-        if spec is None and not await self.store.has_workflow(self.namespace, name):
+        options = spec.options() if spec is not None else await self.store.get_workflow(
+            self.namespace, name)
+        if options is None:
             raise UnknownWorkflowError(name, self.namespace)
-        if concurrency_key is None and spec is not None and spec.concurrency_key is not None:
-            key = spec.concurrency_key
-            concurrency_key = key(input) if callable(key) else key
-            if concurrency_key is not None and not isinstance(concurrency_key, str):
-                raise TypeError(f"the concurrency_key of workflow {name!r} gave "
-                                f"{concurrency_key!r}; it must give a str or None")
+        if concurrency_key is None:
+            if spec is not None and callable(spec.concurrency_key):
+                concurrency_key = spec.concurrency_key(input)
+                if concurrency_key is not None and not isinstance(concurrency_key, str):
+                    raise TypeError(f"the concurrency_key of workflow {name!r} gave "
+                                    f"{concurrency_key!r}; it must give a str or None")
+            elif options.get("key_from_input"):
+                # never start a keyed run without its key: this process lacks the function
+                raise ConfigurationError(
+                    f"Workflow {name!r} computes its concurrency key from the input in code this "
+                    f"process does not have. Pass concurrency_key=... to dispatch, or register "
+                    f"the workflow in this app too.")
+            else:
+                concurrency_key = options.get("concurrency_key")
         now = self.clock.now()
         run_id = _ids.new_id(now)
         new = NewRun(
             id=run_id, namespace=self.namespace, tenant=tenant, workflow=name, input=input,
-            priority=priority if priority is not None else (spec.priority if spec else 0),
+            priority=priority if priority is not None else int(options.get("priority", 0)),
             created_at=now, run_at=now + (delay or 0.0),
-            max_attempts=max_attempts or (spec.max_attempts if spec else 3),
+            max_attempts=max_attempts or int(options.get("max_attempts", 3)),
             concurrency_key=concurrency_key, idempotency_key=idempotency_key,
             version=self.version, root_id=run_id,
         )

@@ -457,3 +457,26 @@ async def test_crash_recovery_after_lease_counts_an_attempt(clock: VirtualClock)
         await clock.advance(12)          # lease + one poll
         assert await survivor.result(run.id) == 2
     await crashed.close(timeout=0)
+
+
+async def test_dispatch_by_name_takes_the_registered_options(clock: VirtualClock) -> None:
+    store = MemoryStore()
+    worker = make_app(clock, store)
+
+    @worker.workflow(name="static", priority=5, max_attempts=7, concurrency_key="ledger")
+    async def static(ctx: shoal.RunContext, input: Any) -> None:
+        return None
+
+    @worker.workflow(name="keyed", concurrency_key=lambda i: i["customer"])
+    async def keyed(ctx: shoal.RunContext, input: Any) -> None:
+        return None
+
+    submitter = make_app(clock, store)      # a web process: no workflow code
+    async with worker, submitter.open():
+        run = await submitter.dispatch("static", {})
+        assert (run.priority, run.max_attempts, run.concurrency_key) == (5, 7, "ledger")
+        with pytest.raises(shoal.ConfigurationError, match="concurrency_key="):
+            await submitter.dispatch("keyed", {"customer": "c1"})
+        explicit = await submitter.dispatch("keyed", {"customer": "c1"}, concurrency_key="c1")
+        assert explicit.concurrency_key == "c1"
+        assert len(await submitter.list_runs()) == 2

@@ -38,6 +38,16 @@ class WorkflowSpec:
     backoff: float
     max_backoff: float
 
+    def options(self) -> dict[str, Any]:
+        """What another process needs to dispatch this workflow by name (kept in the store)."""
+        key = self.concurrency_key
+        return {
+            "max_attempts": self.max_attempts,
+            "priority": self.priority,
+            "concurrency_key": key if isinstance(key, str) else None,
+            "key_from_input": callable(key),
+        }
+
 
 class Engine:
     """Executes the runs this instance claims, at most ``slots`` at once."""

@@ -10,7 +10,7 @@ new owner's work.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -159,11 +159,14 @@ class Store(Protocol):
     async def ping(self) -> None:
         """One round trip; raises when the store does not answer."""
 
-    async def register_workflows(self, namespace: str, names: Sequence[str], now: float) -> None:
-        """Record that an instance of ``namespace`` serves these workflow names."""
+    async def register_workflows(
+        self, namespace: str, workflows: Mapping[str, JSON], now: float
+    ) -> None:
+        """Record that an instance of ``namespace`` serves these workflows, each with its
+        dispatch options (a JSON object); a later registration of a name replaces its options."""
 
-    async def has_workflow(self, namespace: str, name: str) -> bool:
-        """Whether some instance of ``namespace`` registered ``name``."""
+    async def get_workflow(self, namespace: str, name: str) -> JSON:
+        """The options some instance of ``namespace`` registered ``name`` with, or None."""
 
     async def create_run(
         self, new: NewRun, *, max_queued: int | None, admission: str

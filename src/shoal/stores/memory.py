@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -48,7 +48,7 @@ class MemoryStore:
         self._runs: dict[str, Run] = {}
         self._steps: dict[str, dict[int, Step]] = {}
         self._signals: list[_Signal] = []
-        self._workflows: set[tuple[str, str]] = set()
+        self._workflows: dict[tuple[str, str], JSON] = {}
         self._waiters: list[asyncio.Future[None]] = []
 
     async def open(self) -> None:
@@ -78,11 +78,14 @@ class MemoryStore:
 
     # -- workflows -------------------------------------------------------------------------
 
-    async def register_workflows(self, namespace: str, names: Sequence[str], now: float) -> None:
-        self._workflows.update((namespace, name) for name in names)
+    async def register_workflows(
+        self, namespace: str, workflows: Mapping[str, JSON], now: float
+    ) -> None:
+        for name, options in workflows.items():
+            self._workflows[(namespace, name)] = copy.deepcopy(options)
 
-    async def has_workflow(self, namespace: str, name: str) -> bool:
-        return (namespace, name) in self._workflows
+    async def get_workflow(self, namespace: str, name: str) -> JSON:
+        return copy.deepcopy(self._workflows.get((namespace, name)))
 
     # -- runs ------------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -190,14 +190,17 @@ class SQLiteStore:
 
     # -- workflows -------------------------------------------------------------------------
 
-    async def register_workflows(self, namespace: str, names: Sequence[str], now: float) -> None:
+    async def register_workflows(
+        self, namespace: str, workflows: Mapping[str, JSON], now: float
+    ) -> None:
         async with self._tx() as db:
-            for name in names:
+            for name, options in workflows.items():
                 db.execute(_Q["register_workflow"], {"namespace": namespace, "name": name,
-                                                     "now": now})
+                                                     "options": _json.dumps(options), "now": now})
 
-    async def has_workflow(self, namespace: str, name: str) -> bool:
-        return self._one(_Q["has_workflow"], {"namespace": namespace, "name": name}) is not None
+    async def get_workflow(self, namespace: str, name: str) -> JSON:
+        row = self._one(_Q["get_workflow"], {"namespace": namespace, "name": name})
+        return None if row is None else _json.loads(row["options"])
 
     # -- runs ------------------------------------------------------------------------------
 

@@ -105,6 +105,14 @@ class StoreContract:
         assert not created and third.id == first.id
         assert len(await store.list_runs(NS)) == 3
 
+    async def test_workflow_registry(self, store: Store, other: Store) -> None:
+        assert await store.get_workflow(NS, "wf") is None
+        await store.register_workflows(NS, {"wf": {"max_attempts": 7}, "b": {}}, T0)
+        assert await other.get_workflow(NS, "wf") == {"max_attempts": 7}
+        await other.register_workflows(NS, {"wf": {"max_attempts": 2}}, T0 + 1)
+        assert await store.get_workflow(NS, "wf") == {"max_attempts": 2}
+        assert await store.get_workflow("elsewhere", "wf") is None
+
     # -- claiming --------------------------------------------------------------------------
 
     async def test_claim_order_priority_then_fifo(self, store: Store) -> None:

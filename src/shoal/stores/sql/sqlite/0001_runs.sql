@@ -72,6 +72,7 @@ CREATE INDEX signals_pending ON signals (run_id, name, id) WHERE consumed = 0;
 CREATE TABLE workflows (
     namespace     TEXT NOT NULL,
     name          TEXT NOT NULL,
+    options       TEXT NOT NULL,      -- JSON: what dispatch by name needs (max_attempts, ...)
     registered_at REAL NOT NULL,
     PRIMARY KEY (namespace, name)
 ) WITHOUT ROWID;

@@ -164,8 +164,10 @@ WHERE id IN (SELECT id FROM runs INDEXED BY runs_held WHERE namespace = :namespa
              ORDER BY created_at, id LIMIT :n);
 
 -- name: register_workflow
-INSERT INTO workflows (namespace, name, registered_at) VALUES (:namespace, :name, :now)
-ON CONFLICT (namespace, name) DO UPDATE SET registered_at = excluded.registered_at;
+INSERT INTO workflows (namespace, name, options, registered_at)
+VALUES (:namespace, :name, :options, :now)
+ON CONFLICT (namespace, name) DO UPDATE
+SET options = excluded.options, registered_at = excluded.registered_at;
 
--- name: has_workflow
-SELECT 1 FROM workflows WHERE namespace = :namespace AND name = :name;
+-- name: get_workflow
+SELECT options FROM workflows WHERE namespace = :namespace AND name = :name;
