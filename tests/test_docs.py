@@ -1,0 +1,131 @@
+"""Every ```python block of docs/*.md is a complete program: each one runs in a fresh process.
+
+Blocks fenced ```python-norun (a worker that serves forever, a fragment) and ```bash are shown, not
+run. A block runs with the test's interpreter in an empty temporary directory, without the caller's
+SHOAL_* variables, and must exit 0.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+TIMEOUT = 30.0
+FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([\w+-]*)\s*$")
+LANGUAGES = {"python", "python-norun", "bash", "text"}
+
+# Examples that fail because of a known bug in shoal: (page, a line of the block, reason). Matched
+# by content, not by line number, so that editing a page does not move the mark.
+KNOWN_BUGS: list[tuple[str, str, str]] = [
+    (
+        "workflows.md",
+        "second = await app.dispatch(resize, \"b.png\")",
+        "admission control counts a started run that is queued for its retry as queued "
+        "(count_queued in stores/sql/sqlite/queries.sql and MemoryStore.create_run)",
+    ),
+]
+
+
+@dataclass(frozen=True)
+class Block:
+    page: str
+    line: int
+    lang: str
+    code: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def blocks(path: Path) -> list[Block]:
+    """The fenced code blocks of a Markdown page, with the line of their opening fence."""
+    found: list[Block] = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    i = 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if m is None:
+            i += 1
+            continue
+        indent, fence, lang = m.groups()
+        start, body = i + 1, []
+        i += 1
+        while i < len(lines) and not (
+            lines[i].strip().startswith(fence[0] * len(fence))
+            and lines[i].strip().strip(fence[0]) == ""
+        ):
+            body.append(lines[i][len(indent):] if lines[i].startswith(indent) else lines[i])
+            i += 1
+        found.append(Block(path.name, start, lang, "\n".join(body) + "\n"))
+        i += 1
+    return found
+
+
+PAGES = sorted(DOCS.glob("*.md"))
+RUNNABLE = [b for page in PAGES for b in blocks(page) if b.lang == "python"]
+
+
+def test_docs_exist() -> None:
+    names = {p.name for p in PAGES}
+    for name in ("index.md", "quickstart.md", "workflows.md", "leases.md", "sqlite.md"):
+        assert name in names, f"docs/{name} is missing"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_page_has_a_runnable_example(page: Path) -> None:
+    assert any(b.lang == "python" for b in blocks(page)), (
+        f"docs/{page.name} has no ```python block: each page shows at least one example that runs"
+    )
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_blocks_are_marked(page: Path) -> None:
+    for b in blocks(page):
+        assert b.lang in LANGUAGES, (
+            f"docs/{b.id}: fence language {b.lang!r}; use python (run by this test), "
+            f"python-norun, bash or text"
+        )
+        if b.lang == "python":
+            assert "asyncio.run(" in b.code and "assert " in b.code, (
+                f"docs/{b.id}: a python block is a complete program that checks what it shows"
+            )
+
+
+def test_known_bugs_match_a_block() -> None:
+    for page, line, _ in KNOWN_BUGS:
+        assert any(b.page == page and line in b.code for b in RUNNABLE), (page, line)
+
+
+def _params() -> list[object]:
+    out: list[object] = []
+    for b in RUNNABLE:
+        reasons = [r for page, line, r in KNOWN_BUGS if page == b.page and line in b.code]
+        marks = [pytest.mark.xfail(reason=r, strict=True) for r in reasons]
+        out.append(pytest.param(b, id=b.id, marks=marks))
+    return out
+
+
+@pytest.mark.parametrize("block", _params())
+def test_example_runs(block: Block, tmp_path: Path) -> None:
+    script = tmp_path / "example.py"
+    script.write_text(block.code, encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}
+    try:
+        proc = subprocess.run(
+            [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True,
+            text=True, timeout=TIMEOUT,
+        )
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"docs/{block.id} did not finish in {TIMEOUT:.0f}s\n{e.stderr or ''}")
+    assert proc.returncode == 0, (
+        f"docs/{block.id} exited {proc.returncode}\n--- stdout\n{proc.stdout}"
+        f"\n--- stderr\n{proc.stderr}"
+    )
