@@ -7,7 +7,8 @@ from shoal.stores.base import Store
 
 
 def open_store(url: str) -> Store:
-    """Build (not yet open) the store a URL names: ``memory://`` or ``sqlite:///path``."""
+    """Build (not yet open) the store a URL names: ``memory://``, ``sqlite:///path`` or
+    ``postgresql://user:password@host:port/database?schema=shoal``."""
     if url == "memory://" or url.startswith("memory:"):
         from shoal.stores.memory import MemoryStore
 
@@ -17,12 +18,16 @@ def open_store(url: str) -> Store:
 
         return SQLiteStore.from_url(url)
     if url.startswith(("postgresql:", "postgres:")):
-        raise ConfigurationError(
-            "The PostgreSQL store is not available in this version of shoal yet; use "
-            "'sqlite:///path' for several processes on one machine."
-        )
+        try:
+            from shoal.stores.postgres import PostgresStore
+        except ImportError as e:
+            raise ConfigurationError(
+                f"The PostgreSQL store needs psycopg 3 ({e}): pip install 'shoal[postgres]'."
+            ) from None
+        return PostgresStore.from_url(url)
     raise ConfigurationError(
-        f"Unknown store URL {mask_url(url)!r}: use 'memory://' or 'sqlite:///path/to/file.db'."
+        f"Unknown store URL {mask_url(url)!r}: use 'memory://', 'sqlite:///path/to/file.db' or "
+        f"'postgresql://user:password@host:5432/database'."
     )
 
 

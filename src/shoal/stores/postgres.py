@@ -1,0 +1,604 @@
+"""PostgreSQL store: several replicas on several machines over one database.
+
+psycopg 3 (async) with a connection pool. Every table lives in the store's own schema (default
+``shoal``), set as each pooled connection's ``search_path``; migrations are versioned ``.sql`` files
+applied under an advisory lock, so instances that start together migrate once. Pooled connections
+run in autocommit: an operation that is one statement (a claim, a checkpoint, a settlement) costs
+one round trip and one commit; the others run in one explicit transaction. Claims lock their rows
+with ``FOR UPDATE SKIP LOCKED``, and a unique partial index makes the database itself refuse a
+second live run of a concurrency key. Writes that make work due for another instance
+``NOTIFY`` a channel named after the schema; :meth:`PostgresStore.wait_for_work` listens on a
+dedicated connection (outside the pool) that reconnects when it drops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Literal, LiteralString, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg import sql
+from psycopg.rows import DictRow, dict_row
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from shoal import _json
+from shoal.errors import AdmissionRejectedError, ConfigurationError, StoreUnavailableError
+from shoal.stores import mask_url
+from shoal.stores._sqlfiles import migrations, queries
+from shoal.stores.base import (
+    JSON,
+    Fence,
+    NewRun,
+    Renewal,
+    Run,
+    RunStatus,
+    Settlement,
+    SignalWait,
+    Step,
+)
+
+log = logging.getLogger("shoal.store.postgres")
+
+# The statements come from the package's own files, never from input (psycopg types queries as
+# LiteralString so that user data formatted into SQL is a type error).
+_Q = queries("postgres")
+_SCHEMA = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,48}$")
+_OPTIONS = {"schema", "pool_min_size", "pool_max_size", "open_timeout"}
+# Transient refusals of one transaction: it did nothing, so it is run again.
+_RETRYABLE = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
+_Conn = psycopg.AsyncConnection[DictRow]
+_T = TypeVar("_T")
+
+
+class PostgresStore:
+    """The ``postgresql://user:password@host:port/db?schema=shoal`` store.
+
+    ``schema`` is created if missing and holds every table; ``pool_min_size``/``pool_max_size``
+    size the connection pool (default 1 and 10). Other query options go to libpq as they are
+    (``sslmode``, ``connect_timeout``, …).
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        schema: str = "shoal",
+        pool_min_size: int = 1,
+        pool_max_size: int = 10,
+        open_timeout: float = 10.0,
+    ) -> None:
+        if not _SCHEMA.match(schema):
+            raise ConfigurationError(
+                f"Bad PostgreSQL schema name {schema!r}: use letters, digits and underscores, "
+                f"starting with a letter or an underscore, at most 49 characters."
+            )
+        if pool_min_size < 1 or pool_max_size < pool_min_size:
+            raise ConfigurationError(
+                f"Bad pool size min={pool_min_size}, max={pool_max_size}: "
+                f"need 1 <= pool_min_size <= pool_max_size."
+            )
+        self.conninfo = conninfo
+        self.schema = schema
+        self.url = _with_query(conninfo, {"schema": schema})
+        self.channel = f"shoal_{schema}"
+        self.pool_min_size = pool_min_size
+        self.pool_max_size = pool_max_size
+        self.open_timeout = open_timeout
+        self._pool: AsyncConnectionPool[_Conn] | None = None
+        self._work = asyncio.Event()
+        self._listener: asyncio.Task[None] | None = None
+        self._listening = asyncio.Event()   # set while the LISTEN connection is up
+        self.in_flight = 0   # operations waiting on the server now (tests wait for 0)
+
+    @classmethod
+    def from_url(cls, url: str) -> PostgresStore:
+        """``postgresql://…`` or ``postgres://…``; options ``schema``, ``pool_min_size``,
+        ``pool_max_size``, ``open_timeout`` (seconds); the rest is passed to libpq."""
+        try:
+            parts = urlsplit(url)
+        except ValueError as e:
+            raise ConfigurationError(f"Bad PostgreSQL URL {mask_url(url)!r}: {e}") from None
+        if parts.scheme not in ("postgresql", "postgres"):
+            raise ConfigurationError(
+                f"Bad PostgreSQL URL {mask_url(url)!r}: write "
+                f"'postgresql://user:password@host:5432/database?schema=shoal'."
+            )
+        pairs = parse_qsl(parts.query, keep_blank_values=True)
+        ours = {k: v for k, v in pairs if k in _OPTIONS}
+        rest = [(k, v) for k, v in pairs if k not in _OPTIONS]
+        conninfo = urlunsplit(parts._replace(scheme="postgresql", query=urlencode(rest)))
+        try:
+            return cls(
+                conninfo,
+                schema=ours.get("schema", "shoal"),
+                pool_min_size=int(ours.get("pool_min_size", 1)),
+                pool_max_size=int(ours.get("pool_max_size", 10)),
+                open_timeout=float(ours.get("open_timeout", 10.0)),
+            )
+        except ValueError as e:
+            raise ConfigurationError(
+                f"Bad option in the PostgreSQL URL {mask_url(url)!r}: {e}"
+            ) from None
+
+    # -- connection and schema -------------------------------------------------------------
+
+    async def open(self) -> None:
+        if self._pool is not None:
+            return
+        pool: AsyncConnectionPool[_Conn] = AsyncConnectionPool(
+            self.conninfo,
+            connection_class=_Conn,
+            kwargs={"autocommit": True, "row_factory": dict_row},
+            configure=self._configure,
+            min_size=self.pool_min_size,
+            max_size=self.pool_max_size,
+            open=False,
+            name=f"shoal-{self.schema}",
+        )
+        try:
+            await pool.open(wait=True, timeout=self.open_timeout)
+        except PoolTimeout as e:
+            await pool.close()
+            raise StoreUnavailableError(
+                f"Cannot connect to the PostgreSQL store {mask_url(self.url)!r} within "
+                f"{self.open_timeout:g} s: {self._reason(e)}. Check that the server runs and "
+                f"the URL (host, port, user, database) is right."
+            ) from None
+        self._pool = pool
+        try:
+            await self.migrate()
+        except BaseException:
+            self._pool = None
+            await pool.close()
+            raise
+
+    def _reason(self, e: BaseException) -> str:
+        """An error's text without the password the URL may carry."""
+        text = str(e).strip() or type(e).__name__
+        password = urlsplit(self.conninfo).password
+        if password:
+            text = text.replace(password, "***")
+        return text
+
+    async def _configure(self, conn: _Conn) -> None:
+        await conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
+
+    async def close(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.cancel()
+            await asyncio.gather(listener, return_exceptions=True)
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+        self._work.set()
+
+    async def migrate(self) -> int:
+        schema = sql.Identifier(self.schema)
+        table = sql.Identifier(self.schema, "shoal_migrations")
+        async with self._connection() as conn, conn.transaction():
+            await conn.execute(_Q["advisory_xact_lock"], {"key": f"shoal:migrate:{self.schema}"})
+            cur = await conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s",
+                                     {"schema": self.schema})
+            if await cur.fetchone() is None:
+                await conn.execute(sql.SQL("CREATE SCHEMA {}").format(schema))
+            await conn.execute(sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} (version integer PRIMARY KEY, name text NOT NULL, "
+                "applied_at double precision NOT NULL)").format(table))
+            cur = await conn.execute(sql.SQL("SELECT version FROM {}").format(table))
+            done = {row["version"] for row in await cur.fetchall()}
+            version = max(done, default=0)
+            for number, name, text in migrations("postgres"):
+                if number in done:
+                    continue
+                # A file holds several statements and no parameters: sent as one simple query.
+                await conn.execute(text)
+                await conn.execute(
+                    sql.SQL("INSERT INTO {} (version, name, applied_at) "
+                            "VALUES (%(v)s, %(n)s, %(t)s)").format(table),
+                    {"v": number, "n": name, "t": time.time()},
+                )
+                version = number
+        return version
+
+    async def ping(self) -> None:
+        async with self._connection() as conn:
+            await conn.execute("SELECT 1")
+
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[_Conn]:
+        """A pooled connection; an unreachable server is a StoreUnavailableError."""
+        pool = self._pool
+        if pool is None:
+            raise StoreUnavailableError(
+                f"The PostgreSQL store {mask_url(self.url)!r} is not open."
+            )
+        self.in_flight += 1
+        try:
+            async with pool.connection() as conn:
+                yield conn
+        except PoolTimeout as e:
+            raise StoreUnavailableError(
+                f"No connection to the PostgreSQL store {mask_url(self.url)!r}: "
+                f"{self._reason(e)}"
+            ) from None
+        except psycopg.OperationalError as e:
+            if isinstance(e, _RETRYABLE):
+                raise
+            raise StoreUnavailableError(
+                f"The PostgreSQL store {mask_url(self.url)!r} failed: {self._reason(e)}"
+            ) from None
+        finally:
+            self.in_flight -= 1
+
+    async def _one(self, query: LiteralString, args: dict[str, Any]) -> DictRow | None:
+        """One row of one statement (autocommit: the statement is its own transaction)."""
+        async with self._connection() as conn:
+            cur = await conn.execute(query, args)
+            return await cur.fetchone()
+
+    async def _all(
+        self, query: LiteralString, args: dict[str, Any], *, fetch: bool = True
+    ) -> list[DictRow]:
+        async with self._connection() as conn:
+            cur = await conn.execute(query, args)
+            return await cur.fetchall() if fetch else []
+
+    # -- workflows -------------------------------------------------------------------------
+
+    async def register_workflows(
+        self, namespace: str, workflows: Mapping[str, JSON], now: float
+    ) -> None:
+        if not workflows:
+            return
+        # in name order: two instances registering at once lock the rows in one order
+        names = sorted(workflows)
+        args = {"namespace": namespace, "names": names, "now": now,
+                "options": [_json.dumps(workflows[n]) for n in names]}
+        await self._retry(lambda: self._all(_Q["register_workflows"], args, fetch=False))
+
+    async def get_workflow(self, namespace: str, name: str) -> JSON:
+        row = await self._one(_Q["get_workflow"], {"namespace": namespace, "name": name})
+        return None if row is None else _json.loads(row["options"])
+
+    # -- runs ------------------------------------------------------------------------------
+
+    async def create_run(
+        self, new: NewRun, *, max_queued: int | None, admission: str
+    ) -> tuple[Run, bool]:
+        args: dict[str, Any] = {
+            "id": new.id, "namespace": new.namespace, "tenant": new.tenant,
+            "workflow": new.workflow, "input": _json.dumps(new.input),
+            "priority": new.priority, "created_at": new.created_at, "run_at": new.run_at,
+            "max_attempts": new.max_attempts, "concurrency_key": new.concurrency_key,
+            "idempotency_key": new.idempotency_key, "version": new.version,
+            "parent_id": new.parent_id, "root_id": new.root_id or new.id, "held": False,
+            "channel": self.channel,
+        }
+        if max_queued is None:
+            # One statement; a concurrent insert of the same idempotency key makes it insert
+            # nothing, and the run that won is read back.
+            async with self._connection() as conn:
+                row = await (await conn.execute(_Q["insert_run"], args)).fetchone()
+                if row is None:
+                    row = await (await conn.execute(_Q["find_idempotent"], args)).fetchone()
+                    if row is None:
+                        raise StoreUnavailableError(
+                            f"The run of idempotency key {new.idempotency_key!r} was inserted "
+                            f"by another transaction but cannot be read back; try again."
+                        )
+                    return _run(row), False
+                return _run(row), True
+        return await self._retry(lambda: self._create_admitted(new, args, max_queued, admission))
+
+    async def _create_admitted(
+        self, new: NewRun, args: dict[str, Any], max_queued: int, admission: str
+    ) -> tuple[Run, bool]:
+        async with self._connection() as conn, conn.transaction():
+            admission_key = self._admission_key(new.namespace)
+            await conn.execute(_Q["advisory_xact_lock"], {"key": admission_key})
+            if new.idempotency_key is not None:
+                row = await (await conn.execute(_Q["find_idempotent"], args)).fetchone()
+                if row is not None:
+                    return _run(row), False
+            counts = await (await conn.execute(_Q["count_queued"], args)).fetchone()
+            assert counts is not None
+            if counts["queued"] >= max_queued or counts["parked"] > 0:
+                if admission == "reject":
+                    raise AdmissionRejectedError(new.namespace, max_queued)
+                args = {**args, "held": True}
+            row = await (await conn.execute(_Q["insert_run"], args)).fetchone()
+            if row is None:
+                row = await (await conn.execute(_Q["find_idempotent"], args)).fetchone()
+                assert row is not None
+                return _run(row), False
+            return _run(row), True
+
+    def _admission_key(self, namespace: str) -> str:
+        return f"shoal:admission:{self.schema}:{namespace}"
+
+    async def get_run(self, run_id: str) -> Run | None:
+        row = await self._one(_Q["get_run"], {"id": run_id})
+        return None if row is None else _run(row)
+
+    async def list_runs(
+        self,
+        namespace: str | None,
+        *,
+        status: str | None = None,
+        workflow: str | None = None,
+        tenant: str | None = None,
+        limit: int = 100,
+        after: str | None = None,
+    ) -> list[Run]:
+        where: list[sql.Composable] = []
+        args: dict[str, Any] = {"limit": limit}
+        for column, value in (("namespace", namespace), ("status", status),
+                              ("workflow", workflow), ("tenant", tenant)):
+            if value is not None:
+                where.append(sql.SQL("{} = {}").format(sql.Identifier(column),
+                                                       sql.Placeholder(column)))
+                args[column] = value
+        if after is not None:
+            where.append(sql.SQL("id > %(after)s"))
+            args["after"] = after
+        query = sql.SQL("SELECT * FROM runs {} ORDER BY id LIMIT %(limit)s").format(
+            sql.SQL("WHERE ") + sql.SQL(" AND ").join(where) if where else sql.SQL(""))
+        async with self._connection() as conn:
+            rows = await (await conn.execute(query, args)).fetchall()
+        return [_run(row) for row in rows]
+
+    async def claim_runs(
+        self,
+        namespace: str,
+        workflows: Sequence[str],
+        owner: str,
+        limit: int,
+        lease: float,
+        now: float,
+    ) -> list[Run]:
+        if limit <= 0 or not workflows:
+            return []
+        args = {"namespace": namespace, "workflows": list(workflows), "owner": owner,
+                "limit": limit, "expires": now + lease, "now": now}
+        rows: list[DictRow] = []
+        for _ in range(3):
+            try:
+                rows = await self._all(_Q["claim"], args)
+                break
+            except pg_errors.UniqueViolation:
+                # Another claim of the same concurrency key committed after this statement's
+                # snapshot: runs_key_holder refused the second holder. Claiming again sees it.
+                log.debug("claim.key_race: claiming again")
+            except _RETRYABLE:
+                log.debug("claim.retry")
+        runs = sorted((_run(r) for r in rows), key=lambda r: (-r.priority, r.created_at, r.id))
+        return runs
+
+    async def renew_leases(
+        self, owner: str, leases: dict[str, int], lease: float, now: float
+    ) -> Renewal:
+        if not leases:
+            return Renewal(frozenset(), frozenset())
+        ids = sorted(leases)
+        rows = await self._retry(lambda: self._all(_Q["renew"], {
+            "expires": now + lease, "owner": owner, "ids": ids,
+            "epochs": [leases[i] for i in ids],
+        }))
+        return Renewal(frozenset(r["id"] for r in rows),
+                       frozenset(r["id"] for r in rows if r["cancel_requested"]))
+
+    async def load_steps(self, run_id: str) -> list[Step]:
+        rows = await self._all(_Q["load_steps"], {"run_id": run_id})
+        return [Step(r["seq"], r["name"], _json.loads(r["output"]), r["finished"], r["epoch"])
+                for r in rows]
+
+    @staticmethod
+    def _step_args(fence: Fence, step: Step, now: float) -> dict[str, Any]:
+        return {
+            "run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
+            "seq": step.seq, "name": step.name, "output": _json.dumps(step.output),
+            "finished": step.finished, "finished_at": now if step.finished else None,
+        }
+
+    async def checkpoint_step(self, fence: Fence, step: Step, lease: float, now: float) -> bool:
+        args = {**self._step_args(fence, step, now), "expires": now + lease}
+        row = await self._retry(lambda: self._one(_Q["checkpoint"], args))
+        return row is not None and row["held"] == 1
+
+    async def suspend_run(
+        self,
+        fence: Fence,
+        step: Step,
+        status: Literal["sleeping", "waiting"],
+        run_at: float,
+        wait_for: str | None,
+        now: float,
+    ) -> bool:
+        args = {**self._step_args(fence, step, now), "status": status, "run_at": run_at,
+                "wait_for": wait_for}
+        row = await self._retry(lambda: self._one(_Q["suspend"], args))
+        return row is not None and row["held"] == 1
+
+    async def wait_signal(
+        self, fence: Fence, step: Step, signal: str, deadline: float | None, now: float
+    ) -> SignalWait | None:
+        return await self._retry(lambda: self._wait_signal(fence, step, signal, deadline, now))
+
+    async def _wait_signal(
+        self, fence: Fence, step: Step, signal: str, deadline: float | None, now: float
+    ) -> SignalWait | None:
+        async with self._connection() as conn, conn.transaction():
+            fenced = {"run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch}
+            if await (await conn.execute(_Q["fence_lock"], fenced)).fetchone() is None:
+                return None
+            row = await (await conn.execute(_Q["consume_signal"], {
+                "run_id": fence.run_id, "name": signal})).fetchone()
+            if row is not None:
+                payload = _json.loads(row["payload"])
+                done = Step(step.seq, step.name, {"payload": payload}, True, fence.epoch)
+                await conn.execute(_Q["put_step"], self._step_args(fence, done, now))
+                return SignalWait(received=True, payload=payload)
+            if deadline is not None and deadline <= now:
+                return SignalWait(received=False, parked=False)
+            await conn.execute(_Q["suspend"], {
+                **self._step_args(fence, step, now), "status": "waiting", "run_at": deadline,
+                "wait_for": signal,
+            })
+            return SignalWait(received=False, parked=True)
+
+    async def settle_run(self, fence: Fence, settlement: Settlement, now: float) -> bool:
+        outcome = settlement.outcome
+        args = {
+            "status": "queued" if outcome == "retry" else outcome,
+            "output": _json.dumps(settlement.output) if outcome == "succeeded" else None,
+            "error": settlement.error,
+            "finished_at": None if outcome == "retry" else now,
+            "run_at": settlement.run_at if outcome == "retry" else now,
+            "attempt_inc": 1 if outcome == "retry" else 0,
+            "run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
+            "channel": self.channel,
+        }
+        return await self._retry(lambda: self._one(_Q["settle"], args)) is not None
+
+    async def release_run(self, fence: Fence, now: float) -> bool:
+        args = {"run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
+                "channel": self.channel}
+        return await self._retry(lambda: self._one(_Q["release"], args)) is not None
+
+    async def recover_runs(self, namespace: str, now: float) -> list[Run]:
+        rows = await self._retry(lambda: self._all(_Q["recover"], {
+            "namespace": namespace, "now": now, "channel": self.channel}))
+        return [_run(r) for r in rows]
+
+    async def cancel_run(self, run_id: str, now: float) -> Run | None:
+        row = await self._retry(lambda: self._one(_Q["cancel"], {
+            "id": run_id, "now": now, "channel": self.channel}))
+        if row is None:
+            # unknown, or final already (a final run never changes again)
+            row = await self._one(_Q["get_run"], {"id": run_id})
+        return None if row is None else _run(row)
+
+    async def send_signal(
+        self, run_id: str, name: str, payload: JSON, signal_id: str, now: float
+    ) -> Run | None:
+        return await self._retry(lambda: self._send_signal(run_id, name, payload, signal_id, now))
+
+    async def _send_signal(
+        self, run_id: str, name: str, payload: JSON, signal_id: str, now: float
+    ) -> Run | None:
+        async with self._connection() as conn, conn.transaction():
+            row = await (await conn.execute(_Q["lock_run"], {"id": run_id})).fetchone()
+            if row is None:
+                return None
+            woken = await (await conn.execute(_Q["signal_and_wake"], {
+                "id": signal_id, "run_id": run_id, "name": name,
+                "payload": _json.dumps(payload), "now": now, "channel": self.channel,
+            })).fetchone()
+            return _run(woken if woken is not None else row)
+
+    async def release_held(self, namespace: str, max_queued: int, now: float) -> int:
+        counts = await self._one(_Q["count_queued"], {"namespace": namespace})
+        assert counts is not None
+        if counts["parked"] == 0 or counts["queued"] >= max_queued:
+            return 0
+        return await self._retry(lambda: self._release_held(namespace, max_queued))
+
+    async def _release_held(self, namespace: str, max_queued: int) -> int:
+        async with self._connection() as conn, conn.transaction():
+            await conn.execute(_Q["advisory_xact_lock"], {"key": self._admission_key(namespace)})
+            counts = await (await conn.execute(_Q["count_queued"],
+                                               {"namespace": namespace})).fetchone()
+            assert counts is not None
+            n = min(counts["parked"], max_queued - counts["queued"])
+            if n <= 0:
+                return 0
+            cur = await conn.execute(_Q["release_held"], {"namespace": namespace, "n": n,
+                                                          "channel": self.channel})
+            return len(await cur.fetchall())
+
+    # -- wake-ups --------------------------------------------------------------------------
+
+    async def wait_for_work(self, timeout: float) -> None:
+        if self._pool is None:
+            return
+        if self._listener is None or self._listener.done():
+            self._listener = asyncio.create_task(self._listen(), name=f"shoal-listen-{self.schema}")
+        # asyncio.wait, not wait_for: on 3.11 wait_for can swallow a cancellation.
+        waiter = asyncio.ensure_future(self._work.wait())
+        try:
+            await asyncio.wait({waiter}, timeout=timeout)
+        finally:
+            waiter.cancel()
+        self._work.clear()
+
+    async def _listen(self) -> None:
+        """LISTEN on a connection of its own, and reconnect when it drops. After each
+        (re)connection, wake the waiter once: notifications may have been missed meanwhile."""
+        delay = 0.1
+        listen = sql.SQL("LISTEN {}").format(sql.Identifier(self.channel))
+        while self._pool is not None:
+            try:
+                conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
+                async with conn:
+                    await conn.execute(listen)
+                    self._listening.set()
+                    self._work.set()
+                    delay = 0.1
+                    while True:
+                        async for _ in conn.notifies(timeout=30.0):
+                            self._work.set()
+                        # quiet for a while: make sure the connection still answers
+                        await conn.execute("SELECT 1")
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                self._listening.clear()
+                log.warning("listen.failed: %s; reconnecting in %.1f s", self._reason(e), delay,
+                            extra={"event": "listen.failed"})
+                self._work.set()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    # -- transient errors ------------------------------------------------------------------
+
+    async def _retry(self, attempt: Callable[[], Awaitable[_T]]) -> _T:
+        """Run ``attempt()`` (one whole transaction) again when the server refused it as a
+        deadlock victim or a serialization failure: it wrote nothing."""
+        for n in range(4):
+            try:
+                return await attempt()
+            except _RETRYABLE:
+                if n == 3:
+                    raise
+                await asyncio.sleep(0.01 * (n + 1))
+        raise AssertionError("unreachable")
+
+
+def _with_query(url: str, options: dict[str, str]) -> str:
+    parts = urlsplit(url)
+    pairs = [*parse_qsl(parts.query, keep_blank_values=True), *options.items()]
+    return urlunsplit(parts._replace(query=urlencode(pairs)))
+
+
+def _run(row: DictRow) -> Run:
+    return Run(
+        id=row["id"], namespace=row["namespace"], tenant=row["tenant"],
+        workflow=row["workflow"], input=_json.loads(row["input"]),
+        output=_json.loads(row["output"]), error=row["error"], status=RunStatus(row["status"]),
+        priority=row["priority"], created_at=row["created_at"], run_at=row["run_at"],
+        attempts=row["attempts"], max_attempts=row["max_attempts"],
+        concurrency_key=row["concurrency_key"], idempotency_key=row["idempotency_key"],
+        owner=row["owner"], lease_expires_at=row["lease_expires_at"],
+        lease_epoch=row["lease_epoch"], cancel_requested=row["cancel_requested"],
+        version=row["version"], parent_id=row["parent_id"], root_id=row["root_id"],
+        wait_for=row["wait_for"], held=row["held"], started_at=row["started_at"],
+        finished_at=row["finished_at"],
+    )

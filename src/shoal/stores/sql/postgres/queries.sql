@@ -1,0 +1,261 @@
+-- Named statements of the PostgreSQL store. Each block starts with "-- name: NAME".
+-- Placeholders are psycopg's %(name)s. Every statement runs on a connection whose search_path is
+-- the store's schema. A statement that may make work due for another instance calls
+-- pg_notify(%(channel)s, ''), delivered when its transaction commits.
+
+-- name: insert_run
+-- A conflicting idempotency key inserts nothing (and waits for an in-flight insert of the key).
+WITH inserted AS (
+    INSERT INTO runs (id, namespace, tenant, workflow, input, status, priority, created_at,
+                      run_at, max_attempts, concurrency_key, idempotency_key, version, parent_id,
+                      root_id, held)
+    VALUES (%(id)s, %(namespace)s, %(tenant)s, %(workflow)s, %(input)s, 'queued', %(priority)s,
+            %(created_at)s, %(run_at)s, %(max_attempts)s, %(concurrency_key)s,
+            %(idempotency_key)s, %(version)s, %(parent_id)s, %(root_id)s, %(held)s)
+    ON CONFLICT (namespace, tenant, workflow, idempotency_key)
+        WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING *
+)
+SELECT inserted.*, CASE WHEN NOT inserted.held THEN pg_notify(%(channel)s, '') END AS notified
+FROM inserted;
+
+-- name: find_idempotent
+SELECT * FROM runs
+WHERE namespace = %(namespace)s AND tenant = %(tenant)s AND workflow = %(workflow)s
+  AND idempotency_key = %(idempotency_key)s;
+
+-- name: advisory_xact_lock
+-- Held until the transaction ends: serializes migrations per schema and admission per namespace.
+SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0));
+
+-- name: count_queued
+SELECT
+    (SELECT count(*) FROM runs
+     WHERE namespace = %(namespace)s AND status = 'queued' AND NOT held) AS queued,
+    (SELECT count(*) FROM runs WHERE namespace = %(namespace)s AND held) AS parked;
+
+-- name: get_run
+SELECT * FROM runs WHERE id = %(id)s;
+
+-- name: claim
+-- One statement: lock due runs in claim order (skipping rows another claimer holds), then set them
+-- running. A queued run with a concurrency key is a candidate only when no started, unfinished
+-- run holds the key and no due, unstarted run of the key comes before it, so a batch takes at most
+-- one run per key. runs_key_holder backs this when two claims race.
+WITH queued AS (
+    SELECT r.id, r.priority, r.created_at FROM runs r
+    WHERE r.namespace = %(namespace)s AND r.status = 'queued' AND NOT r.held
+      AND r.run_at <= %(now)s AND r.workflow = ANY(%(workflows)s::text[])
+      AND (r.concurrency_key IS NULL OR (
+            NOT EXISTS (
+                SELECT 1 FROM runs h
+                WHERE h.namespace = r.namespace AND h.workflow = r.workflow
+                  AND h.concurrency_key = r.concurrency_key AND h.id <> r.id
+                  AND h.started_at IS NOT NULL
+                  AND h.status IN ('queued', 'running', 'sleeping', 'waiting', 'interrupted'))
+            AND NOT EXISTS (
+                SELECT 1 FROM runs e
+                WHERE e.namespace = r.namespace AND e.workflow = r.workflow
+                  AND e.concurrency_key = r.concurrency_key AND e.id <> r.id
+                  AND e.status = 'queued' AND e.started_at IS NULL AND NOT e.held
+                  AND e.run_at <= %(now)s
+                  AND (e.priority > r.priority
+                       OR (e.priority = r.priority
+                           AND (e.created_at, e.id) < (r.created_at, r.id))))))
+    ORDER BY r.priority DESC, r.created_at, r.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), timed AS (
+    -- a sleeping or waiting run holds its own key: nothing else of the key can be live
+    SELECT r.id, r.priority, r.created_at FROM runs r
+    WHERE r.namespace = %(namespace)s AND r.status IN ('sleeping', 'waiting')
+      AND r.run_at <= %(now)s AND r.workflow = ANY(%(workflows)s::text[])
+    ORDER BY r.priority DESC, r.created_at, r.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), chosen AS (
+    SELECT c.id FROM (SELECT * FROM queued UNION ALL SELECT * FROM timed) c
+    ORDER BY c.priority DESC, c.created_at, c.id
+    LIMIT %(limit)s
+)
+UPDATE runs
+SET status = 'running', owner = %(owner)s, lease_expires_at = %(expires)s,
+    lease_epoch = runs.lease_epoch + 1, attempts = greatest(runs.attempts, 1),
+    started_at = coalesce(runs.started_at, %(now)s), wait_for = NULL, run_at = %(now)s
+FROM chosen
+WHERE runs.id = chosen.id
+RETURNING runs.*;
+
+-- name: renew
+UPDATE runs SET lease_expires_at = %(expires)s
+FROM unnest(%(ids)s::text[], %(epochs)s::bigint[]) AS l(id, epoch)
+WHERE runs.id = l.id AND runs.lease_epoch = l.epoch AND runs.owner = %(owner)s
+  AND runs.status = 'running'
+RETURNING runs.id, runs.cancel_requested;
+
+-- name: load_steps
+SELECT seq, name, output, finished, epoch FROM steps WHERE run_id = %(run_id)s ORDER BY seq;
+
+-- name: checkpoint
+-- The lease check, the lease extension and the step write are one statement, one commit.
+WITH fenced AS (
+    UPDATE runs SET lease_expires_at = %(expires)s
+    WHERE id = %(run_id)s AND owner = %(owner)s AND lease_epoch = %(epoch)s
+      AND status = 'running'
+    RETURNING id
+), put AS (
+    INSERT INTO steps (run_id, seq, name, output, finished, epoch, finished_at)
+    SELECT fenced.id, %(seq)s::integer, %(name)s::text, %(output)s::text, %(finished)s::boolean,
+           %(epoch)s::bigint, %(finished_at)s::double precision
+    FROM fenced
+    ON CONFLICT (run_id, seq) DO UPDATE
+    SET name = excluded.name, output = excluded.output, finished = excluded.finished,
+        epoch = excluded.epoch, finished_at = excluded.finished_at
+    WHERE NOT steps.finished
+)
+SELECT count(*) AS held FROM fenced;
+
+-- name: suspend
+-- Under the fence: record the unfinished step and set the run sleeping/waiting, without a claim.
+WITH fenced AS (
+    UPDATE runs
+    SET status = %(status)s, run_at = %(run_at)s, wait_for = %(wait_for)s, owner = NULL,
+        lease_expires_at = NULL
+    WHERE id = %(run_id)s AND owner = %(owner)s AND lease_epoch = %(epoch)s
+      AND status = 'running'
+    RETURNING id
+), put AS (
+    INSERT INTO steps (run_id, seq, name, output, finished, epoch, finished_at)
+    SELECT fenced.id, %(seq)s::integer, %(name)s::text, %(output)s::text, %(finished)s::boolean,
+           %(epoch)s::bigint, %(finished_at)s::double precision
+    FROM fenced
+    ON CONFLICT (run_id, seq) DO UPDATE
+    SET name = excluded.name, output = excluded.output, finished = excluded.finished,
+        epoch = excluded.epoch, finished_at = excluded.finished_at
+    WHERE NOT steps.finished
+)
+SELECT count(*) AS held FROM fenced;
+
+-- name: fence_lock
+-- Locks the run row, so a concurrent send_signal waits for this transaction (no lost wake-up).
+SELECT id FROM runs
+WHERE id = %(run_id)s AND owner = %(owner)s AND lease_epoch = %(epoch)s AND status = 'running'
+FOR UPDATE;
+
+-- name: put_step
+INSERT INTO steps (run_id, seq, name, output, finished, epoch, finished_at)
+VALUES (%(run_id)s, %(seq)s, %(name)s, %(output)s, %(finished)s, %(epoch)s, %(finished_at)s)
+ON CONFLICT (run_id, seq) DO UPDATE
+SET name = excluded.name, output = excluded.output, finished = excluded.finished,
+    epoch = excluded.epoch, finished_at = excluded.finished_at
+WHERE NOT steps.finished;
+
+-- name: consume_signal
+-- Only under the run's row lock (fence_lock), so no two consumers race for one signal.
+UPDATE signals SET consumed = true
+WHERE id = (SELECT id FROM signals
+            WHERE run_id = %(run_id)s AND name = %(name)s AND NOT consumed
+            ORDER BY created_at, id LIMIT 1)
+RETURNING payload;
+
+-- name: settle
+UPDATE runs
+SET status = %(status)s, output = %(output)s, error = %(error)s, finished_at = %(finished_at)s,
+    run_at = %(run_at)s, attempts = attempts + %(attempt_inc)s, owner = NULL,
+    lease_expires_at = NULL
+WHERE id = %(run_id)s AND owner = %(owner)s AND lease_epoch = %(epoch)s AND status = 'running'
+RETURNING id,
+    -- a freed concurrency key or a requeued run is work for another instance
+    CASE WHEN concurrency_key IS NOT NULL OR status = 'queued'
+         THEN pg_notify(%(channel)s, '') END AS notified;
+
+-- name: release
+UPDATE runs SET status = 'interrupted', owner = NULL, lease_expires_at = NULL
+WHERE id = %(run_id)s AND owner = %(owner)s AND lease_epoch = %(epoch)s AND status = 'running'
+RETURNING id, pg_notify(%(channel)s, '') AS notified;
+
+-- name: recover
+-- A claim that expired is a crash: the attempt counts, and past max_attempts the run fails.
+-- A released claim (interrupted) is requeued as it was, or cancelled if that was asked.
+-- Rows another transaction holds are skipped: they are recovered by a later poll.
+WITH due AS (
+    SELECT id FROM runs
+    WHERE namespace = %(namespace)s
+      AND ((status = 'running' AND lease_expires_at <= %(now)s) OR status = 'interrupted')
+    ORDER BY id
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE runs r
+SET status = CASE
+        WHEN r.status = 'running' AND r.attempts >= r.max_attempts THEN 'failed'
+        WHEN r.status = 'interrupted' AND r.cancel_requested THEN 'cancelled'
+        ELSE 'queued' END,
+    attempts = CASE WHEN r.status = 'running' AND r.attempts < r.max_attempts
+                    THEN r.attempts + 1 ELSE r.attempts END,
+    error = CASE
+        WHEN r.status = 'running' AND r.attempts >= r.max_attempts
+        THEN 'the instance executing attempt ' || r.attempts || ' of ' || r.max_attempts
+             || ' stopped (crashed or lost its lease); no attempts are left'
+        ELSE r.error END,
+    finished_at = CASE
+        WHEN (r.status = 'running' AND r.attempts >= r.max_attempts)
+             OR (r.status = 'interrupted' AND r.cancel_requested) THEN %(now)s
+        ELSE r.finished_at END,
+    run_at = CASE
+        WHEN (r.status = 'running' AND r.attempts < r.max_attempts)
+             OR (r.status = 'interrupted' AND NOT r.cancel_requested) THEN %(now)s
+        ELSE r.run_at END,
+    owner = NULL, lease_expires_at = NULL
+FROM due
+WHERE r.id = due.id
+RETURNING r.*, pg_notify(%(channel)s, '') AS notified;
+
+-- name: cancel
+-- Queued, sleeping, waiting or interrupted: cancelled at once. Running: asked of its owner.
+UPDATE runs
+SET status = CASE WHEN status = 'running' THEN status ELSE 'cancelled' END,
+    cancel_requested = true,
+    finished_at = CASE WHEN status = 'running' THEN finished_at ELSE %(now)s END,
+    held = CASE WHEN status = 'running' THEN held ELSE false END,
+    owner = CASE WHEN status = 'running' THEN owner END,
+    lease_expires_at = CASE WHEN status = 'running' THEN lease_expires_at END
+WHERE id = %(id)s AND status IN ('queued', 'running', 'sleeping', 'waiting', 'interrupted')
+RETURNING *,
+    -- a cancelled run may free a concurrency key (or an admission place)
+    CASE WHEN status = 'cancelled' THEN pg_notify(%(channel)s, '') END AS notified;
+
+-- name: lock_run
+-- Taken by send_signal before it looks at the run: wait_signal holds the same lock while it
+-- decides to park, so a signal either is seen by it or wakes the parked run.
+SELECT * FROM runs WHERE id = %(id)s FOR UPDATE;
+
+-- name: signal_and_wake
+WITH inserted AS (
+    INSERT INTO signals (id, run_id, name, payload, created_at)
+    VALUES (%(id)s, %(run_id)s, %(name)s, %(payload)s, %(now)s)
+)
+UPDATE runs SET run_at = %(now)s
+WHERE id = %(run_id)s AND status = 'waiting' AND wait_for = %(name)s
+RETURNING *, pg_notify(%(channel)s, '') AS notified;
+
+-- name: release_held
+WITH picked AS (
+    SELECT id FROM runs WHERE namespace = %(namespace)s AND held
+    ORDER BY created_at, id
+    LIMIT %(n)s
+    FOR UPDATE
+)
+UPDATE runs SET held = false FROM picked
+WHERE runs.id = picked.id
+RETURNING runs.id, pg_notify(%(channel)s, '') AS notified;
+
+-- name: register_workflows
+INSERT INTO workflows (namespace, name, options, registered_at)
+SELECT %(namespace)s, w.name, w.options, %(now)s
+FROM unnest(%(names)s::text[], %(options)s::text[]) AS w(name, options)
+ORDER BY w.name
+ON CONFLICT (namespace, name) DO UPDATE
+SET options = excluded.options, registered_at = excluded.registered_at;
+
+-- name: get_workflow
+SELECT options FROM workflows WHERE namespace = %(namespace)s AND name = %(name)s;

@@ -1,0 +1,271 @@
+"""The store contract suite on PostgreSQL, plus what only PostgreSQL has to show.
+
+Each test gets a schema of its own (``shoal_t_<random>``), dropped with everything in it afterwards.
+The server is ``SHOAL_TEST_POSTGRES`` (default ``postgresql://postgres@127.0.0.1:5432/test``).
+Without a reachable server the tests skip with a message, except under ``CI``, where they fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import secrets
+import time
+from collections.abc import AsyncIterator, Iterator
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+import pytest
+from psycopg import sql
+
+import shoal.testing
+import shoal.testing.contract
+from shoal.errors import ConfigurationError, StoreUnavailableError
+from shoal.stores import mask_url, open_store
+from shoal.stores.base import RunStatus, Step, Store
+from shoal.stores.postgres import PostgresStore
+from shoal.testing.contract import NS, T0, StoreContract, add, claim, fence, new_run
+
+URL = os.environ.get("SHOAL_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+@functools.cache
+def _unreachable() -> str | None:
+    """Why the test server cannot be used, or None when it can."""
+    try:
+        with psycopg.connect(URL, connect_timeout=3) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as e:
+        return str(e).strip() or type(e).__name__
+    return None
+
+
+def _require_postgres() -> None:
+    reason = _unreachable()
+    if reason is None:
+        return
+    message = (f"PostgreSQL at {mask_url(URL)} is not reachable ({reason}); "
+               f"set SHOAL_TEST_POSTGRES to a server where the tests may create schemas")
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def _url(schema: str, **options: str) -> str:
+    parts = urlsplit(URL)
+    pairs = [*parse_qsl(parts.query), ("schema", schema), *options.items()]
+    return urlunsplit(parts._replace(query=urlencode(pairs)))
+
+
+def _drop(schema: str) -> None:
+    with psycopg.connect(URL, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+@pytest.fixture
+def schema() -> Iterator[str]:
+    _require_postgres()
+    name = f"shoal_t_{secrets.token_hex(6)}"
+    yield name
+    _drop(name)
+
+
+async def _open(schema: str) -> PostgresStore:
+    s = PostgresStore.from_url(_url(schema, pool_min_size="4", pool_max_size="4"))
+    await s.open()
+    return s
+
+
+class TestPostgresStore(StoreContract):
+    @pytest.fixture
+    async def store(self, schema: str) -> AsyncIterator[Store]:
+        s = await _open(schema)
+        yield s
+        await s.close()
+
+    @pytest.fixture
+    async def other(self, store: PostgresStore) -> AsyncIterator[Store]:
+        """A second store with a pool of its own over the same schema."""
+        s = await _open(store.schema)
+        yield s
+        await s.close()
+
+    @pytest.fixture(autouse=True)
+    def settle_waits_for_the_server(
+        self, store: PostgresStore, other: PostgresStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """``shoal.testing.settle`` lets ready tasks run, which suffices for an in-process
+        store; over a network, a task waiting for the server's answer can make progress too.
+        So settling also waits until no store operation is in flight."""
+
+        async def settle(rounds: int = 50) -> None:
+            quiet = 0
+            while quiet < 2:
+                for _ in range(rounds):
+                    await asyncio.sleep(0)
+                if store.in_flight or other.in_flight:
+                    quiet = 0
+                    await asyncio.sleep(0.0005)
+                else:
+                    quiet += 1
+
+        monkeypatch.setattr(shoal.testing, "settle", settle)
+        monkeypatch.setattr(shoal.testing.contract, "settle", settle)
+
+
+# -- what only PostgreSQL has to show ---------------------------------------------------------
+
+
+async def test_url_options_and_masking(schema: str) -> None:
+    s = open_store("postgres://alice:s3cret@db.example:5433/app?schema=Billing_2&sslmode=disable"
+                   "&pool_max_size=3")
+    assert isinstance(s, PostgresStore)
+    assert s.schema == "Billing_2" and s.pool_max_size == 3
+    assert "sslmode=disable" in s.conninfo and "schema" not in s.conninfo
+    assert "s3cret" not in mask_url(s.url)
+    for bad in ("postgresql://h/db?schema=a;drop", "postgresql://h/db?schema=1x",
+                "postgresql://h/db?pool_max_size=many"):
+        with pytest.raises(ConfigurationError):
+            PostgresStore.from_url(bad)
+
+
+async def test_unreachable_server_is_a_clear_error_without_the_password() -> None:
+    s = PostgresStore.from_url("postgresql://u:hunter2@127.0.0.1:1/db?open_timeout=0.5"
+                               "&connect_timeout=1")
+    with pytest.raises(StoreUnavailableError) as e:
+        await s.open()
+    assert "hunter2" not in str(e.value) and "***" in str(e.value)
+    await s.close()
+
+
+async def test_migrations_from_several_instances_at_once(schema: str) -> None:
+    stores = [PostgresStore.from_url(_url(schema)) for _ in range(4)]
+    try:
+        await asyncio.gather(*(s.open() for s in stores))
+        assert {await s.migrate() for s in stores} == {1}
+        rows = await stores[0]._all("SELECT version FROM shoal_migrations", {})
+        assert [r["version"] for r in rows] == [1]
+    finally:
+        for s in stores:
+            await s.close()
+
+
+async def test_database_refuses_a_second_holder_of_a_key(schema: str) -> None:
+    s = await _open(schema)
+    try:
+        a = await add(s, T0, key="k")
+        b = await add(s, T0 + 1, key="k")
+        [c] = await claim(s, now=T0 + 1)
+        assert c.id == a.id
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            await s._one("UPDATE runs SET status = 'running', started_at = 1 WHERE id = %(id)s",
+                         {"id": b.id})
+    finally:
+        await s.close()
+
+
+async def test_claim_racing_a_key_holder_is_not_an_error(schema: str) -> None:
+    """A claim whose snapshot predates another commit of the same key hits runs_key_holder;
+    it claims again instead of failing, and takes nothing of that key."""
+    s = await _open(schema)
+    try:
+        first = await add(s, T0, key="k")
+        later = await add(s, T0 + 1, key="k")
+        async with await psycopg.AsyncConnection.connect(s.conninfo) as rival:
+            await rival.execute(
+                sql.SQL("UPDATE {} SET status = 'running', owner = 'rival', lease_epoch = 1, "
+                        "started_at = %(now)s, lease_expires_at = %(exp)s WHERE id = %(id)s")
+                .format(sql.Identifier(schema, "runs")),
+                {"id": later.id, "now": T0 + 2, "exp": T0 + 99})
+            task = asyncio.create_task(claim(s, owner="me", now=T0 + 2))
+            await asyncio.sleep(0.3)   # the claim now waits on the rival's index entry
+            assert not task.done()
+            await rival.commit()
+            got = await asyncio.wait_for(task, 5)
+        assert got == []
+        assert (await s.get_run(first.id)).status == RunStatus.QUEUED  # type: ignore[union-attr]
+    finally:
+        await s.close()
+
+
+async def _listening(s: PostgresStore) -> None:
+    """Start the store's listener and wait until it listens; drop the wake-up it gives then."""
+    await s.wait_for_work(0)
+    await asyncio.wait_for(s._listening.wait(), 5.0)
+    await s.wait_for_work(1.0)
+
+
+async def test_notify_wakes_another_instance_in_milliseconds(schema: str) -> None:
+    a, b = await _open(schema), await _open(schema)
+    try:
+        await _listening(b)
+        started = time.monotonic()
+        waiter = asyncio.create_task(b.wait_for_work(5.0))
+        await asyncio.sleep(0.05)
+        await add(a, T0)
+        await asyncio.wait_for(waiter, 5.0)
+        assert time.monotonic() - started < 1.0
+        # nothing written: the wait lasts its timeout
+        started = time.monotonic()
+        await b.wait_for_work(0.2)
+        assert time.monotonic() - started >= 0.19
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_listener_reconnects_after_its_connection_is_killed(schema: str) -> None:
+    a, b = await _open(schema), await _open(schema)
+    try:
+        await _listening(b)
+        [killed] = await a._all("SELECT pg_terminate_backend(pid) AS ok FROM pg_stat_activity "
+                                "WHERE query LIKE 'LISTEN%%' AND pid <> pg_backend_pid()", {})
+        assert killed["ok"]
+        for _ in range(100):                 # the listener notices, then connects again
+            if not b._listening.is_set():
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.wait_for(b._listening.wait(), 5.0)
+        await b.wait_for_work(1.0)
+        waiter = asyncio.create_task(b.wait_for_work(5.0))
+        await asyncio.sleep(0.3)
+        await add(a, T0)
+        started = time.monotonic()
+        await asyncio.wait_for(waiter, 5.0)
+        assert time.monotonic() - started < 1.0
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_idempotent_creates_racing_from_two_pools(schema: str) -> None:
+    a, b = await _open(schema), await _open(schema)
+    try:
+        got = await asyncio.gather(*(
+            s.create_run(new_run(T0 + i * 0.001, idem="once"), max_queued=None,
+                         admission="reject")
+            for i, s in enumerate([a, b] * 5)))
+        assert len({run.id for run, _ in got}) == 1
+        assert sum(created for _, created in got) == 1
+        parked = await asyncio.gather(*(
+            s.create_run(new_run(T0 + i * 0.001), max_queued=3, admission="park")
+            for i, s in enumerate([a, b] * 5)))
+        assert sum(not run.held for run, _ in parked) == 2   # 1 queued before, max 3
+        assert len(await a.list_runs(NS, status="queued")) == 11
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_json_is_kept_as_written(schema: str) -> None:
+    s = await _open(schema)
+    try:
+        await add(s)
+        [c] = await claim(s)
+        assert await s.checkpoint_step(fence(c), Step(1, "a", {"k": "\u0000é"}, True, 0),
+                                       30.0, T0)
+        [step] = await s.load_steps(c.id)
+        assert step.output == {"k": "\u0000é"}
+    finally:
+        await s.close()
