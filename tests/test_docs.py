@@ -23,14 +23,7 @@ LANGUAGES = {"python", "python-norun", "bash", "text"}
 
 # Examples that fail because of a known bug in shoal: (page, a line of the block, reason). Matched
 # by content, not by line number, so that editing a page does not move the mark.
-KNOWN_BUGS: list[tuple[str, str, str]] = [
-    (
-        "workflows.md",
-        "second = await app.dispatch(resize, \"b.png\")",
-        "admission control counts a started run that is queued for its retry as queued "
-        "(count_queued in stores/sql/sqlite/queries.sql and MemoryStore.create_run)",
-    ),
-]
+KNOWN_BUGS: list[tuple[str, str, str]] = []
 
 
 @dataclass(frozen=True)

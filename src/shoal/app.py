@@ -328,6 +328,8 @@ class App:
                                                    admission=self.admission)
         if created and self._engine is not None:
             self._engine.kick()
+            if delay:
+                self._engine.wake_at(new.run_at or now)
         return run
 
     def _workflow_name(self, workflow: Any) -> str:

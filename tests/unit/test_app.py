@@ -480,3 +480,18 @@ async def test_dispatch_by_name_takes_the_registered_options(clock: VirtualClock
         explicit = await submitter.dispatch("keyed", {"customer": "c1"}, concurrency_key="c1")
         assert explicit.concurrency_key == "c1"
         assert len(await submitter.list_runs()) == 2
+
+
+async def test_a_delayed_run_starts_at_its_time_not_a_poll_later(clock: VirtualClock) -> None:
+    app = make_app(clock)      # lease 30: polls every 10 s
+
+    @app.workflow
+    async def later(ctx: shoal.RunContext, input: Any) -> float:
+        return clock.now()
+
+    async with app:
+        run = await app.dispatch(later, delay=4.0)
+        await clock.advance(3.9)
+        assert (await app.get_run(run.id)).status == "queued"
+        await clock.advance(0.1)
+        assert await app.result(run.id) == run.created_at + 4.0

@@ -111,23 +111,10 @@ class RunContext:
             return copy.deepcopy(recorded.output)
         self.signal.raise_if_aborted()
         self.step_key = f"{self.run_id}:{seq}"
-        tries = 0
-        while True:
-            try:
-                if inspect.iscoroutinefunction(fn):
-                    result = await fn(*args, **kwargs)
-                else:
-                    result = await asyncio.to_thread(fn, *args, **kwargs)
-                    if inspect.isawaitable(result):
-                        result = await result
-                break
-            except Exception:
-                if tries >= retries:
-                    raise
-                tries += 1
-                await self._engine.clock.sleep(min(30.0, 0.5 * 2 ** (tries - 1))
-                                               * random.uniform(0.5, 1.0))
-                self.signal.raise_if_aborted()
+        try:
+            result = await self._call(fn, args, kwargs, retries)
+        finally:
+            self.step_key = None
         _json.check_json(result, f"the result of step {name!r}")
         step = Step(seq, name, result, True, self._x.fence.epoch)
         engine = self._engine
@@ -135,8 +122,25 @@ class RunContext:
                                                   engine.clock.now()):
             self._lost()
         self._x.steps[seq] = step
-        self.step_key = None
         return copy.deepcopy(result)
+
+    async def _call(self, fn: Callable[..., Any], args: Any, kwargs: Any, retries: int) -> Any:
+        tries = 0
+        while True:
+            try:
+                if inspect.iscoroutinefunction(fn):
+                    return await fn(*args, **kwargs)
+                result = await asyncio.to_thread(fn, *args, **kwargs)
+                if inspect.isawaitable(result):
+                    result = await result
+                return result
+            except Exception:
+                if tries >= retries:
+                    raise
+                tries += 1
+                await self._engine.clock.sleep(min(30.0, 0.5 * 2 ** (tries - 1))
+                                               * random.uniform(0.5, 1.0))
+                self.signal.raise_if_aborted()
 
     async def sleep(self, seconds: float) -> None:
         """Sleep durably: the run gives up its slot and its claim, and is delivered again (to any

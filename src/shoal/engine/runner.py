@@ -247,7 +247,7 @@ class Engine:
                 await self._lost(x, e)
                 return
             except NonDeterminismError as e:
-                await self._settle(x, Settlement("failed", error=str(e)))
+                await self._settle(x, Settlement("failed", error=f"NonDeterminismError: {e}"))
                 return
             except Exception as e:
                 if x.abort is not None:   # the abort surfaced as the step's own error
@@ -312,6 +312,10 @@ class Engine:
                     await result
             except Exception:
                 log.exception("on_error handler %r raised", handler)
+
+    def wake_at(self, when: float) -> None:
+        """Run a scheduling pass at ``when`` (app clock): a delayed run or a sleeper is due."""
+        self._wake_at(when)
 
     def _wake_at(self, when: float) -> None:
         async def wake() -> None:

@@ -172,9 +172,10 @@ class Store(Protocol):
         self, new: NewRun, *, max_queued: int | None, admission: str
     ) -> tuple[Run, bool]:
         """Insert ``new`` as queued, or return the existing run of its idempotency key
-        (tenant, workflow, key) with ``False`` (invariant 5). Over ``max_queued`` queued runs in the
-        namespace: ``admission="reject"`` raises AdmissionRejectedError and stores nothing;
-        ``"park"`` stores it held, behind every run held before it."""
+        (tenant, workflow, key) with ``False`` (invariant 5). Over ``max_queued`` queued runs in
+        the namespace (never started, not held): ``admission="reject"`` raises
+        AdmissionRejectedError and stores nothing; ``"park"`` stores it held, behind every run
+        held before it."""
 
     async def get_run(self, run_id: str) -> Run | None:
         """The run, or None."""

@@ -103,7 +103,7 @@ class MemoryStore:
                     return r, False
         held = False
         if max_queued is not None:
-            queued = sum(1 for r in self._in(new.namespace) if r.status == _Q and not r.held)
+            queued = self._waiting_to_start(new.namespace)
             parked = any(r.held for r in self._in(new.namespace))
             if queued >= max_queued or parked:
                 if admission == "reject":
@@ -122,6 +122,11 @@ class MemoryStore:
         self._runs[run.id] = run
         self._touch()
         return run, True
+
+    def _waiting_to_start(self, namespace: str) -> int:
+        """What admission control counts: queued runs never started and not held."""
+        return sum(1 for r in self._in(namespace)
+                   if r.status == _Q and not r.held and r.started_at is None)
 
     async def get_run(self, run_id: str) -> Run | None:
         return self._runs.get(run_id)
@@ -355,7 +360,7 @@ class MemoryStore:
         return r
 
     async def release_held(self, namespace: str, max_queued: int, now: float) -> int:
-        queued = sum(1 for r in self._in(namespace) if r.status == _Q and not r.held)
+        queued = self._waiting_to_start(namespace)
         held = sorted((r for r in self._in(namespace) if r.held),
                       key=lambda r: (r.created_at, r.id))
         n = max(0, min(len(held), max_queued - queued))

@@ -1,10 +1,11 @@
 """SQLite store: several processes on one machine over one file.
 
 WAL mode (readers never block the writer), a busy timeout of 5 s (a writer waits for the other's
-lock, then fails; it never hangs), every atomic operation in one ``BEGIN IMMEDIATE`` transaction,
-claims with ``UPDATE … RETURNING``. One connection per store object. Calls run on the event loop's
-thread: each is a handful of statements with no await inside, so a transaction never interleaves
-with another of the same process; a busy wait blocks the loop for at most the busy timeout.
+lock, then fails with StoreUnavailableError; it never hangs), every atomic operation in one
+``BEGIN IMMEDIATE`` transaction, claims with ``UPDATE … RETURNING``. One connection per store
+object. Calls run on the event loop's thread: each transaction is a handful of statements with no
+await inside, so it never interleaves with another of the same process; the wait for the write
+lock is an asyncio sleep, so it does not block the loop.
 ``sqlite:///:memory:`` is one connection, so it serves one process only.
 """
 
@@ -70,11 +71,16 @@ class SQLiteStore:
         unknown = set(options) - {"busy_timeout", "synchronous"}
         if unknown:
             raise ConfigurationError(f"Unknown SQLite URL options {sorted(unknown)} in {url!r}.")
-        return cls(
-            path,
-            busy_timeout=float(options.get("busy_timeout", 5.0)),
-            synchronous=options.get("synchronous", "full"),
-        )
+        try:
+            busy_timeout = float(options.get("busy_timeout", 5.0))
+        except ValueError:
+            busy_timeout = -1.0
+        if not busy_timeout >= 0:
+            raise ConfigurationError(
+                f"busy_timeout={options['busy_timeout']!r} in {url!r} must be a number of "
+                f"seconds >= 0.")
+        return cls(path, busy_timeout=busy_timeout,
+                   synchronous=options.get("synchronous", "full"))
 
     # -- connection and schema -------------------------------------------------------------
 

@@ -385,8 +385,17 @@ class StoreContract:
         with pytest.raises(AdmissionRejectedError):
             await store.create_run(new_run(T0 + 3), max_queued=2, admission="reject")
         assert len(await store.list_runs(NS)) == 2
-        await claim(store, limit=1, now=T0 + 4)
+        [c] = await claim(store, limit=1, now=T0 + 4)
         _, created = await store.create_run(new_run(T0 + 5), max_queued=2, admission="reject")
+        assert created
+        # a started run queued again for its retry is not waiting for admission
+        assert await store.settle_run(fence(c), Settlement("retry", error="x", run_at=T0 + 99),
+                                      T0 + 6)
+        with pytest.raises(AdmissionRejectedError):
+            await store.create_run(new_run(T0 + 7), max_queued=2, admission="reject")
+        [c2] = await claim(store, limit=1, now=T0 + 8)
+        assert c2.id != c.id
+        _, created = await store.create_run(new_run(T0 + 9), max_queued=2, admission="reject")
         assert created
 
     async def test_admission_park_holds_then_releases_in_order(self, store: Store) -> None:

@@ -15,7 +15,7 @@ WHERE namespace = :namespace AND tenant = :tenant AND workflow = :workflow
 -- name: count_queued
 SELECT
     (SELECT count(*) FROM runs INDEXED BY runs_queued
-     WHERE namespace = :namespace AND status = 'queued' AND held = 0),
+     WHERE namespace = :namespace AND status = 'queued' AND held = 0 AND started_at IS NULL),
     (SELECT count(*) FROM runs INDEXED BY runs_held WHERE namespace = :namespace AND held = 1);
 
 -- name: get_run
