@@ -23,7 +23,7 @@ import shoal.testing
 import shoal.testing.contract
 from shoal.errors import ConfigurationError, StoreUnavailableError
 from shoal.stores import mask_url, open_store
-from shoal.stores.base import RunStatus, Step, Store
+from shoal.stores.base import RunStatus, Settlement, Step, Store
 from shoal.stores.postgres import PostgresStore
 from shoal.testing.contract import NS, T0, StoreContract, add, claim, fence, new_run
 
@@ -267,5 +267,25 @@ async def test_json_is_kept_as_written(schema: str) -> None:
                                        30.0, T0)
         [step] = await s.load_steps(c.id)
         assert step.output == {"k": "\u0000é"}
+    finally:
+        await s.close()
+
+
+async def test_a_retrying_holder_is_claimed_before_earlier_runs_of_its_key(schema: str) -> None:
+    """A run waiting for its retry holds its key, even against a run of the key that comes
+    first in claim order (higher priority): that one waits, the holder is claimed again."""
+    s = await _open(schema)
+    try:
+        holder = await add(s, T0, key="k")
+        [c] = await claim(s, now=T0)
+        assert await s.settle_run(fence(c), Settlement("retry", error="x", run_at=T0 + 10),
+                                  T0 + 1)
+        urgent = await add(s, T0 + 2, key="k", priority=5)
+        assert await claim(s, now=T0 + 5) == []
+        [again] = await claim(s, now=T0 + 10)
+        assert again.id == holder.id and again.attempts == 2
+        assert await s.settle_run(fence(again), Settlement("succeeded"), T0 + 11)
+        [nxt] = await claim(s, now=T0 + 11)
+        assert nxt.id == urgent.id
     finally:
         await s.close()

@@ -39,29 +39,32 @@ SELECT * FROM runs WHERE id = %(id)s;
 
 -- name: claim
 -- One statement: lock due runs in claim order (skipping rows another claimer holds), then set them
--- running. A queued run with a concurrency key is a candidate only when no started, unfinished
--- run holds the key and no due, unstarted run of the key comes before it, so a batch takes at most
--- one run per key. runs_key_holder backs this when two claims race.
+-- running. A queued run with a concurrency key is a candidate when it holds the key itself
+-- (started before), or when no started, unfinished run holds the key and it is the first due
+-- unstarted run of the key, so a batch takes at most one run per key. runs_key_holder backs this
+-- when two claims race.
 WITH queued AS (
     SELECT r.id, r.priority, r.created_at FROM runs r
     WHERE r.namespace = %(namespace)s AND r.status = 'queued' AND NOT r.held
       AND r.run_at <= %(now)s AND r.workflow = ANY(%(workflows)s::text[])
-      AND (r.concurrency_key IS NULL OR (
+      -- a run that started before (waiting for its retry) holds its own key
+      AND (r.concurrency_key IS NULL OR r.started_at IS NOT NULL OR (
             NOT EXISTS (
                 SELECT 1 FROM runs h
                 WHERE h.namespace = r.namespace AND h.workflow = r.workflow
                   AND h.concurrency_key = r.concurrency_key AND h.id <> r.id
-                  AND h.started_at IS NOT NULL
+                  -- runs_key_holder's predicate, so that this is one probe of that index
+                  AND h.concurrency_key IS NOT NULL AND h.started_at IS NOT NULL
                   AND h.status IN ('queued', 'running', 'sleeping', 'waiting', 'interrupted'))
-            AND NOT EXISTS (
-                SELECT 1 FROM runs e
+            -- walks runs_key_queued in claim order and stops at the first due run of the key
+            AND r.id = (
+                SELECT e.id FROM runs e
                 WHERE e.namespace = r.namespace AND e.workflow = r.workflow
-                  AND e.concurrency_key = r.concurrency_key AND e.id <> r.id
+                  AND e.concurrency_key = r.concurrency_key
                   AND e.status = 'queued' AND e.started_at IS NULL AND NOT e.held
                   AND e.run_at <= %(now)s
-                  AND (e.priority > r.priority
-                       OR (e.priority = r.priority
-                           AND (e.created_at, e.id) < (r.created_at, r.id))))))
+                ORDER BY e.priority DESC, e.created_at, e.id
+                LIMIT 1)))
     ORDER BY r.priority DESC, r.created_at, r.id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
