@@ -29,9 +29,11 @@ WHERE namespace = %(namespace)s AND tenant = %(tenant)s AND workflow = %(workflo
 SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0));
 
 -- name: count_queued
+-- What admission control counts: queued runs never started (a retry is not waiting for admission).
 SELECT
     (SELECT count(*) FROM runs
-     WHERE namespace = %(namespace)s AND status = 'queued' AND NOT held) AS queued,
+     WHERE namespace = %(namespace)s AND status = 'queued' AND NOT held
+       AND started_at IS NULL) AS queued,
     (SELECT count(*) FROM runs WHERE namespace = %(namespace)s AND held) AS parked;
 
 -- name: get_run
