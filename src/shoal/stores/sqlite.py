@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -101,15 +101,16 @@ class SQLiteStore:
                 self.path, timeout=0.002, isolation_level=None, check_same_thread=False,
             )
             conn.row_factory = sqlite3.Row
-            conn.execute("PRAGMA journal_mode = WAL")
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
             conn.execute("PRAGMA foreign_keys = ON")
         except sqlite3.Error as e:
             raise StoreUnavailableError(f"Cannot open the SQLite store {self.path!r}: {e}") from e
         self._conn = conn
         try:
+            # several processes opening a new file at once: switching it to WAL takes a lock
+            await self._retry_busy(lambda: conn.execute("PRAGMA journal_mode = WAL").fetchall())
             await self.migrate()
-        except sqlite3.DatabaseError as e:
+        except (sqlite3.DatabaseError, StoreUnavailableError) as e:
             conn.close()
             self._conn = None
             raise StoreUnavailableError(
@@ -174,13 +175,16 @@ class SQLiteStore:
             raise
 
     async def _begin(self, db: sqlite3.Connection) -> None:
+        await self._retry_busy(lambda: db.execute("BEGIN IMMEDIATE"))
+
+    async def _retry_busy(self, attempt: Callable[[], object]) -> None:
         # SQLite's own busy handler would sleep on the event loop's thread and freeze every run
         # of this instance (renewals included) while another process writes; wait here instead.
         deadline = time.monotonic() + self.busy_timeout
         delay = 0.0005
         while True:
             try:
-                db.execute("BEGIN IMMEDIATE")
+                attempt()
                 return
             except sqlite3.OperationalError as e:
                 if "locked" not in str(e) and "busy" not in str(e):
