@@ -101,14 +101,19 @@ class SQLiteStore:
                 self.path, timeout=0.002, isolation_level=None, check_same_thread=False,
             )
             conn.row_factory = sqlite3.Row
-            conn.execute(f"PRAGMA synchronous = {self.synchronous}")
-            conn.execute("PRAGMA foreign_keys = ON")
         except sqlite3.Error as e:
             raise StoreUnavailableError(f"Cannot open the SQLite store {self.path!r}: {e}") from e
         self._conn = conn
+
+        def setup() -> None:
+            conn.execute("PRAGMA journal_mode = WAL").fetchall()
+            conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+            conn.execute("PRAGMA foreign_keys = ON")
+
         try:
-            # several processes opening a new file at once: switching it to WAL takes a lock
-            await self._retry_busy(lambda: conn.execute("PRAGMA journal_mode = WAL").fetchall())
+            # several processes opening a new file at once: until it is in WAL mode, a reader
+            # can find it locked, and switching it to WAL takes a lock itself
+            await self._retry_busy(setup)
             await self.migrate()
         except (sqlite3.DatabaseError, StoreUnavailableError) as e:
             conn.close()
