@@ -219,9 +219,7 @@ async def test_listener_reconnects_after_its_connection_is_killed(schema: str) -
     a, b = await _open(schema), await _open(schema)
     try:
         await _listening(b)
-        [killed] = await a._all("SELECT pg_terminate_backend(pid) AS ok FROM pg_stat_activity "
-                                "WHERE query LIKE 'LISTEN%%' AND pid <> pg_backend_pid()", {})
-        assert killed["ok"]
+        assert await _terminate(a, f"shoal-listen {schema}") == 1
         for _ in range(100):                 # the listener notices, then connects again
             if not b._listening.is_set():
                 break
@@ -237,6 +235,37 @@ async def test_listener_reconnects_after_its_connection_is_killed(schema: str) -
     finally:
         await a.close()
         await b.close()
+
+
+async def _terminate(s: PostgresStore, application_name: str) -> int:
+    """Kill the server sessions of that name (as a server restart would); how many."""
+    rows = await s._all("SELECT pg_terminate_backend(pid) AS ok FROM pg_stat_activity "
+                        "WHERE application_name = %(name)s AND pid <> pg_backend_pid()",
+                        {"name": application_name})
+    return sum(1 for r in rows if r["ok"])
+
+
+async def test_pool_recovers_when_its_connections_are_killed(schema: str) -> None:
+    s = await _open(schema)
+    killer = PostgresStore.from_url(_url(schema, application_name="shoal-test-killer"))
+    await killer.open()
+    try:
+        run = await add(s)
+        assert await _terminate(killer, f"shoal {schema}") == 4
+        failures = 0
+        for _ in range(20):
+            try:
+                got = await s.get_run(run.id)
+                break
+            except StoreUnavailableError as e:   # a dead connection: said once, not forever
+                assert "terminating connection" in str(e) or "closed" in str(e)
+                failures += 1
+                await asyncio.sleep(0.05)
+        assert got is not None and got.id == run.id and failures <= 1
+        assert len(await claim(s)) == 1
+    finally:
+        await s.close()
+        await killer.close()
 
 
 async def test_idempotent_creates_racing_from_two_pools(schema: str) -> None:

@@ -25,6 +25,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
@@ -95,6 +96,7 @@ class PostgresStore:
         self._work = asyncio.Event()
         self._listener: asyncio.Task[None] | None = None
         self._listening = asyncio.Event()   # set while the LISTEN connection is up
+        self._sweeping: asyncio.Task[None] | None = None
         self.in_flight = 0   # operations waiting on the server now (tests wait for 0)
 
     @classmethod
@@ -135,7 +137,8 @@ class PostgresStore:
         pool: AsyncConnectionPool[_Conn] = AsyncConnectionPool(
             self.conninfo,
             connection_class=_Conn,
-            kwargs={"autocommit": True, "row_factory": dict_row},
+            kwargs={"autocommit": True, "row_factory": dict_row,
+                    **self._application_name("shoal")},
             configure=self._configure,
             min_size=self.pool_min_size,
             max_size=self.pool_max_size,
@@ -159,6 +162,12 @@ class PostgresStore:
             await pool.close()
             raise
 
+    def _application_name(self, what: str) -> dict[str, str]:
+        """Name the connections after the schema in pg_stat_activity, unless the URL does."""
+        if "application_name" in dict(parse_qsl(urlsplit(self.conninfo).query)):
+            return {}
+        return {"application_name": f"{what} {self.schema}"}
+
     def _reason(self, e: BaseException) -> str:
         """An error's text without the password the URL may carry."""
         text = str(e).strip() or type(e).__name__
@@ -171,10 +180,11 @@ class PostgresStore:
         await conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
 
     async def close(self) -> None:
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            listener.cancel()
-            await asyncio.gather(listener, return_exceptions=True)
+        tasks = [t for t in (self._listener, self._sweeping) if t is not None]
+        self._listener = self._sweeping = None
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
@@ -232,11 +242,18 @@ class PostgresStore:
         except psycopg.OperationalError as e:
             if isinstance(e, _RETRYABLE):
                 raise
+            self._sweep(pool)
             raise StoreUnavailableError(
                 f"The PostgreSQL store {mask_url(self.url)!r} failed: {self._reason(e)}"
             ) from None
         finally:
             self.in_flight -= 1
+
+    def _sweep(self, pool: AsyncConnectionPool[_Conn]) -> None:
+        """After a server restart every idle pooled connection is dead: test them all at once
+        (in the background) rather than fail one operation per stale connection."""
+        if self._sweeping is None or self._sweeping.done():
+            self._sweeping = asyncio.create_task(pool.check(), name=f"shoal-check-{self.schema}")
 
     async def _one(self, query: LiteralString, args: dict[str, Any]) -> DictRow | None:
         """One row of one statement (autocommit: the statement is its own transaction)."""
@@ -546,7 +563,9 @@ class PostgresStore:
         listen = sql.SQL("LISTEN {}").format(sql.Identifier(self.channel))
         while self._pool is not None:
             try:
-                conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
+                conn = await psycopg.AsyncConnection.connect(
+                    make_conninfo(self.conninfo, **self._application_name("shoal-listen")),
+                    autocommit=True)
                 async with conn:
                     await conn.execute(listen)
                     self._listening.set()
