@@ -134,6 +134,7 @@ class PostgresStore:
     async def open(self) -> None:
         if self._pool is not None:
             return
+        await self._probe()
         pool: AsyncConnectionPool[_Conn] = AsyncConnectionPool(
             self.conninfo,
             connection_class=_Conn,
@@ -149,11 +150,7 @@ class PostgresStore:
             await pool.open(wait=True, timeout=self.open_timeout)
         except PoolTimeout as e:
             await pool.close()
-            raise StoreUnavailableError(
-                f"Cannot connect to the PostgreSQL store {mask_url(self.url)!r} within "
-                f"{self.open_timeout:g} s: {self._reason(e)}. Check that the server runs and "
-                f"the URL (host, port, user, database) is right."
-            ) from None
+            raise self._unavailable(e) from None
         self._pool = pool
         try:
             await self.migrate()
@@ -161,6 +158,24 @@ class PostgresStore:
             self._pool = None
             await pool.close()
             raise
+
+    async def _probe(self) -> None:
+        """One connection first: a wrong address, user or database fails at once with the
+        server's reason (a pool would retry in the background until its timeout)."""
+        try:
+            async with asyncio.timeout(self.open_timeout):
+                conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
+            await conn.close()
+        except (psycopg.Error, TimeoutError) as e:
+            raise self._unavailable(e) from None
+
+    def _unavailable(self, e: BaseException) -> StoreUnavailableError:
+        reason = self._reason(e) if not isinstance(e, TimeoutError) else "no answer"
+        return StoreUnavailableError(
+            f"Cannot connect to the PostgreSQL store {mask_url(self.url)!r} within "
+            f"{self.open_timeout:g} s: {reason}. Check that the server runs and the URL (host, "
+            f"port, user, password, database) is right."
+        )
 
     def _application_name(self, what: str) -> dict[str, str]:
         """Name the connections after the schema in pg_stat_activity, unless the URL does."""
