@@ -171,9 +171,11 @@ class PostgresStore:
 
     def _unavailable(self, e: BaseException) -> StoreUnavailableError:
         reason = self._reason(e) if not isinstance(e, TimeoutError) else "no answer"
+        if not reason.endswith((".", "?", "!")):
+            reason += "."
         return StoreUnavailableError(
             f"Cannot connect to the PostgreSQL store {mask_url(self.url)!r} within "
-            f"{self.open_timeout:g} s: {reason}. Check that the server runs and the URL (host, "
+            f"{self.open_timeout:g} s: {reason} Check that the server runs and the URL (host, "
             f"port, user, password, database) is right."
         )
 
@@ -185,7 +187,7 @@ class PostgresStore:
 
     def _reason(self, e: BaseException) -> str:
         """An error's text without the password the URL may carry."""
-        text = str(e).strip() or type(e).__name__
+        text = " ".join(str(e).split()) or type(e).__name__
         password = urlsplit(self.conninfo).password
         if password:
             text = text.replace(password, "***")
