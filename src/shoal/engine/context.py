@@ -69,6 +69,9 @@ class Execution:
     steps: dict[int, Step] = field(default_factory=dict)
     seq: int = 0
     abort: str | None = None   # "cancel", "interrupt" or "lost" once aborted
+    # True while a write that ends the claim (settle, suspend, release) is in flight: a renewal
+    # refused meanwhile is that write's doing, not a lost lease; the write itself is fenced
+    finishing: bool = False
     task: asyncio.Task[None] | None = None
     context: RunContext | None = None
 
@@ -158,6 +161,7 @@ class RunContext:
             self._x.steps[seq] = step
             return
         pending = Step(seq, "shoal.sleep", {"until": until}, False, self._x.fence.epoch)
+        self._x.finishing = True
         if not await engine.store.suspend_run(self._x.fence, pending, "sleeping", until, None,
                                               now):
             self._lost()
@@ -178,9 +182,11 @@ class RunContext:
         else:
             deadline = None if timeout is None else now + timeout
         pending = Step(seq, step_name, {"deadline": deadline}, False, self._x.fence.epoch)
+        self._x.finishing = True
         got = await engine.store.wait_signal(self._x.fence, pending, name, deadline, now)
         if got is None:
             self._lost()
+        self._x.finishing = got.parked
         if got.received:
             self._x.steps[seq] = Step(seq, step_name, {"payload": got.payload}, True,
                                       self._x.fence.epoch)

@@ -82,6 +82,7 @@ class Engine:
         self._timers: set[asyncio.Task[None]] = set()
         self._settled = asyncio.Event()
         self._closing = False
+        self._pass_lock = asyncio.Lock()
         self.last_poll_at: float | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -104,7 +105,8 @@ class Engine:
             deadline.cancel()
             waiter.cancel()
         for x in list(self._local.values()):
-            self._abort(x, "interrupt", asyncio.CancelledError("the instance is stopping"))
+            if not x.finishing:   # one already writing its end is let finish
+                self._abort(x, "interrupt", asyncio.CancelledError("the instance is stopping"))
         remaining = [x.task for x in self._local.values() if x.task is not None]
         if remaining:
             await asyncio.wait(remaining)
@@ -175,6 +177,10 @@ class Engine:
                 self.kick()
 
     async def _pass(self) -> None:
+        async with self._pass_lock:   # two passes at once would claim past the free slots
+            await self._claim_free_slots()
+
+    async def _claim_free_slots(self) -> None:
         while self._accepting:
             free = self.slots - len(self._local)
             if free <= 0:
@@ -189,14 +195,15 @@ class Engine:
                 return
 
     async def _renew(self) -> None:
-        leases = {x.run.id: x.fence.epoch for x in self._local.values() if x.abort is None}
+        leases = {x.run.id: x.fence.epoch for x in self._local.values()
+                  if x.abort is None and not x.finishing}
         if not leases:
             return
         renewal = await self.store.renew_leases(self.instance_id, leases, self.lease,
                                                 self.clock.now())
         for run_id in leases:
             x = self._local.get(run_id)
-            if x is None or x.abort is not None:
+            if x is None or x.abort is not None or x.finishing:
                 continue
             if run_id not in renewal.renewed:
                 self._abort(x, "lost", LeaseLostError(run_id, self.instance_id))
@@ -266,6 +273,7 @@ class Engine:
         if x.abort == "cancel":
             await self._settle(x, Settlement("cancelled", error="cancelled"))
         elif x.abort == "interrupt":
+            x.finishing = True
             await self.store.release_run(x.fence, self.clock.now())
             log.info("run.interrupted: %s", x.run.id, extra={"event": "run.interrupted"})
         elif x.abort == "lost":
@@ -294,6 +302,7 @@ class Engine:
             await self._settle(x, Settlement("failed", error=error))
 
     async def _settle(self, x: Execution, settlement: Settlement) -> bool:
+        x.finishing = True
         if await self.store.settle_run(x.fence, settlement, self.clock.now()):
             return True
         await self._lost(x, LeaseLostError(x.run.id, self.instance_id))
