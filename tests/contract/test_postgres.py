@@ -23,7 +23,7 @@ import shoal.testing
 import shoal.testing.contract
 from shoal.errors import ConfigurationError, StoreUnavailableError
 from shoal.stores import mask_url, open_store
-from shoal.stores.base import RunStatus, Settlement, Step, Store
+from shoal.stores.base import Fence, RunStatus, Settlement, Step, Store
 from shoal.stores.postgres import PostgresStore
 from shoal.testing.contract import NS, T0, StoreContract, add, claim, fence, new_run
 
@@ -316,5 +316,30 @@ async def test_a_retrying_holder_is_claimed_before_earlier_runs_of_its_key(schem
         assert await s.settle_run(fence(again), Settlement("succeeded"), T0 + 11)
         [nxt] = await claim(s, now=T0 + 11)
         assert nxt.id == urgent.id
+    finally:
+        await s.close()
+
+
+async def test_settlements_of_many_runs_at_once_are_each_fenced(schema: str) -> None:
+    """Concurrent settlements share statements (batches); each still answers for its own fence:
+    a stale epoch or a second settlement of the same claim is refused, the others written."""
+    s = await _open(schema)
+    try:
+        for i in range(30):
+            await add(s, T0 + i * 0.001)
+        claimed = await claim(s, owner="a", limit=30, now=T0 + 1)
+        assert len(claimed) == 30
+        stale = [Fence(c.id, c.owner or "", c.lease_epoch - 1) for c in claimed[:5]]
+        calls = [
+            *(s.settle_run(fence(c), Settlement("succeeded", output=i), T0 + 1)
+              for i, c in enumerate(claimed)),
+            *(s.settle_run(f, Settlement("failed", error="stale"), T0 + 1) for f in stale),
+            s.settle_run(fence(claimed[7]), Settlement("failed", error="twice"), T0 + 1),
+        ]
+        got = await asyncio.gather(*calls)
+        assert got == [True] * 30 + [False] * 5 + [False]
+        runs = {r.id: r for r in await s.list_runs(NS)}
+        assert all(runs[c.id].status == RunStatus.SUCCEEDED and runs[c.id].output == i
+                   for i, c in enumerate(claimed))
     finally:
         await s.close()

@@ -14,11 +14,13 @@ dedicated connection (outside the pool) that reconnects when it drops.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any, Literal, LiteralString, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -56,6 +58,7 @@ _OPTIONS = {"schema", "pool_min_size", "pool_max_size", "open_timeout"}
 _RETRYABLE = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
 _Conn = psycopg.AsyncConnection[DictRow]
 _T = TypeVar("_T")
+_SETTLE_BATCH = 500   # settlements per statement at most
 
 
 class PostgresStore:
@@ -97,6 +100,8 @@ class PostgresStore:
         self._listener: asyncio.Task[None] | None = None
         self._listening = asyncio.Event()   # set while the LISTEN connection is up
         self._sweeping: asyncio.Task[None] | None = None
+        self._settling: list[tuple[_Settle, asyncio.Future[bool]]] = []
+        self._settler: asyncio.Task[None] | None = None
         self.in_flight = 0   # operations waiting on the server now (tests wait for 0)
 
     @classmethod
@@ -197,6 +202,8 @@ class PostgresStore:
         await conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
 
     async def close(self) -> None:
+        if self._settler is not None:   # settlements already asked for are still written
+            await asyncio.gather(self._settler, return_exceptions=True)
         tasks = [t for t in (self._listener, self._sweeping) if t is not None]
         self._listener = self._sweeping = None
         for task in tasks:
@@ -490,17 +497,58 @@ class PostgresStore:
 
     async def settle_run(self, fence: Fence, settlement: Settlement, now: float) -> bool:
         outcome = settlement.outcome
-        args = {
-            "status": "queued" if outcome == "retry" else outcome,
-            "output": _json.dumps(settlement.output) if outcome == "succeeded" else None,
-            "error": settlement.error,
-            "finished_at": None if outcome == "retry" else now,
-            "run_at": settlement.run_at if outcome == "retry" else now,
-            "attempt_inc": 1 if outcome == "retry" else 0,
-            "run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
-            "channel": self.channel,
-        }
-        return await self._retry(lambda: self._one(_Q["settle"], args)) is not None
+        row = _Settle(
+            run_id=fence.run_id, owner=fence.owner, epoch=fence.epoch,
+            status="queued" if outcome == "retry" else outcome,
+            output=_json.dumps(settlement.output) if outcome == "succeeded" else None,
+            error=settlement.error,
+            finished_at=None if outcome == "retry" else now,
+            run_at=settlement.run_at if outcome == "retry" else now,
+            attempt_inc=1 if outcome == "retry" else 0,
+        )
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._settling.append((row, done))
+        if self._settler is None or self._settler.done():
+            self._settler = asyncio.create_task(self._settle_batches(),
+                                                name=f"shoal-settle-{self.schema}")
+        return await asyncio.shield(done)
+
+    async def _settle_batches(self) -> None:
+        """Write the queued settlements, a batch per statement, until none is left: those that
+        arrive while a batch is on its way go together in the next one (as group commit does).
+        Its own task, so a caller that is cancelled never leaves the others waiting."""
+        while self._settling:
+            batch: list[tuple[_Settle, asyncio.Future[bool]]] = []
+            rest: list[tuple[_Settle, asyncio.Future[bool]]] = []
+            seen: set[str] = set()
+            for item in self._settling:
+                # one settlement of a run per statement: a second one waits for the next
+                if item[0].run_id in seen or len(batch) >= _SETTLE_BATCH:
+                    rest.append(item)
+                else:
+                    seen.add(item[0].run_id)
+                    batch.append(item)
+            self._settling = rest
+            rows = [r for r, _ in batch]
+            args = {
+                "ids": [r.run_id for r in rows], "owners": [r.owner for r in rows],
+                "epochs": [r.epoch for r in rows], "statuses": [r.status for r in rows],
+                "outputs": [r.output for r in rows], "errors": [r.error for r in rows],
+                "finished_ats": [r.finished_at for r in rows],
+                "run_ats": [r.run_at for r in rows],
+                "attempt_incs": [r.attempt_inc for r in rows], "channel": self.channel,
+            }
+            try:
+                written = await self._retry(functools.partial(self._all, _Q["settle"], args))
+            except Exception as e:
+                for _, done in batch:
+                    if not done.done():
+                        done.set_exception(e)
+                continue
+            settled = {r["id"] for r in written}
+            for row, done in batch:
+                if not done.done():
+                    done.set_result(row.run_id in settled)
 
     async def release_run(self, fence: Fence, now: float) -> bool:
         args = {"run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
@@ -616,6 +664,21 @@ class PostgresStore:
                     raise
                 await asyncio.sleep(0.01 * (n + 1))
         raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class _Settle:
+    """One settlement waiting for its batch: the row's new values and its fence."""
+
+    run_id: str
+    owner: str
+    epoch: int
+    status: str
+    output: str | None
+    error: str | None
+    finished_at: float | None
+    run_at: float | None
+    attempt_inc: int
 
 
 def _with_query(url: str, options: dict[str, str]) -> str:

@@ -92,10 +92,18 @@ WHERE runs.id = chosen.id
 RETURNING runs.*;
 
 -- name: renew
+-- Rows are locked in id order, like a batch of settlements of the same instance.
+WITH l AS (
+    SELECT * FROM unnest(%(ids)s::text[], %(epochs)s::bigint[]) AS l(id, epoch)
+), fenced AS (
+    SELECT r.id FROM runs r JOIN l ON l.id = r.id
+    WHERE r.lease_epoch = l.epoch AND r.owner = %(owner)s AND r.status = 'running'
+    ORDER BY r.id
+    FOR UPDATE OF r
+)
 UPDATE runs SET lease_expires_at = %(expires)s
-FROM unnest(%(ids)s::text[], %(epochs)s::bigint[]) AS l(id, epoch)
-WHERE runs.id = l.id AND runs.lease_epoch = l.epoch AND runs.owner = %(owner)s
-  AND runs.status = 'running'
+FROM fenced
+WHERE runs.id = fenced.id AND runs.owner = %(owner)s AND runs.status = 'running'
 RETURNING runs.id, runs.cancel_requested;
 
 -- name: load_steps
@@ -164,14 +172,31 @@ WHERE id = (SELECT id FROM signals
 RETURNING payload;
 
 -- name: settle
+-- The settlements of several runs in one statement, one commit (a batch); each row is still
+-- fenced on its own owner and epoch. Rows are locked in id order, like renew, so two batches
+-- never wait for each other in a cycle.
+WITH s AS (
+    SELECT * FROM unnest(%(ids)s::text[], %(owners)s::text[], %(epochs)s::bigint[],
+                         %(statuses)s::text[], %(outputs)s::text[], %(errors)s::text[],
+                         %(finished_ats)s::double precision[], %(run_ats)s::double precision[],
+                         %(attempt_incs)s::integer[])
+        AS s(id, owner, epoch, status, output, error, finished_at, run_at, attempt_inc)
+), fenced AS (
+    SELECT r.id FROM runs r JOIN s ON s.id = r.id
+    WHERE r.owner = s.owner AND r.lease_epoch = s.epoch AND r.status = 'running'
+    ORDER BY r.id
+    FOR UPDATE OF r
+)
 UPDATE runs
-SET status = %(status)s, output = %(output)s, error = %(error)s, finished_at = %(finished_at)s,
-    run_at = %(run_at)s, attempts = attempts + %(attempt_inc)s, owner = NULL,
+SET status = s.status, output = s.output, error = s.error, finished_at = s.finished_at,
+    run_at = s.run_at, attempts = runs.attempts + s.attempt_inc, owner = NULL,
     lease_expires_at = NULL
-WHERE id = %(run_id)s AND owner = %(owner)s AND lease_epoch = %(epoch)s AND status = 'running'
-RETURNING id,
+FROM s JOIN fenced ON fenced.id = s.id
+WHERE runs.id = s.id AND runs.owner = s.owner AND runs.lease_epoch = s.epoch
+  AND runs.status = 'running'
+RETURNING runs.id,
     -- a freed concurrency key or a requeued run is work for another instance
-    CASE WHEN concurrency_key IS NOT NULL OR status = 'queued'
+    CASE WHEN runs.concurrency_key IS NOT NULL OR runs.status = 'queued'
          THEN pg_notify(%(channel)s, '') END AS notified;
 
 -- name: release
