@@ -1,0 +1,160 @@
+"""The worker side of ``test_sqlite_processes.py``: one shoal App over a shared SQLite file whose
+steps append their side effects to a shared log (one ``os.write`` per JSON line, O_APPEND).
+
+``python proc_app.py worker``    serve until SIGTERM (``App.run_forever``), then close
+``python proc_app.py dispatch``  dispatch the runs described by a JSON list on stdin, print run ids
+``python proc_app.py reaper F``  once the test process is gone, SIGKILL the process groups listed
+                                 in file F (a worker frozen by SIGSTOP cannot exit by itself)
+
+Configured by environment variables: ``PROC_DB`` (SQLite path), ``PROC_LOG`` (side-effect log),
+``PROC_INSTANCE`` (instance id), ``PROC_LEASE`` (seconds), ``PROC_DRAIN`` (close timeout),
+``PROC_MAX_LIFE`` (seconds; the worker exits by itself after that, a guard against leftovers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+import shoal
+
+NAMESPACE = "chaos"
+_log_fd: int | None = None
+
+
+def emit(record: dict[str, Any]) -> None:
+    """Append one JSON line to the side-effect log in a single write (atomic with O_APPEND)."""
+    global _log_fd
+    if _log_fd is None:
+        _log_fd = os.open(os.environ["PROC_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    data = (json.dumps(record, separators=(",", ":")) + "\n").encode()
+    assert len(data) < 4096, "a log line must stay one short write"
+    os.write(_log_fd, data)
+
+
+async def _work(ctx: shoal.RunContext, n: int, input: dict[str, Any]) -> dict[str, Any]:
+    """Step ``n`` of a run: log its start, do a little async work, log its end."""
+    base = {
+        "run": ctx.run_id, "step": ctx.step_key, "n": n, "epoch": ctx.lease_epoch,
+        "attempt": ctx.attempt, "ckey": input.get("key"), "pid": os.getpid(),
+    }
+    start = time.time()
+    emit({**base, "kind": "start", "t": start})
+    durations = input.get("durs")
+    await asyncio.sleep(durations[n] if durations else random.uniform(0.0, 0.03))
+    if input.get("fail_step") == n and ctx.attempt == 1:
+        emit({**base, "kind": "end", "ok": False, "start": start, "end": time.time()})
+        raise RuntimeError(f"planned failure of step {n} on the first attempt")
+    emit({**base, "kind": "end", "ok": True, "start": start, "end": time.time()})
+    return {"n": n, "pid": os.getpid(), "epoch": ctx.lease_epoch}
+
+
+def make_app(db: str, instance_id: str | None = None, lease: float = 2.0,
+             busy_timeout: float = 5.0) -> shoal.App:
+    """The app every process of the test builds: workflows ``chaos`` and ``long``. A frozen
+    worker can hold the write lock for seconds: dispatching processes wait longer for it."""
+    app = shoal.App(NAMESPACE, store=f"sqlite:///{db}?busy_timeout={busy_timeout}",
+                    instance_id=instance_id, lease=lease, max_concurrent_runs=8)
+
+    # every kill or freeze that catches a run costs it an attempt; a freeze of the process that
+    # holds the write lock stalls every instance past its lease and may cost all of their runs one
+    @app.workflow(name="chaos", max_attempts=20, backoff=0.2, max_backoff=1.0,
+                  concurrency_key=lambda i: i.get("key"))
+    async def chaos(ctx: shoal.RunContext, input: dict[str, Any]) -> list[Any]:
+        outputs = []
+        for n in range(4):
+            if n == 2 and input.get("sleep"):
+                await ctx.sleep(input["sleep"])
+            outputs.append(await ctx.step(f"s{n}", _work, ctx, n, input))
+        return outputs
+
+    @app.workflow(name="long", max_attempts=10, concurrency_key=lambda i: i.get("key"))
+    async def long(ctx: shoal.RunContext, input: dict[str, Any]) -> list[Any]:
+        return [await ctx.step(f"s{n}", _work, ctx, n, input) for n in range(len(input["durs"]))]
+
+    return app
+
+
+class _EventsToLog(logging.Handler):
+    """Copies shoal's log events (app.started, run.interrupted, lease.lost, …) into the log."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        event = getattr(record, "event", None)
+        if event is None:
+            return
+        run_id = getattr(record, "run_id", None)
+        if run_id is None and event == "run.interrupted" and record.args:
+            run_id = record.args[0]
+        emit({"kind": "event", "event": event, "run": run_id, "pid": os.getpid(),
+              "instance": os.environ.get("PROC_INSTANCE"), "t": time.time()})
+
+
+def _guard(max_life: float) -> None:
+    """Exit when the parent (the test) is gone or after ``max_life`` seconds: never linger."""
+    parent, deadline = os.getppid(), time.monotonic() + max_life
+    while os.getppid() == parent and time.monotonic() < deadline:
+        time.sleep(0.5)
+    os._exit(3)
+
+
+def worker() -> None:
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(process)d %(levelname)s %(message)s")
+    shoal_log = logging.getLogger("shoal")
+    shoal_log.setLevel(logging.INFO)
+    shoal_log.addHandler(_EventsToLog())
+    threading.Thread(target=_guard, args=(float(os.environ.get("PROC_MAX_LIFE", "300")),),
+                     daemon=True).start()
+    app = make_app(os.environ["PROC_DB"], os.environ["PROC_INSTANCE"],
+                   float(os.environ.get("PROC_LEASE", "2.0")))
+    app.run_forever(timeout=float(os.environ.get("PROC_DRAIN", "25")))
+    emit({"kind": "event", "event": "worker.exited", "pid": os.getpid(),
+          "instance": os.environ["PROC_INSTANCE"], "t": time.time()})
+
+
+async def dispatch(specs: list[dict[str, Any]]) -> list[str]:
+    """Dispatch ``[{"workflow", "input", "idempotency_key"}]`` and return the run ids."""
+    app = make_app(os.environ["PROC_DB"], busy_timeout=30.0)
+    ids = []
+    async with app.open():
+        for spec in specs:
+            run = await app.dispatch(spec["workflow"], spec["input"],
+                                     idempotency_key=spec.get("idempotency_key"))
+            ids.append(run.id)
+    return ids
+
+
+def reaper(groups_file: str) -> None:
+    parent = os.getppid()
+    deadline = time.monotonic() + float(os.environ.get("PROC_MAX_LIFE", "300")) + 10
+    while os.getppid() == parent and time.monotonic() < deadline:
+        time.sleep(0.3)
+    with open(groups_file) as f:
+        groups = [int(line) for line in f if line.strip()]
+    for pgid in groups:
+        try:   # only a process group led by one of ours (its pid may have been reused)
+            with open(f"/proc/{pgid}/cmdline", "rb") as f:
+                if os.path.abspath(__file__).encode() not in f.read():
+                    continue
+            os.killpg(pgid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["worker"]:
+        worker()
+    elif sys.argv[1:2] == ["reaper"] and len(sys.argv) == 3:
+        reaper(sys.argv[2])
+    elif sys.argv[1:] == ["dispatch"]:
+        print(json.dumps(asyncio.run(dispatch(json.load(sys.stdin)))))
+    else:
+        sys.exit(f"usage: {sys.argv[0]} worker|dispatch|reaper FILE")
