@@ -343,3 +343,28 @@ async def test_settlements_of_many_runs_at_once_are_each_fenced(schema: str) -> 
                    for i, c in enumerate(claimed))
     finally:
         await s.close()
+
+
+async def test_checkpoints_of_many_runs_at_once_are_each_fenced(schema: str) -> None:
+    s = await _open(schema)
+    try:
+        for i in range(20):
+            await add(s, T0 + i * 0.001)
+        claimed = await claim(s, owner="a", limit=20, now=T0 + 1)
+        first = claimed[0]
+        assert await s.checkpoint_step(fence(first), Step(1, "one", "kept", True, 0), 30.0, T0)
+        calls = [
+            *(s.checkpoint_step(fence(c), Step(1, "one", c.id, True, 0), 30.0, T0 + 2)
+              for c in claimed),
+            *(s.checkpoint_step(Fence(c.id, "a", c.lease_epoch + 1),
+                                Step(2, "two", "stale", True, 0), 30.0, T0 + 2)
+              for c in claimed[:4]),
+        ]
+        assert await asyncio.gather(*calls) == [True] * 20 + [False] * 4
+        for c in claimed:
+            steps = await s.load_steps(c.id)
+            assert [(st.seq, st.output) for st in steps] == \
+                [(1, "kept" if c.id == first.id else c.id)]
+            assert (await s.get_run(c.id)).lease_expires_at == T0 + 32  # type: ignore[union-attr]
+    finally:
+        await s.close()

@@ -20,7 +20,6 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any, Literal, LiteralString, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -58,7 +57,7 @@ _OPTIONS = {"schema", "pool_min_size", "pool_max_size", "open_timeout"}
 _RETRYABLE = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
 _Conn = psycopg.AsyncConnection[DictRow]
 _T = TypeVar("_T")
-_SETTLE_BATCH = 500   # settlements per statement at most
+_BATCH = 500   # rows per batched statement at most
 
 
 class PostgresStore:
@@ -100,8 +99,12 @@ class PostgresStore:
         self._listener: asyncio.Task[None] | None = None
         self._listening = asyncio.Event()   # set while the LISTEN connection is up
         self._sweeping: asyncio.Task[None] | None = None
-        self._settling: list[tuple[_Settle, asyncio.Future[bool]]] = []
-        self._settler: asyncio.Task[None] | None = None
+        self._settles = _Batcher(self, "settle", ("id", "owner", "epoch", "status", "output",
+                                                  "error", "finished_at", "run_at",
+                                                  "attempt_inc"))
+        self._checkpoints = _Batcher(self, "checkpoint", ("id", "owner", "epoch", "expires",
+                                                          "seq", "name", "output", "finished",
+                                                          "finished_at"))
         self.in_flight = 0   # operations waiting on the server now (tests wait for 0)
 
     @classmethod
@@ -202,8 +205,9 @@ class PostgresStore:
         await conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
 
     async def close(self) -> None:
-        if self._settler is not None:   # settlements already asked for are still written
-            await asyncio.gather(self._settler, return_exceptions=True)
+        # writes already asked for are still made
+        await self._settles.drain()
+        await self._checkpoints.drain()
         tasks = [t for t in (self._listener, self._sweeping) if t is not None]
         self._listener = self._sweeping = None
         for task in tasks:
@@ -450,9 +454,12 @@ class PostgresStore:
         }
 
     async def checkpoint_step(self, fence: Fence, step: Step, lease: float, now: float) -> bool:
-        args = {**self._step_args(fence, step, now), "expires": now + lease}
-        row = await self._retry(lambda: self._one(_Q["checkpoint"], args))
-        return row is not None and row["held"] == 1
+        return await self._checkpoints.write(fence.run_id, {
+            "id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
+            "expires": now + lease, "seq": step.seq, "name": step.name,
+            "output": _json.dumps(step.output), "finished": step.finished,
+            "finished_at": now if step.finished else None,
+        })
 
     async def suspend_run(
         self,
@@ -497,58 +504,15 @@ class PostgresStore:
 
     async def settle_run(self, fence: Fence, settlement: Settlement, now: float) -> bool:
         outcome = settlement.outcome
-        row = _Settle(
-            run_id=fence.run_id, owner=fence.owner, epoch=fence.epoch,
-            status="queued" if outcome == "retry" else outcome,
-            output=_json.dumps(settlement.output) if outcome == "succeeded" else None,
-            error=settlement.error,
-            finished_at=None if outcome == "retry" else now,
-            run_at=settlement.run_at if outcome == "retry" else now,
-            attempt_inc=1 if outcome == "retry" else 0,
-        )
-        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._settling.append((row, done))
-        if self._settler is None or self._settler.done():
-            self._settler = asyncio.create_task(self._settle_batches(),
-                                                name=f"shoal-settle-{self.schema}")
-        return await asyncio.shield(done)
-
-    async def _settle_batches(self) -> None:
-        """Write the queued settlements, a batch per statement, until none is left: those that
-        arrive while a batch is on its way go together in the next one (as group commit does).
-        Its own task, so a caller that is cancelled never leaves the others waiting."""
-        while self._settling:
-            batch: list[tuple[_Settle, asyncio.Future[bool]]] = []
-            rest: list[tuple[_Settle, asyncio.Future[bool]]] = []
-            seen: set[str] = set()
-            for item in self._settling:
-                # one settlement of a run per statement: a second one waits for the next
-                if item[0].run_id in seen or len(batch) >= _SETTLE_BATCH:
-                    rest.append(item)
-                else:
-                    seen.add(item[0].run_id)
-                    batch.append(item)
-            self._settling = rest
-            rows = [r for r, _ in batch]
-            args = {
-                "ids": [r.run_id for r in rows], "owners": [r.owner for r in rows],
-                "epochs": [r.epoch for r in rows], "statuses": [r.status for r in rows],
-                "outputs": [r.output for r in rows], "errors": [r.error for r in rows],
-                "finished_ats": [r.finished_at for r in rows],
-                "run_ats": [r.run_at for r in rows],
-                "attempt_incs": [r.attempt_inc for r in rows], "channel": self.channel,
-            }
-            try:
-                written = await self._retry(functools.partial(self._all, _Q["settle"], args))
-            except Exception as e:
-                for _, done in batch:
-                    if not done.done():
-                        done.set_exception(e)
-                continue
-            settled = {r["id"] for r in written}
-            for row, done in batch:
-                if not done.done():
-                    done.set_result(row.run_id in settled)
+        return await self._settles.write(fence.run_id, {
+            "id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
+            "status": "queued" if outcome == "retry" else outcome,
+            "output": _json.dumps(settlement.output) if outcome == "succeeded" else None,
+            "error": settlement.error,
+            "finished_at": None if outcome == "retry" else now,
+            "run_at": settlement.run_at if outcome == "retry" else now,
+            "attempt_inc": 1 if outcome == "retry" else 0,
+        })
 
     async def release_run(self, fence: Fence, now: float) -> bool:
         args = {"run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
@@ -666,19 +630,61 @@ class PostgresStore:
         raise AssertionError("unreachable")
 
 
-@dataclass(frozen=True)
-class _Settle:
-    """One settlement waiting for its batch: the row's new values and its fence."""
+class _Batcher:
+    """Fenced writes of different runs sharing one statement and one commit.
 
-    run_id: str
-    owner: str
-    epoch: int
-    status: str
-    output: str | None
-    error: str | None
-    finished_at: float | None
-    run_at: float | None
-    attempt_inc: int
+    ``write`` queues a row; one task writes the queue as one statement per batch (the named
+    query takes one array per column and returns the ids of the rows whose fence held), and
+    rows that arrive while a batch is on its way go together in the next one, as group commit
+    does. A batch holds one row per run; a second write of a run waits for the next batch, so
+    each answers as if alone. The writing task is its own, so a cancelled caller never leaves
+    the others waiting.
+    """
+
+    def __init__(self, store: PostgresStore, query: str, columns: tuple[str, ...]) -> None:
+        self.store = store
+        self.query = query
+        self.columns = columns
+        self.queue: list[tuple[str, dict[str, Any], asyncio.Future[bool]]] = []
+        self.task: asyncio.Task[None] | None = None
+
+    async def write(self, run_id: str, row: dict[str, Any]) -> bool:
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self.queue.append((run_id, row, done))
+        if self.task is None or self.task.done():
+            self.task = asyncio.create_task(self._run(), name=f"shoal-{self.query}")
+        return await asyncio.shield(done)
+
+    async def drain(self) -> None:
+        if self.task is not None:
+            await asyncio.gather(self.task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while self.queue:
+            batch: list[tuple[str, dict[str, Any], asyncio.Future[bool]]] = []
+            rest: list[tuple[str, dict[str, Any], asyncio.Future[bool]]] = []
+            runs: set[str] = set()
+            for item in self.queue:
+                if item[0] in runs or len(batch) >= _BATCH:
+                    rest.append(item)
+                else:
+                    runs.add(item[0])
+                    batch.append(item)
+            self.queue = rest
+            args: dict[str, Any] = {c: [row[c] for _, row, _ in batch] for c in self.columns}
+            args["channel"] = self.store.channel
+            try:
+                written = await self.store._retry(
+                    functools.partial(self.store._all, _Q[self.query], args))
+            except Exception as e:
+                for _, _, done in batch:
+                    if not done.done():
+                        done.set_exception(e)
+                continue
+            held = {r["id"] for r in written}
+            for run_id, _, done in batch:
+                if not done.done():
+                    done.set_result(run_id in held)
 
 
 def _with_query(url: str, options: dict[str, str]) -> str:

@@ -110,23 +110,35 @@ RETURNING runs.id, runs.cancel_requested;
 SELECT seq, name, output, finished, epoch FROM steps WHERE run_id = %(run_id)s ORDER BY seq;
 
 -- name: checkpoint
--- The lease check, the lease extension and the step write are one statement, one commit.
-WITH fenced AS (
-    UPDATE runs SET lease_expires_at = %(expires)s
-    WHERE id = %(run_id)s AND owner = %(owner)s AND lease_epoch = %(epoch)s
-      AND status = 'running'
-    RETURNING id
+-- The checkpoints of several runs in one statement, one commit (a batch), one per run: for
+-- each, the lease check, the lease extension and the step write. Rows are locked in id order.
+WITH c AS (
+    SELECT * FROM unnest(%(id)s::text[], %(owner)s::text[], %(epoch)s::bigint[],
+                         %(expires)s::double precision[], %(seq)s::integer[], %(name)s::text[],
+                         %(output)s::text[], %(finished)s::boolean[],
+                         %(finished_at)s::double precision[])
+        AS c(id, owner, epoch, expires, seq, name, output, finished, finished_at)
+), fenced AS (
+    SELECT r.id FROM runs r JOIN c ON c.id = r.id
+    WHERE r.owner = c.owner AND r.lease_epoch = c.epoch AND r.status = 'running'
+    ORDER BY r.id
+    FOR UPDATE OF r
+), extended AS (
+    UPDATE runs SET lease_expires_at = c.expires
+    FROM c JOIN fenced ON fenced.id = c.id
+    WHERE runs.id = c.id AND runs.owner = c.owner AND runs.lease_epoch = c.epoch
+      AND runs.status = 'running'
+    RETURNING runs.id
 ), put AS (
     INSERT INTO steps (run_id, seq, name, output, finished, epoch, finished_at)
-    SELECT fenced.id, %(seq)s::integer, %(name)s::text, %(output)s::text, %(finished)s::boolean,
-           %(epoch)s::bigint, %(finished_at)s::double precision
-    FROM fenced
+    SELECT c.id, c.seq, c.name, c.output, c.finished, c.epoch, c.finished_at
+    FROM c JOIN extended ON extended.id = c.id
     ON CONFLICT (run_id, seq) DO UPDATE
     SET name = excluded.name, output = excluded.output, finished = excluded.finished,
         epoch = excluded.epoch, finished_at = excluded.finished_at
     WHERE NOT steps.finished
 )
-SELECT count(*) AS held FROM fenced;
+SELECT id FROM extended;
 
 -- name: suspend
 -- Under the fence: record the unfinished step and set the run sleeping/waiting, without a claim.
@@ -176,10 +188,10 @@ RETURNING payload;
 -- fenced on its own owner and epoch. Rows are locked in id order, like renew, so two batches
 -- never wait for each other in a cycle.
 WITH s AS (
-    SELECT * FROM unnest(%(ids)s::text[], %(owners)s::text[], %(epochs)s::bigint[],
-                         %(statuses)s::text[], %(outputs)s::text[], %(errors)s::text[],
-                         %(finished_ats)s::double precision[], %(run_ats)s::double precision[],
-                         %(attempt_incs)s::integer[])
+    SELECT * FROM unnest(%(id)s::text[], %(owner)s::text[], %(epoch)s::bigint[],
+                         %(status)s::text[], %(output)s::text[], %(error)s::text[],
+                         %(finished_at)s::double precision[], %(run_at)s::double precision[],
+                         %(attempt_inc)s::integer[])
         AS s(id, owner, epoch, status, output, error, finished_at, run_at, attempt_inc)
 ), fenced AS (
     SELECT r.id FROM runs r JOIN s ON s.id = r.id
