@@ -105,7 +105,13 @@ class PostgresStore:
         self._checkpoints = _Batcher(self, "checkpoint", ("id", "owner", "epoch", "expires",
                                                           "seq", "name", "output", "finished",
                                                           "finished_at"))
-        self.in_flight = 0   # operations waiting on the server now (tests wait for 0)
+        self._busy = 0   # operations holding or waiting for a pooled connection
+
+    @property
+    def in_flight(self) -> int:
+        """Operations not answered yet (waiting on the server or queued for a batch): a test
+        that settles an event loop waits for 0."""
+        return self._busy + len(self._settles.queue) + len(self._checkpoints.queue)
 
     @classmethod
     def from_url(cls, url: str) -> PostgresStore:
@@ -258,7 +264,7 @@ class PostgresStore:
             raise StoreUnavailableError(
                 f"The PostgreSQL store {mask_url(self.url)!r} is not open."
             )
-        self.in_flight += 1
+        self._busy += 1
         try:
             async with pool.connection() as conn:
                 yield conn
@@ -275,7 +281,7 @@ class PostgresStore:
                 f"The PostgreSQL store {mask_url(self.url)!r} failed: {self._reason(e)}"
             ) from None
         finally:
-            self.in_flight -= 1
+            self._busy -= 1
 
     def _sweep(self, pool: AsyncConnectionPool[_Conn]) -> None:
         """After a server restart every idle pooled connection is dead: test them all at once
