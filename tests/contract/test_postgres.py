@@ -117,7 +117,7 @@ class TestPostgresStore(StoreContract):
 # -- what only PostgreSQL has to show ---------------------------------------------------------
 
 
-async def test_url_options_and_masking(schema: str) -> None:
+async def test_url_options_and_masking() -> None:
     s = open_store("postgres://alice:s3cret@db.example:5433/app?schema=Billing_2&sslmode=disable"
                    "&pool_max_size=3")
     assert isinstance(s, PostgresStore)
