@@ -495,3 +495,65 @@ async def test_a_delayed_run_starts_at_its_time_not_a_poll_later(clock: VirtualC
         assert (await app.get_run(run.id)).status == "queued"
         await clock.advance(0.1)
         assert await app.result(run.id) == run.created_at + 4.0
+
+
+async def test_a_drain_longer_than_the_lease_keeps_the_lease(clock: VirtualClock) -> None:
+    store = MemoryStore()
+    ran: list[str] = []
+
+    def make(name: str) -> shoal.App:
+        app = shoal.App("test", store=store, clock=clock, instance_id=name, lease=30.0)
+
+        @app.workflow(name="slow")
+        async def slow(ctx: shoal.RunContext, input: Any) -> str:
+            async def work() -> str:
+                ran.append(name)
+                await clock.sleep(40)        # longer than the lease
+                return name
+            return str(await ctx.step("work", work))
+
+        return app
+
+    draining, other = make("draining"), make("other")
+    await draining.start()
+    run = await draining.dispatch("slow")
+    await until(lambda: _has(ran, "draining"))
+    async with other:
+        closing = asyncio.create_task(draining.close(timeout=60))
+        await clock.advance(45)
+        await closing
+        done = await other.get_run(run.id)
+        assert done.status == "succeeded" and done.output == "draining"
+        assert done.attempts == 1 and ran == ["draining"]
+
+
+class FlakyStore(MemoryStore):
+    """A memory store whose next checkpoint fails as an unreachable store would."""
+
+    fail_next_checkpoint = False
+
+    async def checkpoint_step(self, *args: Any, **kwargs: Any) -> bool:
+        if self.fail_next_checkpoint:
+            self.fail_next_checkpoint = False
+            raise shoal.StoreUnavailableError("the store is locked")
+        return await super().checkpoint_step(*args, **kwargs)
+
+
+async def test_a_store_outage_is_not_charged_to_the_run(clock: VirtualClock) -> None:
+    store = FlakyStore()
+    app = make_app(clock, store)
+    errors: list[BaseException] = []
+    app.on_error(errors.append)
+
+    @app.workflow(max_attempts=1)
+    async def wf(ctx: shoal.RunContext, input: Any) -> int:
+        await ctx.step("one", lambda: 1)
+        return ctx.attempt
+
+    async with app:
+        store.fail_next_checkpoint = True
+        run = await app.dispatch(wf)
+        await until(status_is(app, run.id, "interrupted"))    # released, not failed
+        await clock.advance(10)                                # the next poll continues it
+        assert await app.result(run.id) == 1
+        assert [type(e) for e in errors] == [shoal.StoreUnavailableError]

@@ -6,9 +6,9 @@ import asyncio
 import copy
 import inspect
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from shoal import _json
 from shoal.errors import LeaseLostError, NonDeterminismError
@@ -16,6 +16,8 @@ from shoal.stores.base import Fence, Run, Step
 
 if TYPE_CHECKING:
     from shoal.engine.runner import Engine
+
+T = TypeVar("T")
 
 
 class AbortSignal:
@@ -60,6 +62,15 @@ class Suspended(BaseException):
         self.until = until
 
 
+class StoreWriteFailed(BaseException):
+    """A checkpoint or suspend write failed in the store (not fenced out: unreachable, locked).
+    A BaseException, so the workflow cannot mistake it for its own error and retry around it."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 @dataclass
 class Execution:
     """One local execution of a claimed run."""
@@ -100,6 +111,12 @@ class RunContext:
             raise NonDeterminismError(self.run_id, seq, recorded.name, name)
         return seq, recorded
 
+    async def _write(self, write: Awaitable[T]) -> T:
+        try:
+            return await write
+        except Exception as e:
+            raise StoreWriteFailed(e) from e
+
     def _lost(self) -> NoReturn:
         raise LeaseLostError(self.run_id, self._x.fence.owner)
 
@@ -121,8 +138,8 @@ class RunContext:
         _json.check_json(result, f"the result of step {name!r}")
         step = Step(seq, name, result, True, self._x.fence.epoch)
         engine = self._engine
-        if not await engine.store.checkpoint_step(self._x.fence, step, engine.lease,
-                                                  engine.clock.now()):
+        if not await self._write(engine.store.checkpoint_step(
+                self._x.fence, step, engine.lease, engine.clock.now())):
             self._lost()
         self._x.steps[seq] = step
         return copy.deepcopy(result)
@@ -156,14 +173,15 @@ class RunContext:
         until = float(recorded.output["until"]) if recorded is not None else now + seconds
         if now >= until:
             step = Step(seq, "shoal.sleep", {"until": until}, True, self._x.fence.epoch)
-            if not await engine.store.checkpoint_step(self._x.fence, step, engine.lease, now):
+            if not await self._write(engine.store.checkpoint_step(
+                    self._x.fence, step, engine.lease, now)):
                 self._lost()
             self._x.steps[seq] = step
             return
         pending = Step(seq, "shoal.sleep", {"until": until}, False, self._x.fence.epoch)
         self._x.finishing = True
-        if not await engine.store.suspend_run(self._x.fence, pending, "sleeping", until, None,
-                                              now):
+        if not await self._write(engine.store.suspend_run(
+                self._x.fence, pending, "sleeping", until, None, now)):
             self._lost()
         raise Suspended("sleeping", until)
 
@@ -183,7 +201,8 @@ class RunContext:
             deadline = None if timeout is None else now + timeout
         pending = Step(seq, step_name, {"deadline": deadline}, False, self._x.fence.epoch)
         self._x.finishing = True
-        got = await engine.store.wait_signal(self._x.fence, pending, name, deadline, now)
+        got = await self._write(engine.store.wait_signal(
+            self._x.fence, pending, name, deadline, now))
         if got is None:
             self._lost()
         self._x.finishing = got.parked
@@ -194,7 +213,8 @@ class RunContext:
         if got.parked:
             raise Suspended("waiting", deadline)
         done = Step(seq, step_name, {"timeout": deadline}, True, self._x.fence.epoch)
-        if not await engine.store.checkpoint_step(self._x.fence, done, engine.lease, now):
+        if not await self._write(engine.store.checkpoint_step(
+                self._x.fence, done, engine.lease, now)):
             self._lost()
         self._x.steps[seq] = done
         return self._waited(done.output, name)

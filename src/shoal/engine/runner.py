@@ -16,7 +16,7 @@ from typing import Any
 
 from shoal import _json
 from shoal.clock import Clock
-from shoal.engine.context import Execution, RunContext, Suspended
+from shoal.engine.context import Execution, RunContext, StoreWriteFailed, Suspended
 from shoal.errors import LeaseLostError, NonDeterminismError
 from shoal.stores.base import Fence, Run, Settlement, Store
 
@@ -135,9 +135,15 @@ class Engine:
     # -- loops -----------------------------------------------------------------------------
 
     async def _poll_loop(self) -> None:
-        while not self._closing:
+        # Runs until close() cancels it: while a stop drains, it keeps renewing the leases of
+        # the runs still finishing (and claims nothing), so a drain longer than the lease
+        # does not hand them to another instance as crashed.
+        while True:
             try:
-                await self.poll()
+                if self._closing:
+                    await self._renew()
+                else:
+                    await self.poll()
             except Exception as e:
                 log.warning("poll.failed: %s", e, extra={"event": "poll.failed"})
                 await self._report(e)
@@ -253,6 +259,9 @@ class Engine:
             except LeaseLostError as e:
                 await self._lost(x, e)
                 return
+            except StoreWriteFailed as e:
+                await self._store_failed(x, e.error)
+                return
             except NonDeterminismError as e:
                 await self._settle(x, Settlement("failed", error=f"NonDeterminismError: {e}"))
                 return
@@ -263,6 +272,8 @@ class Engine:
                 await self._failed(x, spec, e)
                 return
             await self._settle(x, Settlement("succeeded", output=output))
+        except Exception as e:   # the store failed while the run was ending
+            await self._store_failed(x, e)
         finally:
             self._local.pop(run.id, None)
             self._settled.set()
@@ -282,6 +293,20 @@ class Engine:
             with contextlib.suppress(Exception):
                 await self.store.release_run(x.fence, self.clock.now())
             raise asyncio.CancelledError
+
+    async def _store_failed(self, x: Execution, error: BaseException) -> None:
+        """The store refused one of the engine's own writes (unreachable, locked too long). That
+        is no failure of the run: release it (fenced) so it is continued without charging an
+        attempt; if even that fails, its lease lapses and recovery takes it."""
+        log.warning("run.store_failed: %s %s: %s", x.run.workflow, x.run.id, error,
+                    extra={"event": "run.store_failed", "run_id": x.run.id})
+        await self._report(error)
+        x.finishing = True
+        try:
+            await self.store.release_run(x.fence, self.clock.now())
+        except Exception as e:
+            log.warning("run.release_failed: %s: %s", x.run.id, e,
+                        extra={"event": "run.release_failed", "run_id": x.run.id})
 
     async def _failed(self, x: Execution, spec: WorkflowSpec, e: Exception) -> None:
         run = x.run

@@ -53,6 +53,7 @@ class SQLiteStore:
         self.synchronous = synchronous.lower()
         self._conn: sqlite3.Connection | None = None
         self._data_version = 0
+        self._waited = 0.0
 
     @classmethod
     def from_url(cls, url: str) -> SQLiteStore:
@@ -128,6 +129,11 @@ class SQLiteStore:
             self._conn = None
 
     async def migrate(self) -> int:
+        newest = max(number for number, _, _ in migrations("sqlite"))
+        if self._one("SELECT 1 FROM sqlite_master WHERE name = 'shoal_migrations'") is not None:
+            row = self._one("SELECT max(version) FROM shoal_migrations")
+            if row is not None and row[0] == newest:
+                return newest   # up to date: no write lock needed to start
         async with self._tx() as db:
             db.execute(
                 "CREATE TABLE IF NOT EXISTS shoal_migrations "
@@ -180,9 +186,14 @@ class SQLiteStore:
             raise
 
     async def _begin(self, db: sqlite3.Connection) -> None:
-        await self._retry_busy(lambda: db.execute("BEGIN IMMEDIATE"))
+        started = time.monotonic()
+        waited = await self._retry_busy(lambda: db.execute("BEGIN IMMEDIATE"))
+        # Time spent waiting for another writer, added to the lease times this transaction
+        # writes: ``now`` was read before the wait, and a lease must not be written expired.
+        self._waited = time.monotonic() - started if waited else 0.0
 
-    async def _retry_busy(self, attempt: Callable[[], object]) -> None:
+    async def _retry_busy(self, attempt: Callable[[], object]) -> bool:
+        """Call ``attempt`` until the database is not busy; True if it had to wait."""
         # SQLite's own busy handler would sleep on the event loop's thread and freeze every run
         # of this instance (renewals included) while another process writes; wait here instead.
         deadline = time.monotonic() + self.busy_timeout
@@ -190,7 +201,7 @@ class SQLiteStore:
         while True:
             try:
                 attempt()
-                return
+                return delay > 0.0005
             except sqlite3.OperationalError as e:
                 if "locked" not in str(e) and "busy" not in str(e):
                     raise
@@ -308,7 +319,8 @@ class SQLiteStore:
                     break
             if not ids:
                 return []
-            rows = db.execute(_Q["claim"], {"owner": owner, "expires": now + lease, "now": now,
+            rows = db.execute(_Q["claim"], {"owner": owner, "expires": now + self._waited + lease,
+                                            "now": now,
                                             "ids": _json.dumps(ids)}).fetchall()
         runs = sorted((_run(r) for r in rows), key=lambda r: (-r.priority, r.created_at, r.id))
         return runs
@@ -320,7 +332,8 @@ class SQLiteStore:
         if leases:
             async with self._tx() as db:
                 for run_id, epoch in leases.items():
-                    row = db.execute(_Q["renew"], {"expires": now + lease, "id": run_id,
+                    row = db.execute(_Q["renew"], {"expires": now + self._waited + lease,
+                                                   "id": run_id,
                                                    "owner": owner, "epoch": epoch}).fetchone()
                     if row is not None:
                         renewed.add(run_id)
@@ -334,7 +347,8 @@ class SQLiteStore:
                      r["epoch"]) for r in rows]
 
     def _fenced(self, db: sqlite3.Connection, fence: Fence, lease: float, now: float) -> bool:
-        cur = db.execute(_Q["fence_extend"], {"expires": now + lease, "run_id": fence.run_id,
+        cur = db.execute(_Q["fence_extend"], {"expires": now + self._waited + lease,
+                                              "run_id": fence.run_id,
                                               "owner": fence.owner, "epoch": fence.epoch})
         return cur.rowcount == 1
 
