@@ -215,6 +215,7 @@ class App:
             store=self.store, clock=self.clock, namespace=self.namespace,
             instance_id=self.instance_id, slots=self.max_concurrent_runs, lease=self.lease,
             workflows=self._workflows, max_queued=self.max_queued, on_error=self._on_error,
+            run_retention=self.run_retention,
         )
         self._engine.start()
         self._started = True

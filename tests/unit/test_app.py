@@ -557,3 +557,22 @@ async def test_a_store_outage_is_not_charged_to_the_run(clock: VirtualClock) -> 
         await clock.advance(10)                                # the next poll continues it
         assert await app.result(run.id) == 1
         assert [type(e) for e in errors] == [shoal.StoreUnavailableError]
+
+
+async def test_finished_runs_are_pruned_after_run_retention(clock: VirtualClock) -> None:
+    app = make_app(clock, run_retention=100.0)
+
+    @app.workflow
+    async def quick(ctx: shoal.RunContext, input: Any) -> int:
+        return await ctx.step("one", lambda: 1)
+
+    async with app:
+        done = await app.dispatch(quick)
+        assert await app.result(done.id) == 1
+        waiting = await app.dispatch(quick, delay=500)
+        await clock.advance(99)
+        assert (await app.get_run(done.id)).status == "succeeded"
+        await clock.advance(20)                  # past the retention, and a poll
+        with pytest.raises(shoal.UnknownRunError):
+            await app.get_run(done.id)
+        assert (await app.get_run(waiting.id)).status == "queued"   # live runs are kept

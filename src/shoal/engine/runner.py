@@ -22,6 +22,8 @@ from shoal.stores.base import Fence, Run, Settlement, Store
 
 log = logging.getLogger("shoal")
 
+PRUNE_BATCH = 500   # finished runs deleted per poll at most
+
 WorkflowFn = Callable[[RunContext, Any], Awaitable[Any]]
 ErrorHandler = Callable[[BaseException], Any]
 
@@ -64,6 +66,7 @@ class Engine:
         workflows: dict[str, WorkflowSpec],
         max_queued: int | None,
         on_error: list[ErrorHandler],
+        run_retention: float = 7 * 86400.0,
     ) -> None:
         self.store = store
         self.clock = clock
@@ -74,6 +77,7 @@ class Engine:
         self.poll_interval = lease / 3
         self.workflows = workflows
         self.max_queued = max_queued
+        self.run_retention = run_retention
         self._on_error = on_error
         self._local: dict[str, Execution] = {}
         self._accepting = False
@@ -160,6 +164,8 @@ class Engine:
         if self.max_queued is not None:
             await self.store.release_held(self.namespace, self.max_queued, now)
         await self._pass()
+        # retention, a bounded batch per poll: any instance may do it, the deletes are idempotent
+        await self.store.prune_runs(self.namespace, now - self.run_retention, PRUNE_BATCH)
         self.last_poll_at = self.clock.now()
 
     async def _schedule_loop(self) -> None:

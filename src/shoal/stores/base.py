@@ -262,6 +262,10 @@ class Store(Protocol):
     async def release_held(self, namespace: str, max_queued: int, now: float) -> int:
         """Release held runs, oldest first, while fewer than ``max_queued`` are queued."""
 
+    async def prune_runs(self, namespace: str, before: float, limit: int) -> int:
+        """Delete up to ``limit`` final runs that finished before ``before``, with their steps
+        and signals, oldest first; return how many. Live runs are never touched."""
+
     async def wait_for_work(self, timeout: float) -> None:
         """Return when another writer may have made work due (a hint), or after ``timeout``
         seconds of real time."""

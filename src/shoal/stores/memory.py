@@ -359,6 +359,19 @@ class MemoryStore:
             self._touch()
         return r
 
+    async def prune_runs(self, namespace: str, before: float, limit: int) -> int:
+        old = sorted((r for r in self._in(namespace)
+                      if r.status.final and r.finished_at is not None
+                      and r.finished_at < before),
+                     key=lambda r: (r.finished_at or 0.0, r.id))[:limit]
+        gone = {r.id for r in old}
+        for run_id in gone:
+            del self._runs[run_id]
+            self._steps.pop(run_id, None)
+        if gone:
+            self._signals = [s for s in self._signals if s.run_id not in gone]
+        return len(gone)
+
     async def release_held(self, namespace: str, max_queued: int, now: float) -> int:
         queued = self._waiting_to_start(namespace)
         held = sorted((r for r in self._in(namespace) if r.held),

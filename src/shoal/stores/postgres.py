@@ -576,6 +576,10 @@ class PostgresStore:
                                                           "channel": self.channel})
             return len(await cur.fetchall())
 
+    async def prune_runs(self, namespace: str, before: float, limit: int) -> int:
+        args = {"namespace": namespace, "before": before, "limit": limit}
+        return len(await self._retry(lambda: self._all(_Q["prune_runs"], args)))
+
     # -- wake-ups --------------------------------------------------------------------------
 
     async def wait_for_work(self, timeout: float) -> None:

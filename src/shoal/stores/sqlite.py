@@ -476,6 +476,17 @@ class SQLiteStore:
                 return 0
             return db.execute(_Q["release_held"], {"namespace": namespace, "n": n}).rowcount
 
+    async def prune_runs(self, namespace: str, before: float, limit: int) -> int:
+        args = {"namespace": namespace, "before": before, "limit": limit}
+        if self._one(_Q["prunable"], args) is None:
+            return 0
+        async with self._tx() as db:
+            ids = [row[0] for row in db.execute(_Q["prunable"], args)]
+            batch = {"ids": _json.dumps(ids)}
+            db.execute(_Q["prune_steps"], batch)
+            db.execute(_Q["prune_signals"], batch)
+            return db.execute(_Q["prune_runs"], batch).rowcount
+
     async def wait_for_work(self, timeout: float) -> None:
         # PRAGMA data_version changes when another connection commits: a cheap, local wake-up.
         deadline = time.monotonic() + timeout

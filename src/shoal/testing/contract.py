@@ -415,6 +415,26 @@ class StoreContract:
         assert await store.release_held(NS, 5, T0 + 7) == 2
         assert [r.id for r in await claim(store, now=T0 + 7)] == [held[1].id, held[2].id]
 
+    # -- retention -------------------------------------------------------------------------
+
+    async def test_prune_deletes_only_old_final_runs(self, store: Store) -> None:
+        old = await add(store, T0)
+        live = await add(store, T0 + 1)
+        recent = await add(store, T0 + 2)
+        [a, b, c] = await claim(store, now=T0 + 2)
+        assert await store.checkpoint_step(fence(a), Step(1, "s", 1, True, 0), LEASE, T0 + 3)
+        await store.send_signal(old.id, "x", None, _ids.new_id(T0 + 3), T0 + 3)
+        assert await store.settle_run(fence(a), Settlement("succeeded"), T0 + 10)
+        assert await store.settle_run(fence(c), Settlement("failed", error="e"), T0 + 50)
+        assert await store.prune_runs(NS, T0 + 10, 10) == 0     # finished_at < before only
+        assert await store.prune_runs(NS, T0 + 100, 1) == 1     # bounded, oldest first
+        assert await store.get_run(old.id) is None and await store.load_steps(old.id) == []
+        assert await store.prune_runs(NS, T0 + 100, 10) == 1
+        assert await store.get_run(recent.id) is None
+        assert (await store.get_run(live.id)) is not None         # running: never pruned
+        assert await store.prune_runs("elsewhere", T0 + 1000, 10) == 0
+        assert b.id == live.id
+
     # -- through the app, under a VirtualClock ---------------------------------------------
 
     async def test_lease_expiry_under_the_virtual_clock(self, store: Store, other: Store) -> None:

@@ -56,6 +56,9 @@ CREATE INDEX runs_claimed ON runs (namespace, status, lease_expires_at)
     WHERE status IN ('running', 'interrupted');
 CREATE INDEX runs_held ON runs (namespace, created_at, id) WHERE held;
 CREATE INDEX runs_namespace ON runs (namespace, id);
+-- retention: finished runs are pruned oldest first
+CREATE INDEX runs_finished ON runs (namespace, finished_at)
+    WHERE status IN ('succeeded', 'failed', 'cancelled');
 
 CREATE TABLE steps (
     run_id      text NOT NULL,
@@ -77,6 +80,7 @@ CREATE TABLE signals (
     consumed   boolean NOT NULL DEFAULT false
 );
 CREATE INDEX signals_pending ON signals (run_id, name, created_at, id) WHERE NOT consumed;
+CREATE INDEX signals_run ON signals (run_id);
 
 CREATE TABLE workflows (
     namespace     text NOT NULL,

@@ -301,3 +301,21 @@ SET options = excluded.options, registered_at = excluded.registered_at;
 
 -- name: get_workflow
 SELECT options FROM workflows WHERE namespace = %(namespace)s AND name = %(name)s;
+
+-- name: prune_runs
+-- A bounded batch of the oldest finished runs with their steps and signals; runs another
+-- instance is pruning at the same moment are skipped, not waited for.
+WITH old AS (
+    SELECT id FROM runs
+    WHERE namespace = %(namespace)s AND status IN ('succeeded', 'failed', 'cancelled')
+      AND finished_at < %(before)s
+    ORDER BY finished_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), gone_steps AS (
+    DELETE FROM steps WHERE run_id IN (SELECT id FROM old)
+), gone_signals AS (
+    DELETE FROM signals WHERE run_id IN (SELECT id FROM old)
+)
+DELETE FROM runs WHERE id IN (SELECT id FROM old)
+RETURNING id;

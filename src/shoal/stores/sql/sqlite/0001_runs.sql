@@ -46,6 +46,9 @@ CREATE UNIQUE INDEX runs_key_holder ON runs (namespace, workflow, concurrency_ke
     WHERE concurrency_key IS NOT NULL AND started_at IS NOT NULL
       AND status IN ('queued', 'running', 'sleeping', 'waiting', 'interrupted');
 CREATE INDEX runs_held ON runs (namespace, created_at, id) WHERE held = 1;
+-- retention: finished runs are pruned oldest first
+CREATE INDEX runs_finished ON runs (namespace, finished_at)
+    WHERE status IN ('succeeded', 'failed', 'cancelled');
 CREATE INDEX runs_namespace ON runs (namespace, id);
 
 CREATE TABLE steps (
@@ -68,6 +71,7 @@ CREATE TABLE signals (
     consumed   INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX signals_pending ON signals (run_id, name, id) WHERE consumed = 0;
+CREATE INDEX signals_run ON signals (run_id);
 
 CREATE TABLE workflows (
     namespace     TEXT NOT NULL,

@@ -163,6 +163,22 @@ UPDATE runs SET held = 0
 WHERE id IN (SELECT id FROM runs INDEXED BY runs_held WHERE namespace = :namespace AND held = 1
              ORDER BY created_at, id LIMIT :n);
 
+-- name: prunable
+SELECT id FROM runs INDEXED BY runs_finished
+WHERE namespace = :namespace AND status IN ('succeeded', 'failed', 'cancelled')
+  AND finished_at < :before
+ORDER BY finished_at, id
+LIMIT :limit;
+
+-- name: prune_steps
+DELETE FROM steps WHERE run_id IN (SELECT value FROM json_each(:ids));
+
+-- name: prune_signals
+DELETE FROM signals WHERE run_id IN (SELECT value FROM json_each(:ids));
+
+-- name: prune_runs
+DELETE FROM runs WHERE id IN (SELECT value FROM json_each(:ids));
+
 -- name: register_workflow
 INSERT INTO workflows (namespace, name, options, registered_at)
 VALUES (:namespace, :name, :options, :now)
