@@ -18,6 +18,7 @@ from shoal.errors import (
     UnknownRunError,
     UnknownWorkflowError,
 )
+from shoal.health import Health, HealthStatus
 from shoal.stores.base import Run, RunStatus, Store
 
 __version__ = "0.1.0"
@@ -29,6 +30,8 @@ __all__ = [
     "BudgetExceededError",
     "Clock",
     "ConfigurationError",
+    "Health",
+    "HealthStatus",
     "LeaseLostError",
     "NonDeterminismError",
     "NotPausedError",

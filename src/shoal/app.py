@@ -24,6 +24,7 @@ from shoal.errors import (
     UnknownRunError,
     UnknownWorkflowError,
 )
+from shoal.health import PING_TIMEOUT, Health, HealthStatus, ping_within
 from shoal.stores import Store, mask_url, open_store
 from shoal.stores.base import NewRun, Run, RunStatus
 
@@ -102,6 +103,7 @@ class App:
         self._engine: Engine | None = None
         self._opened = False
         self._started = False
+        self._stopping = False
 
     def __repr__(self) -> str:
         return (f"<shoal.App {self.namespace!r} instance={self.instance_id!r} "
@@ -226,8 +228,12 @@ class App:
         then interrupt the rest (each releases its claim at once; another instance continues
         it at its next poll). Idempotent."""
         if self._engine is not None:
+            self._stopping = True
             engine, self._engine = self._engine, None
-            await engine.close(timeout)
+            try:
+                await engine.close(timeout)
+            finally:
+                self._stopping = False
         self._started = False
         await self._close_store()
 
@@ -260,6 +266,40 @@ class App:
                 await self.close(timeout)
 
         asyncio.run(serve())
+
+    # -- health ----------------------------------------------------------------------------
+
+    def check_liveness(self) -> Health:
+        """No I/O. Unhealthy while stopping or not started, or when the poll loop has not
+        completed a poll for three poll intervals (it waits on a store that never answers)."""
+        engine = self._engine
+        if self._stopping:
+            return Health(HealthStatus.UNHEALTHY, "stopping")
+        if engine is None:
+            return Health(HealthStatus.UNHEALTHY, "not started")
+        last = engine.last_poll_at if engine.last_poll_at is not None else engine.started_at
+        stuck_for = self.clock.now() - last
+        if stuck_for > 3 * engine.poll_interval:
+            return Health(HealthStatus.UNHEALTHY,
+                          f"stuck: no poll completed for {stuck_for:.0f} s "
+                          f"(every {engine.poll_interval:g} s expected)")
+        return Health(HealthStatus.HEALTHY)
+
+    async def check_readiness(self) -> Health:
+        """Liveness, then a ping of each store under a 2 s timeout."""
+        live = self.check_liveness()
+        if not live.healthy and live.reason != "not started":
+            return Health(live.status, live.reason, {"liveness": live.reason})
+        checks = {"liveness": live.reason}
+        try:
+            await self._open_store()
+            checks["store"] = await ping_within(asyncio.ensure_future(self.store.ping()),
+                                                PING_TIMEOUT)
+        except Exception as e:
+            checks["store"] = f"{type(e).__name__}: {e}"
+        if checks["store"] != "ok":
+            return Health(HealthStatus.UNHEALTHY, f"store: {checks['store']}", checks)
+        return Health(HealthStatus.HEALTHY, "ok", checks)
 
     async def poll(self) -> None:
         """Run one poll now (renew, recover, schedule). The engine also does it every lease/3."""

@@ -88,10 +88,12 @@ class Engine:
         self._closing = False
         self._pass_lock = asyncio.Lock()
         self.last_poll_at: float | None = None
+        self.started_at = clock.now()
 
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
+        self.started_at = self.clock.now()
         self._accepting = True
         for coro in (self._poll_loop(), self._schedule_loop(), self._watch_loop()):
             self._background.append(asyncio.create_task(coro))
