@@ -359,7 +359,8 @@ class PostgresStore:
                 row = await (await conn.execute(_Q["find_idempotent"], args)).fetchone()
                 if row is not None:
                     return _run(row), False
-            counts = await (await conn.execute(_Q["count_queued"], args)).fetchone()
+            counts = await (await conn.execute(_Q["count_queued"], {
+                "namespace": new.namespace, "max_queued": max_queued})).fetchone()
             assert counts is not None
             if counts["queued"] >= max_queued or counts["parked"] > 0:
                 if admission == "reject":
@@ -557,7 +558,8 @@ class PostgresStore:
             return _run(woken if woken is not None else row)
 
     async def release_held(self, namespace: str, max_queued: int, now: float) -> int:
-        counts = await self._one(_Q["count_queued"], {"namespace": namespace})
+        counts = await self._one(_Q["count_queued"], {"namespace": namespace,
+                                                       "max_queued": max_queued})
         assert counts is not None
         if counts["parked"] == 0 or counts["queued"] >= max_queued:
             return 0
@@ -566,8 +568,8 @@ class PostgresStore:
     async def _release_held(self, namespace: str, max_queued: int) -> int:
         async with self._connection() as conn, conn.transaction():
             await conn.execute(_Q["advisory_xact_lock"], {"key": self._admission_key(namespace)})
-            counts = await (await conn.execute(_Q["count_queued"],
-                                               {"namespace": namespace})).fetchone()
+            counts = await (await conn.execute(_Q["count_queued"], {
+                "namespace": namespace, "max_queued": max_queued})).fetchone()
             assert counts is not None
             n = min(counts["parked"], max_queued - counts["queued"])
             if n <= 0:

@@ -29,12 +29,18 @@ WHERE namespace = %(namespace)s AND tenant = %(tenant)s AND workflow = %(workflo
 SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0));
 
 -- name: count_queued
--- What admission control counts: queued runs never started (a retry is not waiting for admission).
+-- What admission control counts: queued runs never started (a retry is not waiting for admission),
+-- and parked runs; each counted up to max_queued only, which is all admission needs to know, so
+-- the cost does not grow with a long queue.
 SELECT
-    (SELECT count(*) FROM runs
-     WHERE namespace = %(namespace)s AND status = 'queued' AND NOT held
-       AND started_at IS NULL) AS queued,
-    (SELECT count(*) FROM runs WHERE namespace = %(namespace)s AND held) AS parked;
+    (SELECT count(*) FROM (
+        SELECT 1 FROM runs
+        WHERE namespace = %(namespace)s AND status = 'queued' AND NOT held
+          AND started_at IS NULL
+        LIMIT %(max_queued)s) q) AS queued,
+    (SELECT count(*) FROM (
+        SELECT 1 FROM runs WHERE namespace = %(namespace)s AND held
+        LIMIT %(max_queued)s) p) AS parked;
 
 -- name: get_run
 SELECT * FROM runs WHERE id = %(id)s;
