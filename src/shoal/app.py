@@ -15,6 +15,7 @@ from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
 from shoal import _ids, _json
 from shoal.clock import Clock, SystemClock
 from shoal.engine.context import RunContext
+from shoal.engine.cron import CronTrigger
 from shoal.engine.runner import Engine, ErrorHandler, WorkflowSpec
 from shoal.errors import (
     ConfigurationError,
@@ -100,6 +101,7 @@ class App:
         self.run_retention = run_retention
         self._workflows: dict[str, WorkflowSpec] = {}
         self._on_error: list[ErrorHandler] = []
+        self._crons: dict[str, CronTrigger] = {}
         self._engine: Engine | None = None
         self._opened = False
         self._started = False
@@ -182,6 +184,39 @@ class App:
             return register(fn)
         return register
 
+    def cron(
+        self,
+        expression: str,
+        *,
+        name: str | None = None,
+        tz: str = "UTC",
+        catch_up: float = 60.0,
+    ) -> Callable[[Workflow[Any] | WorkflowFunction], Workflow[Any]]:
+        """Fire the workflow on a cron schedule: each tick starts exactly one run across all
+        instances, with input ``{"cron": name, "scheduled_at": tick}``. ``expression`` has five
+        fields (or six, seconds last) read in time zone ``tz``. A tick missed by more than
+        ``catch_up`` seconds because every instance was down is skipped; within it, the latest
+        missed tick fires once. Put it above ``@app.workflow`` (or on a bare async function)."""
+
+        def register(target: Workflow[Any] | WorkflowFunction) -> Workflow[Any]:
+            wf_name = target.name if isinstance(target, Workflow) else target.__name__
+            trigger_name = name or wf_name
+            # everything is checked before anything is registered
+            trigger = CronTrigger.parse(expression, name=trigger_name, workflow=wf_name, tz=tz,
+                                        catch_up=catch_up)
+            if trigger_name in self._crons:
+                raise ConfigurationError(
+                    f"A cron trigger named {trigger_name!r} is already registered.")
+            wf = target if isinstance(target, Workflow) else self.workflow(target)
+            self._crons[trigger_name] = trigger
+            return wf
+
+        return register
+
+    async def _fire_cron(self, trigger: CronTrigger, tick: float) -> None:
+        await self.dispatch(trigger.workflow, {"cron": trigger.name, "scheduled_at": tick},
+                            idempotency_key=trigger.idempotency_key(tick))
+
     def on_error(self, fn: ErrorHandler) -> ErrorHandler:
         """Call ``fn(error)`` (sync or async) for errors that reach no caller: a lost lease
         (``LeaseLostError``), a failed poll. Returns ``fn`` (usable as a decorator)."""
@@ -217,7 +252,8 @@ class App:
             store=self.store, clock=self.clock, namespace=self.namespace,
             instance_id=self.instance_id, slots=self.max_concurrent_runs, lease=self.lease,
             workflows=self._workflows, max_queued=self.max_queued, on_error=self._on_error,
-            run_retention=self.run_retention,
+            run_retention=self.run_retention, crons=list(self._crons.values()),
+            fire=self._fire_cron,
         )
         self._engine.start()
         self._started = True

@@ -17,6 +17,7 @@ from typing import Any
 from shoal import _json
 from shoal.clock import Clock
 from shoal.engine.context import Execution, RunContext, StoreWriteFailed, Suspended
+from shoal.engine.cron import CronTrigger
 from shoal.errors import LeaseLostError, NonDeterminismError
 from shoal.stores.base import Fence, Run, Settlement, Store
 
@@ -67,6 +68,8 @@ class Engine:
         max_queued: int | None,
         on_error: list[ErrorHandler],
         run_retention: float = 7 * 86400.0,
+        crons: list[CronTrigger] | None = None,
+        fire: Callable[[CronTrigger, float], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
@@ -78,6 +81,8 @@ class Engine:
         self.workflows = workflows
         self.max_queued = max_queued
         self.run_retention = run_retention
+        self.crons = crons or []
+        self._fire = fire
         self._on_error = on_error
         self._local: dict[str, Execution] = {}
         self._accepting = False
@@ -95,6 +100,8 @@ class Engine:
     def start(self) -> None:
         self.started_at = self.clock.now()
         self._accepting = True
+        for trigger in self.crons:
+            self._background.append(asyncio.create_task(self._cron_loop(trigger)))
         for coro in (self._poll_loop(), self._schedule_loop(), self._watch_loop()):
             self._background.append(asyncio.create_task(coro))
 
@@ -169,6 +176,22 @@ class Engine:
         # retention, a bounded batch per poll: any instance may do it, the deletes are idempotent
         await self.store.prune_runs(self.namespace, now - self.run_retention, PRUNE_BATCH)
         self.last_poll_at = self.clock.now()
+
+    async def _cron_loop(self, trigger: CronTrigger) -> None:
+        """Fire the trigger's due tick (idempotent across instances), then sleep to the next."""
+        while not self._closing:
+            now = self.clock.now()
+            tick = trigger.due(now)
+            if tick is not None and self._fire is not None:
+                try:
+                    await self._fire(trigger, tick)
+                except Exception as e:
+                    log.warning("cron.failed: %s at %s: %s", trigger.name, tick, e,
+                                extra={"event": "cron.failed"})
+                    await self._report(e)
+                    await self.clock.sleep(min(self.poll_interval, 5.0))
+                    continue
+            await self.clock.sleep(max(0.0, trigger.next_tick(now) - self.clock.now()))
 
     async def _schedule_loop(self) -> None:
         while not self._closing:
