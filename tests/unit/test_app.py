@@ -576,3 +576,55 @@ async def test_finished_runs_are_pruned_after_run_retention(clock: VirtualClock)
         with pytest.raises(shoal.UnknownRunError):
             await app.get_run(done.id)
         assert (await app.get_run(waiting.id)).status == "queued"   # live runs are kept
+
+
+class SilentRenewals:
+    """A view of a store whose lease renewals never answer (a frozen or cut-off instance)."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def renew_leases(self, *args: Any) -> Any:
+        await asyncio.Event().wait()
+
+
+async def test_no_step_starts_once_the_lease_may_have_passed(clock: VirtualClock) -> None:
+    store = MemoryStore()
+    ran: list[tuple[str, str]] = []
+    gate = asyncio.Event()
+    errors: list[BaseException] = []
+
+    def make(name: str, s: Any) -> shoal.App:
+        app = shoal.App("test", store=s, clock=clock, instance_id=name, lease=30.0)
+        app.on_error(errors.append)
+
+        @app.workflow(name="wf")
+        async def wf(ctx: shoal.RunContext, input: Any) -> str:
+            await ctx.step("one", lambda: ran.append((name, "one")))
+            if name == "frozen":
+                await gate.wait()               # not a step: the lease runs out meanwhile
+            await ctx.step("two", lambda: ran.append((name, "two")))
+            return name
+
+        return app
+
+    frozen, other = make("frozen", SilentRenewals(store)), make("other", store)
+    await frozen.start()
+    run = await frozen.dispatch("wf")
+    await until(lambda: _has(ran, ("frozen", "one")))
+    async with other:
+        await clock.advance(41)                  # lease + a poll: the other takes it over
+        assert await other.result(run.id) == "other"
+        gate.set()
+        await until(lambda: _has_type(errors, shoal.LeaseLostError))
+        assert ran == [("frozen", "one"), ("other", "two")]
+    closing = asyncio.create_task(frozen.close(timeout=0))
+    await clock.advance(1)
+    await closing
+
+
+async def _has_type(items: list[Any], kind: type) -> bool:
+    return any(isinstance(i, kind) for i in items)

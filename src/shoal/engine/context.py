@@ -83,6 +83,10 @@ class Execution:
     # True while a write that ends the claim (settle, suspend, release) is in flight: a renewal
     # refused meanwhile is that write's doing, not a lost lease; the write itself is fenced
     finishing: bool = False
+    # The lease is surely held until then: the time a write that extended it was sent, plus
+    # the lease. Past it (this process was frozen, or its store calls failed), another instance
+    # may have taken the run over, so no new step may start here.
+    held_until: float = 0.0
     task: asyncio.Task[None] | None = None
     context: RunContext | None = None
 
@@ -111,6 +115,10 @@ class RunContext:
             raise NonDeterminismError(self.run_id, seq, recorded.name, name)
         return seq, recorded
 
+    def _check_lease(self) -> None:
+        if self._engine.clock.now() >= self._x.held_until:
+            self._lost()
+
     async def _write(self, write: Awaitable[T]) -> T:
         try:
             return await write
@@ -130,6 +138,7 @@ class RunContext:
         if recorded is not None and recorded.finished:
             return copy.deepcopy(recorded.output)
         self.signal.raise_if_aborted()
+        self._check_lease()
         self.step_key = f"{self.run_id}:{seq}"
         try:
             result = await self._call(fn, args, kwargs, retries)
@@ -138,9 +147,11 @@ class RunContext:
         _json.check_json(result, f"the result of step {name!r}")
         step = Step(seq, name, result, True, self._x.fence.epoch)
         engine = self._engine
+        sent = engine.clock.now()
         if not await self._write(engine.store.checkpoint_step(
-                self._x.fence, step, engine.lease, engine.clock.now())):
+                self._x.fence, step, engine.lease, sent)):
             self._lost()
+        self._x.held_until = max(self._x.held_until, sent + engine.lease)
         self._x.steps[seq] = step
         return copy.deepcopy(result)
 

@@ -222,12 +222,11 @@ class Engine:
             free = self.slots - len(self._local)
             if free <= 0:
                 return
+            sent = self.clock.now()
             runs = await self.store.claim_runs(
-                self.namespace, list(self.workflows), self.instance_id, free, self.lease,
-                self.clock.now(),
-            )
+                self.namespace, list(self.workflows), self.instance_id, free, self.lease, sent)
             for run in runs:
-                self._launch(run)
+                self._launch(run, held_until=sent + self.lease)
             if len(runs) < free:
                 return
 
@@ -236,12 +235,14 @@ class Engine:
                   if x.abort is None and not x.finishing}
         if not leases:
             return
-        renewal = await self.store.renew_leases(self.instance_id, leases, self.lease,
-                                                self.clock.now())
+        sent = self.clock.now()
+        renewal = await self.store.renew_leases(self.instance_id, leases, self.lease, sent)
         for run_id in leases:
             x = self._local.get(run_id)
             if x is None or x.abort is not None or x.finishing:
                 continue
+            if run_id in renewal.renewed:
+                x.held_until = max(x.held_until, sent + self.lease)
             if run_id not in renewal.renewed:
                 self._abort(x, "lost", LeaseLostError(run_id, self.instance_id))
             elif run_id in renewal.cancel_requested:
@@ -265,8 +266,9 @@ class Engine:
 
     # -- executions ------------------------------------------------------------------------
 
-    def _launch(self, run: Run) -> None:
-        x = Execution(run=run, fence=Fence(run.id, self.instance_id, run.lease_epoch))
+    def _launch(self, run: Run, held_until: float) -> None:
+        x = Execution(run=run, fence=Fence(run.id, self.instance_id, run.lease_epoch),
+                      held_until=held_until)
         self._local[run.id] = x
         x.task = asyncio.create_task(self._execute(x), name=f"shoal-run-{run.id}")
 
