@@ -2,7 +2,7 @@
 
 from shoal.app import App, Workflow
 from shoal.clock import Clock, SystemClock
-from shoal.engine.context import AbortSignal, RunContext
+from shoal.engine.context import AbortSignal, Decision, RunContext
 from shoal.errors import (
     AdmissionRejectedError,
     BudgetExceededError,
@@ -19,7 +19,7 @@ from shoal.errors import (
     UnknownWorkflowError,
 )
 from shoal.health import Health, HealthStatus
-from shoal.stores.base import Run, RunStatus, Store
+from shoal.stores.base import Pause, Run, RunStatus, Store
 
 __version__ = "0.1.0"
 
@@ -30,11 +30,13 @@ __all__ = [
     "BudgetExceededError",
     "Clock",
     "ConfigurationError",
+    "Decision",
     "Health",
     "HealthStatus",
     "LeaseLostError",
     "NonDeterminismError",
     "NotPausedError",
+    "Pause",
     "Run",
     "RunCancelledError",
     "RunContext",

@@ -16,18 +16,20 @@ from shoal import _ids, _json
 from shoal.clock import Clock, SystemClock
 from shoal.engine.context import RunContext
 from shoal.engine.cron import CronTrigger
-from shoal.engine.runner import Engine, ErrorHandler, WorkflowSpec
+from shoal.engine.runner import Engine, ErrorHandler, PauseHandler, WorkflowSpec
 from shoal.errors import (
     ConfigurationError,
+    NotPausedError,
     RunCancelledError,
     RunFailedError,
     ShoalError,
+    UnknownPauseError,
     UnknownRunError,
     UnknownWorkflowError,
 )
 from shoal.health import PING_TIMEOUT, Health, HealthStatus, ping_within
 from shoal.stores import Store, mask_url, open_store
-from shoal.stores.base import NewRun, Run, RunStatus
+from shoal.stores.base import NewRun, Pause, Run, RunStatus
 
 log = logging.getLogger("shoal")
 
@@ -102,6 +104,7 @@ class App:
         self._workflows: dict[str, WorkflowSpec] = {}
         self._on_error: list[ErrorHandler] = []
         self._crons: dict[str, CronTrigger] = {}
+        self._on_pause_notify: list[PauseHandler] = []
         self._engine: Engine | None = None
         self._opened = False
         self._started = False
@@ -217,6 +220,12 @@ class App:
         await self.dispatch(trigger.workflow, {"cron": trigger.name, "scheduled_at": tick},
                             idempotency_key=trigger.idempotency_key(tick))
 
+    def on_pause_notify(self, fn: PauseHandler) -> PauseHandler:
+        """Call ``fn(pause)`` (sync or async) for each new pause, on whichever instance takes
+        it; the poll sends it again until ``fn`` returns without raising. Returns ``fn``."""
+        self._on_pause_notify.append(fn)
+        return fn
+
     def on_error(self, fn: ErrorHandler) -> ErrorHandler:
         """Call ``fn(error)`` (sync or async) for errors that reach no caller: a lost lease
         (``LeaseLostError``), a failed poll. Returns ``fn`` (usable as a decorator)."""
@@ -252,7 +261,8 @@ class App:
             store=self.store, clock=self.clock, namespace=self.namespace,
             instance_id=self.instance_id, slots=self.max_concurrent_runs, lease=self.lease,
             workflows=self._workflows, max_queued=self.max_queued, on_error=self._on_error,
-            run_retention=self.run_retention, crons=list(self._crons.values()),
+            run_retention=self.run_retention, pause_retention=self.pause_retention,
+            on_pause_notify=self._on_pause_notify, crons=list(self._crons.values()),
             fire=self._fire_cron,
         )
         self._engine.start()
@@ -481,6 +491,45 @@ class App:
                 self._engine.cancel_local(run_id)
             self._engine.kick()
         return run
+
+    # -- approvals -------------------------------------------------------------------------
+
+    async def pending_pauses(self, tenant: str | None = None, limit: int = 100) -> list[Pause]:
+        """Pauses of this namespace waiting for a decision, oldest first."""
+        await self._open_store()
+        return await self.store.list_pauses(self.namespace, tenant=tenant, limit=limit)
+
+    async def resume(
+        self, pause_id: str, approved: bool = True, data: Any = None, by: str | None = None
+    ) -> Pause:
+        """Answer a pause; its run continues (on any instance) with this ``Decision``. Exactly
+        one answer wins: a pause already answered (or expired) raises ``NotPausedError``; an
+        unknown id, or one resolved longer than ``pause_retention`` ago, ``UnknownPauseError``.
+        Nothing changes when it raises."""
+        if not isinstance(approved, bool):
+            raise TypeError(f"approved must be True or False, not {approved!r}")
+        if by is not None and not isinstance(by, str):
+            raise TypeError(f"by must be a str, not {type(by).__name__}")
+        _json.check_json(data, "data")
+        await self._open_store()
+        decision = {"approved": approved, "data": data, "by": by, "reason": None}
+        pause, won = await self.store.resolve_pause(pause_id, decision, self.clock.now())
+        if pause is None or pause.namespace != self.namespace:
+            raise UnknownPauseError(
+                f"No pause with id {pause_id!r} in namespace {self.namespace!r}. Resolved "
+                f"pauses are kept {self.pause_retention:g} s (pause_retention); 'shoal pauses' "
+                f"lists the pending ones.")
+        if not won:
+            d = pause.decision or {}
+            how = "expired" if d.get("reason") == "expired" else (
+                "cancelled with its run" if d.get("reason") == "cancelled" else
+                f"{'approved' if d.get('approved') else 'denied'}"
+                f"{' by ' + d['by'] if d.get('by') else ''}")
+            raise NotPausedError(f"Pause {pause_id} ({pause.name!r} of run {pause.run_id}) was "
+                                 f"already resolved: {how}. Nothing was changed.")
+        if self._engine is not None:
+            self._engine.kick()
+        return pause
 
     async def signal(self, run_id: str, name: str, payload: Any = None) -> None:
         """Send signal ``name`` to the run; kept until its ``ctx.wait_for(name)`` consumes it."""

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from shoal import _json
+from shoal._ids import new_id
 from shoal.errors import LeaseLostError, NonDeterminismError
-from shoal.stores.base import Fence, Run, Step
+from shoal.stores.base import Fence, Pause, Run, Step
 
 if TYPE_CHECKING:
     from shoal.engine.runner import Engine
@@ -60,6 +61,17 @@ class Suspended(BaseException):
         super().__init__(status)
         self.status = status
         self.until = until
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The answer to an approval: ``approved``, optional ``data`` and ``by``; ``reason`` is
+    ``"expired"`` when nobody answered in time, ``"cancelled"`` when the run was cancelled."""
+
+    approved: bool
+    data: Any = None
+    by: str | None = None
+    reason: str | None = None
 
 
 class StoreWriteFailed(BaseException):
@@ -229,6 +241,69 @@ class RunContext:
             self._lost()
         self._x.steps[seq] = done
         return self._waited(done.output, name)
+
+    async def approval(
+        self, name: str, request: Any = None, expires_in: float | None = 86400.0
+    ) -> Decision:
+        """Ask a human: record a pending pause (listed by ``app.pending_pauses()``, announced to
+        ``app.on_pause_notify`` handlers) and park the run, holding no slot but keeping its
+        concurrency key, until ``app.resume(pause_id, ...)`` on any instance, or until
+        ``expires_in`` seconds pass (then it is denied with ``reason="expired"``)."""
+        step_name = f"shoal.approval:{name}"
+        seq, recorded = self._next(step_name)
+        if recorded is not None and recorded.finished:
+            return Decision(**recorded.output)
+        engine = self._engine
+        now = engine.clock.now()
+        if recorded is None:
+            _json.check_json(request, f"the request of approval {name!r}")
+            run = self._x.run
+            pause = Pause(
+                id=new_id(now), namespace=run.namespace, tenant=run.tenant, run_id=run.id,
+                name=name, request=request, status="pending", decision=None, created_at=now,
+                expires_at=None if expires_in is None else now + expires_in, resolved_at=None,
+                notified=False,
+            )
+            pending = Step(seq, step_name, {"pause_id": pause.id}, False, self._x.fence.epoch)
+            self._x.finishing = True
+            if not await self._write(engine.store.create_pause(self._x.fence, pending, pause,
+                                                               now)):
+                self._lost()
+            engine.pause_created()
+            raise Suspended("waiting", None)
+        pause_id = recorded.output["pause_id"]
+        found = await engine.store.get_pause(pause_id)
+        if found is not None and found.status == "pending":
+            await self._park_again(recorded, pause_id)
+        if found is None or found.decision is None:
+            # resolved pauses are pruned after pause_retention: a run delivered that late
+            # finds none, and takes it as expired
+            decision: dict[str, Any] = {"approved": False, "data": None, "by": None,
+                                        "reason": "expired"}
+        else:
+            decision = found.decision
+        done = Step(seq, step_name, decision, True, self._x.fence.epoch)
+        if not await self._write(engine.store.checkpoint_step(self._x.fence, done, engine.lease,
+                                                              now)):
+            self._lost()
+        self._x.steps[seq] = done
+        return Decision(**decision)
+
+    async def _park_again(self, recorded: Step, pause_id: str) -> NoReturn:
+        """Delivered while its pause is still pending (a stray signal named after the pause):
+        park again. A resolution landing between the read and the park would find the run
+        running and wake nothing, so the run then nudges itself awake once more."""
+        engine = self._engine
+        wait_for = f"shoal.pause:{pause_id}"
+        self._x.finishing = True
+        if not await self._write(engine.store.suspend_run(
+                self._x.fence, recorded, "waiting", None, wait_for, engine.clock.now())):
+            self._lost()
+        again = await engine.store.get_pause(pause_id)
+        if again is None or again.status != "pending":
+            now = engine.clock.now()
+            await engine.store.send_signal(self.run_id, wait_for, None, new_id(now), now)
+        raise Suspended("waiting", None)
 
     def _waited(self, output: Any, name: str) -> Any:
         if "timeout" in output:

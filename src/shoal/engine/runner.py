@@ -19,7 +19,7 @@ from shoal.clock import Clock
 from shoal.engine.context import Execution, RunContext, StoreWriteFailed, Suspended
 from shoal.engine.cron import CronTrigger
 from shoal.errors import LeaseLostError, NonDeterminismError
-from shoal.stores.base import Fence, Run, Settlement, Store
+from shoal.stores.base import Fence, Pause, Run, Settlement, Store
 
 log = logging.getLogger("shoal")
 
@@ -27,6 +27,7 @@ PRUNE_BATCH = 500   # finished runs deleted per poll at most
 
 WorkflowFn = Callable[[RunContext, Any], Awaitable[Any]]
 ErrorHandler = Callable[[BaseException], Any]
+PauseHandler = Callable[[Pause], Any]
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,8 @@ class Engine:
         max_queued: int | None,
         on_error: list[ErrorHandler],
         run_retention: float = 7 * 86400.0,
+        pause_retention: float = 86400.0,
+        on_pause_notify: list[PauseHandler] | None = None,
         crons: list[CronTrigger] | None = None,
         fire: Callable[[CronTrigger, float], Awaitable[None]] | None = None,
     ) -> None:
@@ -81,6 +84,8 @@ class Engine:
         self.workflows = workflows
         self.max_queued = max_queued
         self.run_retention = run_retention
+        self.pause_retention = pause_retention
+        self._on_pause_notify = on_pause_notify if on_pause_notify is not None else []
         self.crons = crons or []
         self._fire = fire
         self._on_error = on_error
@@ -166,6 +171,7 @@ class Engine:
         """One poll: renew local leases, recover expired or released claims, release held runs,
         then a scheduling pass."""
         await self._renew()
+        await self.tick()
         now = self.clock.now()
         for run in await self.store.recover_runs(self.namespace, now):
             log.info("run.recovered: %s %s -> %s", run.workflow, run.id, run.status,
@@ -175,7 +181,48 @@ class Engine:
         await self._pass()
         # retention, a bounded batch per poll: any instance may do it, the deletes are idempotent
         await self.store.prune_runs(self.namespace, now - self.run_retention, PRUNE_BATCH)
+        await self.store.prune_pauses(self.namespace, now - self.pause_retention, PRUNE_BATCH)
         self.last_poll_at = self.clock.now()
+
+    async def tick(self) -> None:
+        """Deny expired approvals (their runs become due) and send pending notifications."""
+        for pause in await self.store.expire_pauses(self.namespace, self.clock.now()):
+            log.info("pause.expired: %s of run %s", pause.id, pause.run_id,
+                     extra={"event": "pause.expired", "run_id": pause.run_id})
+        await self.notify_pauses()
+
+    def pause_created(self) -> None:
+        """A pause was just made here: announce it now rather than at the next poll."""
+        if self._on_pause_notify:
+            task = asyncio.create_task(self._notify_quietly())
+            self._timers.add(task)
+            task.add_done_callback(self._timers.discard)
+
+    async def _notify_quietly(self) -> None:
+        try:
+            await self.notify_pauses()
+        except Exception as e:
+            log.warning("pause.notify_failed: %s", e, extra={"event": "pause.notify_failed"})
+
+    async def notify_pauses(self) -> None:
+        """Call every on_pause_notify handler for each pause not yet announced; one taken by
+        this instance is not sent by another for a lease, and is sent again until every
+        handler returned without raising."""
+        if not self._on_pause_notify:
+            return
+        pauses = await self.store.claim_notifications(self.namespace, self.clock.now(),
+                                                      self.lease, 50)
+        for pause in pauses:
+            try:
+                for handler in self._on_pause_notify:
+                    result = handler(pause)
+                    if inspect.isawaitable(result):
+                        await result
+            except Exception as e:
+                log.warning("pause.notify_failed: %s of run %s: %s", pause.id, pause.run_id, e,
+                            extra={"event": "pause.notify_failed", "run_id": pause.run_id})
+                continue
+            await self.store.mark_notified(pause.id)
 
     async def _cron_loop(self, trigger: CronTrigger) -> None:
         """Fire the trigger's due tick (idempotent across instances), then sleep to the next."""

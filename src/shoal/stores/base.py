@@ -114,6 +114,25 @@ class Step:
 
 
 @dataclass(frozen=True)
+class Pause:
+    """A human decision a run waits for. ``status`` is ``pending`` until resolved exactly once;
+    ``decision`` is then ``{"approved": bool, "data": ..., "by": str|None, "reason": str|None}``."""
+
+    id: str
+    namespace: str
+    tenant: str
+    run_id: str
+    name: str
+    request: JSON
+    status: str
+    decision: JSON
+    created_at: float
+    expires_at: float | None
+    resolved_at: float | None
+    notified: bool
+
+
+@dataclass(frozen=True)
 class Settlement:
     """How an attempt ends. ``retry`` requeues the run at ``run_at`` with ``attempts + 1``."""
 
@@ -224,7 +243,7 @@ class Store(Protocol):
         fence: Fence,
         step: Step,
         status: Literal["sleeping", "waiting"],
-        run_at: float,
+        run_at: float | None,
         wait_for: str | None,
         now: float,
     ) -> bool:
@@ -261,6 +280,41 @@ class Store(Protocol):
 
     async def release_held(self, namespace: str, max_queued: int, now: float) -> int:
         """Release held runs, oldest first, while fewer than ``max_queued`` are queued."""
+
+    async def create_pause(self, fence: Fence, step: Step, pause: Pause, now: float) -> bool:
+        """Under ``fence``: insert the pending ``pause``, record the unfinished ``step`` and park
+        the run ``waiting`` for it (no deadline: expiry resolves the pause), dropping the claim."""
+
+    async def get_pause(self, pause_id: str) -> Pause | None:
+        """The pause, or None."""
+
+    async def resolve_pause(
+        self, pause_id: str, decision: JSON, now: float
+    ) -> tuple[Pause | None, bool]:
+        """Resolve a pending pause with ``decision`` and make its waiting run due at once.
+        Returns the pause and whether this call resolved it (invariant 6: exactly one call
+        does); ``(None, False)`` for an unknown id."""
+
+    async def list_pauses(
+        self, namespace: str, *, tenant: str | None = None, limit: int = 100
+    ) -> list[Pause]:
+        """Pending pauses of the namespace, oldest first."""
+
+    async def expire_pauses(self, namespace: str, now: float) -> list[Pause]:
+        """Resolve every pending pause with ``expires_at <= now`` as denied with reason
+        ``expired`` and make its run due; returns them."""
+
+    async def claim_notifications(
+        self, namespace: str, now: float, lease: float, limit: int
+    ) -> list[Pause]:
+        """Pauses not yet notified and not being notified by another instance (each is taken for
+        ``lease`` seconds), oldest first."""
+
+    async def mark_notified(self, pause_id: str) -> None:
+        """The pause's notification was sent."""
+
+    async def prune_pauses(self, namespace: str, before: float, limit: int) -> int:
+        """Delete up to ``limit`` pauses resolved before ``before``."""
 
     async def prune_runs(self, namespace: str, before: float, limit: int) -> int:
         """Delete up to ``limit`` final runs that finished before ``before``, with their steps

@@ -18,6 +18,7 @@ from shoal.stores.base import (
     KEY_HOLDING_STATUSES,
     Fence,
     NewRun,
+    Pause,
     Renewal,
     Run,
     RunStatus,
@@ -49,6 +50,8 @@ class MemoryStore:
         self._steps: dict[str, dict[int, Step]] = {}
         self._signals: list[_Signal] = []
         self._workflows: dict[tuple[str, str], JSON] = {}
+        self._pauses: dict[str, Pause] = {}
+        self._notifying: dict[str, float] = {}   # pause id -> taken until
         self._waiters: list[asyncio.Future[None]] = []
 
     async def open(self) -> None:
@@ -247,7 +250,7 @@ class MemoryStore:
         fence: Fence,
         step: Step,
         status: Literal["sleeping", "waiting"],
-        run_at: float,
+        run_at: float | None,
         wait_for: str | None,
         now: float,
     ) -> bool:
@@ -338,6 +341,10 @@ class MemoryStore:
         if r is None:
             return None
         if r.status in (_Q, RunStatus.SLEEPING, RunStatus.WAITING, RunStatus.INTERRUPTED):
+            for p in list(self._pauses.values()):
+                if p.run_id == run_id and p.status == "pending":
+                    self._pauses[p.id] = replace(p, status="resolved", resolved_at=now, decision={
+                        "approved": False, "data": None, "by": None, "reason": "cancelled"})
             r = replace(r, status=RunStatus.CANCELLED, cancel_requested=True, finished_at=now,
                         held=False, owner=None, lease_expires_at=None)
             self._touch()
@@ -358,6 +365,82 @@ class MemoryStore:
             self._runs[run_id] = r
             self._touch()
         return r
+
+    # -- pauses ------------------------------------------------------------------------------
+
+    async def create_pause(self, fence: Fence, step: Step, pause: Pause, now: float) -> bool:
+        r = self._holds(fence)
+        if r is None:
+            return False
+        self._pauses[pause.id] = copy.deepcopy(pause)
+        self._suspend(r, RunStatus.WAITING, None, f"shoal.pause:{pause.id}")
+        self._put_step(fence, step)
+        return True
+
+    async def get_pause(self, pause_id: str) -> Pause | None:
+        return copy.deepcopy(self._pauses.get(pause_id))
+
+    def _resolve(self, p: Pause, decision: JSON, now: float) -> Pause:
+        p = replace(p, status="resolved", decision=copy.deepcopy(decision), resolved_at=now)
+        self._pauses[p.id] = p
+        r = self._runs.get(p.run_id)
+        if r is not None and r.status == RunStatus.WAITING and r.wait_for == f"shoal.pause:{p.id}":
+            self._runs[r.id] = replace(r, run_at=now)
+            self._touch()
+        return copy.deepcopy(p)
+
+    async def resolve_pause(
+        self, pause_id: str, decision: JSON, now: float
+    ) -> tuple[Pause | None, bool]:
+        p = self._pauses.get(pause_id)
+        if p is None:
+            return None, False
+        if p.status != "pending":
+            return copy.deepcopy(p), False
+        return self._resolve(p, decision, now), True
+
+    async def list_pauses(
+        self, namespace: str, *, tenant: str | None = None, limit: int = 100
+    ) -> list[Pause]:
+        found = [p for p in self._pauses.values()
+                 if p.namespace == namespace and p.status == "pending"
+                 and (tenant is None or p.tenant == tenant)]
+        return copy.deepcopy(sorted(found, key=lambda p: (p.created_at, p.id))[:limit])
+
+    async def expire_pauses(self, namespace: str, now: float) -> list[Pause]:
+        expired = [p for p in self._pauses.values()
+                   if p.namespace == namespace and p.status == "pending"
+                   and p.expires_at is not None and p.expires_at <= now]
+        decision = {"approved": False, "data": None, "by": None, "reason": "expired"}
+        return [self._resolve(p, decision, now)
+                for p in sorted(expired, key=lambda p: (p.created_at, p.id))]
+
+    async def claim_notifications(
+        self, namespace: str, now: float, lease: float, limit: int
+    ) -> list[Pause]:
+        due = sorted((p for p in self._pauses.values()
+                      if p.namespace == namespace and not p.notified
+                      and self._notifying.get(p.id, float("-inf")) <= now),
+                     key=lambda p: (p.created_at, p.id))[:limit]
+        for p in due:
+            self._notifying[p.id] = now + lease
+        return copy.deepcopy(due)
+
+    async def mark_notified(self, pause_id: str) -> None:
+        p = self._pauses.get(pause_id)
+        if p is not None:
+            self._pauses[pause_id] = replace(p, notified=True)
+        self._notifying.pop(pause_id, None)
+
+    async def prune_pauses(self, namespace: str, before: float, limit: int) -> int:
+        old = sorted((p for p in self._pauses.values()
+                      if p.namespace == namespace and p.status == "resolved"
+                      and p.resolved_at is not None and p.resolved_at < before),
+                     key=lambda p: (p.resolved_at or 0.0, p.id))[:limit]
+        for p in old:
+            del self._pauses[p.id]
+            self._notifying.pop(p.id, None)
+        return len(old)
 
     async def prune_runs(self, namespace: str, before: float, limit: int) -> int:
         old = sorted((r for r in self._in(namespace)

@@ -27,6 +27,7 @@ from shoal.stores.base import (
     JSON,
     Fence,
     NewRun,
+    Pause,
     Renewal,
     Run,
     RunStatus,
@@ -371,7 +372,7 @@ class SQLiteStore:
         fence: Fence,
         step: Step,
         status: Literal["sleeping", "waiting"],
-        run_at: float,
+        run_at: float | None,
         wait_for: str | None,
         now: float,
     ) -> bool:
@@ -444,6 +445,8 @@ class SQLiteStore:
     async def cancel_run(self, run_id: str, now: float) -> Run | None:
         async with self._tx() as db:
             row = db.execute(_Q["cancel_now"], {"id": run_id, "now": now}).fetchone()
+            if row is not None:
+                db.execute(_Q["cancel_pauses_of_run"], {"run_id": run_id, "now": now})
             if row is None:
                 row = db.execute(_Q["cancel_request"], {"id": run_id}).fetchone()
             if row is None:
@@ -475,6 +478,93 @@ class SQLiteStore:
             if n <= 0:
                 return 0
             return db.execute(_Q["release_held"], {"namespace": namespace, "n": n}).rowcount
+
+    # -- pauses ------------------------------------------------------------------------------
+
+    async def create_pause(self, fence: Fence, step: Step, pause: Pause, now: float) -> bool:
+        async with self._tx() as db:
+            cur = db.execute(_Q["suspend"], {
+                "status": "waiting", "run_at": None, "wait_for": f"shoal.pause:{pause.id}",
+                "run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
+            })
+            if cur.rowcount != 1:
+                return False
+            db.execute(_Q["insert_pause"], {
+                "id": pause.id, "namespace": pause.namespace, "tenant": pause.tenant,
+                "run_id": pause.run_id, "name": pause.name,
+                "request": _json.dumps(pause.request), "created_at": pause.created_at,
+                "expires_at": pause.expires_at,
+            })
+            self._put_step(db, fence, step, now)
+            return True
+
+    async def get_pause(self, pause_id: str) -> Pause | None:
+        row = self._one(_Q["get_pause"], {"id": pause_id})
+        return None if row is None else _pause(row)
+
+    def _resolve(self, db: sqlite3.Connection, pause_id: str, decision: JSON,
+                 now: float) -> Pause | None:
+        row = db.execute(_Q["resolve_pause"], {"id": pause_id, "decision": _json.dumps(decision),
+                                               "now": now}).fetchone()
+        if row is None:
+            return None
+        db.execute(_Q["wake_paused"], {"run_id": row["run_id"], "now": now,
+                                       "wait_for": f"shoal.pause:{pause_id}"})
+        return _pause(row)
+
+    async def resolve_pause(
+        self, pause_id: str, decision: JSON, now: float
+    ) -> tuple[Pause | None, bool]:
+        async with self._tx() as db:
+            resolved = self._resolve(db, pause_id, decision, now)
+            if resolved is not None:
+                return resolved, True
+            row = db.execute(_Q["get_pause"], {"id": pause_id}).fetchone()
+            return (None if row is None else _pause(row)), False
+
+    async def list_pauses(
+        self, namespace: str, *, tenant: str | None = None, limit: int = 100
+    ) -> list[Pause]:
+        rows = self._db.execute(_Q["list_pauses"], {"namespace": namespace, "tenant": tenant,
+                                                    "limit": limit}).fetchall()
+        return [_pause(r) for r in rows]
+
+    async def expire_pauses(self, namespace: str, now: float) -> list[Pause]:
+        args = {"namespace": namespace, "now": now}
+        if self._one(_Q["expiring_pauses"], args) is None:
+            return []
+        decision = {"approved": False, "data": None, "by": None, "reason": "expired"}
+        out = []
+        async with self._tx() as db:
+            for row in db.execute(_Q["expiring_pauses"], args).fetchall():
+                resolved = self._resolve(db, row["id"], decision, now)
+                if resolved is not None:
+                    out.append(resolved)
+        return out
+
+    async def claim_notifications(
+        self, namespace: str, now: float, lease: float, limit: int
+    ) -> list[Pause]:
+        args = {"namespace": namespace, "now": now, "limit": limit}
+        if self._one(_Q["notification_candidates"], args) is None:
+            return []
+        out = []
+        async with self._tx() as db:
+            for row in db.execute(_Q["notification_candidates"], args).fetchall():
+                taken = db.execute(_Q["take_notification"], {"id": row["id"], "now": now,
+                                                             "until": now + lease}).fetchone()
+                if taken is not None:
+                    out.append(_pause(taken))
+        return out
+
+    async def mark_notified(self, pause_id: str) -> None:
+        async with self._tx() as db:
+            db.execute(_Q["mark_notified"], {"id": pause_id})
+
+    async def prune_pauses(self, namespace: str, before: float, limit: int) -> int:
+        async with self._tx() as db:
+            return db.execute(_Q["prune_pauses"], {"namespace": namespace, "before": before,
+                                                   "limit": limit}).rowcount
 
     async def prune_runs(self, namespace: str, before: float, limit: int) -> int:
         args = {"namespace": namespace, "before": before, "limit": limit}
@@ -515,6 +605,16 @@ def _statements(sql: str) -> list[str]:
     ):
         raise ConfigurationError(f"Incomplete SQL statement in a migration: {buf[:80]!r}")
     return out
+
+
+def _pause(row: sqlite3.Row) -> Pause:
+    return Pause(
+        id=row["id"], namespace=row["namespace"], tenant=row["tenant"], run_id=row["run_id"],
+        name=row["name"], request=_json.loads(row["request"]), status=row["status"],
+        decision=_json.loads(row["decision"]), created_at=row["created_at"],
+        expires_at=row["expires_at"], resolved_at=row["resolved_at"],
+        notified=bool(row["notified"]),
+    )
 
 
 def _run(row: sqlite3.Row) -> Run:

@@ -17,7 +17,7 @@ from shoal import _ids
 from shoal.app import App
 from shoal.engine.context import RunContext
 from shoal.errors import AdmissionRejectedError, LeaseLostError
-from shoal.stores.base import Fence, NewRun, Run, RunStatus, Settlement, Step, Store
+from shoal.stores.base import Fence, NewRun, Pause, Run, RunStatus, Settlement, Step, Store
 from shoal.testing import VirtualClock, settle
 
 T0 = 1_767_225_600.0
@@ -57,6 +57,19 @@ async def add(store: Store, *args: Any, **kwargs: Any) -> Run:
 async def claim(store: Store, owner: str = "a", now: float = T0, limit: int = 10,
                 workflows: tuple[str, ...] = ("wf", "other")) -> list[Run]:
     return await store.claim_runs(NS, list(workflows), owner, limit, LEASE, now)
+
+
+def new_pause(run: Run, now: float = T0, *, expires_in: float | None = 100.0,
+              name: str = "refund") -> Pause:
+    return Pause(
+        id=_ids.new_id(now), namespace=run.namespace, tenant=run.tenant, run_id=run.id,
+        name=name, request={"amount": 40}, status="pending", decision=None, created_at=now,
+        expires_at=None if expires_in is None else now + expires_in, resolved_at=None,
+        notified=False,
+    )
+
+
+APPROVED = {"approved": True, "data": {"note": "ok"}, "by": "ana", "reason": None}
 
 
 def fence(run: Run) -> Fence:
@@ -414,6 +427,85 @@ class StoreContract:
         assert nxt.id == held[0].id
         assert await store.release_held(NS, 5, T0 + 7) == 2
         assert [r.id for r in await claim(store, now=T0 + 7)] == [held[1].id, held[2].id]
+
+    # -- pauses ----------------------------------------------------------------------------
+
+    async def test_pause_parks_the_run_and_resolves_exactly_once(
+        self, store: Store, other: Store
+    ) -> None:
+        run = await add(store, key="k")
+        blocked = await add(store, T0 + 1, key="k")
+        [c] = await claim(store, limit=1)
+        pause = new_pause(c)
+        step = Step(1, "shoal.approval:refund", {"pause_id": pause.id}, False, 0)
+        assert await store.create_pause(fence(c), step, pause, T0 + 1)
+        r = await store.get_run(run.id)
+        assert r is not None and r.status == RunStatus.WAITING and r.owner is None
+        assert await claim(store, now=T0 + 50) == []          # no slot, and it keeps its key
+        assert [p.id for p in await other.list_pauses(NS)] == [pause.id]
+        got = await other.get_pause(pause.id)
+        assert got is not None and got.status == "pending" and got.request == {"amount": 40}
+        results = await asyncio.gather(
+            store.resolve_pause(pause.id, APPROVED, T0 + 2),
+            other.resolve_pause(pause.id, {**APPROVED, "approved": False}, T0 + 2))
+        assert sorted(won for _, won in results) == [False, True]
+        final = await store.get_pause(pause.id)
+        winner = next(p for p, won in results if won)
+        assert final is not None and final.status == "resolved"
+        assert final.decision == winner.decision and final.resolved_at == T0 + 2  # type: ignore[union-attr]
+        assert await store.list_pauses(NS) == []
+        [again] = await claim(store, now=T0 + 2)               # the run is due at once
+        assert again.id == run.id and again.attempts == 1
+        assert blocked.id != again.id
+        assert await store.resolve_pause("missing", APPROVED, T0) == (None, False)
+        assert not await store.create_pause(fence(c), step, new_pause(c), T0 + 3)  # old claim
+
+    async def test_pauses_expire_and_are_pruned(self, store: Store) -> None:
+        run = await add(store)
+        [c] = await claim(store)
+        pause = new_pause(c, expires_in=60)
+        assert await store.create_pause(fence(c), Step(1, "a", {}, False, 0), pause, T0)
+        assert await store.expire_pauses(NS, T0 + 59) == []
+        [expired] = await store.expire_pauses(NS, T0 + 60)
+        assert expired.id == pause.id and expired.decision["reason"] == "expired"
+        assert expired.decision["approved"] is False
+        assert await store.expire_pauses(NS, T0 + 61) == []
+        [c] = await claim(store, now=T0 + 60)
+        assert c.id == run.id
+        _, won = await store.resolve_pause(pause.id, APPROVED, T0 + 61)
+        assert not won
+        assert await store.prune_pauses(NS, T0 + 60, 10) == 0
+        assert await store.prune_pauses(NS, T0 + 61, 10) == 1
+        assert await store.get_pause(pause.id) is None
+
+    async def test_notifications_are_taken_by_one_instance_until_sent(
+        self, store: Store, other: Store
+    ) -> None:
+        await add(store)
+        [c] = await claim(store)
+        pause = new_pause(c, expires_in=None)
+        assert await store.create_pause(fence(c), Step(1, "a", {}, False, 0), pause, T0)
+        [taken] = await store.claim_notifications(NS, T0, 30.0, 10)
+        assert taken.id == pause.id and not taken.notified
+        assert await other.claim_notifications(NS, T0 + 29, 30.0, 10) == []
+        [retaken] = await other.claim_notifications(NS, T0 + 30, 30.0, 10)   # sender failed
+        assert retaken.id == pause.id
+        await other.mark_notified(pause.id)
+        assert await store.claim_notifications(NS, T0 + 100, 30.0, 10) == []
+        got = await store.get_pause(pause.id)
+        assert got is not None and got.notified
+
+    async def test_cancel_resolves_the_runs_pending_pause(self, store: Store) -> None:
+        run = await add(store)
+        [c] = await claim(store)
+        pause = new_pause(c)
+        assert await store.create_pause(fence(c), Step(1, "a", {}, False, 0), pause, T0)
+        cancelled = await store.cancel_run(run.id, T0 + 1)
+        assert cancelled is not None and cancelled.status == RunStatus.CANCELLED
+        got = await store.get_pause(pause.id)
+        assert got is not None and got.status == "resolved"
+        assert got.decision["reason"] == "cancelled"
+        assert await store.list_pauses(NS) == []
 
     # -- retention -------------------------------------------------------------------------
 

@@ -187,3 +187,56 @@ SET options = excluded.options, registered_at = excluded.registered_at;
 
 -- name: get_workflow
 SELECT options FROM workflows WHERE namespace = :namespace AND name = :name;
+
+-- name: insert_pause
+INSERT INTO pauses (id, namespace, tenant, run_id, name, request, status, created_at, expires_at)
+VALUES (:id, :namespace, :tenant, :run_id, :name, :request, 'pending', :created_at, :expires_at);
+
+-- name: get_pause
+SELECT * FROM pauses WHERE id = :id;
+
+-- name: resolve_pause
+UPDATE pauses SET status = 'resolved', decision = :decision, resolved_at = :now
+WHERE id = :id AND status = 'pending'
+RETURNING *;
+
+-- name: wake_paused
+UPDATE runs SET run_at = :now
+WHERE id = :run_id AND status = 'waiting' AND wait_for = :wait_for;
+
+-- name: list_pauses
+SELECT * FROM pauses INDEXED BY pauses_pending
+WHERE namespace = :namespace AND status = 'pending' AND (:tenant IS NULL OR tenant = :tenant)
+ORDER BY created_at, id
+LIMIT :limit;
+
+-- name: expiring_pauses
+SELECT id FROM pauses INDEXED BY pauses_expiring
+WHERE namespace = :namespace AND status = 'pending' AND expires_at <= :now
+ORDER BY expires_at, id;
+
+-- name: notification_candidates
+SELECT id FROM pauses INDEXED BY pauses_unnotified
+WHERE namespace = :namespace AND notified = 0 AND (notify_until IS NULL OR notify_until <= :now)
+ORDER BY created_at, id
+LIMIT :limit;
+
+-- name: take_notification
+UPDATE pauses SET notify_until = :until
+WHERE id = :id AND notified = 0 AND (notify_until IS NULL OR notify_until <= :now)
+RETURNING *;
+
+-- name: mark_notified
+UPDATE pauses SET notified = 1, notify_until = NULL WHERE id = :id;
+
+-- name: cancel_pauses_of_run
+UPDATE pauses SET status = 'resolved', resolved_at = :now,
+    decision = '{"approved":false,"data":null,"by":null,"reason":"cancelled"}'
+WHERE run_id = :run_id AND status = 'pending';
+
+-- name: prune_pauses
+DELETE FROM pauses WHERE id IN (
+    SELECT id FROM pauses INDEXED BY pauses_resolved
+    WHERE namespace = :namespace AND status = 'resolved' AND resolved_at < :before
+    ORDER BY resolved_at, id
+    LIMIT :limit);
