@@ -38,6 +38,7 @@ from shoal.stores.base import (
     JSON,
     Fence,
     NewRun,
+    Pause,
     Renewal,
     Run,
     RunStatus,
@@ -473,7 +474,7 @@ class PostgresStore:
         fence: Fence,
         step: Step,
         status: Literal["sleeping", "waiting"],
-        run_at: float,
+        run_at: float | None,
         wait_for: str | None,
         now: float,
     ) -> bool:
@@ -577,6 +578,80 @@ class PostgresStore:
             cur = await conn.execute(_Q["release_held"], {"namespace": namespace, "n": n,
                                                           "channel": self.channel})
             return len(await cur.fetchall())
+
+    # -- pauses ----------------------------------------------------------------------------
+
+    async def create_pause(self, fence: Fence, step: Step, pause: Pause, now: float) -> bool:
+        args = {**self._step_args(fence, step, now), "wait_for": _pause_wait(pause.id),
+                "pause_id": pause.id, "namespace": pause.namespace, "tenant": pause.tenant,
+                "pause_name": pause.name, "request": _json.dumps(pause.request),
+                "created_at": pause.created_at, "expires_at": pause.expires_at}
+        row = await self._retry(lambda: self._one(_Q["park_on_pause"], args))
+        return row is not None and row["held"] == 1
+
+    async def get_pause(self, pause_id: str) -> Pause | None:
+        row = await self._one(_Q["get_pause"], {"id": pause_id})
+        return None if row is None else _pause(row)
+
+    async def resolve_pause(
+        self, pause_id: str, decision: JSON, now: float
+    ) -> tuple[Pause | None, bool]:
+        return await self._retry(lambda: self._resolve_pause(pause_id, decision, now))
+
+    async def _resolve_pause(
+        self, pause_id: str, decision: JSON, now: float
+    ) -> tuple[Pause | None, bool]:
+        async with self._connection() as conn, conn.transaction():
+            # the run row first: a resolution racing the park or a cancel waits for it
+            await conn.execute(_Q["lock_pause_run"], {"id": pause_id})
+            row = await (await conn.execute(_Q["resolve_pause"], {
+                "id": pause_id, "decision": _json.dumps(decision), "now": now,
+                "channel": self.channel})).fetchone()
+            if row is not None:
+                return _pause(row), True
+            # unknown, or resolved already (by another call: exactly one wins)
+            row = await (await conn.execute(_Q["get_pause"], {"id": pause_id})).fetchone()
+            return (None if row is None else _pause(row)), False
+
+    async def list_pauses(
+        self, namespace: str, *, tenant: str | None = None, limit: int = 100
+    ) -> list[Pause]:
+        rows = await self._all(_Q["list_pauses"], {"namespace": namespace, "tenant": tenant,
+                                                   "limit": limit})
+        return [_pause(r) for r in rows]
+
+    async def expire_pauses(self, namespace: str, now: float) -> list[Pause]:
+        args: dict[str, Any] = {"namespace": namespace, "now": now}
+        # one cheap statement on every poll; a transaction only when something has expired
+        if await self._one(_Q["expiring_pauses"], args) is None:
+            return []
+        return await self._retry(lambda: self._expire_pauses(args))
+
+    async def _expire_pauses(self, args: dict[str, Any]) -> list[Pause]:
+        async with self._connection() as conn, conn.transaction():
+            locked = await (await conn.execute(_Q["lock_expiring_runs"], args)).fetchall()
+            if not locked:
+                return []
+            rows = await (await conn.execute(_Q["expire_pauses"], {
+                **args, "run_ids": [r["id"] for r in locked], "decision": _json.dumps(_EXPIRED),
+                "channel": self.channel})).fetchall()
+            return [_pause(r) for r in rows]
+
+    async def claim_notifications(
+        self, namespace: str, now: float, lease: float, limit: int
+    ) -> list[Pause]:
+        if limit <= 0:
+            return []
+        rows = await self._retry(lambda: self._all(_Q["claim_notifications"], {
+            "namespace": namespace, "now": now, "until": now + lease, "limit": limit}))
+        return sorted((_pause(r) for r in rows), key=lambda p: (p.created_at, p.id))
+
+    async def mark_notified(self, pause_id: str) -> None:
+        await self._retry(lambda: self._all(_Q["mark_notified"], {"id": pause_id}, fetch=False))
+
+    async def prune_pauses(self, namespace: str, before: float, limit: int) -> int:
+        args = {"namespace": namespace, "before": before, "limit": limit}
+        return len(await self._retry(lambda: self._all(_Q["prune_pauses"], args)))
 
     async def prune_runs(self, namespace: str, before: float, limit: int) -> int:
         args = {"namespace": namespace, "before": before, "limit": limit}
@@ -703,6 +778,23 @@ def _with_query(url: str, options: dict[str, str]) -> str:
     parts = urlsplit(url)
     pairs = [*parse_qsl(parts.query, keep_blank_values=True), *options.items()]
     return urlunsplit(parts._replace(query=urlencode(pairs)))
+
+
+_EXPIRED = {"approved": False, "data": None, "by": None, "reason": "expired"}
+
+
+def _pause_wait(pause_id: str) -> str:
+    """What a run parked on a pause waits for (``Run.wait_for``)."""
+    return f"shoal.pause:{pause_id}"
+
+
+def _pause(row: DictRow) -> Pause:
+    return Pause(
+        id=row["id"], namespace=row["namespace"], tenant=row["tenant"], run_id=row["run_id"],
+        name=row["name"], request=_json.loads(row["request"]), status=row["status"],
+        decision=_json.loads(row["decision"]), created_at=row["created_at"],
+        expires_at=row["expires_at"], resolved_at=row["resolved_at"], notified=row["notified"],
+    )
 
 
 def _run(row: DictRow) -> Run:

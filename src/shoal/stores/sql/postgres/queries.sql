@@ -259,18 +259,32 @@ WHERE r.id = due.id
 RETURNING r.*, pg_notify(%(channel)s, '') AS notified;
 
 -- name: cancel
--- Queued, sleeping, waiting or interrupted: cancelled at once. Running: asked of its owner.
-UPDATE runs
-SET status = CASE WHEN status = 'running' THEN status ELSE 'cancelled' END,
-    cancel_requested = true,
-    finished_at = CASE WHEN status = 'running' THEN finished_at ELSE %(now)s END,
-    held = CASE WHEN status = 'running' THEN held ELSE false END,
-    owner = CASE WHEN status = 'running' THEN owner END,
-    lease_expires_at = CASE WHEN status = 'running' THEN lease_expires_at END
-WHERE id = %(id)s AND status IN ('queued', 'running', 'sleeping', 'waiting', 'interrupted')
-RETURNING *,
+-- Queued, sleeping, waiting or interrupted: cancelled at once, and the run's pending pauses are
+-- resolved as cancelled (the run row is locked first, as resolve_pause locks it). Running: asked
+-- of its owner.
+WITH cancelled AS (
+    UPDATE runs
+    SET status = CASE WHEN status = 'running' THEN status ELSE 'cancelled' END,
+        cancel_requested = true,
+        finished_at = CASE WHEN status = 'running' THEN finished_at ELSE %(now)s END,
+        held = CASE WHEN status = 'running' THEN held ELSE false END,
+        owner = CASE WHEN status = 'running' THEN owner END,
+        lease_expires_at = CASE WHEN status = 'running' THEN lease_expires_at END
+    WHERE id = %(id)s AND status IN ('queued', 'running', 'sleeping', 'waiting', 'interrupted')
+    RETURNING *
+), unpaused AS (
+    UPDATE pauses SET status = 'resolved', resolved_at = %(now)s,
+        decision = '{"approved":false,"data":null,"by":null,"reason":"cancelled"}'
+    FROM cancelled
+    WHERE pauses.run_id = cancelled.id AND cancelled.status = 'cancelled'
+      AND pauses.status = 'pending'
+    RETURNING pauses.id
+)
+SELECT cancelled.*,
     -- a cancelled run may free a concurrency key (or an admission place)
-    CASE WHEN status = 'cancelled' THEN pg_notify(%(channel)s, '') END AS notified;
+    CASE WHEN cancelled.status = 'cancelled' THEN pg_notify(%(channel)s, '') END AS notified,
+    (SELECT count(*) FROM unpaused) AS unpaused
+FROM cancelled;
 
 -- name: lock_run
 -- Taken by send_signal before it looks at the run: wait_signal holds the same lock while it
@@ -324,4 +338,126 @@ WITH old AS (
     DELETE FROM signals WHERE run_id IN (SELECT id FROM old)
 )
 DELETE FROM runs WHERE id IN (SELECT id FROM old)
+RETURNING id;
+
+-- name: park_on_pause
+-- Under the fence, one statement: park the run waiting for the pause (no deadline: expiry
+-- resolves the pause), record the unfinished step and insert the pending pause. The pause is
+-- visible only with the run parked, so a resolution always finds the run waiting for it.
+WITH fenced AS (
+    UPDATE runs
+    SET status = 'waiting', run_at = NULL, wait_for = %(wait_for)s, owner = NULL,
+        lease_expires_at = NULL
+    WHERE id = %(run_id)s AND owner = %(owner)s AND lease_epoch = %(epoch)s
+      AND status = 'running'
+    RETURNING id
+), put AS (
+    INSERT INTO steps (run_id, seq, name, output, finished, epoch, finished_at)
+    SELECT fenced.id, %(seq)s::integer, %(name)s::text, %(output)s::text, %(finished)s::boolean,
+           %(epoch)s::bigint, %(finished_at)s::double precision
+    FROM fenced
+    ON CONFLICT (run_id, seq) DO UPDATE
+    SET name = excluded.name, output = excluded.output, finished = excluded.finished,
+        epoch = excluded.epoch, finished_at = excluded.finished_at
+    WHERE NOT steps.finished
+), paused AS (
+    INSERT INTO pauses (id, namespace, tenant, run_id, name, request, status, created_at,
+                        expires_at)
+    SELECT %(pause_id)s, %(namespace)s, %(tenant)s, fenced.id, %(pause_name)s, %(request)s,
+           'pending', %(created_at)s, %(expires_at)s
+    FROM fenced
+)
+SELECT count(*) AS held FROM fenced;
+
+-- name: get_pause
+SELECT * FROM pauses WHERE id = %(id)s;
+
+-- name: lock_pause_run
+-- Taken by resolve_pause before it resolves: the run row is always locked before its pauses
+-- (as cancel does), so a resolution racing a park or a cancellation waits for it.
+SELECT id FROM runs WHERE id = (SELECT run_id FROM pauses WHERE id = %(id)s) FOR UPDATE;
+
+-- name: resolve_pause
+-- Exactly once: only a pending pause is resolved; its run, waiting for it, is due at once.
+WITH resolved AS (
+    UPDATE pauses SET status = 'resolved', decision = %(decision)s, resolved_at = %(now)s
+    WHERE id = %(id)s AND status = 'pending'
+    RETURNING *
+), woken AS (
+    UPDATE runs SET run_at = %(now)s
+    FROM resolved
+    WHERE runs.id = resolved.run_id AND runs.status = 'waiting'
+      AND runs.wait_for = 'shoal.pause:' || resolved.id
+    RETURNING runs.id, pg_notify(%(channel)s, '') AS notified
+)
+SELECT resolved.*, (SELECT count(*) FROM woken) AS woken FROM resolved;
+
+-- name: list_pauses
+SELECT * FROM pauses
+WHERE namespace = %(namespace)s AND status = 'pending'
+  AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
+ORDER BY created_at, id
+LIMIT %(limit)s;
+
+-- name: expiring_pauses
+SELECT 1 AS due FROM pauses
+WHERE namespace = %(namespace)s AND status = 'pending' AND expires_at <= %(now)s
+LIMIT 1;
+
+-- name: lock_expiring_runs
+-- The runs of the expired pauses, locked in id order (two instances expiring at once never wait
+-- for each other in a cycle) before their pauses, as resolve_pause and cancel lock them.
+SELECT id FROM runs
+WHERE id IN (SELECT run_id FROM pauses
+             WHERE namespace = %(namespace)s AND status = 'pending' AND expires_at <= %(now)s)
+ORDER BY id
+FOR UPDATE;
+
+-- name: expire_pauses
+-- Only pauses whose run this transaction locked; one that another instance resolved meanwhile is
+-- no longer pending and stays as it is.
+WITH resolved AS (
+    UPDATE pauses SET status = 'resolved', decision = %(decision)s, resolved_at = %(now)s
+    WHERE namespace = %(namespace)s AND status = 'pending' AND expires_at <= %(now)s
+      AND run_id = ANY(%(run_ids)s::text[])
+    RETURNING *
+), woken AS (
+    UPDATE runs SET run_at = %(now)s
+    FROM resolved
+    WHERE runs.id = resolved.run_id AND runs.status = 'waiting'
+      AND runs.wait_for = 'shoal.pause:' || resolved.id
+    RETURNING runs.id, pg_notify(%(channel)s, '') AS notified
+)
+SELECT resolved.*, (SELECT count(*) FROM woken) AS woken FROM resolved
+ORDER BY resolved.created_at, resolved.id;
+
+-- name: claim_notifications
+-- Each pause is taken by one instance for the lease: rows another instance is taking right now
+-- are skipped, and a taken row is offered again once its lease has passed (the sender failed).
+WITH due AS (
+    SELECT id FROM pauses
+    WHERE namespace = %(namespace)s AND NOT notified
+      AND (notify_until IS NULL OR notify_until <= %(now)s)
+    ORDER BY created_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE pauses SET notify_until = %(until)s
+FROM due
+WHERE pauses.id = due.id
+RETURNING pauses.*;
+
+-- name: mark_notified
+UPDATE pauses SET notified = true, notify_until = NULL WHERE id = %(id)s;
+
+-- name: prune_pauses
+-- A bounded batch of the oldest resolved pauses; those another instance is pruning are skipped.
+WITH old AS (
+    SELECT id FROM pauses
+    WHERE namespace = %(namespace)s AND status = 'resolved' AND resolved_at < %(before)s
+    ORDER BY resolved_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM pauses WHERE id IN (SELECT id FROM old)
 RETURNING id;
