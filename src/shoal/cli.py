@@ -28,9 +28,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from shoal.app import App
-from shoal.errors import ShoalError, UnknownRunError
+from shoal.errors import ShoalError, UnknownPauseError, UnknownRunError
 from shoal.stores import mask_url, open_store
-from shoal.stores.base import Run, RunStatus, Step, Store
+from shoal.stores.base import Pause, Run, RunStatus, Step, Store
 
 DEFAULT_STORE = "sqlite:///shoal.db"
 T = TypeVar("T")
@@ -398,6 +398,104 @@ def signal(ctx: click.Context, run_id: str, name: str, payload: str | None,
     if found.status.final:
         click.echo(f"Note: run {run_id} has already ended; no one will receive this signal.",
                    err=True)
+
+
+# -- approvals -------------------------------------------------------------------------------
+
+
+@cli.command(short_help="List the pauses waiting for a decision.")
+@click.option("--tenant", default=None, help="Only pauses of this tenant.")
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(min=1))
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@_target_options
+@click.pass_context
+def pauses(ctx: click.Context, tenant: str | None, limit: int, as_json: bool,
+           store_override: str | None, namespace_override: str | None) -> None:
+    """The pending pauses (approvals) of a namespace, oldest first; answer one with
+    'shoal approve PAUSE_ID' or 'shoal deny PAUSE_ID'."""
+    target = _target(ctx, store_override, namespace_override)
+    if target.namespace is None:
+        raise click.ClickException(
+            "Which namespace? Give --namespace/-n NAME (or set SHOAL_NAMESPACE).")
+    namespace = target.namespace
+
+    async def read() -> list[Pause]:
+        async with _opened_store(target.store) as store:
+            app = App(namespace, store=store)
+            async with app.open():
+                return await app.pending_pauses(tenant=tenant, limit=limit)
+
+    found = _run_async(read())
+    if as_json:
+        for p in found:
+            click.echo(json.dumps(dataclasses.asdict(p), ensure_ascii=False))
+        return
+    if not found:
+        click.echo(f"No pending pauses in namespace {namespace!r}.")
+        return
+    table = Table(title=f"pending pauses of {namespace!r}", title_justify="left")
+    for column in ("pause", "run", "name", "request", "created", "expires"):
+        table.add_column(column, overflow="fold")
+    for p in found:
+        table.add_row(p.id, p.run_id, escape(p.name), escape(_json_text(p.request, 120)),
+                      _when(p.created_at), _when(p.expires_at))
+    _console().print(table)
+
+
+def _answer(ctx: click.Context, pause_id: str, approved: bool, data: str | None,
+            by: str | None, store_override: str | None, namespace_override: str | None) -> None:
+    target = _target(ctx, store_override, namespace_override)
+    value: Any = None
+    if data is not None:
+        try:
+            value = json.loads(data)
+        except json.JSONDecodeError as e:
+            raise click.ClickException(
+                f"--data is not JSON ({e.msg} at column {e.colno}): {data!r}.") from None
+
+    async def answer() -> Pause:
+        async with _opened_store(target.store) as store:
+            namespace = target.namespace
+            if namespace is None:
+                found = await store.get_pause(pause_id)
+                if found is None:
+                    raise UnknownPauseError(f"No pause with id {pause_id!r}.")
+                namespace = found.namespace
+            app = App(namespace, store=store)
+            async with app.open():
+                return await app.resume(pause_id, approved=approved, data=value, by=by)
+
+    resolved = _run_async(answer())
+    verb = "Approved" if approved else "Denied"
+    click.echo(f"{verb} pause {pause_id} ({resolved.name!r} of run {resolved.run_id}); the run "
+               f"continues on any instance.")
+
+
+def _answer_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option("--by", default=None, metavar="NAME", help="Who decided.")(fn)
+    fn = click.option("--data", default=None, metavar="JSON",
+                      help="A JSON value given to the run with the decision.")(fn)
+    return click.argument("pause_id")(fn)
+
+
+@cli.command(short_help="Approve a pause: its run continues with approved=True.")
+@_answer_options
+@_target_options
+@click.pass_context
+def approve(ctx: click.Context, pause_id: str, data: str | None, by: str | None,
+            store_override: str | None, namespace_override: str | None) -> None:
+    """Approve pause PAUSE_ID (exactly one answer wins; a second gets an error)."""
+    _answer(ctx, pause_id, True, data, by, store_override, namespace_override)
+
+
+@cli.command(short_help="Deny a pause: its run continues with approved=False.")
+@_answer_options
+@_target_options
+@click.pass_context
+def deny(ctx: click.Context, pause_id: str, data: str | None, by: str | None,
+         store_override: str | None, namespace_override: str | None) -> None:
+    """Deny pause PAUSE_ID (exactly one answer wins; a second gets an error)."""
+    _answer(ctx, pause_id, False, data, by, store_override, namespace_override)
 
 
 # -- migrate ---------------------------------------------------------------------------------
