@@ -23,6 +23,7 @@ import shoal.testing
 import shoal.testing.contract
 from shoal.errors import ConfigurationError, StoreUnavailableError
 from shoal.stores import mask_url, open_store
+from shoal.stores._sqlfiles import migrations
 from shoal.stores.base import Fence, RunStatus, Settlement, Step, Store
 from shoal.stores.postgres import PostgresStore
 from shoal.testing.contract import NS, T0, StoreContract, add, claim, fence, new_run
@@ -143,9 +144,10 @@ async def test_migrations_from_several_instances_at_once(schema: str) -> None:
     stores = [PostgresStore.from_url(_url(schema)) for _ in range(4)]
     try:
         await asyncio.gather(*(s.open() for s in stores))
-        assert {await s.migrate() for s in stores} == {1}
-        rows = await stores[0]._all("SELECT version FROM shoal_migrations", {})
-        assert [r["version"] for r in rows] == [1]
+        versions = [number for number, _, _ in migrations("postgres")]
+        assert {await s.migrate() for s in stores} == {versions[-1]}
+        rows = await stores[0]._all("SELECT version FROM shoal_migrations ORDER BY version", {})
+        assert [r["version"] for r in rows] == versions
     finally:
         for s in stores:
             await s.close()
