@@ -263,6 +263,7 @@ class App:
             workflows=self._workflows, max_queued=self.max_queued, on_error=self._on_error,
             run_retention=self.run_retention, pause_retention=self.pause_retention,
             on_pause_notify=self._on_pause_notify, crons=list(self._crons.values()),
+            dispatch_child=self._dispatch_child,
             fire=self._fire_cron,
         )
         self._engine.start()
@@ -371,6 +372,33 @@ class App:
         this (tenant, workflow), return that run instead. Raises ``TypeError`` for input that is
         not JSON and ``UnknownWorkflowError`` for a name no instance registered; nothing is
         stored then."""
+        return await self._dispatch(
+            workflow, input, idempotency_key=idempotency_key, concurrency_key=concurrency_key,
+            priority=priority, tenant=tenant, delay=delay, max_attempts=max_attempts)
+
+    async def _dispatch_child(self, parent: Run, workflow: Any, input: Any, key: str,
+                              options: dict[str, Any]) -> Run:
+        allowed = {"priority", "delay", "max_attempts", "concurrency_key"}
+        unknown = set(options) - allowed
+        if unknown:
+            raise TypeError(f"start_child got unknown options {sorted(unknown)}; it takes "
+                            f"{sorted(allowed)}")
+        return await self._dispatch(workflow, input, idempotency_key=key, tenant=parent.tenant,
+                                    parent=parent, **options)
+
+    async def _dispatch(
+        self,
+        workflow: Workflow[Any] | WorkflowFunction | str,
+        input: Any,
+        *,
+        idempotency_key: str | None = None,
+        concurrency_key: str | None = None,
+        priority: int | None = None,
+        tenant: str = "default",
+        delay: float | None = None,
+        max_attempts: int | None = None,
+        parent: Run | None = None,
+    ) -> Run:
         name = self._workflow_name(workflow)
         _json.check_json(input, "input")
         for what, value in (("idempotency_key", idempotency_key),
@@ -409,7 +437,9 @@ class App:
             created_at=now, run_at=now + (delay or 0.0),
             max_attempts=max_attempts or int(options.get("max_attempts", 3)),
             concurrency_key=concurrency_key, idempotency_key=idempotency_key,
-            version=self.version, root_id=run_id,
+            version=self.version,
+            parent_id=None if parent is None else parent.id,
+            root_id=run_id if parent is None else parent.root_id,
         )
         run, created = await self.store.create_run(new, max_queued=self.max_queued,
                                                    admission=self.admission)
@@ -487,8 +517,7 @@ class App:
         if run is None or run.namespace != self.namespace:
             raise UnknownRunError(run_id)
         if self._engine is not None:
-            if run.status == RunStatus.RUNNING:
-                self._engine.cancel_local(run_id)
+            self._engine.cancel_local(run_id)    # and its tree's runs executing here
             self._engine.kick()
         return run
 

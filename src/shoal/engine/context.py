@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from shoal import _json
 from shoal._ids import new_id
-from shoal.errors import LeaseLostError, NonDeterminismError
+from shoal.errors import LeaseLostError, NonDeterminismError, RunCancelledError, RunFailedError
 from shoal.stores.base import Fence, Pause, Run, Step
 
 if TYPE_CHECKING:
@@ -74,6 +74,56 @@ class Decision:
     reason: str | None = None
 
 
+class Tree:
+    """State shared by every run of one request (a root run and its children, any depth, on any
+    instance), removed when the root ends. Each call is a checkpointed step, so a replay gets
+    the answer the first execution got."""
+
+    def __init__(self, ctx: RunContext) -> None:
+        self._ctx = ctx
+
+    async def save_if_absent(self, key: str, value: Any) -> bool:
+        """Store ``value`` under ``key`` unless the key is taken: of several runs racing for one
+        key exactly one gets True. Build keys from identifiers, never from free text."""
+        _json.check_json(value, f"the value of tree key {key!r}")
+        ctx = self._ctx
+        engine = ctx._engine
+
+        async def save() -> bool:
+            claimant = ctx.step_key or ctx.run_id
+            return await engine.store.save_tree_key(ctx.root_id, key, value, claimant,
+                                                    engine.clock.now())
+
+        return bool(await ctx.step(f"shoal.tree.save_if_absent:{key}", save))
+
+    async def get(self, key: str) -> Any:
+        """The value under ``key``, or None."""
+        ctx = self._ctx
+        engine = ctx._engine
+
+        async def read() -> Any:
+            return await engine.store.get_tree_key(ctx.root_id, key)
+
+        return await ctx.step(f"shoal.tree.get:{key}", read)
+
+
+class ChildRun:
+    """A child run started by ``ctx.start_child``. ``await child.result()`` parks the parent,
+    holding no slot, until the child ends."""
+
+    def __init__(self, ctx: RunContext, run_id: str) -> None:
+        self._ctx = ctx
+        self.id = run_id
+
+    def __repr__(self) -> str:
+        return f"<shoal.ChildRun {self.id}>"
+
+    async def result(self) -> Any:
+        """The child's output; raises ``RunFailedError`` or ``RunCancelledError`` as
+        ``app.result`` does."""
+        return await self._ctx._child_result(self.id)
+
+
 class StoreWriteFailed(BaseException):
     """A checkpoint or suspend write failed in the store (not fenced out: unreachable, locked).
     A BaseException, so the workflow cannot mistake it for its own error and retry around it."""
@@ -118,6 +168,7 @@ class RunContext:
         self.lease_epoch: int = run.lease_epoch
         self.signal = AbortSignal()
         self.step_key: str | None = None
+        self.tree = Tree(self)
 
     def _next(self, name: str) -> tuple[int, Step | None]:
         self._x.seq += 1
@@ -304,6 +355,47 @@ class RunContext:
             now = engine.clock.now()
             await engine.store.send_signal(self.run_id, wait_for, None, new_id(now), now)
         raise Suspended("waiting", None)
+
+    async def start_child(self, workflow: Any, input: Any = None, **options: Any) -> ChildRun:
+        """Start a run of ``workflow`` (a registered workflow or its name) in this run's tree:
+        same root and tenant, this run as parent. Checkpointed: a replay gets the same child,
+        never a second one. ``options`` are those of ``app.dispatch`` (priority, delay, ...)."""
+        engine = self._engine
+        seq_hint = self._x.seq + 1
+
+        async def start() -> str:
+            child = await engine.start_child(self._x.run, workflow, input,
+                                             f"child:{self.run_id}:{seq_hint}", options)
+            return child.id
+
+        name = workflow if isinstance(workflow, str) else getattr(workflow, "name", "?")
+        child_id = await self.step(f"shoal.start_child:{name}", start)
+        return ChildRun(self, str(child_id))
+
+    async def _child_result(self, child_id: str) -> Any:
+        step_name = f"shoal.child:{child_id}"
+        seq, recorded = self._next(step_name)
+        if recorded is None or not recorded.finished:
+            engine = self._engine
+            pending = Step(seq, step_name, {"child": child_id}, False, self._x.fence.epoch)
+            self._x.finishing = True
+            child = await self._write(engine.store.wait_child(self._x.fence, pending, child_id,
+                                                              engine.clock.now()))
+            if child is None:
+                self._lost()
+            if not child.status.final:
+                raise Suspended("waiting", None)
+            self._x.finishing = False
+            recorded = Step(seq, step_name, {"status": child.status.value,
+                                             "output": child.output, "error": child.error},
+                            True, self._x.fence.epoch)
+            self._x.steps[seq] = recorded
+        out = recorded.output
+        if out["status"] == "failed":
+            raise RunFailedError(child_id, out["error"])
+        if out["status"] == "cancelled":
+            raise RunCancelledError(child_id)
+        return copy.deepcopy(out["output"])
 
     def _waited(self, output: Any, name: str) -> Any:
         if "timeout" in output:

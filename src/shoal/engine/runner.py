@@ -28,6 +28,7 @@ PRUNE_BATCH = 500   # finished runs deleted per poll at most
 WorkflowFn = Callable[[RunContext, Any], Awaitable[Any]]
 ErrorHandler = Callable[[BaseException], Any]
 PauseHandler = Callable[[Pause], Any]
+ChildDispatcher = Callable[[Run, Any, Any, str, dict[str, Any]], Awaitable[Run]]
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class Engine:
         on_pause_notify: list[PauseHandler] | None = None,
         crons: list[CronTrigger] | None = None,
         fire: Callable[[CronTrigger, float], Awaitable[None]] | None = None,
+        dispatch_child: ChildDispatcher | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
@@ -88,6 +90,7 @@ class Engine:
         self._on_pause_notify = on_pause_notify if on_pause_notify is not None else []
         self.crons = crons or []
         self._fire = fire
+        self._dispatch_child = dispatch_child
         self._on_error = on_error
         self._local: dict[str, Execution] = {}
         self._accepting = False
@@ -190,6 +193,13 @@ class Engine:
             log.info("pause.expired: %s of run %s", pause.id, pause.run_id,
                      extra={"event": "pause.expired", "run_id": pause.run_id})
         await self.notify_pauses()
+
+    async def start_child(self, parent: Run, workflow: Any, input: Any, key: str,
+                          options: dict[str, Any]) -> Run:
+        """Dispatch a run in ``parent``'s tree, idempotently under ``key``."""
+        if self._dispatch_child is None:
+            raise RuntimeError("this engine cannot start child runs")
+        return await self._dispatch_child(parent, workflow, input, key, options)
 
     def pause_created(self) -> None:
         """A pause was just made here: announce it now rather than at the next poll."""
@@ -296,10 +306,11 @@ class Engine:
                 self._abort(x, "cancel", asyncio.CancelledError("the run was cancelled"))
 
     def cancel_local(self, run_id: str) -> None:
-        """Abort a local execution at once after its cancel was requested."""
-        x = self._local.get(run_id)
-        if x is not None:
-            self._abort(x, "cancel", asyncio.CancelledError("the run was cancelled"))
+        """After a cancel was requested: abort at once the run's local execution, and those of
+        its tree when it is a root."""
+        for x in list(self._local.values()):
+            if x.run.id == run_id or x.run.root_id == run_id:
+                self._abort(x, "cancel", asyncio.CancelledError("the run was cancelled"))
 
     def _abort(self, x: Execution, why: str, reason: BaseException) -> None:
         if x.abort is not None:

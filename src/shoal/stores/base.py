@@ -270,7 +270,8 @@ class Store(Protocol):
 
     async def cancel_run(self, run_id: str, now: float) -> Run | None:
         """Cancel a queued/sleeping/waiting/interrupted run at once; mark a running one
-        ``cancel_requested`` for its owner. None for an unknown id; a final run is unchanged."""
+        ``cancel_requested`` for its owner. None for an unknown id; a final run is unchanged.
+        Cancelling a root run cancels every unfinished run of its tree the same way."""
 
     async def send_signal(
         self, run_id: str, name: str, payload: JSON, signal_id: str, now: float
@@ -315,6 +316,22 @@ class Store(Protocol):
 
     async def prune_pauses(self, namespace: str, before: float, limit: int) -> int:
         """Delete up to ``limit`` pauses resolved before ``before``."""
+
+    async def save_tree_key(
+        self, root_id: str, key: str, value: JSON, claimant: str, now: float
+    ) -> bool:
+        """Keep ``value`` under ``key`` of the run tree ``root_id`` if the key is absent; True
+        when this call stored it, or when ``claimant`` stored it before (a re-executed step gets
+        its own answer again). Keys go when the root run ends."""
+
+    async def get_tree_key(self, root_id: str, key: str) -> JSON:
+        """The value under ``key`` of the tree ``root_id``, or None."""
+
+    async def wait_child(self, fence: Fence, step: Step, child_id: str, now: float) -> Run | None:
+        """Under ``fence``: if the child run has ended, record ``step`` finished with output
+        ``{"status", "output", "error"}`` of the child; otherwise park the run waiting for it
+        (``step`` unfinished). Returns the child (None when fenced out). A child that ends makes
+        its waiting parent due at once, whichever way it ends."""
 
     async def prune_runs(self, namespace: str, before: float, limit: int) -> int:
         """Delete up to ``limit`` final runs that finished before ``before``, with their steps

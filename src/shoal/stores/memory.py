@@ -51,6 +51,7 @@ class MemoryStore:
         self._signals: list[_Signal] = []
         self._workflows: dict[tuple[str, str], JSON] = {}
         self._pauses: dict[str, Pause] = {}
+        self._tree: dict[tuple[str, str], tuple[JSON, str]] = {}   # (root, key) -> value, claimant
         self._notifying: dict[str, float] = {}   # pause id -> taken until
         self._waiters: list[asyncio.Future[None]] = []
 
@@ -295,6 +296,7 @@ class MemoryStore:
             run = replace(r, status=RunStatus(settlement.outcome), output=output,
                           finished_at=now, run_at=now, owner=None, lease_expires_at=None,
                           error=settlement.error)
+            self._ended(run, now)
         self._runs[r.id] = run
         self._touch()
         return True
@@ -331,6 +333,8 @@ class MemoryStore:
                     run = replace(r, status=_Q, run_at=now)
             if run is not None:
                 self._runs[r.id] = run
+                if run.status.final:
+                    self._ended(run, now)
                 out.append(run)
         if out:
             self._touch()
@@ -340,6 +344,14 @@ class MemoryStore:
         r = self._runs.get(run_id)
         if r is None:
             return None
+        if r.id == r.root_id and not r.status.final:
+            for other in list(self._runs.values()):
+                if other.root_id == r.id and other.id != r.id:
+                    self._cancel_one(other, now)
+        return self._cancel_one(r, now)
+
+    def _cancel_one(self, r: Run, now: float) -> Run:
+        run_id = r.id
         if r.status in (_Q, RunStatus.SLEEPING, RunStatus.WAITING, RunStatus.INTERRUPTED):
             for p in list(self._pauses.values()):
                 if p.run_id == run_id and p.status == "pending":
@@ -347,6 +359,7 @@ class MemoryStore:
                         "approved": False, "data": None, "by": None, "reason": "cancelled"})
             r = replace(r, status=RunStatus.CANCELLED, cancel_requested=True, finished_at=now,
                         held=False, owner=None, lease_expires_at=None)
+            self._ended(r, now)
             self._touch()
         elif r.status == RunStatus.RUNNING:
             r = replace(r, cancel_requested=True)
@@ -365,6 +378,48 @@ class MemoryStore:
             self._runs[run_id] = r
             self._touch()
         return r
+
+    def _ended(self, run: Run, now: float) -> None:
+        """A run just became final: wake a parent waiting for it; a root drops its tree."""
+        parent = self._runs.get(run.parent_id) if run.parent_id else None
+        if (parent is not None and parent.status == RunStatus.WAITING
+                and parent.wait_for == f"shoal.child:{run.id}"):
+            self._runs[parent.id] = replace(parent, run_at=now)
+            self._touch()
+        if run.id == run.root_id:
+            for k in [k for k in self._tree if k[0] == run.id]:
+                del self._tree[k]
+
+    # -- tree state and children ----------------------------------------------------------------
+
+    async def save_tree_key(
+        self, root_id: str, key: str, value: JSON, claimant: str, now: float
+    ) -> bool:
+        found = self._tree.get((root_id, key))
+        if found is None:
+            self._tree[(root_id, key)] = (copy.deepcopy(value), claimant)
+            return True
+        return found[1] == claimant
+
+    async def get_tree_key(self, root_id: str, key: str) -> JSON:
+        found = self._tree.get((root_id, key))
+        return None if found is None else copy.deepcopy(found[0])
+
+    async def wait_child(self, fence: Fence, step: Step, child_id: str, now: float) -> Run | None:
+        r = self._holds(fence)
+        if r is None:
+            return None
+        child = self._runs.get(child_id)
+        if child is None:
+            raise KeyError(f"no child run {child_id!r}")
+        if child.status.final:
+            self._put_step(fence, Step(step.seq, step.name, {
+                "status": child.status.value, "output": copy.deepcopy(child.output),
+                "error": child.error}, True, fence.epoch))
+        else:
+            self._suspend(r, RunStatus.WAITING, None, f"shoal.child:{child_id}")
+            self._put_step(fence, step)
+        return child
 
     # -- pauses ------------------------------------------------------------------------------
 

@@ -444,6 +444,13 @@ class SQLiteStore:
 
     async def cancel_run(self, run_id: str, now: float) -> Run | None:
         async with self._tx() as db:
+            root = db.execute(_Q["get_run"], {"id": run_id}).fetchone()
+            if (root is not None and root["id"] == root["root_id"]
+                    and root["status"] not in ("succeeded", "failed", "cancelled")):
+                for child in db.execute(_Q["cancel_tree_now"],
+                                        {"id": run_id, "now": now}).fetchall():
+                    db.execute(_Q["cancel_pauses_of_run"], {"run_id": child["id"], "now": now})
+                db.execute(_Q["cancel_tree_request"], {"id": run_id})
             row = db.execute(_Q["cancel_now"], {"id": run_id, "now": now}).fetchone()
             if row is not None:
                 db.execute(_Q["cancel_pauses_of_run"], {"run_id": run_id, "now": now})
@@ -478,6 +485,46 @@ class SQLiteStore:
             if n <= 0:
                 return 0
             return db.execute(_Q["release_held"], {"namespace": namespace, "n": n}).rowcount
+
+    # -- tree state and children ----------------------------------------------------------------
+
+    async def save_tree_key(
+        self, root_id: str, key: str, value: JSON, claimant: str, now: float
+    ) -> bool:
+        async with self._tx() as db:
+            cur = db.execute(_Q["insert_tree_key"], {
+                "root_id": root_id, "key": key, "value": _json.dumps(value),
+                "claimant": claimant, "now": now})
+            if cur.rowcount == 1:
+                return True
+            row = db.execute(_Q["get_tree_key"], {"root_id": root_id, "key": key}).fetchone()
+            return row is not None and row["claimant"] == claimant
+
+    async def get_tree_key(self, root_id: str, key: str) -> JSON:
+        row = self._one(_Q["get_tree_key"], {"root_id": root_id, "key": key})
+        return None if row is None else _json.loads(row["value"])
+
+    async def wait_child(self, fence: Fence, step: Step, child_id: str, now: float) -> Run | None:
+        async with self._tx() as db:
+            held = db.execute(_Q["fence_check"], {"run_id": fence.run_id, "owner": fence.owner,
+                                                  "epoch": fence.epoch}).fetchone()
+            if held is None:
+                return None
+            row = db.execute(_Q["get_run"], {"id": child_id}).fetchone()
+            if row is None:
+                raise KeyError(f"no child run {child_id!r}")
+            child = _run(row)
+            if child.status.final:
+                done = Step(step.seq, step.name, {"status": child.status.value,
+                                                  "output": child.output, "error": child.error},
+                            True, fence.epoch)
+                self._put_step(db, fence, done, now)
+            else:
+                db.execute(_Q["suspend"], {
+                    "status": "waiting", "run_at": None, "wait_for": f"shoal.child:{child_id}",
+                    "run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch})
+                self._put_step(db, fence, step, now)
+            return child
 
     # -- pauses ------------------------------------------------------------------------------
 

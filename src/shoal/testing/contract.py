@@ -9,6 +9,7 @@ pytest-asyncio (``asyncio_mode = "auto"``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import pytest
@@ -70,6 +71,12 @@ def new_pause(run: Run, now: float = T0, *, expires_in: float | None = 100.0,
 
 
 APPROVED = {"approved": True, "data": {"note": "ok"}, "by": "ana", "reason": None}
+
+
+def replace_parent(new: NewRun, parent: Run) -> NewRun:
+    """``new`` as a child of ``parent``: same tree and tenant."""
+    return dataclasses.replace(new, parent_id=parent.id, root_id=parent.root_id,
+                               tenant=parent.tenant)
 
 
 def fence(run: Run) -> Fence:
@@ -506,6 +513,95 @@ class StoreContract:
         assert got is not None and got.status == "resolved"
         assert got.decision["reason"] == "cancelled"
         assert await store.list_pauses(NS) == []
+
+    # -- trees: request-wide state and child runs ---------------------------------------------
+
+    async def test_tree_keys_first_wins_and_go_with_the_root(
+        self, store: Store, other: Store
+    ) -> None:
+        root = await add(store)
+        got = await asyncio.gather(
+            store.save_tree_key(root.id, "subtopic:7", {"by": "a"}, "a", T0),
+            other.save_tree_key(root.id, "subtopic:7", {"by": "b"}, "b", T0))
+        assert sorted(got) == [False, True]
+        winner = "a" if got[0] else "b"
+        assert await other.get_tree_key(root.id, "subtopic:7") == {"by": winner}
+        # the claimant that stored it gets True again (a re-executed step)
+        assert await store.save_tree_key(root.id, "subtopic:7", {"by": "x"}, winner, T0)
+        assert await store.get_tree_key(root.id, "missing") is None
+        assert await store.get_tree_key("other-root", "subtopic:7") is None
+        [c] = await claim(store)
+        assert await store.suspend_run(fence(c), Step(1, "shoal.sleep", {}, False, 0),
+                                       "sleeping", T0 + 5, None, T0)
+        assert await store.get_tree_key(root.id, "subtopic:7") == {"by": winner}  # kept
+        [c] = await claim(store, now=T0 + 5)
+        assert await store.settle_run(fence(c), Settlement("succeeded"), T0 + 6)
+        assert await store.get_tree_key(root.id, "subtopic:7") is None           # gone
+
+    async def test_a_child_ending_wakes_its_waiting_parent(self, store: Store) -> None:
+        parent = await add(store)
+        [p] = await claim(store, limit=1)
+        child, _ = await store.create_run(replace_parent(new_run(T0 + 1), parent),
+                                          max_queued=None, admission="reject")
+        assert child.parent_id == parent.id and child.root_id == parent.id
+        waiting = await store.wait_child(fence(p), Step(1, "shoal.child", {}, False, 0),
+                                         child.id, T0 + 1)
+        assert waiting is not None and not waiting.status.final
+        r = await store.get_run(parent.id)
+        assert r is not None and r.status == RunStatus.WAITING
+        [c] = await claim(store, owner="b", now=T0 + 2)
+        assert c.id == child.id
+        assert await claim(store, now=T0 + 2) == []                  # the parent is not due
+        assert await store.settle_run(fence(c), Settlement("succeeded", output=7), T0 + 3)
+        [p] = await claim(store, now=T0 + 3)                          # due at once
+        assert p.id == parent.id
+        done = await store.wait_child(fence(p), Step(1, "shoal.child", {}, False, 0),
+                                      child.id, T0 + 4)
+        assert done is not None and done.status == RunStatus.SUCCEEDED
+        [s] = await store.load_steps(parent.id)
+        assert s.finished and s.output == {"status": "succeeded", "output": 7, "error": None}
+
+    async def test_a_child_that_fails_by_recovery_or_cancel_wakes_the_parent(
+        self, store: Store
+    ) -> None:
+        parent = await add(store)
+        [p] = await claim(store, limit=1)
+        child, _ = await store.create_run(replace_parent(new_run(T0 + 1, max_attempts=1),
+                                                         parent),
+                                          max_queued=None, admission="reject")
+        await store.wait_child(fence(p), Step(1, "c", {}, False, 0), child.id, T0 + 1)
+        [c] = await claim(store, now=T0 + 1)
+        [failed] = await store.recover_runs(NS, T0 + 1 + LEASE)        # its worker died
+        assert failed.id == child.id and failed.status == RunStatus.FAILED
+        [p] = await claim(store, now=T0 + 1 + LEASE)
+        assert p.id == parent.id
+        second, _ = await store.create_run(replace_parent(new_run(T0 + 40), parent),
+                                           max_queued=None, admission="reject")
+        await store.wait_child(fence(p), Step(2, "c", {}, False, 0), second.id, T0 + 41)
+        await store.cancel_run(second.id, T0 + 42)
+        [p] = await claim(store, now=T0 + 42)
+        assert p.id == parent.id and c.id == child.id
+
+    async def test_cancelling_a_root_cancels_its_tree(self, store: Store) -> None:
+        root = await add(store)
+        [r] = await claim(store, limit=1)
+        queued, _ = await store.create_run(replace_parent(new_run(T0 + 1), root),
+                                           max_queued=None, admission="reject")
+        running, _ = await store.create_run(replace_parent(new_run(T0 + 2), root),
+                                            max_queued=None, admission="reject")
+        [c] = await claim(store, owner="b", now=T0 + 2, limit=1)
+        assert c.id == queued.id
+        [c2] = await claim(store, owner="b", now=T0 + 2, limit=1)
+        assert c2.id == running.id
+        assert await store.settle_run(fence(c), Settlement("retry", error="x", run_at=T0 + 99),
+                                      T0 + 3)
+        cancelled = await store.cancel_run(root.id, T0 + 4)
+        assert cancelled is not None and cancelled.cancel_requested
+        q = await store.get_run(queued.id)
+        assert q is not None and q.status == RunStatus.CANCELLED
+        rn = await store.get_run(running.id)
+        assert rn is not None and rn.status == RunStatus.RUNNING and rn.cancel_requested
+        assert r.id == root.id
 
     # -- retention -------------------------------------------------------------------------
 

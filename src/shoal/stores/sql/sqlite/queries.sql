@@ -240,3 +240,21 @@ DELETE FROM pauses WHERE id IN (
     WHERE namespace = :namespace AND status = 'resolved' AND resolved_at < :before
     ORDER BY resolved_at, id
     LIMIT :limit);
+
+-- name: insert_tree_key
+INSERT INTO tree_keys (root_id, key, value, claimant, created_at)
+VALUES (:root_id, :key, :value, :claimant, :now)
+ON CONFLICT (root_id, key) DO NOTHING;
+
+-- name: get_tree_key
+SELECT value, claimant FROM tree_keys WHERE root_id = :root_id AND key = :key;
+
+-- name: cancel_tree_now
+UPDATE runs
+SET status = 'cancelled', cancel_requested = 1, finished_at = :now, held = 0, owner = NULL,
+    lease_expires_at = NULL
+WHERE root_id = :id AND id <> :id AND status IN ('queued', 'sleeping', 'waiting', 'interrupted')
+RETURNING id;
+
+-- name: cancel_tree_request
+UPDATE runs SET cancel_requested = 1 WHERE root_id = :id AND id <> :id AND status = 'running';
