@@ -19,7 +19,7 @@ from shoal.errors import (
     UnknownWorkflowError,
 )
 from shoal.health import Health, HealthStatus
-from shoal.stores.base import Pause, Run, RunStatus, Store
+from shoal.stores.base import OutboxEntry, Pause, Run, RunStatus, Store
 
 __version__ = "0.1.0"
 
@@ -36,6 +36,7 @@ __all__ = [
     "LeaseLostError",
     "NonDeterminismError",
     "NotPausedError",
+    "OutboxEntry",
     "Pause",
     "Run",
     "RunCancelledError",

@@ -16,7 +16,13 @@ from shoal import _ids, _json
 from shoal.clock import Clock, SystemClock
 from shoal.engine.context import RunContext
 from shoal.engine.cron import CronTrigger
-from shoal.engine.runner import Engine, ErrorHandler, PauseHandler, WorkflowSpec
+from shoal.engine.runner import (
+    Engine,
+    ErrorHandler,
+    OutboxHandlerSpec,
+    PauseHandler,
+    WorkflowSpec,
+)
 from shoal.errors import (
     ConfigurationError,
     NotPausedError,
@@ -29,7 +35,7 @@ from shoal.errors import (
 )
 from shoal.health import PING_TIMEOUT, Health, HealthStatus, ping_within
 from shoal.stores import Store, mask_url, open_store
-from shoal.stores.base import NewRun, Pause, Run, RunStatus
+from shoal.stores.base import NewRun, OutboxEntry, Pause, Run, RunStatus
 
 log = logging.getLogger("shoal")
 
@@ -105,6 +111,7 @@ class App:
         self._on_error: list[ErrorHandler] = []
         self._crons: dict[str, CronTrigger] = {}
         self._on_pause_notify: list[PauseHandler] = []
+        self._outbox_handlers: dict[str, OutboxHandlerSpec] = {}
         self._engine: Engine | None = None
         self._opened = False
         self._started = False
@@ -220,6 +227,32 @@ class App:
         await self.dispatch(trigger.workflow, {"cron": trigger.name, "scheduled_at": tick},
                             idempotency_key=trigger.idempotency_key(tick))
 
+    def outbox_handler(
+        self, topic: str, *, max_deliveries: int = 10
+    ) -> Callable[[Callable[[Any, str], Any]], Callable[[Any, str], Any]]:
+        """Register ``fn(payload, key)`` (sync or async) to deliver the outbox entries of
+        ``topic``. ``key`` is stable per entry: use it as the idempotency key downstream, since
+        a delivery that fails (or whose instance dies) is tried again, with backoff, up to
+        ``max_deliveries`` times; then the entry is dead-lettered (``app.dead_letters()``)."""
+        if not isinstance(topic, str) or not topic:
+            raise ConfigurationError(f"An outbox topic is a non-empty str, not {topic!r}.")
+        if not isinstance(max_deliveries, int) or max_deliveries < 1:
+            raise ConfigurationError(
+                f"max_deliveries must be an int >= 1, not {max_deliveries!r}.")
+        if topic in self._outbox_handlers:
+            raise ConfigurationError(f"An outbox handler for {topic!r} is already registered.")
+
+        def register(fn: Callable[[Any, str], Any]) -> Callable[[Any, str], Any]:
+            self._outbox_handlers[topic] = OutboxHandlerSpec(fn, max_deliveries)
+            return fn
+
+        return register
+
+    async def dead_letters(self, limit: int = 100) -> list[OutboxEntry]:
+        """Outbox entries of this namespace that failed ``max_deliveries`` times."""
+        await self._open_store()
+        return await self.store.dead_letters(self.namespace, limit)
+
     def on_pause_notify(self, fn: PauseHandler) -> PauseHandler:
         """Call ``fn(pause)`` (sync or async) for each new pause, on whichever instance takes
         it; the poll sends it again until ``fn`` returns without raising. Returns ``fn``."""
@@ -263,7 +296,7 @@ class App:
             workflows=self._workflows, max_queued=self.max_queued, on_error=self._on_error,
             run_retention=self.run_retention, pause_retention=self.pause_retention,
             on_pause_notify=self._on_pause_notify, crons=list(self._crons.values()),
-            dispatch_child=self._dispatch_child,
+            dispatch_child=self._dispatch_child, outbox_handlers=self._outbox_handlers,
             fire=self._fire_cron,
         )
         self._engine.start()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import copy
 import inspect
 import random
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 from shoal import _json
 from shoal._ids import new_id
 from shoal.errors import LeaseLostError, NonDeterminismError, RunCancelledError, RunFailedError
-from shoal.stores.base import Fence, Pause, Run, Step
+from shoal.stores.base import Fence, OutboxEntry, Pause, Run, Step
 
 if TYPE_CHECKING:
     from shoal.engine.runner import Engine
@@ -107,6 +108,29 @@ class Tree:
         return await ctx.step(f"shoal.tree.get:{key}", read)
 
 
+_current_outbox: contextvars.ContextVar[list[tuple[str, Any]] | None] = contextvars.ContextVar(
+    "shoal_outbox", default=None)
+
+
+class Outbox:
+    """Side effects recorded with the step that sends them, then delivered by any instance to
+    the ``@app.outbox_handler(topic)``, retried with backoff, dead-lettered after
+    ``max_deliveries``. Entries are written in the step's own checkpoint, so a step that runs
+    again does not send them twice."""
+
+    def send(self, topic: str, payload: Any = None) -> None:
+        """Record an entry for ``topic``; call it inside a ``ctx.step`` function."""
+        buffer = _current_outbox.get()
+        if buffer is None:
+            raise RuntimeError(
+                f"ctx.outbox.send({topic!r}, ...) was called outside a step: call it inside the "
+                f"function given to ctx.step, so the entry is recorded with that step.")
+        if not isinstance(topic, str) or not topic:
+            raise TypeError(f"an outbox topic is a non-empty str, not {topic!r}")
+        _json.check_json(payload, f"the payload of outbox entry {topic!r}")
+        buffer.append((topic, copy.deepcopy(payload)))
+
+
 class ChildRun:
     """A child run started by ``ctx.start_child``. ``await child.result()`` parks the parent,
     holding no slot, until the child ends."""
@@ -169,6 +193,7 @@ class RunContext:
         self.signal = AbortSignal()
         self.step_key: str | None = None
         self.tree = Tree(self)
+        self.outbox = Outbox()
 
     def _next(self, name: str) -> tuple[int, Step | None]:
         self._x.seq += 1
@@ -203,17 +228,26 @@ class RunContext:
         self.signal.raise_if_aborted()
         self._check_lease()
         self.step_key = f"{self.run_id}:{seq}"
+        sent_here: list[tuple[str, Any]] = []
+        token = _current_outbox.set(sent_here)
         try:
             result = await self._call(fn, args, kwargs, retries)
         finally:
             self.step_key = None
+            _current_outbox.reset(token)
         _json.check_json(result, f"the result of step {name!r}")
         step = Step(seq, name, result, True, self._x.fence.epoch)
         engine = self._engine
         sent = engine.clock.now()
+        run = self._x.run
+        entries = [OutboxEntry(id=new_id(sent), namespace=run.namespace, run_id=run.id, seq=seq,
+                               index=i, topic=topic, payload=payload, created_at=sent)
+                   for i, (topic, payload) in enumerate(sent_here)]
         if not await self._write(engine.store.checkpoint_step(
-                self._x.fence, step, engine.lease, sent)):
+                self._x.fence, step, engine.lease, sent, entries)):
             self._lost()
+        if entries:
+            engine.outbox_written()
         self._x.held_until = max(self._x.held_until, sent + engine.lease)
         self._x.steps[seq] = step
         return copy.deepcopy(result)

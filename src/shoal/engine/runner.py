@@ -28,6 +28,14 @@ PRUNE_BATCH = 500   # finished runs deleted per poll at most
 WorkflowFn = Callable[[RunContext, Any], Awaitable[Any]]
 ErrorHandler = Callable[[BaseException], Any]
 PauseHandler = Callable[[Pause], Any]
+@dataclass(frozen=True)
+class OutboxHandlerSpec:
+    """An ``@app.outbox_handler``: ``fn(payload, key)``, tried ``max_deliveries`` times."""
+
+    fn: Callable[[Any, str], Any]
+    max_deliveries: int
+
+
 ChildDispatcher = Callable[[Run, Any, Any, str, dict[str, Any]], Awaitable[Run]]
 
 
@@ -75,6 +83,7 @@ class Engine:
         crons: list[CronTrigger] | None = None,
         fire: Callable[[CronTrigger, float], Awaitable[None]] | None = None,
         dispatch_child: ChildDispatcher | None = None,
+        outbox_handlers: dict[str, OutboxHandlerSpec] | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
@@ -91,6 +100,7 @@ class Engine:
         self.crons = crons or []
         self._fire = fire
         self._dispatch_child = dispatch_child
+        self._outbox_handlers = outbox_handlers if outbox_handlers is not None else {}
         self._on_error = on_error
         self._local: dict[str, Execution] = {}
         self._accepting = False
@@ -188,11 +198,60 @@ class Engine:
         self.last_poll_at = self.clock.now()
 
     async def tick(self) -> None:
-        """Deny expired approvals (their runs become due) and send pending notifications."""
+        """Deny expired approvals (their runs become due), send pending notifications, deliver
+        due outbox entries."""
         for pause in await self.store.expire_pauses(self.namespace, self.clock.now()):
             log.info("pause.expired: %s of run %s", pause.id, pause.run_id,
                      extra={"event": "pause.expired", "run_id": pause.run_id})
         await self.notify_pauses()
+        await self.deliver_outbox()
+
+    def outbox_written(self) -> None:
+        """A step just wrote outbox entries here: deliver them now, not at the next poll."""
+        if self._outbox_handlers:
+            self._soon(self.deliver_outbox)
+
+    async def deliver_outbox(self) -> None:
+        """Hand due entries of the topics this instance handles to their handlers: delivered on
+        success; otherwise due again after a backoff, or dead after ``max_deliveries``."""
+        if not self._outbox_handlers:
+            return
+        entries = await self.store.claim_outbox(self.namespace, list(self._outbox_handlers),
+                                                self.clock.now(), self.lease, 50)
+        for entry in entries:
+            spec = self._outbox_handlers[entry.topic]
+            try:
+                result = spec.fn(copy.deepcopy(entry.payload), entry.key)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception as e:
+                now = self.clock.now()
+                error = f"{type(e).__name__}: {e}"
+                if entry.attempts + 1 >= spec.max_deliveries:
+                    log.error("outbox.dead: %s %s after %d deliveries: %s", entry.topic,
+                              entry.key, entry.attempts + 1, error,
+                              extra={"event": "outbox.dead", "run_id": entry.run_id})
+                    await self.store.finish_delivery(entry.id, now, error, None)
+                else:
+                    delay = min(300.0, 2.0 ** entry.attempts) * random.uniform(0.5, 1.0)
+                    log.warning("outbox.retry: %s %s: %s; again in %.1fs", entry.topic,
+                                entry.key, error, delay,
+                                extra={"event": "outbox.retry", "run_id": entry.run_id})
+                    await self.store.finish_delivery(entry.id, now, error, now + delay)
+                    self._wake_at(now + delay, self.deliver_outbox)
+                continue
+            await self.store.finish_delivery(entry.id, self.clock.now())
+
+    def _soon(self, job: Callable[[], Awaitable[None]]) -> None:
+        async def run() -> None:
+            try:
+                await job()
+            except Exception as e:
+                log.warning("background.failed: %s", e, extra={"event": "background.failed"})
+
+        task = asyncio.create_task(run())
+        self._timers.add(task)
+        task.add_done_callback(self._timers.discard)
 
     async def start_child(self, parent: Run, workflow: Any, input: Any, key: str,
                           options: dict[str, Any]) -> Run:
@@ -442,10 +501,18 @@ class Engine:
         """Run a scheduling pass at ``when`` (app clock): a delayed run or a sleeper is due."""
         self._wake_at(when)
 
-    def _wake_at(self, when: float) -> None:
+    def _wake_at(self, when: float,
+                 then: Callable[[], Awaitable[None]] | None = None) -> None:
         async def wake() -> None:
             await self.clock.sleep(max(0.0, when - self.clock.now()))
-            self.kick()
+            if then is None:
+                self.kick()
+            else:
+                try:
+                    await then()
+                except Exception as e:
+                    log.warning("background.failed: %s", e,
+                                extra={"event": "background.failed"})
 
         task = asyncio.create_task(wake())
         self._timers.add(task)

@@ -133,6 +133,31 @@ class Pause:
 
 
 @dataclass(frozen=True)
+class OutboxEntry:
+    """A side effect recorded with the step that sent it, delivered by any instance. ``key`` is
+    stable (``run:seq:index``): the handler's idempotency key. ``dead`` once it failed
+    ``max_deliveries`` times."""
+
+    id: str
+    namespace: str
+    run_id: str
+    seq: int
+    index: int
+    topic: str
+    payload: JSON
+    created_at: float
+    attempts: int = 0
+    next_at: float = 0.0
+    delivered_at: float | None = None
+    dead: bool = False
+    error: str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.run_id}:{self.seq}:{self.index}"
+
+
+@dataclass(frozen=True)
 class Settlement:
     """How an attempt ends. ``retry`` requeues the run at ``run_at`` with ``attempts + 1``."""
 
@@ -234,9 +259,14 @@ class Store(Protocol):
     async def load_steps(self, run_id: str) -> list[Step]:
         """The run's checkpoints in seq order."""
 
-    async def checkpoint_step(self, fence: Fence, step: Step, lease: float, now: float) -> bool:
-        """Write ``step`` finished (replacing an unfinished one at its seq) and extend the lease,
-        only under ``fence``; False when the fence no longer holds (nothing written)."""
+    async def checkpoint_step(
+        self, fence: Fence, step: Step, lease: float, now: float,
+        outbox: Sequence[OutboxEntry] = (),
+    ) -> bool:
+        """Write ``step`` finished (replacing an unfinished one at its seq), the ``outbox``
+        entries it sent, and extend the lease, in one transaction, only under ``fence``; False
+        when the fence no longer holds (nothing written). A step's entries exist once
+        (invariant 3): a finished step is never written again."""
 
     async def suspend_run(
         self,
@@ -332,6 +362,22 @@ class Store(Protocol):
         ``{"status", "output", "error"}`` of the child; otherwise park the run waiting for it
         (``step`` unfinished). Returns the child (None when fenced out). A child that ends makes
         its waiting parent due at once, whichever way it ends."""
+
+    async def claim_outbox(
+        self, namespace: str, topics: Sequence[str], now: float, lease: float, limit: int
+    ) -> list[OutboxEntry]:
+        """Due entries of these topics (not delivered, not dead, ``next_at <= now``), oldest
+        first; each is taken for ``lease`` seconds (``next_at = now + lease``)."""
+
+    async def finish_delivery(
+        self, entry_id: str, now: float, error: str | None = None,
+        retry_at: float | None = None,
+    ) -> None:
+        """Delivered (``error`` None); or failed: attempts + 1, due again at ``retry_at``, or
+        dead-lettered when ``retry_at`` is None."""
+
+    async def dead_letters(self, namespace: str, limit: int = 100) -> list[OutboxEntry]:
+        """Dead-lettered entries of the namespace, oldest first."""
 
     async def prune_runs(self, namespace: str, before: float, limit: int) -> int:
         """Delete up to ``limit`` final runs that finished before ``before``, with their steps

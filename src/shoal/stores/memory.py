@@ -18,6 +18,7 @@ from shoal.stores.base import (
     KEY_HOLDING_STATUSES,
     Fence,
     NewRun,
+    OutboxEntry,
     Pause,
     Renewal,
     Run,
@@ -51,6 +52,7 @@ class MemoryStore:
         self._signals: list[_Signal] = []
         self._workflows: dict[tuple[str, str], JSON] = {}
         self._pauses: dict[str, Pause] = {}
+        self._outbox: dict[str, OutboxEntry] = {}
         self._tree: dict[tuple[str, str], tuple[JSON, str]] = {}   # (root, key) -> value, claimant
         self._notifying: dict[str, float] = {}   # pause id -> taken until
         self._waiters: list[asyncio.Future[None]] = []
@@ -233,11 +235,21 @@ class MemoryStore:
             steps[step.seq] = Step(step.seq, step.name, copy.deepcopy(step.output),
                                    step.finished, fence.epoch)
 
-    async def checkpoint_step(self, fence: Fence, step: Step, lease: float, now: float) -> bool:
+    async def checkpoint_step(
+        self, fence: Fence, step: Step, lease: float, now: float,
+        outbox: Sequence[OutboxEntry] = (),
+    ) -> bool:
         r = self._holds(fence)
         if r is None:
             return False
         self._runs[r.id] = replace(r, lease_expires_at=now + lease)
+        recorded = self._steps.get(fence.run_id, {}).get(step.seq)
+        if recorded is None or not recorded.finished:
+            taken = {(e.run_id, e.seq, e.index) for e in self._outbox.values()}
+            for entry in outbox:
+                if (entry.run_id, entry.seq, entry.index) not in taken:
+                    self._outbox[entry.id] = replace(entry, payload=copy.deepcopy(entry.payload),
+                                                     next_at=now)
         self._put_step(fence, step)
         return True
 
@@ -497,6 +509,40 @@ class MemoryStore:
             self._notifying.pop(p.id, None)
         return len(old)
 
+    # -- outbox ------------------------------------------------------------------------------
+
+    async def claim_outbox(
+        self, namespace: str, topics: Sequence[str], now: float, lease: float, limit: int
+    ) -> list[OutboxEntry]:
+        wanted = set(topics)
+        due = sorted((e for e in self._outbox.values()
+                      if e.namespace == namespace and e.topic in wanted and not e.dead
+                      and e.delivered_at is None and e.next_at <= now),
+                     key=lambda e: (e.created_at, e.id))[:limit]
+        taken = [replace(e, next_at=now + lease) for e in due]
+        for e in taken:
+            self._outbox[e.id] = e
+        return copy.deepcopy(taken)
+
+    async def finish_delivery(
+        self, entry_id: str, now: float, error: str | None = None,
+        retry_at: float | None = None,
+    ) -> None:
+        e = self._outbox.get(entry_id)
+        if e is None or e.delivered_at is not None or e.dead:
+            return
+        if error is None:
+            self._outbox[entry_id] = replace(e, delivered_at=now, error=None)
+        else:
+            self._outbox[entry_id] = replace(e, attempts=e.attempts + 1, error=error,
+                                             dead=retry_at is None,
+                                             next_at=retry_at if retry_at is not None else now)
+
+    async def dead_letters(self, namespace: str, limit: int = 100) -> list[OutboxEntry]:
+        dead = sorted((e for e in self._outbox.values() if e.namespace == namespace and e.dead),
+                      key=lambda e: (e.created_at, e.id))
+        return copy.deepcopy(dead[:limit])
+
     async def prune_runs(self, namespace: str, before: float, limit: int) -> int:
         old = sorted((r for r in self._in(namespace)
                       if r.status.final and r.finished_at is not None
@@ -506,6 +552,7 @@ class MemoryStore:
         for run_id in gone:
             del self._runs[run_id]
             self._steps.pop(run_id, None)
+        self._outbox = {k: e for k, e in self._outbox.items() if e.run_id not in gone}
         if gone:
             self._signals = [s for s in self._signals if s.run_id not in gone]
         return len(gone)

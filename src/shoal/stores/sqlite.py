@@ -27,6 +27,7 @@ from shoal.stores.base import (
     JSON,
     Fence,
     NewRun,
+    OutboxEntry,
     Pause,
     Renewal,
     Run,
@@ -360,10 +361,23 @@ class SQLiteStore:
             "epoch": fence.epoch, "finished_at": now if step.finished else None,
         })
 
-    async def checkpoint_step(self, fence: Fence, step: Step, lease: float, now: float) -> bool:
+    async def checkpoint_step(
+        self, fence: Fence, step: Step, lease: float, now: float,
+        outbox: Sequence[OutboxEntry] = (),
+    ) -> bool:
         async with self._tx() as db:
             if not self._fenced(db, fence, lease, now):
                 return False
+            if outbox:
+                done = db.execute(_Q["step_finished"], {"run_id": fence.run_id,
+                                                        "seq": step.seq}).fetchone()
+                if done is None or not done["finished"]:
+                    for e in outbox:
+                        db.execute(_Q["insert_outbox"], {
+                            "id": e.id, "namespace": e.namespace, "run_id": e.run_id,
+                            "seq": e.seq, "idx": e.index, "topic": e.topic,
+                            "payload": _json.dumps(e.payload), "created_at": e.created_at,
+                            "now": now})
             self._put_step(db, fence, step, now)
             return True
 
@@ -613,6 +627,41 @@ class SQLiteStore:
             return db.execute(_Q["prune_pauses"], {"namespace": namespace, "before": before,
                                                    "limit": limit}).rowcount
 
+    # -- outbox ------------------------------------------------------------------------------
+
+    async def claim_outbox(
+        self, namespace: str, topics: Sequence[str], now: float, lease: float, limit: int
+    ) -> list[OutboxEntry]:
+        args = {"namespace": namespace, "now": now, "limit": limit,
+                "topics": _json.dumps(list(topics))}
+        if not topics or self._one(_Q["outbox_candidates"], args) is None:
+            return []
+        out = []
+        async with self._tx() as db:
+            for row in db.execute(_Q["outbox_candidates"], args).fetchall():
+                taken = db.execute(_Q["take_outbox"], {"id": row["id"], "now": now,
+                                                       "until": now + lease}).fetchone()
+                if taken is not None:
+                    out.append(_entry(taken))
+        return out
+
+    async def finish_delivery(
+        self, entry_id: str, now: float, error: str | None = None,
+        retry_at: float | None = None,
+    ) -> None:
+        async with self._tx() as db:
+            if error is None:
+                db.execute(_Q["outbox_delivered"], {"id": entry_id, "now": now})
+            else:
+                db.execute(_Q["outbox_failed"], {
+                    "id": entry_id, "error": error, "dead": int(retry_at is None),
+                    "next_at": retry_at if retry_at is not None else now})
+
+    async def dead_letters(self, namespace: str, limit: int = 100) -> list[OutboxEntry]:
+        rows = self._db.execute(_Q["dead_letters"], {"namespace": namespace,
+                                                     "limit": limit}).fetchall()
+        return [_entry(r) for r in rows]
+
     async def prune_runs(self, namespace: str, before: float, limit: int) -> int:
         args = {"namespace": namespace, "before": before, "limit": limit}
         if self._one(_Q["prunable"], args) is None:
@@ -621,6 +670,7 @@ class SQLiteStore:
             ids = [row[0] for row in db.execute(_Q["prunable"], args)]
             batch = {"ids": _json.dumps(ids)}
             db.execute(_Q["prune_steps"], batch)
+            db.execute(_Q["prune_outbox"], batch)
             db.execute(_Q["prune_signals"], batch)
             return db.execute(_Q["prune_runs"], batch).rowcount
 
@@ -652,6 +702,15 @@ def _statements(sql: str) -> list[str]:
     ):
         raise ConfigurationError(f"Incomplete SQL statement in a migration: {buf[:80]!r}")
     return out
+
+
+def _entry(row: sqlite3.Row) -> OutboxEntry:
+    return OutboxEntry(
+        id=row["id"], namespace=row["namespace"], run_id=row["run_id"], seq=row["seq"],
+        index=row["idx"], topic=row["topic"], payload=_json.loads(row["payload"]),
+        created_at=row["created_at"], attempts=row["attempts"], next_at=row["next_at"],
+        delivered_at=row["delivered_at"], dead=bool(row["dead"]), error=row["error"],
+    )
 
 
 def _pause(row: sqlite3.Row) -> Pause:

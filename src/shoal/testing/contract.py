@@ -18,7 +18,17 @@ from shoal import _ids
 from shoal.app import App
 from shoal.engine.context import RunContext
 from shoal.errors import AdmissionRejectedError, LeaseLostError
-from shoal.stores.base import Fence, NewRun, Pause, Run, RunStatus, Settlement, Step, Store
+from shoal.stores.base import (
+    Fence,
+    NewRun,
+    OutboxEntry,
+    Pause,
+    Run,
+    RunStatus,
+    Settlement,
+    Step,
+    Store,
+)
 from shoal.testing import VirtualClock, settle
 
 T0 = 1_767_225_600.0
@@ -77,6 +87,12 @@ def replace_parent(new: NewRun, parent: Run) -> NewRun:
     """``new`` as a child of ``parent``: same tree and tenant."""
     return dataclasses.replace(new, parent_id=parent.id, root_id=parent.root_id,
                                tenant=parent.tenant)
+
+
+def entries(run: Run, seq: int, *topics: str, now: float = T0) -> list[OutboxEntry]:
+    return [OutboxEntry(id=_ids.new_id(now), namespace=run.namespace, run_id=run.id, seq=seq,
+                        index=i, topic=t, payload={"n": i}, created_at=now)
+            for i, t in enumerate(topics)]
 
 
 def fence(run: Run) -> Fence:
@@ -602,6 +618,53 @@ class StoreContract:
         rn = await store.get_run(running.id)
         assert rn is not None and rn.status == RunStatus.RUNNING and rn.cancel_requested
         assert r.id == root.id
+
+    # -- outbox ------------------------------------------------------------------------------
+
+    async def test_outbox_entries_are_written_once_with_their_step(
+        self, store: Store, other: Store
+    ) -> None:
+        run = await add(store)
+        [a] = await claim(store)
+        sent = entries(a, 1, "email", "sms")
+        assert await store.checkpoint_step(fence(a), Step(1, "s", 1, True, 0), LEASE, T0, sent)
+        # the same step checkpointed again (it is finished): its entries are not added again
+        again = entries(a, 1, "email", "sms", now=T0 + 1)
+        assert await store.checkpoint_step(fence(a), Step(1, "s", 1, True, 0), LEASE, T0 + 1,
+                                           again)
+        # a fenced-out writer adds nothing
+        await store.recover_runs(NS, T0 + 1 + LEASE)
+        [b] = await claim(other, owner="b", now=T0 + 1 + LEASE)
+        assert not await store.checkpoint_step(fence(a), Step(2, "t", 2, True, 0), LEASE,
+                                               T0 + 40, entries(a, 2, "email"))
+        got = await other.claim_outbox(NS, ["email", "sms"], T0 + 50, 30.0, 10)
+        assert sorted((e.topic, e.key) for e in got) == [("email", f"{run.id}:1:0"),
+                                                         ("sms", f"{run.id}:1:1")]
+        assert b.id == run.id
+
+    async def test_outbox_delivery_is_taken_retried_and_dead_lettered(
+        self, store: Store, other: Store
+    ) -> None:
+        await add(store)
+        [a] = await claim(store)
+        assert await store.checkpoint_step(fence(a), Step(1, "s", 1, True, 0), LEASE, T0,
+                                           entries(a, 1, "email", "audit"))
+        [e] = await store.claim_outbox(NS, ["email"], T0, 30.0, 10)     # only its topics
+        assert e.topic == "email" and e.attempts == 0 and e.payload == {"n": 0}
+        assert await other.claim_outbox(NS, ["email"], T0 + 29, 30.0, 10) == []   # taken
+        await store.finish_delivery(e.id, T0 + 1, "ConnectionError: down", T0 + 5)
+        assert await other.claim_outbox(NS, ["email"], T0 + 4, 30.0, 10) == []
+        [e2] = await other.claim_outbox(NS, ["email"], T0 + 5, 30.0, 10)
+        assert e2.id == e.id and e2.attempts == 1 and e2.error == "ConnectionError: down"
+        await other.finish_delivery(e2.id, T0 + 6, "ConnectionError: down", None)   # dead
+        [dead] = await store.dead_letters(NS)
+        assert dead.id == e.id and dead.dead and dead.attempts == 2
+        assert await store.claim_outbox(NS, ["email"], T0 + 999, 30.0, 10) == []
+        [audit] = await store.claim_outbox(NS, ["audit"], T0 + 7, 30.0, 10)
+        await store.finish_delivery(audit.id, T0 + 8)
+        await store.finish_delivery(audit.id, T0 + 9, "late failure", T0 + 10)   # ignored
+        assert await store.claim_outbox(NS, ["audit"], T0 + 999, 30.0, 10) == []
+        assert [d.id for d in await store.dead_letters(NS)] == [e.id]
 
     # -- retention -------------------------------------------------------------------------
 

@@ -258,3 +258,41 @@ RETURNING id;
 
 -- name: cancel_tree_request
 UPDATE runs SET cancel_requested = 1 WHERE root_id = :id AND id <> :id AND status = 'running';
+
+-- name: insert_outbox
+INSERT INTO outbox (id, namespace, run_id, seq, idx, topic, payload, created_at, next_at)
+VALUES (:id, :namespace, :run_id, :seq, :idx, :topic, :payload, :created_at, :now)
+ON CONFLICT (run_id, seq, idx) DO NOTHING;
+
+-- name: step_finished
+SELECT finished FROM steps WHERE run_id = :run_id AND seq = :seq;
+
+-- name: outbox_candidates
+SELECT id FROM outbox INDEXED BY outbox_due
+WHERE namespace = :namespace AND delivered_at IS NULL AND dead = 0 AND next_at <= :now
+  AND topic IN (SELECT value FROM json_each(:topics))
+ORDER BY next_at, created_at, id
+LIMIT :limit;
+
+-- name: take_outbox
+UPDATE outbox SET next_at = :until
+WHERE id = :id AND delivered_at IS NULL AND dead = 0 AND next_at <= :now
+RETURNING *;
+
+-- name: outbox_delivered
+UPDATE outbox SET delivered_at = :now, error = NULL
+WHERE id = :id AND delivered_at IS NULL AND dead = 0;
+
+-- name: outbox_failed
+UPDATE outbox
+SET attempts = attempts + 1, error = :error, dead = :dead, next_at = :next_at
+WHERE id = :id AND delivered_at IS NULL AND dead = 0;
+
+-- name: dead_letters
+SELECT * FROM outbox INDEXED BY outbox_dead
+WHERE namespace = :namespace AND dead = 1
+ORDER BY created_at, id
+LIMIT :limit;
+
+-- name: prune_outbox
+DELETE FROM outbox WHERE run_id IN (SELECT value FROM json_each(:ids));
