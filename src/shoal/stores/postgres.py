@@ -91,6 +91,7 @@ class PostgresStore:
         self.conninfo = conninfo
         self.schema = schema
         self.url = _with_query(conninfo, {"schema": schema})
+        # The runs_ended trigger (0003_trees.sql) builds the same name from its table's schema.
         self.channel = f"shoal_{schema}"
         self.pool_min_size = pool_min_size
         self.pool_max_size = pool_max_size
@@ -533,6 +534,7 @@ class PostgresStore:
         return [_run(r) for r in rows]
 
     async def cancel_run(self, run_id: str, now: float) -> Run | None:
+        # one statement, with the tree of an unfinished root (see the query)
         row = await self._retry(lambda: self._one(_Q["cancel"], {
             "id": run_id, "now": now, "channel": self.channel}))
         if row is None:
@@ -578,6 +580,58 @@ class PostgresStore:
             cur = await conn.execute(_Q["release_held"], {"namespace": namespace, "n": n,
                                                           "channel": self.channel})
             return len(await cur.fetchall())
+
+    # -- tree state and children -----------------------------------------------------------
+
+    async def save_tree_key(
+        self, root_id: str, key: str, value: JSON, claimant: str, now: float
+    ) -> bool:
+        args = {"root_id": root_id, "key": key, "value": _json.dumps(value),
+                "claimant": claimant, "now": now}
+        return await self._retry(lambda: self._save_tree_key(args, claimant))
+
+    async def _save_tree_key(self, args: dict[str, Any], claimant: str) -> bool:
+        # Two statements, each its own transaction: when the insert meets a concurrent insert of
+        # the key it waits for it and inserts nothing, and only a later statement's snapshot is
+        # sure to see the row that won.
+        async with self._connection() as conn:
+            if await (await conn.execute(_Q["insert_tree_key"], args)).fetchone() is not None:
+                return True
+            row = await (await conn.execute(_Q["get_tree_key"], args)).fetchone()
+            return row is not None and row["claimant"] == claimant
+
+    async def get_tree_key(self, root_id: str, key: str) -> JSON:
+        row = await self._one(_Q["get_tree_key"], {"root_id": root_id, "key": key})
+        return None if row is None else _json.loads(row["value"])
+
+    async def wait_child(self, fence: Fence, step: Step, child_id: str, now: float) -> Run | None:
+        return await self._retry(lambda: self._wait_child(fence, step, child_id, now))
+
+    async def _wait_child(
+        self, fence: Fence, step: Step, child_id: str, now: float
+    ) -> Run | None:
+        async with self._connection() as conn, conn.transaction():
+            fenced = {"run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch}
+            if await (await conn.execute(_Q["fence_lock"], fenced)).fetchone() is None:
+                return None
+            # The child's row is locked (after the parent's, as a statement ending the child
+            # locks them) until the park commits, so the child cannot end between this check
+            # and the park unseen: the runs_ended trigger of a statement ending it runs after
+            # this commit and finds the parent waiting.
+            row = await (await conn.execute(_Q["lock_child"], {"id": child_id})).fetchone()
+            if row is None:
+                raise KeyError(f"no child run {child_id!r}")
+            child = _run(row)
+            if child.status.final:
+                done = Step(step.seq, step.name, {"status": child.status.value,
+                                                  "output": child.output, "error": child.error},
+                            True, fence.epoch)
+                await conn.execute(_Q["put_step"], self._step_args(fence, done, now))
+            else:
+                await conn.execute(_Q["suspend"], {
+                    **self._step_args(fence, step, now), "status": "waiting", "run_at": None,
+                    "wait_for": _child_wait(child_id)})
+            return child
 
     # -- pauses ----------------------------------------------------------------------------
 
@@ -786,6 +840,12 @@ _EXPIRED = {"approved": False, "data": None, "by": None, "reason": "expired"}
 def _pause_wait(pause_id: str) -> str:
     """What a run parked on a pause waits for (``Run.wait_for``)."""
     return f"shoal.pause:{pause_id}"
+
+
+def _child_wait(child_id: str) -> str:
+    """What a run parked on a child run waits for (``Run.wait_for``); the runs_ended trigger
+    (0003_trees.sql) matches it."""
+    return f"shoal.child:{child_id}"
 
 
 def _pause(row: DictRow) -> Pause:

@@ -260,9 +260,22 @@ RETURNING r.*, pg_notify(%(channel)s, '') AS notified;
 
 -- name: cancel
 -- Queued, sleeping, waiting or interrupted: cancelled at once, and the run's pending pauses are
--- resolved as cancelled (the run row is locked first, as resolve_pause locks it). Running: asked
--- of its owner.
-WITH cancelled AS (
+-- resolved as cancelled (run rows are locked before pause rows, as resolve_pause locks them).
+-- Running: asked of its owner. An unfinished root takes every unfinished run of its tree with it
+-- the same way: the root's row is locked first, then the tree's in id order. Each run that ends
+-- here wakes a parent waiting for it (the runs_ended trigger).
+WITH target AS MATERIALIZED (
+    SELECT id, root_id FROM runs
+    WHERE id = %(id)s AND status IN ('queued', 'running', 'sleeping', 'waiting', 'interrupted')
+    FOR UPDATE
+), tree AS MATERIALIZED (
+    -- runs_children's predicate (id <> root_id), so that this is one probe of that index
+    SELECT r.id FROM runs r JOIN target t ON r.root_id = t.id
+    WHERE t.id = t.root_id AND r.id <> r.root_id
+      AND r.status IN ('queued', 'running', 'sleeping', 'waiting', 'interrupted')
+    ORDER BY r.id
+    FOR UPDATE OF r
+), cancelled AS (
     UPDATE runs
     SET status = CASE WHEN status = 'running' THEN status ELSE 'cancelled' END,
         cancel_requested = true,
@@ -270,7 +283,8 @@ WITH cancelled AS (
         held = CASE WHEN status = 'running' THEN held ELSE false END,
         owner = CASE WHEN status = 'running' THEN owner END,
         lease_expires_at = CASE WHEN status = 'running' THEN lease_expires_at END
-    WHERE id = %(id)s AND status IN ('queued', 'running', 'sleeping', 'waiting', 'interrupted')
+    WHERE id IN (SELECT id FROM target UNION ALL SELECT id FROM tree)
+      AND status IN ('queued', 'running', 'sleeping', 'waiting', 'interrupted')
     RETURNING *
 ), unpaused AS (
     UPDATE pauses SET status = 'resolved', resolved_at = %(now)s,
@@ -282,9 +296,11 @@ WITH cancelled AS (
 )
 SELECT cancelled.*,
     -- a cancelled run may free a concurrency key (or an admission place)
-    CASE WHEN cancelled.status = 'cancelled' THEN pg_notify(%(channel)s, '') END AS notified,
+    CASE WHEN EXISTS (SELECT 1 FROM cancelled c WHERE c.status = 'cancelled')
+         THEN pg_notify(%(channel)s, '') END AS notified,
     (SELECT count(*) FROM unpaused) AS unpaused
-FROM cancelled;
+FROM cancelled
+WHERE cancelled.id = %(id)s;
 
 -- name: lock_run
 -- Taken by send_signal before it looks at the run: wait_signal holds the same lock while it
@@ -461,3 +477,20 @@ WITH old AS (
 )
 DELETE FROM pauses WHERE id IN (SELECT id FROM old)
 RETURNING id;
+
+-- name: insert_tree_key
+-- First wins: an insert racing another of the same key waits for it, then inserts nothing.
+INSERT INTO tree_keys (root_id, key, value, claimant, created_at)
+VALUES (%(root_id)s, %(key)s, %(value)s, %(claimant)s, %(now)s)
+ON CONFLICT (root_id, key) DO NOTHING
+RETURNING claimant;
+
+-- name: get_tree_key
+-- A statement of its own after insert_tree_key inserted nothing: its snapshot sees the winner.
+SELECT value, claimant FROM tree_keys WHERE root_id = %(root_id)s AND key = %(key)s;
+
+-- name: lock_child
+-- Taken by wait_child under the parent's fence_lock, before it decides to park: a statement ending
+-- the child waits for this transaction, so its runs_ended trigger finds the parent parked; or the
+-- child ended first, and this returns it final (the lock is granted on its newest version).
+SELECT * FROM runs WHERE id = %(id)s FOR SHARE;
