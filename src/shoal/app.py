@@ -174,6 +174,10 @@ class App:
         [0.5, 1]."""
 
         def register(f: WorkflowFunction) -> Workflow[Any]:
+            if isinstance(f, Workflow):
+                raise ConfigurationError(
+                    f"{f!r} is already a workflow: put @app.workflow directly above the "
+                    f"function, and decorators such as @app.cron above @app.workflow.")
             if not inspect.iscoroutinefunction(f):
                 raise ConfigurationError(
                     f"Workflow {getattr(f, '__name__', f)!r} must be an async function "
@@ -357,7 +361,7 @@ class App:
             return Health(HealthStatus.UNHEALTHY, "stopping")
         if engine is None:
             return Health(HealthStatus.UNHEALTHY, "not started")
-        last = engine.last_poll_at if engine.last_poll_at is not None else engine.started_at
+        last = engine.last_loop_at if engine.last_loop_at is not None else engine.started_at
         stuck_for = self.clock.now() - last
         if stuck_for > 3 * engine.poll_interval:
             return Health(HealthStatus.UNHEALTHY,

@@ -39,6 +39,8 @@ def make(store: shoal.Store, clock: shoal.Clock, instance_id: str) -> shoal.App:
             raise ValueError("no sources")
         if input["topic"] == "slow":
             await ctx.sleep(100)
+        if input["topic"] == "stuck":
+            await ctx.step("forever", asyncio.Event().wait)
         first = await ctx.tree.save_if_absent(f"subtopic:{input['topic'][0]}", ctx.run_id)
         owner = await ctx.tree.get(f"subtopic:{input['topic'][0]}")
         return {"topic": input["topic"], "first": first, "owner_is_me": owner == ctx.run_id,
@@ -95,9 +97,10 @@ async def test_a_failed_child_raises_in_the_parent() -> None:
 async def test_cancelling_the_root_cancels_its_children() -> None:
     clock = VirtualClock()
     async with cluster(make, instances=1, clock=clock) as (a,):
-        run = await a.dispatch("research", {"topics": ["slow", "slower"]})
-        await until(lambda: _children_started(a, run.id, 1))
+        run = await a.dispatch("research", {"topics": ["slow", "stuck"]})
+        await until(lambda: _children_started(a, run.id, 2))
         await until(lambda: _status(a, "topic", "sleeping"))
+        await until(lambda: _status(a, "topic", "running"))
         await a.cancel(run.id)
         with pytest.raises(shoal.RunCancelledError):
             await a.result(run.id)

@@ -110,7 +110,8 @@ class Engine:
         self._settled = asyncio.Event()
         self._closing = False
         self._pass_lock = asyncio.Lock()
-        self.last_poll_at: float | None = None
+        self.last_poll_at: float | None = None   # the last poll that succeeded
+        self.last_loop_at: float | None = None   # the last poll that came back at all
         self.started_at = clock.now()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -178,6 +179,9 @@ class Engine:
             except Exception as e:
                 log.warning("poll.failed: %s", e, extra={"event": "poll.failed"})
                 await self._report(e)
+            # liveness watches the loop, not the store: a poll that failed fast still came
+            # back (readiness reports the store); one that never returns does not
+            self.last_loop_at = self.clock.now()
             await self.clock.sleep(self.poll_interval)
 
     async def poll(self) -> None:
@@ -452,11 +456,18 @@ class Engine:
                     extra={"event": "run.store_failed", "run_id": x.run.id})
         await self._report(error)
         x.finishing = True
-        try:
-            await self.store.release_run(x.fence, self.clock.now())
-        except Exception as e:
-            log.warning("run.release_failed: %s: %s", x.run.id, e,
-                        extra={"event": "run.release_failed", "run_id": x.run.id})
+        # Released at once if the store answers; else tried again every poll interval while
+        # the lease may still be held, so a short outage costs the run no attempt.
+        while True:
+            try:
+                await self.store.release_run(x.fence, self.clock.now())
+                return
+            except Exception as e:
+                log.warning("run.release_failed: %s: %s", x.run.id, e,
+                            extra={"event": "run.release_failed", "run_id": x.run.id})
+            if self._closing or self.clock.now() + self.poll_interval >= x.held_until:
+                return
+            await self.clock.sleep(self.poll_interval)
 
     async def _failed(self, x: Execution, spec: WorkflowSpec, e: Exception) -> None:
         run = x.run
