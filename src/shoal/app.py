@@ -112,6 +112,7 @@ class App:
         self._crons: dict[str, CronTrigger] = {}
         self._on_pause_notify: list[PauseHandler] = []
         self._outbox_handlers: dict[str, OutboxHandlerSpec] = {}
+        self._observers: list[Any] = []
         self._engine: Engine | None = None
         self._opened = False
         self._started = False
@@ -154,6 +155,7 @@ class App:
         concurrency_key: str | KeyFn | None = None,
         backoff: float = 1.0,
         max_backoff: float = 300.0,
+        on_incompatible: Literal["wait", "resume"] = "wait",
     ) -> Callable[[WorkflowFunction], Workflow[Any]]: ...
 
     def workflow(
@@ -167,6 +169,7 @@ class App:
         concurrency_key: str | KeyFn | None = None,
         backoff: float = 1.0,
         max_backoff: float = 300.0,
+        on_incompatible: Literal["wait", "resume"] = "wait",
     ) -> Workflow[Any] | Callable[[WorkflowFunction], Workflow[Any]]:
         """Register an ``async def fn(ctx, input)`` as a workflow. ``max_attempts`` counts failed
         attempts (an exception, or a crash of the executing instance); retries wait
@@ -189,8 +192,11 @@ class App:
                     f"{max_attempts!r}.")
             if wf_name in self._workflows:
                 raise ConfigurationError(f"A workflow named {wf_name!r} is already registered.")
+            if on_incompatible not in ("wait", "resume"):
+                raise ConfigurationError(f"Workflow {wf_name!r}: on_incompatible must be "
+                                         f"'wait' or 'resume', not {on_incompatible!r}.")
             spec = WorkflowSpec(wf_name, f, max_attempts, priority, concurrency_key, backoff,
-                                max_backoff)
+                                max_backoff, on_incompatible)
             self._workflows[wf_name] = spec
             return Workflow(spec)
 
@@ -257,6 +263,15 @@ class App:
         await self._open_store()
         return await self.store.dead_letters(self.namespace, limit)
 
+    def observe(self, observer: Any) -> Any:
+        """Add an observer: any object with some of ``on_run_start(run)``,
+        ``on_run_resume(run, reason)`` (reason ``dispatched`` for a retry, ``woke``, ``resumed``
+        or ``recovered``), ``on_run_pause(run)`` and ``on_run_end(run)``, sync or async, called
+        on the instance executing the run. An observer that raises is logged and ignored.
+        Returns the observer."""
+        self._observers.append(observer)
+        return observer
+
     def on_pause_notify(self, fn: PauseHandler) -> PauseHandler:
         """Call ``fn(pause)`` (sync or async) for each new pause, on whichever instance takes
         it; the poll sends it again until ``fn`` returns without raising. Returns ``fn``."""
@@ -301,6 +316,7 @@ class App:
             run_retention=self.run_retention, pause_retention=self.pause_retention,
             on_pause_notify=self._on_pause_notify, crons=list(self._crons.values()),
             dispatch_child=self._dispatch_child, outbox_handlers=self._outbox_handlers,
+            version=self.version, observers=self._observers,
             fire=self._fire_cron,
         )
         self._engine.start()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import inspect
 import logging
 import random
@@ -19,7 +20,7 @@ from shoal.clock import Clock
 from shoal.engine.context import Execution, RunContext, StoreWriteFailed, Suspended
 from shoal.engine.cron import CronTrigger
 from shoal.errors import LeaseLostError, NonDeterminismError
-from shoal.stores.base import Fence, Pause, Run, Settlement, Store
+from shoal.stores.base import Fence, Pause, Run, RunStatus, Settlement, Store
 
 log = logging.getLogger("shoal")
 
@@ -50,6 +51,7 @@ class WorkflowSpec:
     concurrency_key: str | Callable[[Any], str | None] | None
     backoff: float
     max_backoff: float
+    on_incompatible: str = "wait"
 
     def options(self) -> dict[str, Any]:
         """What another process needs to dispatch this workflow by name (kept in the store)."""
@@ -84,6 +86,8 @@ class Engine:
         fire: Callable[[CronTrigger, float], Awaitable[None]] | None = None,
         dispatch_child: ChildDispatcher | None = None,
         outbox_handlers: dict[str, OutboxHandlerSpec] | None = None,
+        version: str | None = None,
+        observers: list[Any] | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
@@ -101,6 +105,9 @@ class Engine:
         self._fire = fire
         self._dispatch_child = dispatch_child
         self._outbox_handlers = outbox_handlers if outbox_handlers is not None else {}
+        self.version = version
+        self._observers = observers if observers is not None else []
+        self._incompatible_logged: set[str] = set()
         self._on_error = on_error
         self._local: dict[str, Execution] = {}
         self._accepting = False
@@ -193,6 +200,10 @@ class Engine:
         for run in await self.store.recover_runs(self.namespace, now):
             log.info("run.recovered: %s %s -> %s", run.workflow, run.id, run.status,
                      extra={"event": "run.recovered", "run_id": run.id})
+            if run.status.final:
+                log.error("recovery.failed: %s %s: %s", run.workflow, run.id, run.error,
+                          extra={"event": "recovery.failed", "run_id": run.id})
+        await self._log_incompatible(now)
         if self.max_queued is not None:
             await self.store.release_held(self.namespace, self.max_queued, now)
         await self._pass()
@@ -297,6 +308,38 @@ class Engine:
                 continue
             await self.store.mark_notified(pause.id)
 
+    def _any_version(self) -> list[str]:
+        return [name for name, spec in self.workflows.items()
+                if spec.on_incompatible == "resume"]
+
+    async def _log_incompatible(self, now: float) -> None:
+        """Log, once per run, the started runs left to an instance of their own version."""
+        found = await self.store.incompatible_runs(
+            self.namespace, list(self.workflows), self.version, self._any_version(), now)
+        for run in found:
+            if run.id in self._incompatible_logged:
+                continue
+            if len(self._incompatible_logged) > 100_000:
+                self._incompatible_logged.clear()
+            self._incompatible_logged.add(run.id)
+            log.warning("recovery.incompatible: %s %s was started by version %r; this instance "
+                        "is %r and leaves it to an instance of that version (or set "
+                        "on_incompatible='resume' on the workflow)", run.workflow, run.id,
+                        run.version, self.version,
+                        extra={"event": "recovery.incompatible", "run_id": run.id})
+
+    async def _observe(self, event: str, *args: Any) -> None:
+        for observer in list(self._observers):
+            method = getattr(observer, event, None)
+            if method is None:
+                continue
+            try:
+                result = method(*args)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("observer %r raised in %s", observer, event)
+
     async def _cron_loop(self, trigger: CronTrigger) -> None:
         """Fire the trigger's due tick (idempotent across instances), then sleep to the next."""
         while not self._closing:
@@ -344,7 +387,8 @@ class Engine:
                 return
             sent = self.clock.now()
             runs = await self.store.claim_runs(
-                self.namespace, list(self.workflows), self.instance_id, free, self.lease, sent)
+                self.namespace, list(self.workflows), self.instance_id, free, self.lease, sent,
+                version=self.version, any_version=self._any_version())
             for run in runs:
                 self._launch(run, held_until=sent + self.lease)
             if len(runs) < free:
@@ -400,12 +444,18 @@ class Engine:
         x.context = ctx
         try:
             try:
+                if run.lease_epoch == 1:
+                    await self._observe("on_run_start", run)
+                else:
+                    await self._observe("on_run_resume", run, run.resume_reason or "recovered")
                 x.steps = {s.seq: s for s in await self.store.load_steps(run.id)}
                 output = await spec.fn(ctx, copy.deepcopy(run.input))
                 _json.check_json(output, f"the output of workflow {run.workflow!r}")
             except Suspended as s:
                 if s.until is not None:
                     self._wake_at(s.until)
+                await self._observe("on_run_pause", dataclasses.replace(
+                    run, status=RunStatus(s.status), owner=None, lease_expires_at=None))
                 return
             except asyncio.CancelledError:
                 await self._aborted(x)
@@ -489,7 +539,13 @@ class Engine:
 
     async def _settle(self, x: Execution, settlement: Settlement) -> bool:
         x.finishing = True
-        if await self.store.settle_run(x.fence, settlement, self.clock.now()):
+        now = self.clock.now()
+        if await self.store.settle_run(x.fence, settlement, now):
+            if settlement.outcome != "retry":
+                await self._observe("on_run_end", dataclasses.replace(
+                    x.run, status=RunStatus(settlement.outcome), owner=None,
+                    lease_expires_at=None, output=settlement.output, error=settlement.error,
+                    finished_at=now))
             return True
         await self._lost(x, LeaseLostError(x.run.id, self.instance_id))
         return False

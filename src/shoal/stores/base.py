@@ -70,6 +70,10 @@ class Run:
     held: bool
     started_at: float | None
     finished_at: float | None
+    # why the run was last delivered: dispatched (first start, or a retry), woke (a sleep or a
+    # deadline), resumed (a signal, an approval, a child's end), recovered (after a crash or a
+    # stop); set by claim_runs
+    resume_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -244,12 +248,24 @@ class Store(Protocol):
         limit: int,
         lease: float,
         now: float,
+        *,
+        version: str | None = None,
+        any_version: Sequence[str] = (),
     ) -> list[Run]:
         """Atomically claim up to ``limit`` due runs of these workflows, by priority descending,
         created_at, id: set them running under ``owner`` with a new epoch and a lease until
         ``now + lease``. A run with a concurrency key is claimed only when no other run of its
         workflow and key has started and not ended (invariant 4). Due: queued (not held) or
-        sleeping/waiting with ``run_at <= now``."""
+        sleeping/waiting with ``run_at <= now``. A run that has started is claimed only by the
+        code ``version`` that started it, unless its workflow is in ``any_version``; a run's
+        first claim stamps it with ``version``."""
+
+    async def incompatible_runs(
+        self, namespace: str, workflows: Sequence[str], version: str | None,
+        any_version: Sequence[str], now: float, limit: int = 100,
+    ) -> list[Run]:
+        """Due, started runs of these workflows that ``claim_runs`` leaves to another
+        ``version`` (for logging them)."""
 
     async def renew_leases(
         self, owner: str, leases: dict[str, int], lease: float, now: float

@@ -174,6 +174,9 @@ class MemoryStore:
         limit: int,
         lease: float,
         now: float,
+        *,
+        version: str | None = None,
+        any_version: Sequence[str] = (),
     ) -> list[Run]:
         if limit <= 0:
             return []
@@ -182,7 +185,8 @@ class MemoryStore:
             (r for r in self._in(namespace)
              if r.workflow in wanted and r.run_at is not None and r.run_at <= now
              and ((r.status == _Q and not r.held)
-                  or r.status in (RunStatus.SLEEPING, RunStatus.WAITING))),
+                  or r.status in (RunStatus.SLEEPING, RunStatus.WAITING))
+             and (r.started_at is None or r.version == version or r.workflow in any_version)),
             key=lambda r: (-r.priority, r.created_at, r.id),
         )
         claimed: list[Run] = []
@@ -192,17 +196,37 @@ class MemoryStore:
                 if (r.workflow, r.concurrency_key) in keys or self._key_held(r):
                     continue
                 keys.add((r.workflow, r.concurrency_key))
+            if r.status == RunStatus.SLEEPING:
+                reason: str | None = "woke"
+            elif r.status == RunStatus.WAITING:
+                reason = "resumed"
+            elif r.started_at is None:
+                reason = "dispatched"
+            else:
+                reason = r.resume_reason or "recovered"
             run = replace(
                 r, status=RunStatus.RUNNING, owner=owner, lease_expires_at=now + lease,
                 lease_epoch=r.lease_epoch + 1, attempts=max(r.attempts, 1),
                 started_at=r.started_at if r.started_at is not None else now, wait_for=None,
-                run_at=now,
+                run_at=now, version=version if r.started_at is None else r.version,
+                resume_reason=reason,
             )
             self._runs[r.id] = run
             claimed.append(run)
             if len(claimed) == limit:
                 break
         return claimed
+
+    async def incompatible_runs(
+        self, namespace: str, workflows: Sequence[str], version: str | None,
+        any_version: Sequence[str], now: float, limit: int = 100,
+    ) -> list[Run]:
+        return [r for r in self._in(namespace)
+                if ((r.status == _Q and not r.held)
+                    or r.status in (RunStatus.SLEEPING, RunStatus.WAITING))
+                and r.run_at is not None and r.run_at <= now
+                and r.started_at is not None and r.version != version
+                and r.workflow in workflows and r.workflow not in any_version][:limit]
 
     def _holds(self, fence: Fence) -> Run | None:
         r = self._runs.get(fence.run_id)
@@ -302,7 +326,7 @@ class MemoryStore:
         if settlement.outcome == "retry":
             run = replace(r, status=_Q, run_at=settlement.run_at, attempts=r.attempts + 1,
                           output=None, finished_at=None, owner=None, lease_expires_at=None,
-                          error=settlement.error)
+                          error=settlement.error, resume_reason="dispatched")
         else:
             output = copy.deepcopy(settlement.output) if settlement.outcome == "succeeded" else None
             run = replace(r, status=RunStatus(settlement.outcome), output=output,
@@ -337,12 +361,12 @@ class MemoryStore:
                     )
                 else:
                     run = replace(r, status=_Q, attempts=r.attempts + 1, owner=None,
-                                  lease_expires_at=None, run_at=now)
+                                  lease_expires_at=None, run_at=now, resume_reason="recovered")
             elif r.status == RunStatus.INTERRUPTED:
                 if r.cancel_requested:
                     run = replace(r, status=RunStatus.CANCELLED, finished_at=now)
                 else:
-                    run = replace(r, status=_Q, run_at=now)
+                    run = replace(r, status=_Q, run_at=now, resume_reason="recovered")
             if run is not None:
                 self._runs[r.id] = run
                 if run.status.final:

@@ -261,6 +261,17 @@ class SQLiteStore:
             }).fetchone()
             return _run(row), True
 
+    async def incompatible_runs(
+        self, namespace: str, workflows: Sequence[str], version: str | None,
+        any_version: Sequence[str], now: float, limit: int = 100,
+    ) -> list[Run]:
+        ids = [row["id"] for row in self._db.execute(_Q["incompatible_runs"], {
+            "namespace": namespace, "workflows": _json.dumps(list(workflows)),
+            "any_version": _json.dumps(list(any_version)), "version": version, "now": now,
+            "limit": limit}).fetchall()]
+        found = [await self.get_run(i) for i in ids]
+        return [r for r in found if r is not None]
+
     async def get_run(self, run_id: str) -> Run | None:
         row = self._one(_Q["get_run"], {"id": run_id})
         return None if row is None else _run(row)
@@ -299,11 +310,15 @@ class SQLiteStore:
         limit: int,
         lease: float,
         now: float,
+        *,
+        version: str | None = None,
+        any_version: Sequence[str] = (),
     ) -> list[Run]:
         if limit <= 0 or not workflows:
             return []
         args: dict[str, Any] = {"namespace": namespace, "workflows": _json.dumps(list(workflows)),
-                                "now": now, "scan": limit * 4 + 16}
+                                "now": now, "scan": limit * 4 + 16, "version": version,
+                                "any_version": _json.dumps(list(any_version))}
         # A plain read first: an idle poll takes no write lock.
         if self._one(_Q["claim_candidates"], args) is None:
             return []
@@ -322,7 +337,7 @@ class SQLiteStore:
             if not ids:
                 return []
             rows = db.execute(_Q["claim"], {"owner": owner, "expires": now + self._waited + lease,
-                                            "now": now,
+                                            "now": now, "version": version,
                                             "ids": _json.dumps(ids)}).fetchall()
         runs = sorted((_run(r) for r in rows), key=lambda r: (-r.priority, r.created_at, r.id))
         return runs
@@ -735,5 +750,5 @@ def _run(row: sqlite3.Row) -> Run:
         lease_epoch=row["lease_epoch"], cancel_requested=bool(row["cancel_requested"]),
         version=row["version"], parent_id=row["parent_id"], root_id=row["root_id"],
         wait_for=row["wait_for"], held=bool(row["held"]), started_at=row["started_at"],
-        finished_at=row["finished_at"],
+        finished_at=row["finished_at"], resume_reason=row["resume_reason"],
     )

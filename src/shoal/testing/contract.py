@@ -244,6 +244,39 @@ class StoreContract:
         [c] = await claim(store, now=T0 + 71)
         assert c.id == second.id
 
+    # -- versions and why a run is delivered --------------------------------------------------
+
+    async def test_a_started_run_is_claimed_by_its_own_version(self, store: Store) -> None:
+        run = await add(store)
+        [c] = await store.claim_runs(NS, ["wf"], "a", 1, LEASE, T0, version="v1")
+        assert c.version == "v1" and c.resume_reason == "dispatched"
+        assert await store.suspend_run(fence(c), Step(1, "shoal.sleep", {}, False, 0),
+                                       "sleeping", T0 + 10, None, T0)
+        assert await store.claim_runs(NS, ["wf"], "b", 1, LEASE, T0 + 10, version="v2") == []
+        [left] = await store.incompatible_runs(NS, ["wf"], "v2", [], T0 + 10)
+        assert left.id == run.id
+        assert await store.incompatible_runs(NS, ["wf"], "v1", [], T0 + 10) == []
+        assert await store.incompatible_runs(NS, ["wf"], "v2", ["wf"], T0 + 10) == []
+        [c] = await store.claim_runs(NS, ["wf"], "b", 1, LEASE, T0 + 10, version="v2",
+                                     any_version=["wf"])
+        assert c.id == run.id and c.version == "v1" and c.resume_reason == "woke"
+
+    async def test_resume_reasons(self, store: Store) -> None:
+        await add(store)
+        [c] = await claim(store)
+        assert c.resume_reason == "dispatched"
+        assert await store.settle_run(fence(c), Settlement("retry", error="e", run_at=T0), T0)
+        [c] = await claim(store)
+        assert c.resume_reason == "dispatched"
+        got = await store.wait_signal(fence(c), Step(1, "w", {}, False, 0), "go", None, T0)
+        assert got is not None and got.parked
+        await store.send_signal(c.id, "go", 1, _ids.new_id(T0), T0)
+        [c] = await claim(store)
+        assert c.resume_reason == "resumed"
+        await store.recover_runs(NS, T0 + LEASE)
+        [c] = await claim(store, now=T0 + LEASE)
+        assert c.resume_reason == "recovered"
+
     # -- leases and fencing ----------------------------------------------------------------
 
     async def test_renew_extends_only_the_holders_lease(self, store: Store) -> None:

@@ -1,5 +1,20 @@
 -- Named statements of the SQLite store. Each block starts with "-- name: NAME".
 
+-- name: incompatible_runs
+-- Started runs that are due but were started by another code version (recovery leaves them).
+SELECT id FROM (
+    SELECT id, workflow, version FROM runs INDEXED BY runs_queued
+    WHERE namespace = :namespace AND status = 'queued' AND held = 0 AND run_at <= :now
+      AND started_at IS NOT NULL
+    UNION ALL
+    SELECT id, workflow, version FROM runs INDEXED BY runs_timed
+    WHERE namespace = :namespace AND status IN ('sleeping', 'waiting') AND run_at <= :now
+)
+WHERE version IS NOT :version
+  AND workflow IN (SELECT value FROM json_each(:workflows))
+  AND workflow NOT IN (SELECT value FROM json_each(:any_version))
+LIMIT :limit;
+
 -- name: insert_run
 INSERT INTO runs (id, namespace, tenant, workflow, input, status, priority, created_at, run_at,
                   max_attempts, concurrency_key, idempotency_key, version, parent_id, root_id, held)
@@ -31,6 +46,8 @@ SELECT id, workflow, concurrency_key FROM (
         FROM runs r INDEXED BY runs_queued
         WHERE r.namespace = :namespace AND r.status = 'queued' AND r.held = 0
           AND r.run_at <= :now AND r.workflow IN (SELECT value FROM json_each(:workflows))
+          AND (r.started_at IS NULL OR r.version IS :version
+               OR r.workflow IN (SELECT value FROM json_each(:any_version)))
           AND (r.concurrency_key IS NULL OR r.started_at IS NOT NULL OR NOT EXISTS (
                 SELECT 1 FROM runs o INDEXED BY runs_key_holder
                 WHERE o.namespace = r.namespace AND o.workflow = r.workflow
@@ -45,6 +62,8 @@ SELECT id, workflow, concurrency_key FROM (
         FROM runs r INDEXED BY runs_timed
         WHERE r.namespace = :namespace AND r.status IN ('sleeping', 'waiting')
           AND r.run_at <= :now AND r.workflow IN (SELECT value FROM json_each(:workflows))
+          AND (r.version IS :version
+               OR r.workflow IN (SELECT value FROM json_each(:any_version)))
         ORDER BY r.priority DESC, r.created_at, r.id
         LIMIT :scan)
 )
@@ -55,7 +74,13 @@ LIMIT :scan;
 UPDATE runs
 SET status = 'running', owner = :owner, lease_expires_at = :expires, lease_epoch = lease_epoch + 1,
     attempts = max(attempts, 1), started_at = coalesce(started_at, :now), wait_for = NULL,
-    run_at = :now
+    run_at = :now,
+    -- a run takes the version of the code that first executes it
+    version = CASE WHEN started_at IS NULL THEN :version ELSE version END,
+    resume_reason = CASE WHEN status = 'sleeping' THEN 'woke'
+                         WHEN status = 'waiting' THEN 'resumed'
+                         WHEN started_at IS NULL THEN 'dispatched'
+                         ELSE coalesce(resume_reason, 'recovered') END
 WHERE id IN (SELECT value FROM json_each(:ids))
 RETURNING *;
 
@@ -99,7 +124,8 @@ UPDATE signals SET consumed = 1 WHERE id = :id AND consumed = 0;
 -- name: settle
 UPDATE runs
 SET status = :status, output = :output, error = :error, finished_at = :finished_at,
-    run_at = :run_at, attempts = attempts + :attempt_inc, owner = NULL, lease_expires_at = NULL
+    run_at = :run_at, attempts = attempts + :attempt_inc, owner = NULL, lease_expires_at = NULL,
+    resume_reason = 'dispatched'
 WHERE id = :run_id AND owner = :owner AND lease_epoch = :epoch AND status = 'running';
 
 -- name: release
@@ -123,7 +149,8 @@ RETURNING *;
 
 -- name: recover_crashed
 UPDATE runs INDEXED BY runs_claimed
-SET status = 'queued', attempts = attempts + 1, owner = NULL, lease_expires_at = NULL, run_at = :now
+SET status = 'queued', attempts = attempts + 1, owner = NULL, lease_expires_at = NULL, run_at = :now,
+    resume_reason = 'recovered'
 WHERE namespace = :namespace AND status IN ('running', 'interrupted') AND status = 'running'
   AND lease_expires_at <= :now
 RETURNING *;
@@ -135,7 +162,7 @@ WHERE namespace = :namespace AND status IN ('running', 'interrupted') AND status
 RETURNING *;
 
 -- name: recover_interrupted
-UPDATE runs INDEXED BY runs_claimed SET status = 'queued', run_at = :now
+UPDATE runs INDEXED BY runs_claimed SET status = 'queued', run_at = :now, resume_reason = 'recovered'
 WHERE namespace = :namespace AND status IN ('running', 'interrupted') AND status = 'interrupted'
 RETURNING *;
 
