@@ -38,6 +38,7 @@ from shoal.stores.base import (
     JSON,
     Fence,
     NewRun,
+    OutboxEntry,
     Pause,
     Renewal,
     Run,
@@ -462,13 +463,44 @@ class PostgresStore:
             "finished": step.finished, "finished_at": now if step.finished else None,
         }
 
-    async def checkpoint_step(self, fence: Fence, step: Step, lease: float, now: float) -> bool:
+    async def checkpoint_step(
+        self, fence: Fence, step: Step, lease: float, now: float,
+        outbox: Sequence[OutboxEntry] = (),
+    ) -> bool:
+        if outbox:
+            # A step that sent entries takes a transaction of its own rather than the batch: the
+            # batch statement takes one row per run, and checking "this step is not finished
+            # yet" in it would read the steps as of before its row locks were granted. Here the
+            # run row is locked (fence_extend) before the statement that checks the step and
+            # writes entries and step together, so it sees every committed write of the run;
+            # fenced and atomic as a batched row is. Such steps are the few; the rest keep the
+            # group commit.
+            return await self._retry(
+                lambda: self._checkpoint_outbox(fence, step, lease, now, outbox))
         return await self._checkpoints.write(fence.run_id, {
             "id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
             "expires": now + lease, "seq": step.seq, "name": step.name,
             "output": _json.dumps(step.output), "finished": step.finished,
             "finished_at": now if step.finished else None,
         })
+
+    async def _checkpoint_outbox(
+        self, fence: Fence, step: Step, lease: float, now: float, outbox: Sequence[OutboxEntry]
+    ) -> bool:
+        async with self._connection() as conn, conn.transaction():
+            fenced = {"run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
+                      "expires": now + lease}
+            if await (await conn.execute(_Q["fence_extend"], fenced)).fetchone() is None:
+                return False
+            await conn.execute(_Q["checkpoint_outbox"], {
+                **self._step_args(fence, step, now), "now": now,
+                "o_id": [e.id for e in outbox], "o_namespace": [e.namespace for e in outbox],
+                "o_run_id": [e.run_id for e in outbox], "o_seq": [e.seq for e in outbox],
+                "o_idx": [e.index for e in outbox], "o_topic": [e.topic for e in outbox],
+                "o_payload": [_json.dumps(e.payload) for e in outbox],
+                "o_created_at": [e.created_at for e in outbox],
+            })
+            return True
 
     async def suspend_run(
         self,
@@ -707,6 +739,36 @@ class PostgresStore:
         args = {"namespace": namespace, "before": before, "limit": limit}
         return len(await self._retry(lambda: self._all(_Q["prune_pauses"], args)))
 
+    # -- outbox ----------------------------------------------------------------------------
+
+    async def claim_outbox(
+        self, namespace: str, topics: Sequence[str], now: float, lease: float, limit: int
+    ) -> list[OutboxEntry]:
+        if limit <= 0 or not topics:
+            return []
+        rows = await self._retry(lambda: self._all(_Q["claim_outbox"], {
+            "namespace": namespace, "topics": list(topics), "now": now, "until": now + lease,
+            "limit": limit}))
+        return sorted((_entry(r) for r in rows), key=lambda e: (e.created_at, e.id))
+
+    async def finish_delivery(
+        self, entry_id: str, now: float, error: str | None = None,
+        retry_at: float | None = None,
+    ) -> None:
+        if error is None:
+            query, args = _Q["outbox_delivered"], {"id": entry_id, "now": now}
+        else:
+            query, args = _Q["outbox_failed"], {
+                "id": entry_id, "error": error, "dead": retry_at is None,
+                "next_at": retry_at if retry_at is not None else now}
+        await self._retry(lambda: self._all(query, args, fetch=False))
+
+    async def dead_letters(self, namespace: str, limit: int = 100) -> list[OutboxEntry]:
+        rows = await self._all(_Q["dead_letters"], {"namespace": namespace, "limit": limit})
+        return [_entry(r) for r in rows]
+
+    # -- retention -------------------------------------------------------------------------
+
     async def prune_runs(self, namespace: str, before: float, limit: int) -> int:
         args = {"namespace": namespace, "before": before, "limit": limit}
         return len(await self._retry(lambda: self._all(_Q["prune_runs"], args)))
@@ -846,6 +908,15 @@ def _child_wait(child_id: str) -> str:
     """What a run parked on a child run waits for (``Run.wait_for``); the runs_ended trigger
     (0003_trees.sql) matches it."""
     return f"shoal.child:{child_id}"
+
+
+def _entry(row: DictRow) -> OutboxEntry:
+    return OutboxEntry(
+        id=row["id"], namespace=row["namespace"], run_id=row["run_id"], seq=row["seq"],
+        index=row["idx"], topic=row["topic"], payload=_json.loads(row["payload"]),
+        created_at=row["created_at"], attempts=row["attempts"], next_at=row["next_at"],
+        delivered_at=row["delivered_at"], dead=row["dead"], error=row["error"],
+    )
 
 
 def _pause(row: DictRow) -> Pause:

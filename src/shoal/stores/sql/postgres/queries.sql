@@ -339,8 +339,8 @@ SET options = excluded.options, registered_at = excluded.registered_at;
 SELECT options FROM workflows WHERE namespace = %(namespace)s AND name = %(name)s;
 
 -- name: prune_runs
--- A bounded batch of the oldest finished runs with their steps and signals; runs another
--- instance is pruning at the same moment are skipped, not waited for.
+-- A bounded batch of the oldest finished runs with their steps, signals and outbox entries; runs
+-- another instance is pruning at the same moment are skipped, not waited for.
 WITH old AS (
     SELECT id FROM runs
     WHERE namespace = %(namespace)s AND status IN ('succeeded', 'failed', 'cancelled')
@@ -352,6 +352,8 @@ WITH old AS (
     DELETE FROM steps WHERE run_id IN (SELECT id FROM old)
 ), gone_signals AS (
     DELETE FROM signals WHERE run_id IN (SELECT id FROM old)
+), gone_outbox AS (
+    DELETE FROM outbox WHERE run_id IN (SELECT id FROM old)
 )
 DELETE FROM runs WHERE id IN (SELECT id FROM old)
 RETURNING id;
@@ -494,3 +496,69 @@ SELECT value, claimant FROM tree_keys WHERE root_id = %(root_id)s AND key = %(ke
 -- the child waits for this transaction, so its runs_ended trigger finds the parent parked; or the
 -- child ended first, and this returns it final (the lock is granted on its newest version).
 SELECT * FROM runs WHERE id = %(id)s FOR SHARE;
+
+-- name: fence_extend
+-- The fence of a transaction that writes more than one statement: extends the lease and locks the
+-- run row until the commit, so the transaction's later statements see every write of the run
+-- committed before it.
+UPDATE runs SET lease_expires_at = %(expires)s
+WHERE id = %(run_id)s AND owner = %(owner)s AND lease_epoch = %(epoch)s AND status = 'running'
+RETURNING id;
+
+-- name: checkpoint_outbox
+-- After fence_extend, in its transaction (so this statement's snapshot is taken with the run row
+-- locked): the step's outbox entries, only if the step is not finished already (invariant 3: a
+-- finished step's entries were written with it), once per (run_id, seq, idx); then the step.
+-- Both parts see the steps as they were before this statement.
+WITH sent AS (
+    INSERT INTO outbox (id, namespace, run_id, seq, idx, topic, payload, created_at, next_at)
+    SELECT o.id, o.namespace, o.run_id, o.seq, o.idx, o.topic, o.payload, o.created_at, %(now)s
+    FROM unnest(%(o_id)s::text[], %(o_namespace)s::text[], %(o_run_id)s::text[],
+                %(o_seq)s::integer[], %(o_idx)s::integer[], %(o_topic)s::text[],
+                %(o_payload)s::text[], %(o_created_at)s::double precision[])
+        AS o(id, namespace, run_id, seq, idx, topic, payload, created_at)
+    WHERE NOT EXISTS (SELECT 1 FROM steps
+                      WHERE steps.run_id = %(run_id)s AND steps.seq = %(seq)s AND steps.finished)
+    ORDER BY o.run_id, o.seq, o.idx
+    ON CONFLICT (run_id, seq, idx) DO NOTHING
+)
+INSERT INTO steps (run_id, seq, name, output, finished, epoch, finished_at)
+VALUES (%(run_id)s, %(seq)s, %(name)s, %(output)s, %(finished)s, %(epoch)s, %(finished_at)s)
+ON CONFLICT (run_id, seq) DO UPDATE
+SET name = excluded.name, output = excluded.output, finished = excluded.finished,
+    epoch = excluded.epoch, finished_at = excluded.finished_at
+WHERE NOT steps.finished;
+
+-- name: claim_outbox
+-- Due entries of these topics, oldest due first (as on SQLite); each is taken by one instance for
+-- the lease: rows another instance is taking right now are skipped, and a row taken and committed
+-- since this statement began no longer passes next_at <= now when it is locked, so it is not
+-- taken twice. A taken entry is offered again once its lease has passed (the deliverer failed).
+WITH due AS (
+    SELECT id FROM outbox
+    WHERE namespace = %(namespace)s AND delivered_at IS NULL AND NOT dead
+      AND next_at <= %(now)s AND topic = ANY(%(topics)s::text[])
+    ORDER BY next_at, created_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE outbox SET next_at = %(until)s
+FROM due
+WHERE outbox.id = due.id
+RETURNING outbox.*;
+
+-- name: outbox_delivered
+-- A late report about an entry delivered or dead already changes nothing.
+UPDATE outbox SET delivered_at = %(now)s, error = NULL
+WHERE id = %(id)s AND delivered_at IS NULL AND NOT dead;
+
+-- name: outbox_failed
+UPDATE outbox
+SET attempts = attempts + 1, error = %(error)s, dead = %(dead)s, next_at = %(next_at)s
+WHERE id = %(id)s AND delivered_at IS NULL AND NOT dead;
+
+-- name: dead_letters
+SELECT * FROM outbox
+WHERE namespace = %(namespace)s AND dead
+ORDER BY created_at, id
+LIMIT %(limit)s;
