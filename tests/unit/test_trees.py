@@ -132,3 +132,34 @@ async def test_start_child_refuses_unknown_options() -> None:
             await app.result(run.id)
         assert errors and "colour" in errors[0]
         await asyncio.sleep(0)
+
+
+async def test_a_child_finished_on_one_instance_wakes_its_parent_on_the_other() -> None:
+    clock = VirtualClock()
+    executed: list[tuple[str, str]] = []
+
+    def split(store: shoal.Store, clk: shoal.Clock, name: str) -> shoal.App:
+        app = shoal.App("split", store=store, clock=clk, instance_id=name, lease=30.0)
+        if name == "instance-0":            # this one only runs parents
+
+            @app.workflow(name="parent")
+            async def parent(ctx: shoal.RunContext, input: Any) -> Any:
+                child = await ctx.start_child("child", {"n": 2})
+                doubled = await child.result()
+                await ctx.step("after", lambda: executed.append((name, "parent-after")))
+                return doubled
+        else:                               # and this one only children
+
+            @app.workflow(name="child")
+            async def child(ctx: shoal.RunContext, input: Any) -> Any:
+                await ctx.step("work", lambda: executed.append((name, "child")))
+                return input["n"] * 2
+
+        return app
+
+    async with cluster(split, instances=2, clock=clock) as (a, b):
+        run = await a.dispatch("parent")
+        assert await b.result(run.id) == 4
+        assert executed == [("instance-1", "child"), ("instance-0", "parent-after")]
+        [kid] = await a.list_runs(workflow="child")
+        assert kid.owner is None and kid.parent_id == run.id
