@@ -418,11 +418,15 @@ class PostgresStore:
         limit: int,
         lease: float,
         now: float,
+        *,
+        version: str | None = None,
+        any_version: Sequence[str] = (),
     ) -> list[Run]:
         if limit <= 0 or not workflows:
             return []
         args = {"namespace": namespace, "workflows": list(workflows), "owner": owner,
-                "limit": limit, "expires": now + lease, "now": now}
+                "limit": limit, "expires": now + lease, "now": now, "version": version,
+                "any_version": list(any_version)}
         rows: list[DictRow] = []
         for _ in range(3):
             try:
@@ -436,6 +440,17 @@ class PostgresStore:
                 log.debug("claim.retry")
         runs = sorted((_run(r) for r in rows), key=lambda r: (-r.priority, r.created_at, r.id))
         return runs
+
+    async def incompatible_runs(
+        self, namespace: str, workflows: Sequence[str], version: str | None,
+        any_version: Sequence[str], now: float, limit: int = 100,
+    ) -> list[Run]:
+        if limit <= 0 or not workflows:
+            return []
+        rows = await self._all(_Q["incompatible_runs"], {
+            "namespace": namespace, "workflows": list(workflows), "version": version,
+            "any_version": list(any_version), "now": now, "limit": limit})
+        return [_run(r) for r in rows]
 
     async def renew_leases(
         self, owner: str, leases: dict[str, int], lease: float, now: float
@@ -940,5 +955,5 @@ def _run(row: DictRow) -> Run:
         lease_epoch=row["lease_epoch"], cancel_requested=row["cancel_requested"],
         version=row["version"], parent_id=row["parent_id"], root_id=row["root_id"],
         wait_for=row["wait_for"], held=row["held"], started_at=row["started_at"],
-        finished_at=row["finished_at"],
+        finished_at=row["finished_at"], resume_reason=row["resume_reason"],
     )

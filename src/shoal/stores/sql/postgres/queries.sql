@@ -50,11 +50,15 @@ SELECT * FROM runs WHERE id = %(id)s;
 -- running. A queued run with a concurrency key is a candidate when it holds the key itself
 -- (started before), or when no started, unfinished run holds the key and it is the first due
 -- unstarted run of the key, so a batch takes at most one run per key. runs_key_holder backs this
--- when two claims race.
+-- when two claims race. A run that has started is claimed only by the code version that started
+-- it (a replay on other code could diverge), unless its workflow is in any_version; its first
+-- claim stamps it with the claimer's version. The SET reads the row as it was before the update.
 WITH queued AS (
     SELECT r.id, r.priority, r.created_at FROM runs r
     WHERE r.namespace = %(namespace)s AND r.status = 'queued' AND NOT r.held
       AND r.run_at <= %(now)s AND r.workflow = ANY(%(workflows)s::text[])
+      AND (r.started_at IS NULL OR r.version IS NOT DISTINCT FROM %(version)s::text
+           OR r.workflow = ANY(%(any_version)s::text[]))
       -- a run that started before (waiting for its retry) holds its own key
       AND (r.concurrency_key IS NULL OR r.started_at IS NOT NULL OR (
             NOT EXISTS (
@@ -81,6 +85,9 @@ WITH queued AS (
     SELECT r.id, r.priority, r.created_at FROM runs r
     WHERE r.namespace = %(namespace)s AND r.status IN ('sleeping', 'waiting')
       AND r.run_at <= %(now)s AND r.workflow = ANY(%(workflows)s::text[])
+      -- sleeping or waiting: started, so only its own version
+      AND (r.version IS NOT DISTINCT FROM %(version)s::text
+           OR r.workflow = ANY(%(any_version)s::text[]))
     ORDER BY r.priority DESC, r.created_at, r.id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -92,10 +99,33 @@ WITH queued AS (
 UPDATE runs
 SET status = 'running', owner = %(owner)s, lease_expires_at = %(expires)s,
     lease_epoch = runs.lease_epoch + 1, attempts = greatest(runs.attempts, 1),
-    started_at = coalesce(runs.started_at, %(now)s), wait_for = NULL, run_at = %(now)s
+    started_at = coalesce(runs.started_at, %(now)s), wait_for = NULL, run_at = %(now)s,
+    -- a run takes the version of the code that first executes it
+    version = CASE WHEN runs.started_at IS NULL THEN %(version)s::text ELSE runs.version END,
+    resume_reason = CASE WHEN runs.status = 'sleeping' THEN 'woke'
+                         WHEN runs.status = 'waiting' THEN 'resumed'
+                         WHEN runs.started_at IS NULL THEN 'dispatched'
+                         ELSE coalesce(runs.resume_reason, 'recovered') END
 FROM chosen
 WHERE runs.id = chosen.id
 RETURNING runs.*;
+
+-- name: incompatible_runs
+-- Due, started runs of these workflows that the claim leaves to another code version (to log
+-- them): the claim's two scans (runs_queued, runs_timed) without the version filter, inverted.
+SELECT * FROM (
+    SELECT * FROM runs
+    WHERE namespace = %(namespace)s AND status = 'queued' AND NOT held AND run_at <= %(now)s
+      AND started_at IS NOT NULL
+    UNION ALL
+    SELECT * FROM runs
+    WHERE namespace = %(namespace)s AND status IN ('sleeping', 'waiting') AND run_at <= %(now)s
+) r
+WHERE r.version IS DISTINCT FROM %(version)s::text
+  AND r.workflow = ANY(%(workflows)s::text[])
+  AND NOT (r.workflow = ANY(%(any_version)s::text[]))
+ORDER BY r.priority DESC, r.created_at, r.id
+LIMIT %(limit)s;
 
 -- name: renew
 -- Rows are locked in id order, like a batch of settlements of the same instance.
@@ -208,7 +238,9 @@ WITH s AS (
 UPDATE runs
 SET status = s.status, output = s.output, error = s.error, finished_at = s.finished_at,
     run_at = s.run_at, attempts = runs.attempts + s.attempt_inc, owner = NULL,
-    lease_expires_at = NULL
+    lease_expires_at = NULL,
+    -- a retry is delivered again as dispatched
+    resume_reason = CASE WHEN s.status = 'queued' THEN 'dispatched' ELSE runs.resume_reason END
 FROM s JOIN fenced ON fenced.id = s.id
 WHERE runs.id = s.id AND runs.owner = s.owner AND runs.lease_epoch = s.epoch
   AND runs.status = 'running'
@@ -253,6 +285,11 @@ SET status = CASE
         WHEN (r.status = 'running' AND r.attempts < r.max_attempts)
              OR (r.status = 'interrupted' AND NOT r.cancel_requested) THEN %(now)s
         ELSE r.run_at END,
+    -- a requeued run is delivered again as recovered
+    resume_reason = CASE
+        WHEN (r.status = 'running' AND r.attempts < r.max_attempts)
+             OR (r.status = 'interrupted' AND NOT r.cancel_requested) THEN 'recovered'
+        ELSE r.resume_reason END,
     owner = NULL, lease_expires_at = NULL
 FROM due
 WHERE r.id = due.id
