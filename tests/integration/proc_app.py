@@ -1,12 +1,14 @@
-"""The worker side of ``test_sqlite_processes.py``: one shoal App over a shared SQLite file whose
-steps append their side effects to a shared log (one ``os.write`` per JSON line, O_APPEND).
+"""The worker side of ``test_sqlite_processes.py`` and ``test_postgres_processes.py``: one shoal
+App over a shared store (a SQLite file or a PostgreSQL schema) whose steps append their side effects
+to a shared log (one ``os.write`` per JSON line, O_APPEND).
 
 ``python proc_app.py worker``    serve until SIGTERM (``App.run_forever``), then close
 ``python proc_app.py dispatch``  dispatch the runs described by a JSON list on stdin, print run ids
 ``python proc_app.py reaper F``  once the test process is gone, SIGKILL the process groups listed
                                  in file F (a worker frozen by SIGSTOP cannot exit by itself)
 
-Configured by environment variables: ``PROC_DB`` (SQLite path), ``PROC_LOG`` (side-effect log),
+Configured by environment variables: ``PROC_STORE`` (a store URL) or ``PROC_DB`` (a SQLite path),
+``PROC_LOG`` (side-effect log),
 ``PROC_INSTANCE`` (instance id), ``PROC_LEASE`` (seconds), ``PROC_DRAIN`` (close timeout),
 ``PROC_MAX_LIFE`` (seconds; the worker exits by itself after that, a guard against leftovers).
 """
@@ -57,11 +59,23 @@ async def _work(ctx: shoal.RunContext, n: int, input: dict[str, Any]) -> dict[st
     return {"n": n, "pid": os.getpid(), "epoch": ctx.lease_epoch}
 
 
+def store_url(db: str, busy_timeout: float = 5.0) -> str:
+    """``db`` as a store URL: a URL (``postgresql://…``) as it is, a path as a SQLite file. A
+    frozen worker can hold SQLite's write lock for seconds: dispatching processes wait longer."""
+    if "://" in db:
+        return db
+    return f"sqlite:///{db}?busy_timeout={busy_timeout}"
+
+
+def _env_store() -> str:
+    return os.environ.get("PROC_STORE") or os.environ["PROC_DB"]
+
+
 def make_app(db: str, instance_id: str | None = None, lease: float = 2.0,
              busy_timeout: float = 5.0) -> shoal.App:
-    """The app every process of the test builds: workflows ``chaos`` and ``long``. A frozen
-    worker can hold the write lock for seconds: dispatching processes wait longer for it."""
-    app = shoal.App(NAMESPACE, store=f"sqlite:///{db}?busy_timeout={busy_timeout}",
+    """The app every process of the test builds: workflows ``chaos`` and ``long``, over ``db``
+    (a store URL, or the path of a SQLite file)."""
+    app = shoal.App(NAMESPACE, store=store_url(db, busy_timeout),
                     instance_id=instance_id, lease=lease, max_concurrent_runs=8)
 
     # every kill or freeze that catches a run costs it an attempt; a freeze of the process that
@@ -113,7 +127,7 @@ def worker() -> None:
     shoal_log.addHandler(_EventsToLog())
     threading.Thread(target=_guard, args=(float(os.environ.get("PROC_MAX_LIFE", "300")),),
                      daemon=True).start()
-    app = make_app(os.environ["PROC_DB"], os.environ["PROC_INSTANCE"],
+    app = make_app(_env_store(), os.environ["PROC_INSTANCE"],
                    float(os.environ.get("PROC_LEASE", "2.0")))
     app.run_forever(timeout=float(os.environ.get("PROC_DRAIN", "25")))
     emit({"kind": "event", "event": "worker.exited", "pid": os.getpid(),
@@ -122,7 +136,7 @@ def worker() -> None:
 
 async def dispatch(specs: list[dict[str, Any]]) -> list[str]:
     """Dispatch ``[{"workflow", "input", "idempotency_key"}]`` and return the run ids."""
-    app = make_app(os.environ["PROC_DB"], busy_timeout=30.0)
+    app = make_app(_env_store(), busy_timeout=30.0)
     ids = []
     async with app.open():
         for spec in specs:
