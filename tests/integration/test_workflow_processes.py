@@ -4,8 +4,9 @@
 (a SQLite file; a PostgreSQL schema of its own) run a human-gated agent workflow: a fake model call
 as a step, an approval answered from other processes (this test's process, and for some pauses a
 second process at the same instant), child runs racing for tree keys and sending outbox entries,
-then an outbox email. Workers are killed with SIGKILL at random moments and started again. Then,
-from the store's rows and from the log the steps and the outbox handlers wrote:
+then an outbox email. Workers are killed with SIGKILL at random moments and started again, or
+frozen past their lease (SIGSTOP) and thawed as zombies. Then, from the store's rows and from the
+log the steps and the outbox handlers wrote:
 
 - every run succeeded (none lost), each root has its children, in its tree;
 - every approval was resolved exactly once (of two concurrent resumes, exactly one won) and its run
@@ -14,8 +15,8 @@ from the store's rows and from the log the steps and the outbox handlers wrote:
   every tree's keys are gone once its root ended;
 - every outbox entry exists once, was delivered (none left, none dead), and its handler's effect
   exists exactly once (the handlers are idempotent by key, first write wins); a key reached its
-  handler more than once only from a process that was killed (at-least-once delivery);
-- a finished model call never ran again, but after a kill of the process that ran it.
+  handler more than once only from a process that was killed or frozen (at-least-once delivery);
+- a finished model call never ran again, but after a kill or freeze of the process that ran it.
 
 ``test_cron_every_second_across_processes``: 3 worker processes over one SQLite file with a cron
 trigger firing every second, one of them killed and started again meanwhile: no tick has two runs,
@@ -88,7 +89,7 @@ class Processes:
         self.live: dict[str, subprocess.Popen[bytes]] = {}
         self.instances: dict[str, str] = {}
         self.every: list[subprocess.Popen[bytes]] = []
-        self.killed_pids: set[int] = set()
+        self.interrupted_pids: set[int] = set()   # killed, or frozen past their lease
         self.started = 0
         self.generations = 0
         self.lock = threading.Lock()   # the Monkey thread starts workers too
@@ -131,7 +132,7 @@ class Processes:
 
     def kill(self, slot: str) -> None:
         proc = self.live.pop(slot)
-        self.killed_pids.add(proc.pid)
+        self.interrupted_pids.add(proc.pid)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
@@ -175,9 +176,11 @@ class Processes:
 
 
 class Monkey(threading.Thread):
-    """Kills a random worker (SIGKILL) every second or so and starts it again a moment later,
-    until stopped or ``max_kills`` is reached; also starts again a worker that exited by itself.
-    A thread, so the chaos does not depend on the test's event loop."""
+    """Every second or so, kills a random worker (SIGKILL) and starts it again a moment later,
+    or (one time in three) freezes one past its lease (SIGSTOP, SIGCONT ~3 s later: a zombie the
+    store must fence out), until stopped or after ``max_kills`` events; also starts again a
+    worker that exited by itself. A thread, so the chaos does not depend on the test's event
+    loop (which may wait on the SQLite write lock a frozen worker holds)."""
 
     def __init__(self, procs: Processes, rng: random.Random, max_kills: int) -> None:
         super().__init__(daemon=True)
@@ -195,9 +198,20 @@ class Monkey(threading.Thread):
             if self.halt.is_set():
                 break
             slot = self.rng.choice(sorted(self.procs.live))
-            pid = self.procs.live[slot].pid
+            proc = self.procs.live[slot]
+            if len(self.kills) % 3 == 2:
+                # past the lease (2 s) and a poll: it comes back as a zombie the store fences out
+                self.procs.interrupted_pids.add(proc.pid)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGSTOP)
+                self.kills.append((round(time.monotonic() - self.began, 1), "freeze " + slot,
+                                   proc.pid))
+                time.sleep(self.rng.uniform(2.8, 3.4))
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGCONT)
+                continue
             self.procs.kill(slot)
-            self.kills.append((round(time.monotonic() - self.began, 1), slot, pid))
+            self.kills.append((round(time.monotonic() - self.began, 1), slot, proc.pid))
             self.halt.wait(self.rng.uniform(0.0, 0.5))
             self.procs.start_worker(slot)
 
@@ -347,9 +361,10 @@ def check_flow(
     orders: list[Order], runs: list[shoal.Run], outbox: list[dict[str, Any]],
     pauses: list[dict[str, Any]], tree_rows: list[dict[str, Any]], records: list[dict[str, Any]],
     effects: dict[str, dict[str, Any]], resolutions: dict[str, list[tuple[str, bool]]],
-    killed: set[int],
+    interrupted: set[int],
 ) -> tuple[list[str], Counter[str]]:
-    """Every problem found (empty: everything holds) and a few counts."""
+    """Every problem found (empty: everything holds) and a few counts. ``interrupted``: the pids
+    of the processes killed or frozen past their lease."""
     problems: list[str] = []
     stats: Counter[str] = Counter()
     by_id = {r.id: r for r in runs}
@@ -450,7 +465,7 @@ def check_flow(
     if left:
         problems.append(f"{len(left)} tree keys left after their roots ended: {left[:5]}")
 
-    # the outbox: each entry once, delivered, its effect once; duplicates only from killed pids
+    # the outbox: each entry once, delivered, its effect once; duplicates only after a kill
     rows_of: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in outbox:
         rows_of[row["run_id"]].append(row)
@@ -481,18 +496,18 @@ def check_flow(
             problems.append(f"outbox entry {key}: effect {effect}, payload {payload}")
         got = deliveries.get(key, [])
         firsts = [d for d in got if d["first"]]
-        by_live = [d for d in got if d["pid"] not in killed]
+        by_live = [d for d in got if d["pid"] not in interrupted]
         if len(got) < 1 or len(firsts) != 1:
             problems.append(f"outbox entry {key}: deliveries {got}")
         if len(by_live) > 1:
             problems.append(f"outbox entry {key} delivered {len(by_live)} times by processes "
-                            f"that were never killed: {by_live}")
+                            f"never killed nor frozen: {by_live}")
         if len(got) > 1:
             stats["deliveries again after a kill"] += len(got) - 1
         if payload.get("flaky"):
-            # its one failure is counted, unless the process was killed before it could count it
+            # its one failure is counted, unless its process was killed before it could count it
             failed = failures.get(key, [])
-            if len(failed) != 1 or (row["attempts"] < 1 and failed[0]["pid"] not in killed):
+            if len(failed) != 1 or (row["attempts"] < 1 and failed[0]["pid"] not in interrupted):
                 problems.append(f"flaky entry {key}: failed deliveries {failed}, attempts "
                                 f"{row['attempts']}")
             stats["retried deliveries"] += 1
@@ -500,14 +515,14 @@ def check_flow(
     if set(effects) != keys:
         problems.append(f"effects without an entry: {sorted(set(effects) - keys)[:5]}")
 
-    # the model call: a finished step never ran again, but after a kill of the process running it
+    # the model call: a finished step never ran again, but after a kill or freeze of its process
     calls: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for rec in records:
         if rec["kind"] == "model":
             calls[rec["run"]].append(rec)
     for root in roots.values():
         got = calls.get(root.id, [])
-        if len(got) < 1 or len([c for c in got if c["pid"] not in killed]) > 1:
+        if len(got) < 1 or len([c for c in got if c["pid"] not in interrupted]) > 1:
             problems.append(f"root {root.input['i']}: model calls {got}")
         stats["model calls again after a kill"] += max(0, len(got) - 1)
     return problems, stats
@@ -565,7 +580,7 @@ def _fake_flow() -> dict[str, Any]:
         records.append({"kind": "delivery", "key": key, "pid": 1, "first": True})
     return {"orders": orders, "runs": runs, "outbox": outbox, "pauses": pauses, "tree_rows": [],
             "records": records, "effects": effects, "resolutions": resolutions,
-            "killed": {99}}
+            "interrupted": {99}}
 
 
 def test_the_flow_checks_catch_what_they_check() -> None:
@@ -720,13 +735,13 @@ async def _run_flow(backend: Backend, tmp_path: Path, n_orders: int = 36) -> Non
             effects[effect["key"]] = effect
         records = read_log(log)
         problems, stats = check_flow(orders, runs, outbox, pauses, tree_rows, records, effects,
-                                     resolutions, procs.killed_pids)
+                                     resolutions, procs.interrupted_pids)
         events = Counter(r["event"] for r in records if r["kind"] == "event")
         print(f"{backend.name}: all final at {all_final:.1f}s, all delivered at {delivered:.1f}s; "
               f"kills {monkey.kills}; {dict(stats)}; events {dict(events)}; "
               f"workers that exited by themselves {monkey.exited}")
         assert not problems, "\n".join(problems[:30])
-        assert len(monkey.kills) >= 4, "too few kills while the runs flowed"
+        assert len(monkey.kills) >= 4, "too little chaos while the runs flowed"
         assert stats["contested tree keys"] >= 2 * sum(o.approve for o in orders)
         assert stats["concurrent resumes (one lost)"] >= 2
     except BaseException:
@@ -792,7 +807,7 @@ async def test_cron_every_second_across_processes(tmp_path: Path) -> None:
         assert all(r.status.value in ("succeeded", "queued", "interrupted") for r in runs), \
             Counter(r.status.value for r in runs)
         executed = Counter(r["run"] for r in records if r["kind"] == "tick"
-                           and r["pid"] not in procs.killed_pids)
+                           and r["pid"] not in procs.interrupted_pids)
         assert all(n == 1 for n in executed.values()), executed
     except BaseException:
         print(procs.stderr_tail())
