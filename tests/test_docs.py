@@ -31,12 +31,7 @@ POSTGRES = os.environ.get("SHOAL_TEST_POSTGRES", "postgresql://postgres@127.0.0.
 
 # Examples that fail because of a known bug in shoal: (page, a line of the block, reason). Matched
 # by content, not by line number, so that editing a page does not move the mark.
-KNOWN_BUGS: list[tuple[str, str, str]] = [
-    ("outbox.md", 'return await ctx.step("confirm", confirm, retries=1)',
-     "RunContext.step keeps the outbox entries of a try that raised when it retries in place "
-     "(retries=N): the retry's entries are added after them, so one email is delivered twice "
-     "under two keys (src/shoal/engine/context.py, step/_call)"),
-]
+KNOWN_BUGS: list[tuple[str, str, str]] = []
 
 
 @dataclass(frozen=True)

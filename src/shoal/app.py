@@ -565,9 +565,9 @@ class App:
     async def cancel(self, run_id: str) -> Run:
         """Cancel: a queued/sleeping/waiting/interrupted run at once, a running one by its owner
         (which aborts it at its next poll, or at once when it is this instance)."""
-        await self._open_store()
+        await self.get_run(run_id)      # of this namespace, or UnknownRunError: nothing changed
         run = await self.store.cancel_run(run_id, self.clock.now())
-        if run is None or run.namespace != self.namespace:
+        if run is None:
             raise UnknownRunError(run_id)
         if self._engine is not None:
             self._engine.cancel_local(run_id)    # and its tree's runs executing here
@@ -595,8 +595,10 @@ class App:
         _json.check_json(data, "data")
         await self._open_store()
         decision = {"approved": approved, "data": data, "by": by, "reason": None}
-        pause, won = await self.store.resolve_pause(pause_id, decision, self.clock.now())
-        if pause is None or pause.namespace != self.namespace:
+        found = await self.store.get_pause(pause_id)
+        pause, won = (None, False) if found is None or found.namespace != self.namespace else (
+            await self.store.resolve_pause(pause_id, decision, self.clock.now()))
+        if pause is None:
             raise UnknownPauseError(
                 f"No pause with id {pause_id!r} in namespace {self.namespace!r}. Resolved "
                 f"pauses are kept {self.pause_retention:g} s (pause_retention); 'shoal pauses' "

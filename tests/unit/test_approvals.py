@@ -162,3 +162,19 @@ async def test_cancelling_a_waiting_run_resolves_its_pause() -> None:
         assert await a.pending_pauses() == []
         with pytest.raises(shoal.NotPausedError, match="cancelled"):
             await a.resume(pause.id)
+
+
+async def test_another_namespace_cannot_answer_or_cancel() -> None:
+    clock = VirtualClock()
+    async with cluster(make, instances=1, clock=clock) as (a,):
+        run = await a.dispatch("refund", {"customer": "c1", "amount": 40})
+        await until(status_is(a, run.id, "waiting"))
+        [pause] = await a.pending_pauses()
+        other = shoal.App("elsewhere", store=a.store, clock=clock)
+        async with other.open():
+            with pytest.raises(shoal.UnknownPauseError):
+                await other.resume(pause.id)
+            with pytest.raises(shoal.UnknownRunError):
+                await other.cancel(run.id)
+        assert [p.id for p in await a.pending_pauses()] == [pause.id]
+        assert (await a.get_run(run.id)).status == "waiting"

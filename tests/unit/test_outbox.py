@@ -106,3 +106,33 @@ async def test_send_outside_a_step_is_refused() -> None:
             await app.result(run.id)
     with pytest.raises(shoal.ConfigurationError, match="max_deliveries"):
         app.outbox_handler("email", max_deliveries=0)
+
+
+async def test_a_step_retried_in_place_sends_only_its_last_tries_entries() -> None:
+    delivered: list[tuple[str, Any]] = []
+    clock = VirtualClock()
+    app = shoal.App("outbox", store="memory://", clock=clock)
+    tries: list[int] = []
+
+    @app.outbox_handler("email")
+    async def email(payload: Any, key: str) -> None:
+        delivered.append((key, payload))
+
+    @app.workflow
+    async def flow(ctx: shoal.RunContext, input: Any) -> None:
+        async def send() -> None:
+            tries.append(1)
+            ctx.outbox.send("email", {"try": len(tries)})
+            if len(tries) == 1:
+                raise ConnectionError("flaky")
+
+        await ctx.step("send", send, retries=1)
+
+    async with app:
+        run = await app.dispatch(flow)
+        await until(lambda: _count(tries, 1))
+        await clock.advance(1)                      # the in-place retry's backoff
+        await app.result(run.id)
+        await until(lambda: _count(delivered, 1))
+        await settle()
+        assert delivered == [(f"{run.id}:1:0", {"try": 2})]

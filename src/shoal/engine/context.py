@@ -231,7 +231,7 @@ class RunContext:
         sent_here: list[tuple[str, Any]] = []
         token = _current_outbox.set(sent_here)
         try:
-            result = await self._call(fn, args, kwargs, retries)
+            result = await self._call(fn, args, kwargs, retries, sent_here)
         finally:
             self.step_key = None
             _current_outbox.reset(token)
@@ -252,9 +252,11 @@ class RunContext:
         self._x.steps[seq] = step
         return copy.deepcopy(result)
 
-    async def _call(self, fn: Callable[..., Any], args: Any, kwargs: Any, retries: int) -> Any:
+    async def _call(self, fn: Callable[..., Any], args: Any, kwargs: Any, retries: int,
+                    sent: list[tuple[str, Any]]) -> Any:
         tries = 0
         while True:
+            sent.clear()   # a try that raised sent nothing: only the last try's entries count
             try:
                 if inspect.iscoroutinefunction(fn):
                     return await fn(*args, **kwargs)
