@@ -1,0 +1,1004 @@
+"""Benchmarks of shoal's PostgreSQL store against the Postgres queues users know (see
+bench/README.md, "PostgreSQL"). One script, one run, on one PostgreSQL server:
+
+1. pgbench simple-update TPS (2 clients), before and after: the commit-rate ceiling;
+2. runs/s end to end, no-op jobs, N dispatched first, then 2 worker processes: shoal (``App`` over
+   ``postgresql://...?schema=...``) vs pgqueuer, procrastinate and DBOS queues (each in the
+   benchmark's own virtual environment, bench/.venv-peers, made on first use; never shoal
+   dependencies);
+3. dispatch -> start latency with idle workers, one dispatch every ``--interval``;
+4. ``store.claim_runs`` latency over an empty table vs 1,000,000 finished + 100,000 queued rows
+   (``--no-large`` skips the large table).
+
+Every test gets a new database (``shoalbench_<pid>_...``), dropped on every exit path; worker
+processes are subprocesses of this script, ended by pid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import queue
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+
+import shoal
+
+HERE = Path(__file__).resolve().parent
+PEERS_DIR = HERE / "peers"
+PEER_VENV = HERE / ".venv-peers"
+PEER_REQUIREMENTS = HERE / "requirements-peers.txt"
+PEERS = ("pgqueuer", "procrastinate", "dbos")
+NAMESPACE = "bench"
+FINAL = ("succeeded", "failed", "cancelled")
+# Jobs not finished yet, per system (the parent polls this until it is 0).
+REMAINING = {
+    "shoal": "SELECT count(*) FROM {schema}.runs WHERE status NOT IN "
+             "('succeeded', 'failed', 'cancelled')",
+    "pgqueuer": "SELECT count(*) FROM pgqueuer",   # a finished job leaves the table
+    "pgqueuer-defaults": "SELECT count(*) FROM pgqueuer",
+    "procrastinate": "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')",
+    "dbos": "SELECT count(*) FROM dbos.workflow_status WHERE status IN ('ENQUEUED', 'PENDING')",
+}
+
+
+# -- shoal's side (this interpreter) ---------------------------------------------------------------
+
+
+def build_app(store: str, *, instance_id: str | None = None, slots: int = 16,
+              tally: Any = None) -> shoal.App:
+    app = shoal.App(NAMESPACE, store=store, instance_id=instance_id, max_concurrent_runs=slots)
+
+    @app.workflow(name="noop")
+    async def noop(ctx: shoal.RunContext, input: Any) -> None:
+        if tally is not None:
+            tally.hit(input.get("t") if isinstance(input, dict) else None)
+
+    return app
+
+
+STORE_CALLS = ("claim_runs", "load_steps", "settle_run")
+
+
+def instrument(store: Any, stats: dict[str, dict[str, float]]) -> None:
+    """Count and time (wall, from the call to its answer: waiting for a pooled connection or
+    for a batch included) the store calls a no-op run makes."""
+    for name in STORE_CALLS:
+        fn = getattr(store, name)
+        entry = stats.setdefault(name, {"calls": 0, "seconds": 0.0, "rows": 0})
+
+        async def timed(*a: Any, _fn: Any = fn, _entry: dict[str, float] = entry,
+                        **kw: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                result = await _fn(*a, **kw)
+            finally:
+                _entry["calls"] += 1
+                _entry["seconds"] += time.perf_counter() - t
+            if isinstance(result, list):
+                _entry["rows"] += len(result)
+            return result
+
+        setattr(store, name, timed)
+
+
+def shoal_worker(args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(PEERS_DIR))
+    from _common import Tally, serve  # the same protocol and tally as the peer runners
+
+    tally = Tally()
+    app = build_app(args.store, instance_id=args.instance_id, slots=args.slots, tally=tally)
+    stats: dict[str, dict[str, float]] = {}
+    instrument(app.store, stats)
+    tally.extra["store_calls"] = stats
+
+    async def main() -> None:
+        async def start() -> None:
+            await app.start()
+
+        async def stop() -> None:
+            await app.close(timeout=5.0)
+
+        await serve(tally, start, stop)
+
+    if args.profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.runcall(asyncio.run, main())
+        profiler.dump_stats(Path(args.profile) / f"{args.instance_id}.prof")
+    else:
+        asyncio.run(main())
+
+
+async def dispatch_batched(store: str, n: int, batch: int) -> float:
+    """Dispatch ``n`` no-op runs, ``batch`` dispatches in flight at a time (shoal has no batch
+    dispatch call; concurrent dispatches share the store's pool). Returns the seconds."""
+    app = build_app(store)
+    async with app.open():
+        start = time.perf_counter()
+        for i in range(0, n, batch):
+            await asyncio.gather(*(app.dispatch("noop", {"i": j})
+                                   for j in range(i, min(n, i + batch))))
+        return time.perf_counter() - start
+
+
+async def dispatch_paced(store: str, n: int, interval: float) -> None:
+    app = build_app(store)
+    async with app.open():
+        start = time.perf_counter()
+        for i in range(n):
+            delay = start + i * interval - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await app.dispatch("noop", {"t": time.time()})
+
+
+async def migrate(store: str) -> None:
+    app = build_app(store)
+    async with app.open():
+        pass
+
+
+def store_times(dsn: str, schema: str) -> list[tuple[float, float | None, float | None]]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(f"SELECT created_at, started_at, finished_at FROM {schema}.runs"
+                            ).fetchall()
+
+
+# -- the server ------------------------------------------------------------------------------------
+
+
+def with_db(url: str, db: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/" + db, query=""))
+
+
+class Server:
+    """Databases this script creates on the server; ``close`` drops them."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.prefix = f"shoalbench_{os.getpid()}"
+        self.created: list[str] = []
+
+    def admin(self) -> psycopg.Connection[Any]:
+        return psycopg.connect(self.url, autocommit=True)
+
+    def create(self, tag: str) -> str:
+        name = f"{self.prefix}_{tag}"
+        with self.admin() as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            conn.execute(f'CREATE DATABASE "{name}"')
+        self.created.append(name)
+        return with_db(self.url, name)
+
+    def drop(self, dsn: str) -> None:
+        name = urlsplit(dsn).path.lstrip("/")
+        with self.admin() as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        with contextlib.suppress(ValueError):
+            self.created.remove(name)
+
+    def close(self) -> None:
+        for name in list(self.created):
+            with contextlib.suppress(psycopg.Error), self.admin() as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        self.created.clear()
+
+    def facts(self) -> dict[str, Any]:
+        with self.admin() as conn:
+            get = lambda q: conn.execute(q).fetchone()[0]   # noqa: E731
+            return {"version": get("SHOW server_version"), "fsync": get("SHOW fsync"),
+                    "synchronous_commit": get("SHOW synchronous_commit"),
+                    "wal_sync_method": get("SHOW wal_sync_method"),
+                    "commit_delay": get("SHOW commit_delay"),
+                    "max_connections": get("SHOW max_connections")}
+
+
+def pgbench(server: Server, seconds: float, clients: int, when: str) -> dict[str, Any]:
+    dsn = server.create(f"pgbench_{when}")
+    try:
+        parts = urlsplit(dsn)
+        conn = ["-h", parts.hostname or "127.0.0.1", "-p", str(parts.port or 5432),
+                "-U", parts.username or "postgres", parts.path.lstrip("/")]
+        subprocess.run(["pgbench", "-i", "-q", *conn], check=True, capture_output=True)
+        out = subprocess.run(["pgbench", "-b", "simple-update", "-c", str(clients), "-j",
+                              str(clients), "-T", str(max(1, round(seconds))), *conn],
+                             check=True, capture_output=True, text=True).stdout
+        tps = float(re.search(r"tps = ([\d.]+)", out).group(1))   # type: ignore[union-attr]
+        return {"when": when, "clients": clients, "seconds": seconds, "tps": tps}
+    finally:
+        server.drop(dsn)
+
+
+# -- processes -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Worker:
+    name: str
+    proc: subprocess.Popen[str]
+    log: Path
+    lines: queue.Queue[dict[str, Any]] = field(default_factory=queue.Queue)
+
+    def expect(self, event: str, timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"{self.name} did not say {event!r} in {timeout}s; "
+                                   f"see {self.log}")
+            try:
+                message = self.lines.get(timeout=min(remaining, 0.2))
+            except queue.Empty:
+                if self.proc.poll() is not None and self.lines.empty():
+                    raise RuntimeError(f"{self.name} exited with {self.proc.returncode}: "
+                                       f"{tail(self.log)}") from None
+                continue
+            if message.get("event") == event:
+                return message
+
+    def send(self, text: str) -> None:
+        with contextlib.suppress(BrokenPipeError, OSError):
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(text + "\n")
+            self.proc.stdin.flush()
+
+
+def tail(path: Path, lines: int = 12) -> str:
+    if not path.exists():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+class Processes:
+    def __init__(self, tmp: Path, profile: Path | None) -> None:
+        self.tmp = tmp
+        self.profile = profile
+        self.all: list[Worker] = []
+
+    def command(self, system: str, dsn: str, *args: str) -> list[str]:
+        if system == "shoal":
+            return [sys.executable, str(Path(__file__).resolve()), *args]
+        script = PEERS_DIR / f"{system.split('-')[0]}_peer.py"
+        return [str(PEER_VENV / "bin" / "python"), str(script), dsn, *args]
+
+    def spawn(self, name: str, cmd: list[str]) -> Worker:
+        log = self.tmp / f"{name}.log"
+        with open(log, "w") as f:
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=f,
+                                    text=True, bufsize=1, cwd=PEERS_DIR)
+        worker = Worker(name, proc, log)
+
+        def read() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                with contextlib.suppress(ValueError):
+                    worker.lines.put(json.loads(line))
+
+        threading.Thread(target=read, daemon=True).start()
+        self.all.append(worker)
+        return worker
+
+    def run(self, name: str, cmd: list[str], timeout: float) -> dict[str, Any]:
+        """A one-shot peer command (setup, enqueue): its last JSON line, or {}."""
+        w = self.spawn(name, cmd)
+        try:
+            w.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            w.proc.kill()
+            w.proc.wait()
+            raise TimeoutError(f"{name} took more than {timeout}s: {tail(w.log)}") from None
+        finally:
+            self.all.remove(w)
+        if w.proc.returncode != 0:
+            raise RuntimeError(f"{name} exited with {w.proc.returncode}: {tail(w.log)}")
+        last: dict[str, Any] = {}
+        while not w.lines.empty():
+            last = w.lines.get()
+        if not last:
+            time.sleep(0.1)
+            while not w.lines.empty():
+                last = w.lines.get()
+        return last
+
+    def workers(self, system: str, dsn: str, count: int, slots: int, tag: str,
+                extra: list[str]) -> list[Worker]:
+        ws = []
+        for i in range(count):
+            name = f"{tag}-w{i + 1}"
+            if system == "shoal":
+                args = ["--worker", "--store", dsn, "--instance-id", name, "--slots", str(slots),
+                        *(["--profile", str(self.profile)] if self.profile else [])]
+            else:
+                # pgqueuer-defaults: pgqueuer with its own run() defaults (no cap on slots)
+                args = ["work", "--name", name,
+                        "--slots", "0" if system.endswith("-defaults") else str(slots), *extra]
+            ws.append(self.spawn(name, self.command(system, dsn, *args)))
+        return ws
+
+    def close(self) -> None:
+        for w in self.all:
+            if w.proc.poll() is None:
+                w.proc.terminate()
+        for w in self.all:
+            try:
+                w.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                w.proc.kill()
+                w.proc.wait()
+        self.all.clear()
+
+
+def stop(procs: Processes, ws: list[Worker]) -> list[dict[str, Any]]:
+    for w in ws:
+        w.send("stop")
+    reports = [w.expect("done", timeout=60) for w in ws]
+    for w in ws:
+        try:
+            w.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            w.proc.kill()
+            w.proc.wait()
+        procs.all.remove(w)
+    return reports
+
+
+def wait_done(dsn: str, remaining_sql: str, ws: list[Worker], timeout: float
+              ) -> list[tuple[float, int]]:
+    """Poll every 10 ms until no job is left; returns every (time.time(), jobs left) seen, the
+    last with 0 left unless it timed out."""
+    deadline = time.monotonic() + timeout
+    seen: list[tuple[float, int]] = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            left = conn.execute(remaining_sql).fetchone()[0]   # type: ignore[index]
+            seen.append((time.time(), left))
+            if left == 0:
+                return seen
+            for w in ws:
+                if w.proc.poll() is not None:
+                    raise RuntimeError(f"{w.name} exited early: {tail(w.log)}")
+            time.sleep(0.01)
+    return seen
+
+
+def steady_rate(seen: list[tuple[float, int]], n: int) -> float | None:
+    """Jobs/s between the polls that saw 10 % and 90 % of the jobs done: the rate once the
+    workers are going, without their start or the last stragglers."""
+    t10 = next((t for t, left in seen if n - left >= 0.1 * n), None)
+    t90 = next((t for t, left in seen if n - left >= 0.9 * n), None)
+    if t10 is None or t90 is None or t90 <= t10:
+        return None
+    done10 = next(n - left for t, left in seen if t == t10)
+    done90 = next(n - left for t, left in seen if t == t90)
+    return (done90 - done10) / (t90 - t10)
+
+
+def commits(dsn: str) -> int:
+    """Transactions committed in this database so far (pg_stat_database)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        return int(conn.execute("SELECT xact_commit FROM pg_stat_database "
+                                "WHERE datname = current_database()").fetchone()[0])  # type: ignore[index]
+
+
+# -- measurements ----------------------------------------------------------------------------------
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    if len(values) == 1:
+        return {"p50": values[0], "p90": values[0], "p99": values[0], "max": values[0]}
+    q = statistics.quantiles(values, n=100, method="inclusive")
+    return {"p50": q[49], "p90": q[89], "p99": q[98], "max": max(values)}
+
+
+def prepare(procs: Processes, server: Server, system: str, tag: str, args: argparse.Namespace
+            ) -> tuple[str, str]:
+    """A new database with the system's schema; returns (dsn for the system, dsn for SQL)."""
+    dsn = server.create(tag)
+    if system == "shoal":
+        store = f"{dsn}?schema=bench"
+        asyncio.run(migrate(store))
+        return store, dsn
+    extra = ["--poll", str(args.dbos_poll)] if system == "dbos" else []
+    procs.run(f"{tag}-setup", procs.command(system, dsn, "setup", "--slots", str(args.slots),
+                                            *extra), timeout=120)
+    return dsn, dsn
+
+
+def enqueue(procs: Processes, system: str, dsn: str, n: int, tag: str, args: argparse.Namespace,
+            interval: float = 0.0) -> float:
+    if system == "shoal":
+        if interval:
+            start = time.perf_counter()
+            asyncio.run(dispatch_paced(dsn, n, interval))
+            return time.perf_counter() - start
+        return asyncio.run(dispatch_batched(dsn, n, args.dispatch_batch))
+    cmd = procs.command(system, dsn, "enqueue", str(n),
+                        *(["--interval", str(interval)] if interval else []))
+    return float(procs.run(f"{tag}-enqueue", cmd, timeout=args.timeout)["seconds"])
+
+
+def throughput(procs: Processes, server: Server, system: str, args: argparse.Namespace,
+               rep: int) -> dict[str, Any]:
+    tag = f"{system}_tp{rep}"
+    n = args.runs
+    dsn, sql_dsn = prepare(procs, server, system, tag, args)
+    try:
+        enqueue_s = enqueue(procs, system, dsn, n, tag, args)
+        extra = ["--poll", str(args.dbos_poll)] if system == "dbos" else []
+        ws = procs.workers(system, dsn, args.workers, args.slots, tag, extra)
+        for w in ws:
+            w.expect("ready", timeout=60)
+        for w in ws:
+            w.send("go")
+        time.sleep(0.5)   # let the enqueuer's statistics reach pg_stat_database
+        commits0 = commits(sql_dsn)
+        for w in ws:
+            w.expect("started", timeout=60)
+        seen = wait_done(sql_dsn, REMAINING[system].format(schema="bench"), ws, args.timeout)
+        done_at = seen[-1][0] if seen and seen[-1][1] == 0 else None
+        reports = stop(procs, ws)
+        time.sleep(0.5)   # the workers' backends have exited and flushed their statistics
+        # every commit in the database while the workers ran, the bench's polls included
+        tx = commits(sql_dsn) - commits0 - len(seen) - 2
+        firsts = [r["first_start"] for r in reports if r["first_start"]]
+        executed = sum(r["executed"] for r in reports)
+        window = (done_at - min(firsts)) if done_at and firsts else float("nan")
+        result = {
+            "system": system, "runs": n, "workers": args.workers, "slots": args.slots,
+            "complete": done_at is not None, "executed": executed,
+            "enqueue_seconds": enqueue_s, "enqueues_per_s": n / enqueue_s,
+            "seconds": window, "runs_per_s": n / window if window > 0 else float("nan"),
+            "steady_runs_per_s": steady_rate(seen, n), "commits_per_run": tx / n,
+            "cpu_ms_per_run": 1000 * sum(r["cpu"] for r in reports) / max(executed, 1),
+            "executed_per_worker": [r["executed"] for r in reports],
+        }
+        if system == "shoal":
+            calls: dict[str, dict[str, float]] = {}
+            for rep_ in reports:
+                for name, entry in rep_.get("store_calls", {}).items():
+                    total = calls.setdefault(name, {"calls": 0, "seconds": 0.0, "rows": 0})
+                    for k in total:
+                        total[k] += entry[k]
+            result["store_calls"] = calls
+            times = store_times(sql_dsn, "bench")
+            starts = [s for _, s, _ in times if s is not None]
+            ends = [f for _, _, f in times if f is not None]
+            if starts and ends:
+                result["store_window_seconds"] = max(ends) - min(starts)
+                result["store_runs_per_s"] = len(ends) / (max(ends) - min(starts))
+        return result
+    finally:
+        server.drop(sql_dsn)
+
+
+def latency(procs: Processes, server: Server, system: str, args: argparse.Namespace
+            ) -> dict[str, Any]:
+    tag = f"{system}_lat"
+    n = args.latency_runs
+    dsn, sql_dsn = prepare(procs, server, system, tag, args)
+    try:
+        extra = ["--poll", str(args.dbos_poll)] if system == "dbos" else []
+        ws = procs.workers(system, dsn, args.workers, args.slots, tag, extra)
+        for w in ws:
+            w.expect("ready", timeout=60)
+        for w in ws:
+            w.send("go")
+        for w in ws:
+            w.expect("started", timeout=60)
+        time.sleep(1.0)   # idle
+        enqueue(procs, system, dsn, n, tag, args, interval=args.interval)
+        seen = wait_done(sql_dsn, REMAINING[system].format(schema="bench"), ws, args.timeout)
+        done_at = seen[-1][0] if seen and seen[-1][1] == 0 else None
+        reports = stop(procs, ws)
+        job_side = [v for r in reports for v in r["latencies"]]
+        result = {"system": system, "runs": n, "interval": args.interval,
+                  "complete": done_at is not None, "started": len(job_side),
+                  "job_side": percentiles(job_side)}
+        if system == "shoal":
+            times = store_times(sql_dsn, "bench")
+            result["store"] = percentiles([s - c for c, s, _ in times if s is not None])
+        return result
+    finally:
+        server.drop(sql_dsn)
+
+
+LOAD_SQL = """
+INSERT INTO {schema}.runs (id, namespace, tenant, workflow, input, output, status, priority,
+    created_at, run_at, attempts, max_attempts, root_id, started_at, finished_at)
+SELECT {prefix} || lpad(g::text, 9, '0'), 'bench', 'default', 'noop', '{{}}', {output},
+       '{status}', 0, {t0} + g * 0.001, {t0} + g * 0.001, {attempts}, 3,
+       {prefix} || lpad(g::text, 9, '0'), {started}, {finished}
+FROM generate_series(1, {n}) AS g
+"""
+
+
+def load_rows(dsn: str, schema: str, finished: int, queued: int, t0: float) -> float:
+    """Bulk-load ``finished`` succeeded runs (older) and ``queued`` runs (newer) in SQL, then
+    ANALYZE. Returns the seconds it took."""
+    start = time.perf_counter()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if finished:
+            conn.execute(LOAD_SQL.format(  # type: ignore[arg-type]
+                schema=schema, prefix="'f'", output="'null'", status="succeeded", t0=t0,
+                attempts=1, started=f"{t0} + g * 0.001", finished=f"{t0} + g * 0.001 + 0.01",
+                n=finished))
+        if queued:
+            conn.execute(LOAD_SQL.format(  # type: ignore[arg-type]
+                schema=schema, prefix="'q'", output="NULL", status="queued", t0=t0 + 2000,
+                attempts=0, started="NULL", finished="NULL", n=queued))
+        conn.execute(f"ANALYZE {schema}.runs")
+    return time.perf_counter() - start
+
+
+async def time_claims(stores: dict[str, str], count: int, size: int, rounds: int = 10
+                      ) -> dict[str, tuple[list[float], int]]:
+    """Time ``count`` claims of ``size`` runs per store, back to back, the stores taking turns
+    in ``rounds`` (so that load from elsewhere on the machine falls on all of them alike), after
+    5 untimed claims each. Returns, per store, the times and how many runs the claims took."""
+    from shoal.stores import open_store
+
+    opened = {name: open_store(url) for name, url in stores.items()}
+    out: dict[str, tuple[list[float], int]] = {name: ([], 0) for name in stores}
+    try:
+        for store in opened.values():
+            await store.open()
+            for _ in range(5):   # warm-up: connections, plans
+                await store.claim_runs(NAMESPACE, ["noop"], "claimer", size, 30.0, time.time())
+        for r in range(rounds):
+            for name, store in opened.items():
+                times, claimed = out[name]
+                for _ in range(count // rounds + (r < count % rounds)):
+                    t = time.perf_counter()
+                    runs = await store.claim_runs(NAMESPACE, ["noop"], "claimer", size, 30.0,
+                                                  time.time())
+                    times.append(time.perf_counter() - t)
+                    claimed += len(runs)
+                out[name] = (times, claimed)
+        return out
+    finally:
+        for store in opened.values():
+            await store.close()
+
+
+def claim_plan(store_url: str) -> str:
+    """EXPLAIN (ANALYZE, BUFFERS) of the claim statement exactly as the store sends it (16
+    runs), in a transaction rolled back. The statement and its parameters are taken from one
+    real call, so the plan follows the store's SQL as it changes; '' if the store is built some
+    other way than this expects."""
+    from shoal.stores import open_store
+
+    async def capture() -> tuple[str, dict[str, Any]] | None:
+        store: Any = open_store(store_url)
+        await store.open()
+        seen: list[tuple[str, dict[str, Any]]] = []
+        real = getattr(store, "_all", None)
+        if real is None:
+            await store.close()
+            return None
+
+        async def spy(query: Any, params: Any, *a: Any, **kw: Any) -> Any:
+            seen.append((query, dict(params)))
+            raise _Captured
+
+        store._all = spy
+        try:
+            with contextlib.suppress(_Captured):
+                await store.claim_runs(NAMESPACE, ["noop"], "explain", 16, 30.0, time.time())
+        finally:
+            store._all = real
+            await store.close()
+        return seen[0] if seen else None
+
+    captured = asyncio.run(capture())
+    if captured is None:
+        return ""
+    query, params = captured
+    with psycopg.connect(with_db(store_url, urlsplit(store_url).path.lstrip("/"))) as conn:
+        conn.execute("SET search_path = bench")
+        rows = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + query, params).fetchall()  # type: ignore[operator]
+        conn.rollback()
+    return "\n".join(r[0] for r in rows)
+
+
+class _Captured(Exception):
+    pass
+
+
+def claim_latency(server: Server, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """claim_runs over an empty table, over a small one (only the queued runs the claims take)
+    and over a large one, each in its own database, measured in turns."""
+    tables = [("empty", 0, 0), ("small", 0, args.claims * 17 + 200)]
+    if args.large:
+        tables.append(("large", args.large_finished, args.large_queued))
+    t0 = time.time() - 86400
+    rows: dict[str, dict[str, Any]] = {}
+    stores: dict[str, str] = {}
+    dsns: list[str] = []
+    try:
+        for name, finished, queued in tables:
+            dsn = server.create(f"claim_{name}")
+            dsns.append(dsn)
+            stores[name] = f"{dsn}?schema=bench"
+            asyncio.run(migrate(stores[name]))
+            print(f"claim latency: loading the {name} table ({finished:,} finished + "
+                  f"{queued:,} queued)...", file=sys.stderr)
+            rows[name] = {"table": name, "finished": finished, "queued": queued,
+                          "load_seconds": load_rows(dsn, "bench", finished, queued, t0)}
+        print("claim latency: timing...", file=sys.stderr)
+        for size in (1, 16):
+            for name, (times, claimed) in asyncio.run(time_claims(stores, args.claims,
+                                                                  size)).items():
+                rows[name][f"claim_{size}"] = percentiles(times)
+                rows[name][f"claimed_{size}"] = claimed
+        for name, _, queued in tables:
+            if queued:
+                try:
+                    rows[name]["plan"] = claim_plan(stores[name])
+                except Exception as e:   # the plan is a diagnostic: never lose the numbers
+                    rows[name]["plan"] = f"unavailable: {e!r}"
+    finally:
+        for dsn in dsns:
+            server.drop(dsn)
+    return list(rows.values())
+
+
+# -- the peers' environment ------------------------------------------------------------------------
+
+
+def peer_env(args: argparse.Namespace) -> dict[str, str]:
+    """Make bench/.venv-peers on first use; returns, per peer, why it cannot run ('' if it can)."""
+    python = PEER_VENV / "bin" / "python"
+    if not python.exists():
+        print(f"making {PEER_VENV} (pip install -r {PEER_REQUIREMENTS.name})...", file=sys.stderr)
+        base = getattr(sys, "_base_executable", sys.executable)
+        subprocess.run([base, "-m", "venv", str(PEER_VENV)], check=True)
+        # keep the environment out of git whatever .gitignore says (Python 3.13 does this itself)
+        (PEER_VENV / ".gitignore").write_text("*\n")
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--upgrade", "pip"],
+                       check=False)
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "-r",
+                        str(PEER_REQUIREMENTS)], check=False)
+    reasons = {}
+    for peer in PEERS:
+        try:
+            r = subprocess.run([str(python), "-c", f"import {peer}"], capture_output=True,
+                               text=True, timeout=120)
+            reasons[peer] = "" if r.returncode == 0 else (r.stderr.strip().splitlines() or
+                                                          ["import failed"])[-1]
+        except (OSError, subprocess.TimeoutExpired) as e:
+            reasons[peer] = str(e)
+    return reasons
+
+
+def git_commit() -> str:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        return subprocess.run(["git", "describe", "--always", "--dirty"], cwd=HERE,
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+    return ""
+
+
+def peer_versions() -> dict[str, str]:
+    python = PEER_VENV / "bin" / "python"
+    code = ("import importlib.metadata as m, json; print(json.dumps({p: m.version(p) for p in "
+            f"{list(PEERS)!r} if __import__('importlib.util').util.find_spec(p)}}))")
+    with contextlib.suppress(Exception):
+        return json.loads(subprocess.run([str(python), "-c", code], capture_output=True,
+                                         text=True, timeout=60).stdout)
+    return {}
+
+
+# -- output ----------------------------------------------------------------------------------------
+
+
+def _ms(s: float | None) -> str:
+    return "-" if s is None else f"{1000 * s:.1f}"
+
+
+def render(result: dict[str, Any]) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=None if sys.stdout.isatty() else 170)
+    env = result["environment"]
+    srv = env["server"]
+    console.print(
+        f"[bold]shoal PostgreSQL bench[/]: PostgreSQL {srv['version']} at {env['server_url']} "
+        f"(fsync={srv['fsync']}, synchronous_commit={srv['synchronous_commit']}, "
+        f"wal_sync_method={srv['wal_sync_method']}), Python {env['python']}, {env['cores']} "
+        f"cores, shoal {env.get('shoal_commit', '')}, load average "
+        f"{env['load_average_before'][0]:.2f} before, "
+        f"{env.get('load_average_after', [float('nan')])[0]:.2f} after "
+        f"({result.get('bench_seconds', 0):.0f} s in all); peers: "
+        + ", ".join(f"{k} {v}" for k, v in env["peers"].items()))
+
+    def table(*names: str) -> Table:
+        t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+        for i, name in enumerate(names):
+            t.add_column(name, justify="left" if i == 0 else "right", no_wrap=True)
+        return t
+
+    console.print("\n[bold]1. Commit-rate ceiling[/]: pgbench -b simple-update, "
+                  f"{result['pgbench'][0]['clients'] if result['pgbench'] else '-'} clients")
+    t = table("when", "TPS")
+    for p in result["pgbench"]:
+        t.add_row(p["when"], f"{p['tps']:,.0f}")
+    console.print(t)
+    ceiling = statistics.fmean([p["tps"] for p in result["pgbench"]]) if result["pgbench"] else 0
+
+    rounds = result["args"]["repeat"]
+    console.print(f"\n[bold]2. Runs end to end[/]: {result['args']['runs']} no-op jobs enqueued "
+                  f"first, then {result['args']['workers']} worker processes x "
+                  f"{result['args']['slots']} slots; runs/s from the first job start to the "
+                  f"moment no job is left (median of {rounds} round{'s' * (rounds != 1)})")
+    t = table("system", "enqueue/s", "runs/s", "range", "steady/s", "vs shoal", "%pgbench",
+              "commits/run", "CPU ms/run", "per proc", "note")
+    shoal_rate = next((r["runs_per_s"] for r in result["throughput"] if r["system"] == "shoal"),
+                      None)
+    for r in result["throughput"]:
+        if r.get("error"):
+            t.add_row(r["system"], *["-"] * 9, r["error"][:60])
+            continue
+        note = "" if r["complete"] else "[red]incomplete[/]"
+        if r["system"] == "shoal" and r.get("store_runs_per_s"):
+            note = f"store window: {r['store_runs_per_s']:,.0f}/s " + note
+        t.add_row(r["system"], f"{r['enqueues_per_s']:,.0f}", f"{r['runs_per_s']:,.0f}",
+                  "{:,.0f}-{:,.0f}".format(*r["runs_per_s_range"]),
+                  f"{r['steady_runs_per_s']:,.0f}" if r.get("steady_runs_per_s") else "-",
+                  f"{shoal_rate / r['runs_per_s']:.2f}x" if shoal_rate else "-",
+                  f"{100 * r['runs_per_s'] / ceiling:.0f}%" if ceiling else "-",
+                  f"{r['commits_per_run']:.2f}", f"{r['cpu_ms_per_run']:.2f}",
+                  "/".join(map(str, r["executed_per_worker"])),
+                  note)
+    console.print(t)
+    console.print(
+        "enqueue/s: shoal app.dispatch with --dispatch-batch in flight (no batch call); pgqueuer "
+        "and procrastinate one batch call per 500 jobs; DBOS one client enqueue per job, 8 at a "
+        "time. vs shoal: shoal's runs/s / this row's (>1: shoal faster). %pgbench: runs/s / "
+        "pgbench TPS. steady/s: jobs/s between 10 % and 90 % done. commits/run: transactions "
+        "committed in the test's database while the workers ran (pg_stat_database) / jobs. "
+        "CPU ms/run: the workers' user+sys / jobs. shoal's store window: first "
+        "started_at to last finished_at. pgqueuer-defaults: pgqueuer's own run() defaults "
+        "(batch_size 10, no cap on concurrent jobs) instead of the same slots. DBOS polls its "
+        f"queue every {result['args']['dbos_poll']} s (its default is 1 s).")
+
+    shoal_row = next((r for r in result["throughput"]
+                      if r["system"] == "shoal" and r.get("store_calls")), None)
+    if shoal_row:
+        calls = shoal_row["store_calls"]
+        runs = max(shoal_row["executed"], 1)
+        console.print("\n[bold]2b. Where shoal's workers wait[/] (same round): store calls per "
+                      "run, and their wall time from call to answer (pool wait included)")
+        t = table("call", "calls/run", "runs/call", "ms/call", "ms/run")
+        for name in STORE_CALLS:
+            c = calls.get(name)
+            if not c or not c["calls"]:
+                continue
+            t.add_row(name, f"{c['calls'] / runs:.2f}",
+                      f"{c['rows'] / c['calls']:.2f}" if name == "claim_runs" else "-",
+                      f"{1000 * c['seconds'] / c['calls']:.2f}",
+                      f"{1000 * c['seconds'] / runs:.2f}")
+        console.print(t)
+        console.print("claim_runs: the engine claims as many runs as it has free slots, each "
+                      "time a slot frees. load_steps: one read per run before the workflow "
+                      "starts, even on a first attempt. settle_run: queued for a batch, waits "
+                      "for the batch's commit.")
+
+    console.print("\n[bold]3. Dispatch -> start latency[/]: idle workers, one enqueue every "
+                  f"{1000 * result['args']['interval']:.0f} ms")
+    t = table("system", "started", "p50 ms", "p90 ms", "p99 ms", "max ms", "measured as")
+    for r in result["latency"]:
+        if r.get("error"):
+            t.add_row(r["system"], "-", "-", "-", "-", "-", r["error"][:60])
+            continue
+        for label, lat in (("store: started_at - created_at", r.get("store")),
+                           ("job: call - enqueue call", r["job_side"])):
+            if lat:
+                t.add_row(r["system"], f"{r['started']}/{r['runs']}",
+                          *(_ms(lat.get(k)) for k in ("p50", "p90", "p99", "max")), label)
+    console.print(t)
+
+    if result.get("claims"):
+        console.print("\n[bold]4. store.claim_runs latency[/] (one process, back to back, "
+                      f"{result['args']['claims']} claims each)")
+        t = table("table", "finished", "queued", "claim 1 p50 ms", "p99", "claim 16 p50 ms",
+                  "p99", "runs claimed 1/16", "p50 vs small 1/16", "p50 vs empty 1/16")
+        by = {c["table"]: c for c in result["claims"]}
+
+        def ratio(c: dict[str, Any], base: str) -> str:
+            b = by.get(base)
+            if b is None or b is c:
+                return "-"
+            return (f"{c['claim_1']['p50'] / b['claim_1']['p50']:.2f}x / "
+                    f"{c['claim_16']['p50'] / b['claim_16']['p50']:.2f}x")
+
+        for c in result["claims"]:
+            t.add_row(c["table"], f"{c['finished']:,}", f"{c['queued']:,}",
+                      _ms(c["claim_1"]["p50"]), _ms(c["claim_1"]["p99"]),
+                      _ms(c["claim_16"]["p50"]), _ms(c["claim_16"]["p99"]),
+                      f"{c['claimed_1']}/{c['claimed_16']}", ratio(c, "small"),
+                      ratio(c, "empty"))
+        console.print(t)
+        console.print("empty: nothing to claim (the statement finds no row, writes nothing, "
+                      "commits nothing). small: only the queued rows the claims take. large: rows "
+                      "bulk-loaded with generate_series, then ANALYZE. The tables take turns "
+                      "(10 rounds), so load from elsewhere falls on all of them alike.")
+
+
+# -- main ------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", default=os.environ.get(
+        "SHOAL_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres"),
+        help="a database on the server to connect to for CREATE/DROP DATABASE "
+             "(default $SHOAL_BENCH_PG or postgresql://postgres@127.0.0.1:5432/postgres)")
+    parser.add_argument("--runs", type=int, default=10000, help="jobs per throughput test")
+    parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    parser.add_argument("--slots", type=int, default=16,
+                        help="concurrent jobs per worker process, every system (default 16)")
+    parser.add_argument("--repeat", type=int, default=3, help="throughput rounds (median)")
+    parser.add_argument("--dispatch-batch", type=int, default=50,
+                        help="shoal dispatches in flight at a time while filling the queue")
+    parser.add_argument("--latency-runs", type=int, default=200)
+    parser.add_argument("--interval", type=float, default=0.02)
+    parser.add_argument("--dbos-poll", type=float, default=0.01,
+                        help="DBOS queue polling interval, seconds (default 0.01)")
+    parser.add_argument("--no-pgqueuer-defaults", dest="pgqueuer_defaults", action="store_false",
+                        help="skip the extra throughput row of pgqueuer with its own defaults "
+                             "(batches of 10, no cap on concurrent jobs)")
+    parser.add_argument("--pgbench-seconds", type=float, default=5.0)
+    parser.add_argument("--pgbench-clients", type=int, default=2)
+    parser.add_argument("--claims", type=int, default=200,
+                        help="claims of 1 and of 16 runs timed per table (default 200)")
+    parser.add_argument("--no-large", dest="large", action="store_false",
+                        help="skip the 1,000,000 + 100,000 row claim test (about a minute)")
+    parser.add_argument("--large-finished", type=int, default=1_000_000)
+    parser.add_argument("--large-queued", type=int, default=100_000)
+    parser.add_argument("--peers", default=",".join(PEERS),
+                        help="peers to run, comma separated ('' for none)")
+    parser.add_argument("--only", default="pgbench,throughput,latency,claims",
+                        help="parts to run, comma separated")
+    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="run each shoal worker under cProfile: DIR/<worker>.prof")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--store", help=argparse.SUPPRESS)
+    parser.add_argument("--instance-id", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.worker:
+        shoal_worker(args)
+        return 0
+
+    def interrupted(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupted)
+    signal.signal(signal.SIGTERM, interrupted)
+    parts = set(args.only.split(","))
+    peers = [p for p in args.peers.split(",") if p]
+    tmp = Path(tempfile.mkdtemp(prefix="shoal-pgbench-")).resolve()
+    profile = Path(args.profile).resolve() if args.profile else None
+    if profile:
+        profile.mkdir(parents=True, exist_ok=True)
+    procs = Processes(tmp, profile)
+    server = Server(args.url)
+    result: dict[str, Any] = {"args": vars(args), "started_at": time.time(),
+                              "pgbench": [], "throughput": [], "latency": [], "claims": []}
+    began = time.perf_counter()
+    try:
+        reasons = peer_env(args) if peers else {}
+        result["environment"] = {
+            "server_url": with_db(args.url, ""), "server": server.facts(),
+            "python": platform.python_version(), "platform": platform.platform(),
+            "cores": os.cpu_count(), "shoal": shoal.__version__, "shoal_commit": git_commit(),
+            "peers": peer_versions() if peers else {}, "peer_unavailable": reasons,
+            "load_average_before": os.getloadavg(), "logs": str(tmp),
+        }
+        if "pgbench" in parts:
+            print("pgbench before...", file=sys.stderr)
+            result["pgbench"].append(pgbench(server, args.pgbench_seconds, args.pgbench_clients,
+                                             "before"))
+        systems = ["shoal", *peers]
+        if "throughput" in parts:
+            if "pgqueuer" in peers and args.pgqueuer_defaults:
+                systems.insert(systems.index("pgqueuer") + 1, "pgqueuer-defaults")
+            trials: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
+            errors: dict[str, str] = {p: f"not installed: {r}" for p, r in reasons.items() if r}
+            if errors.get("pgqueuer"):
+                errors["pgqueuer-defaults"] = errors["pgqueuer"]
+            for rep in range(1, args.repeat + 1):
+                for system in systems:
+                    if system in errors:
+                        continue
+                    print(f"throughput {rep}/{args.repeat}: {system}...", file=sys.stderr)
+                    try:
+                        trials[system].append(throughput(procs, server, system, args, rep))
+                    except Exception as e:   # one system failing never loses the others
+                        procs.close()
+                        errors[system] = str(e).strip().splitlines()[-1][:300]
+                        print(f"  {system} failed: {e}", file=sys.stderr)
+            for system in systems:
+                ranked = sorted(trials[system], key=lambda t: t["runs_per_s"])
+                if not ranked:
+                    result["throughput"].append({"system": system,
+                                                 "error": errors.get(system, "no result")})
+                    continue
+                median = dict(ranked[(len(ranked) - 1) // 2])
+                median["runs_per_s_range"] = [ranked[0]["runs_per_s"], ranked[-1]["runs_per_s"]]
+                median["trials"] = ranked
+                result["throughput"].append(median)
+        if "latency" in parts:
+            for system in systems:
+                if system.endswith("-defaults"):
+                    continue
+                if reasons.get(system):
+                    result["latency"].append({"system": system, "error": reasons[system]})
+                    continue
+                print(f"latency: {system}...", file=sys.stderr)
+                try:
+                    result["latency"].append(latency(procs, server, system, args))
+                except Exception as e:   # one system failing never loses the others
+                    procs.close()
+                    result["latency"].append({"system": system,
+                                              "error": str(e).strip().splitlines()[-1][:300]})
+        if "claims" in parts:
+            try:
+                result["claims"] = claim_latency(server, args)
+            except Exception as e:
+                print(f"claim latency failed: {e!r}", file=sys.stderr)
+                result["claims_error"] = repr(e)
+        if "pgbench" in parts:
+            print("pgbench after...", file=sys.stderr)
+            result["pgbench"].append(pgbench(server, args.pgbench_seconds, args.pgbench_clients,
+                                             "after"))
+        result["environment"]["load_average_after"] = os.getloadavg()
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        procs.close()
+        server.close()
+        if args.json:   # whatever was measured, even if a part failed
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(result, indent=2, default=str) + "\n")
+    result["bench_seconds"] = time.perf_counter() - began
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2, default=str) + "\n")
+        print(f"wrote {args.json}", file=sys.stderr)
+    render(result)
+    if result.get("claims_error"):
+        print(f"claim latency failed: {result['claims_error']}", file=sys.stderr)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
