@@ -821,10 +821,6 @@ async def test_cron_every_second_across_processes(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: Engine.deliver_outbox claims up to 50 entries for one lease, then hands them to the "
-    "handler one after another; once the batch outlasts the lease, another (healthy) instance "
-    "claims the rest again and both deliver them"))
 async def test_slow_outbox_handler_is_not_delivered_twice(tmp_path: Path) -> None:
     """2 workers, nobody killed; one step sends 24 entries whose handler takes 0.15 s (3.6 s for
     the lot, past the 1 s lease): no key reaches the handler twice."""

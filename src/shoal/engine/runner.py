@@ -25,6 +25,24 @@ from shoal.stores.base import Fence, Pause, Run, RunStatus, Settlement, Store
 log = logging.getLogger("shoal")
 
 PRUNE_BATCH = 500   # finished runs deleted per poll at most
+DELIVERY_BATCH = 10  # outbox entries or notifications taken at once
+
+
+async def _call_handler(fn: Callable[..., Any], timeout: float, *args: Any) -> None:
+    """Call a user handler: a coroutine function on the loop, a plain one in a thread (so a
+    blocking client never stalls renewals), for at most ``timeout`` seconds (real time)."""
+    if inspect.iscoroutinefunction(fn):
+        call: Awaitable[Any] = fn(*args)
+    else:
+        call = asyncio.to_thread(fn, *args)
+    task = asyncio.ensure_future(call)
+    done, _ = await asyncio.wait({task}, timeout=max(0.0, timeout))
+    if not done:
+        task.cancel()
+        raise TimeoutError(f"the handler took longer than {timeout:.1f} s (its lease)")
+    result = task.result()
+    if inspect.isawaitable(result):
+        await result
 
 WorkflowFn = Callable[[RunContext, Any], Awaitable[Any]]
 ErrorHandler = Callable[[BaseException], Any]
@@ -108,6 +126,8 @@ class Engine:
         self.version = version
         self._observers = observers if observers is not None else []
         self._incompatible_logged: set[str] = set()
+        self._delivery_lock = asyncio.Lock()
+        self._notify_lock = asyncio.Lock()
         self._on_error = on_error
         self._local: dict[str, Execution] = {}
         self._accepting = False
@@ -231,14 +251,25 @@ class Engine:
         success; otherwise due again after a backoff, or dead after ``max_deliveries``."""
         if not self._outbox_handlers:
             return
+        async with self._delivery_lock:   # one pass at a time: each entry taken once here
+            while await self._deliver_batch():
+                pass
+
+    async def _deliver_batch(self) -> bool:
+        """Deliver one batch; True when it was full (more may be due)."""
+        claimed_at = self.clock.now()
         entries = await self.store.claim_outbox(self.namespace, list(self._outbox_handlers),
-                                                self.clock.now(), self.lease, 50)
+                                                claimed_at, self.lease, DELIVERY_BATCH)
+        # Entries are taken for one lease; one not handed over before a margin of it is left
+        # is left alone, to be taken again (by anyone) once the lease passes.
+        deadline = claimed_at + self.lease * 0.8
         for entry in entries:
+            remaining = deadline - self.clock.now()
+            if remaining <= 0:
+                return False
             spec = self._outbox_handlers[entry.topic]
             try:
-                result = spec.fn(copy.deepcopy(entry.payload), entry.key)
-                if inspect.isawaitable(result):
-                    await result
+                await _call_handler(spec.fn, remaining, copy.deepcopy(entry.payload), entry.key)
             except Exception as e:
                 now = self.clock.now()
                 error = f"{type(e).__name__}: {e}"
@@ -256,6 +287,7 @@ class Engine:
                     self._wake_at(now + delay, self.deliver_outbox)
                 continue
             await self.store.finish_delivery(entry.id, self.clock.now())
+        return len(entries) == DELIVERY_BATCH
 
     def _soon(self, job: Callable[[], Awaitable[None]]) -> None:
         async def run() -> None:
@@ -294,19 +326,25 @@ class Engine:
         handler returned without raising."""
         if not self._on_pause_notify:
             return
-        pauses = await self.store.claim_notifications(self.namespace, self.clock.now(),
-                                                      self.lease, 50)
-        for pause in pauses:
-            try:
-                for handler in self._on_pause_notify:
-                    result = handler(pause)
-                    if inspect.isawaitable(result):
-                        await result
-            except Exception as e:
-                log.warning("pause.notify_failed: %s of run %s: %s", pause.id, pause.run_id, e,
-                            extra={"event": "pause.notify_failed", "run_id": pause.run_id})
-                continue
-            await self.store.mark_notified(pause.id)
+        async with self._notify_lock:
+            claimed_at = self.clock.now()
+            pauses = await self.store.claim_notifications(self.namespace, claimed_at,
+                                                          self.lease, DELIVERY_BATCH)
+            deadline = claimed_at + self.lease * 0.8
+            for pause in pauses:
+                if self.clock.now() >= deadline:
+                    return   # the rest is taken again once the lease passes
+                await self._notify_one(pause, deadline)
+
+    async def _notify_one(self, pause: Pause, deadline: float) -> None:
+        try:
+            for handler in self._on_pause_notify:
+                await _call_handler(handler, deadline - self.clock.now(), pause)
+        except Exception as e:
+            log.warning("pause.notify_failed: %s of run %s: %s", pause.id, pause.run_id, e,
+                        extra={"event": "pause.notify_failed", "run_id": pause.run_id})
+            return
+        await self.store.mark_notified(pause.id)
 
     def _any_version(self) -> list[str]:
         return [name for name, spec in self.workflows.items()
@@ -448,7 +486,8 @@ class Engine:
                     await self._observe("on_run_start", run)
                 else:
                     await self._observe("on_run_resume", run, run.resume_reason or "recovered")
-                x.steps = {s.seq: s for s in await self.store.load_steps(run.id)}
+                if run.lease_epoch > 1:   # a first execution has no checkpoints to replay
+                    x.steps = {s.seq: s for s in await self.store.load_steps(run.id)}
                 output = await spec.fn(ctx, copy.deepcopy(run.input))
                 _json.check_json(output, f"the output of workflow {run.workflow!r}")
             except Suspended as s:

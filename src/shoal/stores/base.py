@@ -366,9 +366,9 @@ class Store(Protocol):
     async def save_tree_key(
         self, root_id: str, key: str, value: JSON, claimant: str, now: float
     ) -> bool:
-        """Keep ``value`` under ``key`` of the run tree ``root_id`` if the key is absent; True
-        when this call stored it, or when ``claimant`` stored it before (a re-executed step gets
-        its own answer again). Keys go when the root run ends."""
+        """Keep ``value`` under ``key`` of the run tree ``root_id`` if the key is absent and the
+        root has not ended; True when this call stored it, or when ``claimant`` stored it before
+        (a re-executed step gets its own answer again). Keys go when the root run ends."""
 
     async def get_tree_key(self, root_id: str, key: str) -> JSON:
         """The value under ``key`` of the tree ``root_id``, or None."""
@@ -396,8 +396,9 @@ class Store(Protocol):
         """Dead-lettered entries of the namespace, oldest first."""
 
     async def prune_runs(self, namespace: str, before: float, limit: int) -> int:
-        """Delete up to ``limit`` final runs that finished before ``before``, with their steps
-        and signals, oldest first; return how many. Live runs are never touched."""
+        """Delete up to ``limit`` final runs that finished before ``before``, with their steps,
+        signals and outbox entries, oldest first; return how many. Live runs, and runs with
+        outbox entries still to deliver, are never touched."""
 
     async def wait_for_work(self, timeout: float) -> None:
         """Return when another writer may have made work due (a hint), or after ``timeout``

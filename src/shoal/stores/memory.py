@@ -433,6 +433,9 @@ class MemoryStore:
     ) -> bool:
         found = self._tree.get((root_id, key))
         if found is None:
+            root = self._runs.get(root_id)
+            if root is None or root.status.final:   # no key may outlive its tree
+                return False
             self._tree[(root_id, key)] = (copy.deepcopy(value), claimant)
             return True
         return found[1] == claimant
@@ -568,9 +571,10 @@ class MemoryStore:
         return copy.deepcopy(dead[:limit])
 
     async def prune_runs(self, namespace: str, before: float, limit: int) -> int:
+        busy = {e.run_id for e in self._outbox.values() if e.delivered_at is None and not e.dead}
         old = sorted((r for r in self._in(namespace)
                       if r.status.final and r.finished_at is not None
-                      and r.finished_at < before),
+                      and r.finished_at < before and r.id not in busy),
                      key=lambda r: (r.finished_at or 0.0, r.id))[:limit]
         gone = {r.id for r in old}
         for run_id in gone:

@@ -382,6 +382,9 @@ WITH old AS (
     SELECT id FROM runs
     WHERE namespace = %(namespace)s AND status IN ('succeeded', 'failed', 'cancelled')
       AND finished_at < %(before)s
+      -- a run whose outbox entries are still being delivered stays until they are done
+      AND NOT EXISTS (SELECT 1 FROM outbox o
+                      WHERE o.run_id = runs.id AND o.delivered_at IS NULL AND NOT o.dead)
     ORDER BY finished_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -519,8 +522,12 @@ RETURNING id;
 
 -- name: insert_tree_key
 -- First wins: an insert racing another of the same key waits for it, then inserts nothing.
+-- Only while the root is unfinished (its row locked, so its end waits for this insert and then
+-- removes the key with the rest): no key may outlive its tree.
 INSERT INTO tree_keys (root_id, key, value, claimant, created_at)
-VALUES (%(root_id)s, %(key)s, %(value)s, %(claimant)s, %(now)s)
+SELECT %(root_id)s, %(key)s, %(value)s, %(claimant)s, %(now)s
+WHERE EXISTS (SELECT 1 FROM runs WHERE id = %(root_id)s
+              AND status NOT IN ('succeeded', 'failed', 'cancelled') FOR SHARE)
 ON CONFLICT (root_id, key) DO NOTHING
 RETURNING claimant;
 

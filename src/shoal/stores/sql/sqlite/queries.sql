@@ -194,6 +194,9 @@ WHERE id IN (SELECT id FROM runs INDEXED BY runs_held WHERE namespace = :namespa
 SELECT id FROM runs INDEXED BY runs_finished
 WHERE namespace = :namespace AND status IN ('succeeded', 'failed', 'cancelled')
   AND finished_at < :before
+  -- a run whose outbox entries are still being delivered stays until they are done
+  AND NOT EXISTS (SELECT 1 FROM outbox o
+                  WHERE o.run_id = runs.id AND o.delivered_at IS NULL AND o.dead = 0)
 ORDER BY finished_at, id
 LIMIT :limit;
 
@@ -269,8 +272,11 @@ DELETE FROM pauses WHERE id IN (
     LIMIT :limit);
 
 -- name: insert_tree_key
+-- Only while the root is unfinished: its end removes the tree's keys, none may come after.
 INSERT INTO tree_keys (root_id, key, value, claimant, created_at)
-VALUES (:root_id, :key, :value, :claimant, :now)
+SELECT :root_id, :key, :value, :claimant, :now
+WHERE EXISTS (SELECT 1 FROM runs WHERE id = :root_id
+              AND status NOT IN ('succeeded', 'failed', 'cancelled'))
 ON CONFLICT (root_id, key) DO NOTHING;
 
 -- name: get_tree_key
