@@ -53,6 +53,7 @@ async def test_a_started_run_waits_for_its_own_version(
     caplog.set_level(logging.WARNING, logger="shoal")
     async with new:
         fresh = await new.dispatch("job")
+        await until(lambda: _status(new, fresh.id, "sleeping"))   # its step runs in a thread
         await clock.advance(61)
         await clock.advance(30)
         assert (await new.get_run(run.id)).status == "sleeping"    # left for a v1 instance
