@@ -100,9 +100,32 @@ def schema_url() -> Iterator[str]:
         _skip_or_fail(f"PostgreSQL at {mask_url(URL)} is not reachable ({reason}); set "
                       f"SHOAL_TEST_POSTGRES to a server where the tests may create schemas")
     name = f"shoal_p_{secrets.token_hex(6)}"
-    yield _with_query(URL, schema=name)
-    with psycopg.connect(URL, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+    # should the test process be killed, a guard process drops the schema
+    guard = subprocess.Popen([sys.executable, "-c", _SCHEMA_GUARD, str(os.getpid()), URL, name],
+                             start_new_session=True, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield _with_query(URL, schema=name)
+    finally:
+        try:
+            with psycopg.connect(URL, autocommit=True) as conn:
+                conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
+                    sql.Identifier(name)))
+        finally:
+            guard.kill()
+            guard.wait(timeout=10)
+
+
+_SCHEMA_GUARD = """
+import os, sys, time
+import psycopg
+from psycopg import sql
+parent, url, name = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+while os.getppid() == parent:
+    time.sleep(0.5)
+with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
+    conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+"""
 
 
 async def wait_all_final(store: Any, expected: int, timeout: float) -> list[Any]:
@@ -268,17 +291,19 @@ class Cluster:
     def __init__(self, bindir: Path) -> None:
         self.bindir = bindir
         self.prefix: list[str] = []
+        user = None
+        if os.geteuid() == 0:
+            try:
+                user = pwd.getpwnam("postgres")
+            except KeyError:
+                _skip_or_fail("running as root and no 'postgres' user to run initdb/pg_ctl as")
         self.base = Path(tempfile.mkdtemp(prefix="shoal-pg-"))
         self.data = self.base / "data"
         self.logfile = self.base / "server.log"
         self.port = 0
         self.guard: subprocess.Popen[bytes] | None = None
         self.restarts: list[tuple[str, float, float]] = []   # (mode, down at, up at), epoch s
-        if os.geteuid() == 0:
-            try:
-                user = pwd.getpwnam("postgres")
-            except KeyError:
-                _skip_or_fail("running as root and no 'postgres' user to run initdb/pg_ctl as")
+        if user is not None:
             os.chown(self.base, user.pw_uid, user.pw_gid)
             runuser = shutil.which("runuser")
             self.prefix = ([runuser, "-u", "postgres", "--"] if runuser
