@@ -54,7 +54,8 @@ log = logging.getLogger("shoal.store.postgres")
 # LiteralString so that user data formatted into SQL is a type error).
 _Q = queries("postgres")
 _SCHEMA = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,48}$")
-_OPTIONS = {"schema", "pool_min_size", "pool_max_size", "open_timeout"}
+_OPTIONS = {"schema", "pool_min_size", "pool_max_size", "open_timeout", "pool_timeout",
+            "reconnect_timeout"}
 # Transient refusals of one transaction: it did nothing, so it is run again.
 _RETRYABLE = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
 _Conn = psycopg.AsyncConnection[DictRow]
@@ -66,7 +67,11 @@ class PostgresStore:
     """The ``postgresql://user:password@host:port/db?schema=shoal`` store.
 
     ``schema`` is created if missing and holds every table; ``pool_min_size``/``pool_max_size``
-    size the connection pool (default 1 and 10). Other query options go to libpq as they are
+    size the connection pool (default 1 and 10); ``pool_timeout`` (default 2 s) bounds the wait
+    for a pooled connection and ``reconnect_timeout`` (default 3 s) the pool's reconnect
+    backoff, so a call during an outage fails fast and work resumes as soon as the server is
+    back (psycopg_pool's own defaults, 30 s and 300 s with exponential backoff, left instances
+    idle for tens of seconds after a long outage). Other query options go to libpq as they are
     (``sslmode``, ``connect_timeout``, …).
     """
 
@@ -78,6 +83,8 @@ class PostgresStore:
         pool_min_size: int = 1,
         pool_max_size: int = 10,
         open_timeout: float = 10.0,
+        pool_timeout: float = 2.0,
+        reconnect_timeout: float = 3.0,
     ) -> None:
         if not _SCHEMA.match(schema):
             raise ConfigurationError(
@@ -97,6 +104,8 @@ class PostgresStore:
         self.pool_min_size = pool_min_size
         self.pool_max_size = pool_max_size
         self.open_timeout = open_timeout
+        self.pool_timeout = pool_timeout
+        self.reconnect_timeout = reconnect_timeout
         self._pool: AsyncConnectionPool[_Conn] | None = None
         self._work = asyncio.Event()
         self._listener: asyncio.Task[None] | None = None
@@ -140,6 +149,8 @@ class PostgresStore:
                 pool_min_size=int(ours.get("pool_min_size", 1)),
                 pool_max_size=int(ours.get("pool_max_size", 10)),
                 open_timeout=float(ours.get("open_timeout", 10.0)),
+                pool_timeout=float(ours.get("pool_timeout", 2.0)),
+                reconnect_timeout=float(ours.get("reconnect_timeout", 3.0)),
             )
         except ValueError as e:
             raise ConfigurationError(
@@ -160,6 +171,8 @@ class PostgresStore:
             configure=self._configure,
             min_size=self.pool_min_size,
             max_size=self.pool_max_size,
+            timeout=self.pool_timeout,
+            reconnect_timeout=self.reconnect_timeout,
             open=False,
             name=f"shoal-{self.schema}",
         )
