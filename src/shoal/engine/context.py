@@ -173,6 +173,7 @@ class Execution:
     # the lease. Past it (this process was frozen, or its store calls failed), another instance
     # may have taken the run over, so no new step may start here.
     held_until: float = 0.0
+    suspended: Suspended | None = None   # set once the run durably yielded
     task: asyncio.Task[None] | None = None
     context: RunContext | None = None
 
@@ -196,6 +197,12 @@ class RunContext:
         self.outbox = Outbox()
 
     def _next(self, name: str) -> tuple[int, Step | None]:
+        # Sticky: once the run has durably yielded or lost its claim, every later ctx call
+        # raises again, even if the workflow caught the first exception.
+        if self._x.suspended is not None:
+            raise self._x.suspended
+        if self._x.abort == "lost":
+            self._lost()
         self._x.seq += 1
         seq = self._x.seq
         recorded = self._x.steps.get(seq)
@@ -213,8 +220,16 @@ class RunContext:
         except Exception as e:
             raise StoreWriteFailed(e) from e
 
+    def _suspend(self, status: str, until: float | None) -> Suspended:
+        self._x.suspended = Suspended(status, until)
+        return self._x.suspended
+
     def _lost(self) -> NoReturn:
-        raise LeaseLostError(self.run_id, self._x.fence.owner)
+        error = LeaseLostError(self.run_id, self._x.fence.owner)
+        if self._x.abort is None:
+            self._x.abort = "lost"
+            self.signal._abort(error)
+        raise error
 
     async def step(
         self, name: str, fn: Callable[..., Any], *args: Any, retries: int = 0, **kwargs: Any
@@ -293,7 +308,7 @@ class RunContext:
         if not await self._write(engine.store.suspend_run(
                 self._x.fence, pending, "sleeping", until, None, now)):
             self._lost()
-        raise Suspended("sleeping", until)
+        raise self._suspend("sleeping", until)
 
     async def wait_for(self, name: str, timeout: float | None = None) -> Any:
         """Wait durably for ``app.signal(run_id, name, payload)`` and return its payload. A signal
@@ -321,7 +336,7 @@ class RunContext:
                                       self._x.fence.epoch)
             return got.payload
         if got.parked:
-            raise Suspended("waiting", deadline)
+            raise self._suspend("waiting", deadline)
         done = Step(seq, step_name, {"timeout": deadline}, True, self._x.fence.epoch)
         if not await self._write(engine.store.checkpoint_step(
                 self._x.fence, done, engine.lease, now)):
@@ -357,7 +372,7 @@ class RunContext:
                                                                now)):
                 self._lost()
             engine.pause_created()
-            raise Suspended("waiting", None)
+            raise self._suspend("waiting", None)
         pause_id = recorded.output["pause_id"]
         found = await engine.store.get_pause(pause_id)
         if found is not None and found.status == "pending":
@@ -390,7 +405,7 @@ class RunContext:
         if again is None or again.status != "pending":
             now = engine.clock.now()
             await engine.store.send_signal(self.run_id, wait_for, None, new_id(now), now)
-        raise Suspended("waiting", None)
+        raise self._suspend("waiting", None)
 
     async def start_child(self, workflow: Any, input: Any = None, **options: Any) -> ChildRun:
         """Start a run of ``workflow`` (a registered workflow or its name) in this run's tree:
@@ -420,7 +435,7 @@ class RunContext:
             if child is None:
                 self._lost()
             if not child.status.final:
-                raise Suspended("waiting", None)
+                raise self._suspend("waiting", None)
             self._x.finishing = False
             recorded = Step(seq, step_name, {"status": child.status.value,
                                              "output": child.output, "error": child.error},

@@ -28,6 +28,13 @@ PRUNE_BATCH = 500   # finished runs deleted per poll at most
 DELIVERY_BATCH = 10  # outbox entries or notifications taken at once
 
 
+def _really_cancelled() -> bool:
+    """Whether the current task is being cancelled from outside (not a CancelledError that
+    user code raised)."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
+
+
 async def _call_handler(fn: Callable[..., Any], timeout: float, *args: Any) -> None:
     """Call a user handler: a coroutine function on the loop, a plain one in a thread (so a
     blocking client never stalls renewals), for at most ``timeout`` seconds (real time)."""
@@ -36,10 +43,15 @@ async def _call_handler(fn: Callable[..., Any], timeout: float, *args: Any) -> N
     else:
         call = asyncio.to_thread(fn, *args)
     task = asyncio.ensure_future(call)
-    done, _ = await asyncio.wait({task}, timeout=max(0.0, timeout))
+    try:
+        done, _ = await asyncio.wait({task}, timeout=max(0.0, timeout))
+    finally:
+        if not task.done():
+            task.cancel()   # also when we are cancelled: no handler outlives its pass
     if not done:
-        task.cancel()
         raise TimeoutError(f"the handler took longer than {timeout:.1f} s (its lease)")
+    if task.cancelled():
+        raise RuntimeError("the handler raised asyncio.CancelledError")
     result = task.result()
     if inspect.isawaitable(result):
         await result
@@ -203,6 +215,11 @@ class Engine:
                     await self._renew()
                 else:
                     await self.poll()
+            except asyncio.CancelledError:
+                if _really_cancelled():
+                    raise
+                log.warning("poll.failed: a handler raised CancelledError",
+                            extra={"event": "poll.failed"})
             except Exception as e:
                 log.warning("poll.failed: %s", e, extra={"event": "poll.failed"})
                 await self._report(e)
@@ -433,15 +450,16 @@ class Engine:
                 return
 
     async def _renew(self) -> None:
-        leases = {x.run.id: x.fence.epoch for x in self._local.values()
-                  if x.abort is None and not x.finishing}
-        if not leases:
+        asked = [x for x in self._local.values() if x.abort is None and not x.finishing]
+        if not asked:
             return
+        leases = {x.run.id: x.fence.epoch for x in asked}
         sent = self.clock.now()
         renewal = await self.store.renew_leases(self.instance_id, leases, self.lease, sent)
-        for run_id in leases:
-            x = self._local.get(run_id)
-            if x is None or x.abort is not None or x.finishing:
+        for x in asked:
+            run_id = x.run.id
+            # the answer is about the execution asked for, not a newer claim of the same run
+            if self._local.get(run_id) is not x or x.abort is not None or x.finishing:
                 continue
             if run_id in renewal.renewed:
                 x.held_until = max(x.held_until, sent + self.lease)
@@ -464,10 +482,17 @@ class Engine:
         ctx = x.context
         if ctx is not None:
             ctx.signal._abort(reason)
-        if x.task is not None:
+        # A run already writing its end (settle, suspend, release) is let finish: the write is
+        # fenced, and a cancel requested meanwhile is seen by the next renewal or claim.
+        if x.task is not None and not x.finishing:
             x.task.cancel()
 
     # -- executions ------------------------------------------------------------------------
+
+    def _leave(self, x: Execution) -> None:
+        """Forget the execution ``x``, but never a newer one of the same run."""
+        if self._local.get(x.run.id) is x:
+            del self._local[x.run.id]
 
     def _launch(self, run: Run, held_until: float) -> None:
         x = Execution(run=run, fence=Fence(run.id, self.instance_id, run.lease_epoch),
@@ -487,16 +512,27 @@ class Engine:
                 else:
                     await self._observe("on_run_resume", run, run.resume_reason or "recovered")
                 if run.lease_epoch > 1:   # a first execution has no checkpoints to replay
-                    x.steps = {s.seq: s for s in await self.store.load_steps(run.id)}
+                    try:
+                        x.steps = {s.seq: s for s in await self.store.load_steps(run.id)}
+                    except Exception as e:
+                        raise StoreWriteFailed(e) from e
                 output = await spec.fn(ctx, copy.deepcopy(run.input))
                 _json.check_json(output, f"the output of workflow {run.workflow!r}")
             except Suspended as s:
                 if s.until is not None:
                     self._wake_at(s.until)
+                # the run may be claimed again (here too) while observers run: leave first
+                self._leave(x)
                 await self._observe("on_run_pause", dataclasses.replace(
                     run, status=RunStatus(s.status), owner=None, lease_expires_at=None))
                 return
             except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if x.abort is None and task is not None and task.cancelling() == 0:
+                    # raised by the workflow itself, not a cancel from outside: a failed attempt
+                    await self._failed(x, spec, RuntimeError(
+                        "the workflow raised asyncio.CancelledError"))
+                    return
                 await self._aborted(x)
                 return
             except LeaseLostError as e:
@@ -518,7 +554,7 @@ class Engine:
         except Exception as e:   # the store failed while the run was ending
             await self._store_failed(x, e)
         finally:
-            self._local.pop(run.id, None)
+            self._leave(x)
             self._settled.set()
             self._settled = asyncio.Event()
             self.kick()

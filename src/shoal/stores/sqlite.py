@@ -638,6 +638,9 @@ class SQLiteStore:
             db.execute(_Q["mark_notified"], {"id": pause_id})
 
     async def prune_pauses(self, namespace: str, before: float, limit: int) -> int:
+        # an idle poll takes no write lock to find nothing to prune
+        if self._one(_Q["any_pause_to_prune"], {"namespace": namespace, "before": before}) is None:
+            return 0
         async with self._tx() as db:
             return db.execute(_Q["prune_pauses"], {"namespace": namespace, "before": before,
                                                    "limit": limit}).rowcount

@@ -264,6 +264,11 @@ UPDATE pauses SET status = 'resolved', resolved_at = :now,
     decision = '{"approved":false,"data":null,"by":null,"reason":"cancelled"}'
 WHERE run_id = :run_id AND status = 'pending';
 
+-- name: any_pause_to_prune
+SELECT 1 FROM pauses INDEXED BY pauses_resolved
+WHERE namespace = :namespace AND status = 'resolved' AND resolved_at < :before
+LIMIT 1;
+
 -- name: prune_pauses
 DELETE FROM pauses WHERE id IN (
     SELECT id FROM pauses INDEXED BY pauses_resolved

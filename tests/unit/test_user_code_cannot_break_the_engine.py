@@ -1,0 +1,124 @@
+"""Workflow and handler code that swallows or raises the engine's control flow."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import shoal
+from shoal.stores.memory import MemoryStore
+from shoal.testing import VirtualClock, settle
+
+
+async def until(check: Callable[[], Awaitable[bool]], rounds: int = 300) -> None:
+    for _ in range(rounds):
+        if await check():
+            return
+        await settle()
+    raise AssertionError("condition not reached")
+
+
+async def _true(items: list[Any], item: Any) -> bool:
+    return item in items
+
+
+async def test_a_swallowed_lost_lease_stops_every_later_step() -> None:
+    store = MemoryStore()
+    clock, frozen = VirtualClock(), VirtualClock()
+    ran: list[tuple[str, int]] = []
+    gate = asyncio.Event()
+
+    def make(name: str, clk: VirtualClock) -> shoal.App:
+        app = shoal.App("sticky", store=store, clock=clk, instance_id=name, lease=30.0)
+
+        @app.workflow(name="wf")
+        async def wf(ctx: shoal.RunContext, input: Any) -> str:
+            for i in range(3):
+                async def work(i: int = i) -> int:
+                    ran.append((name, i))
+                    if name == "frozen" and i == 0:
+                        await gate.wait()
+                    return i
+                # careless code: swallows the lost lease
+                with contextlib.suppress(Exception):
+                    await ctx.step(f"s{i}", work)
+            return name
+
+        return app
+
+    a, b = make("frozen", frozen), make("other", clock)
+    await a.start()
+    run = await a.dispatch("wf")
+    await until(lambda: _true(ran, ("frozen", 0)))
+    async with b:
+        await clock.advance(41)                  # b takes the run over and finishes it
+        assert await b.result(run.id) == "other"
+        gate.set()                                # a's step 0 returns: its checkpoint is refused
+        for _ in range(5):
+            await settle()
+        assert [r for r in ran if r[0] == "frozen"] == [("frozen", 0)]   # no step 1, no step 2
+    closing = asyncio.create_task(a.close(timeout=0))
+    await frozen.advance(1)
+    await closing
+
+
+async def test_a_workflow_raising_cancelled_error_fails_instead_of_looping() -> None:
+    clock = VirtualClock()
+    app = shoal.App("cancel", store="memory://", clock=clock, lease=30.0)
+    calls: list[int] = []
+
+    @app.workflow(max_attempts=2, backoff=1.0)
+    async def leaky(ctx: shoal.RunContext, input: Any) -> None:
+        calls.append(ctx.attempt)
+        raise asyncio.CancelledError   # e.g. a library's cancellation leaking out
+
+    async with app:
+        run = await app.dispatch(leaky)
+        await until(lambda: _attempts(app, run.id, 2))
+        await clock.advance(2)
+        await until(lambda: _final(app, run.id))
+        done = await app.get_run(run.id)
+        assert done.status == "failed" and "CancelledError" in (done.error or "")
+        assert calls == [1, 2]
+
+
+async def _attempts(app: shoal.App, run_id: str, n: int) -> bool:
+    return (await app.get_run(run_id)).attempts >= n
+
+
+async def _final(app: shoal.App, run_id: str) -> bool:
+    return (await app.get_run(run_id)).status.final
+
+
+async def test_a_handler_raising_cancelled_error_does_not_stop_the_instance() -> None:
+    clock = VirtualClock()
+    app = shoal.App("handlers", store="memory://", clock=clock, lease=30.0)
+
+    @app.outbox_handler("email", max_deliveries=2)
+    async def email(payload: Any, key: str) -> None:
+        raise asyncio.CancelledError
+
+    @app.workflow
+    async def send(ctx: shoal.RunContext, input: Any) -> str:
+        async def step() -> str:
+            ctx.outbox.send("email", {"to": "x"})
+            return "sent"
+        return str(await ctx.step("send", step))
+
+    @app.workflow
+    async def later(ctx: shoal.RunContext, input: Any) -> str:
+        await ctx.sleep(60)
+        return "still here"
+
+    async with app:
+        first = await app.dispatch(send)
+        assert await app.result(first.id) == "sent"
+        second = await app.dispatch(later)
+        for _ in range(10):
+            await clock.advance(10)
+        assert await app.result(second.id) == "still here"   # polls and timers still run
+        assert app.check_liveness().healthy
+        [dead] = await app.dead_letters()
+        assert "CancelledError" in (dead.error or "")
