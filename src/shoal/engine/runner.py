@@ -168,6 +168,8 @@ class Engine:
         releases its claim at once (``interrupted``) for another instance's next poll."""
         self._accepting = False
         self._closing = True
+        async with self._pass_lock:
+            pass   # a pass already inside claim_runs launches what it got: count those too
         tasks = [x.task for x in self._local.values() if x.task is not None]
         if tasks:
             waiter = asyncio.ensure_future(asyncio.wait(tasks))
