@@ -10,14 +10,13 @@ creates its effect file with ``O_CREAT | O_EXCL``; later ones find it and change
 ``python flow_app.py worker``    serve until SIGTERM (``App.run_forever``), then close
 ``python flow_app.py resolver``  resume pauses read as JSON lines on stdin, each at a given time,
                                  from this second process; print one JSON line per answer
-``python flow_app.py reaper F``  once the test process is gone, SIGKILL the process groups listed
-                                 in file F
 
 Configured by environment variables: ``FLOW_STORE`` (a store URL), ``FLOW_LOG`` (the log),
 ``FLOW_EFFECTS`` (the directory of effect files), ``FLOW_INSTANCE`` (instance id), ``FLOW_LEASE``
 (seconds), ``FLOW_HANDLER_DELAY`` (seconds the ``ship`` handler takes), ``FLOW_CRON`` (set: register
 the every-second cron trigger), ``FLOW_MAX_LIFE`` (seconds; the process exits by itself after that,
-a guard against leftovers).
+a guard against leftovers). The test side (the processes, the reaper, the chaos) and the worker's
+plumbing are in ``harness.py``.
 """
 
 from __future__ import annotations
@@ -25,30 +24,19 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
-import logging
 import os
 import random
-import signal
 import sys
-import threading
 import time
 from typing import Any
+
+import harness
 
 import shoal
 
 NAMESPACE = "flow"
 CRON = "* * * * * *"   # every second (six fields, seconds last)
-_log_fd: int | None = None
-
-
-def emit(record: dict[str, Any]) -> None:
-    """Append one JSON line to the log in a single write (atomic with O_APPEND)."""
-    global _log_fd
-    if _log_fd is None:
-        _log_fd = os.open(os.environ["FLOW_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    data = (json.dumps(record, separators=(",", ":")) + "\n").encode()
-    assert len(data) < 4096, "a log line must stay one short write"
-    os.write(_log_fd, data)
+emit = harness.LineLog("FLOW_LOG")   # the log: one JSON line per write (O_APPEND)
 
 
 def child_keys(i: int, c: int) -> list[str]:
@@ -197,44 +185,11 @@ def make_app(store: str, instance_id: str | None = None, lease: float = 2.0,
     return app
 
 
-class _EventsToLog(logging.Handler):
-    """Copies shoal's log events (app.started, lease.lost, outbox.retry, …) into the log."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        event = getattr(record, "event", None)
-        if event is None:
-            return
-        emit({"kind": "event", "event": event, "run": getattr(record, "run_id", None),
-              "pid": os.getpid(), "instance": os.environ.get("FLOW_INSTANCE"),
-              "t": time.time()})
-
-
-def _guard(max_life: float) -> None:
-    """Exit when the parent (the test) is gone or after ``max_life`` seconds: never linger."""
-    parent, deadline = os.getppid(), time.monotonic() + max_life
-    while os.getppid() == parent and time.monotonic() < deadline:
-        time.sleep(0.5)
-    os._exit(3)
-
-
-def _start_guard() -> None:
-    threading.Thread(target=_guard, args=(float(os.environ.get("FLOW_MAX_LIFE", "300")),),
-                     daemon=True).start()
-
-
 def worker() -> None:
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
-                        format="%(asctime)s %(process)d %(levelname)s %(message)s")
-    shoal_log = logging.getLogger("shoal")
-    shoal_log.setLevel(logging.INFO)
-    shoal_log.addHandler(_EventsToLog())
-    _start_guard()
-    app = make_app(os.environ["FLOW_STORE"], os.environ["FLOW_INSTANCE"],
-                   float(os.environ.get("FLOW_LEASE", "2.0")),
-                   cron=bool(os.environ.get("FLOW_CRON")))
-    app.run_forever(timeout=float(os.environ.get("FLOW_DRAIN", "5")))
-    emit({"kind": "event", "event": "worker.exited", "pid": os.getpid(),
-          "instance": os.environ["FLOW_INSTANCE"], "t": time.time()})
+    harness.serve(lambda: make_app(os.environ["FLOW_STORE"], os.environ["FLOW_INSTANCE"],
+                                   float(os.environ.get("FLOW_LEASE", "2.0")),
+                                   cron=bool(os.environ.get("FLOW_CRON"))),
+                  emit, "FLOW", drain=5.0)
 
 
 async def resolver() -> None:
@@ -271,30 +226,11 @@ async def resolver() -> None:
             await asyncio.wait(tasks)
 
 
-def reaper(groups_file: str) -> None:
-    parent = os.getppid()
-    deadline = time.monotonic() + float(os.environ.get("FLOW_MAX_LIFE", "300")) + 10
-    while os.getppid() == parent and time.monotonic() < deadline:
-        time.sleep(0.3)
-    with open(groups_file) as f:
-        groups = [int(line) for line in f if line.strip()]
-    for pgid in groups:
-        try:   # only a process group led by one of ours (its pid may have been reused)
-            with open(f"/proc/{pgid}/cmdline", "rb") as f:
-                if os.path.abspath(__file__).encode() not in f.read():
-                    continue
-            os.killpg(pgid, signal.SIGKILL)
-        except OSError:
-            pass
-
-
 if __name__ == "__main__":
     if sys.argv[1:] == ["worker"]:
         worker()
     elif sys.argv[1:] == ["resolver"]:
-        _start_guard()
+        harness.start_guard("FLOW")
         asyncio.run(resolver())
-    elif sys.argv[1:2] == ["reaper"] and len(sys.argv) == 3:
-        reaper(sys.argv[2])
     else:
-        sys.exit(f"usage: {sys.argv[0]} worker|resolver|reaper FILE")
+        sys.exit(f"usage: {sys.argv[0]} worker|resolver")

@@ -4,42 +4,31 @@ to a shared log (one ``os.write`` per JSON line, O_APPEND).
 
 ``python proc_app.py worker``    serve until SIGTERM (``App.run_forever``), then close
 ``python proc_app.py dispatch``  dispatch the runs described by a JSON list on stdin, print run ids
-``python proc_app.py reaper F``  once the test process is gone, SIGKILL the process groups listed
-                                 in file F (a worker frozen by SIGSTOP cannot exit by itself)
 
 Configured by environment variables: ``PROC_STORE`` (a store URL) or ``PROC_DB`` (a SQLite path),
 ``PROC_LOG`` (side-effect log),
 ``PROC_INSTANCE`` (instance id), ``PROC_LEASE`` (seconds), ``PROC_DRAIN`` (close timeout),
 ``PROC_MAX_LIFE`` (seconds; the worker exits by itself after that, a guard against leftovers).
+The test side (the processes, the reaper, the chaos) and the worker's plumbing are in
+``harness.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import os
 import random
-import signal
 import sys
-import threading
 import time
 from typing import Any
+
+import harness
 
 import shoal
 
 NAMESPACE = "chaos"
-_log_fd: int | None = None
-
-
-def emit(record: dict[str, Any]) -> None:
-    """Append one JSON line to the side-effect log in a single write (atomic with O_APPEND)."""
-    global _log_fd
-    if _log_fd is None:
-        _log_fd = os.open(os.environ["PROC_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    data = (json.dumps(record, separators=(",", ":")) + "\n").encode()
-    assert len(data) < 4096, "a log line must stay one short write"
-    os.write(_log_fd, data)
+emit = harness.LineLog("PROC_LOG")   # the side-effect log: one JSON line per write (O_APPEND)
 
 
 async def _work(ctx: shoal.RunContext, n: int, input: dict[str, Any]) -> dict[str, Any]:
@@ -97,41 +86,10 @@ def make_app(db: str, instance_id: str | None = None, lease: float = 2.0,
     return app
 
 
-class _EventsToLog(logging.Handler):
-    """Copies shoal's log events (app.started, run.interrupted, lease.lost, …) into the log."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        event = getattr(record, "event", None)
-        if event is None:
-            return
-        run_id = getattr(record, "run_id", None)
-        if run_id is None and event == "run.interrupted" and record.args:
-            run_id = record.args[0]
-        emit({"kind": "event", "event": event, "run": run_id, "pid": os.getpid(),
-              "instance": os.environ.get("PROC_INSTANCE"), "t": time.time()})
-
-
-def _guard(max_life: float) -> None:
-    """Exit when the parent (the test) is gone or after ``max_life`` seconds: never linger."""
-    parent, deadline = os.getppid(), time.monotonic() + max_life
-    while os.getppid() == parent and time.monotonic() < deadline:
-        time.sleep(0.5)
-    os._exit(3)
-
-
 def worker() -> None:
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
-                        format="%(asctime)s %(process)d %(levelname)s %(message)s")
-    shoal_log = logging.getLogger("shoal")
-    shoal_log.setLevel(logging.INFO)
-    shoal_log.addHandler(_EventsToLog())
-    threading.Thread(target=_guard, args=(float(os.environ.get("PROC_MAX_LIFE", "300")),),
-                     daemon=True).start()
-    app = make_app(_env_store(), os.environ["PROC_INSTANCE"],
-                   float(os.environ.get("PROC_LEASE", "2.0")))
-    app.run_forever(timeout=float(os.environ.get("PROC_DRAIN", "25")))
-    emit({"kind": "event", "event": "worker.exited", "pid": os.getpid(),
-          "instance": os.environ["PROC_INSTANCE"], "t": time.time()})
+    harness.serve(lambda: make_app(_env_store(), os.environ["PROC_INSTANCE"],
+                                   float(os.environ.get("PROC_LEASE", "2.0"))),
+                  emit, "PROC", drain=25.0)
 
 
 async def dispatch(specs: list[dict[str, Any]]) -> list[str]:
@@ -146,29 +104,10 @@ async def dispatch(specs: list[dict[str, Any]]) -> list[str]:
     return ids
 
 
-def reaper(groups_file: str) -> None:
-    parent = os.getppid()
-    deadline = time.monotonic() + float(os.environ.get("PROC_MAX_LIFE", "300")) + 10
-    while os.getppid() == parent and time.monotonic() < deadline:
-        time.sleep(0.3)
-    with open(groups_file) as f:
-        groups = [int(line) for line in f if line.strip()]
-    for pgid in groups:
-        try:   # only a process group led by one of ours (its pid may have been reused)
-            with open(f"/proc/{pgid}/cmdline", "rb") as f:
-                if os.path.abspath(__file__).encode() not in f.read():
-                    continue
-            os.killpg(pgid, signal.SIGKILL)
-        except OSError:
-            pass
-
-
 if __name__ == "__main__":
     if sys.argv[1:] == ["worker"]:
         worker()
-    elif sys.argv[1:2] == ["reaper"] and len(sys.argv) == 3:
-        reaper(sys.argv[2])
     elif sys.argv[1:] == ["dispatch"]:
         print(json.dumps(asyncio.run(dispatch(json.load(sys.stdin)))))
     else:
-        sys.exit(f"usage: {sys.argv[0]} worker|dispatch|reaper FILE")
+        sys.exit(f"usage: {sys.argv[0]} worker|dispatch")

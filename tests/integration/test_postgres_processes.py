@@ -1,8 +1,9 @@
 """Several worker processes over one PostgreSQL schema: killed with SIGKILL, frozen with SIGSTOP
 past their lease, and (on a private cluster this test starts itself) the server stopped and
 started again under load. Then the same invariants as over SQLite are checked from the rows and
-from the log of side effects (``proc_app.py`` is the worker, ``test_sqlite_processes.py`` holds
-the processes, the chaos monkey and the checks, reused here as they are).
+from the log of side effects (``proc_app.py`` is the worker, ``harness.py`` holds the processes
+and the chaos monkey, ``test_sqlite_processes.py`` the plan and the checks, reused here as they
+are).
 
 Checked after the chaos: every run succeeded (invariant 2); no finished step started again under
 a later claim, every step has one checkpoint written by the one execution at its epoch (3); no two
@@ -25,7 +26,6 @@ import asyncio
 import contextlib
 import functools
 import glob
-import importlib.util
 import json
 import os
 import pwd
@@ -41,32 +41,24 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+import proc_app
 import psycopg
 import pytest
+import test_sqlite_processes as sq  # make_plan, check_invariants
+from harness import Monkey, Processes, read_log, wait_until
 from psycopg import sql
 
 from shoal.stores import mask_url
 
 HERE = Path(__file__).resolve().parent
 URL = os.environ.get("SHOAL_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+PROC_APP = HERE / "proc_app.py"
 SLOTS = 8   # max_concurrent_runs of a worker (proc_app.make_app)
 
 
-def _load(name: str) -> ModuleType:
-    """Import a sibling module by path, whatever the test layout's import mode."""
-    spec = importlib.util.spec_from_file_location(f"shoal_pg_{name}", HERE / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-proc_app = _load("proc_app")
-sq = _load("test_sqlite_processes")   # Processes, Monkey, make_plan, check_invariants, …
 NAMESPACE = proc_app.NAMESPACE
 
 
@@ -143,7 +135,7 @@ async def wait_all_final(store: Any, expected: int, timeout: float) -> list[Any]
         return None
 
     try:
-        runs: list[Any] = await sq.wait_until(final, timeout, "every run to be final", step=0.25)
+        runs: list[Any] = await wait_until(final, timeout, "every run to be final", step=0.25)
         return runs
     except AssertionError:
         stuck = [(r.id, r.status.value, r.owner, r.lease_expires_at, r.attempts) for r in last
@@ -174,10 +166,10 @@ async def test_kill9_and_frozen_workers_over_one_postgres_schema(
     plan = sq.make_plan(rng, n_runs, n_keys=20, n_idem=n_idem)
     calls = [*plan, *plan[:n_idem]]
     rng.shuffle(calls)
-    procs = sq.Processes(tmp_path, {"PROC_STORE": schema_url, "PROC_LOG": str(log),
-                                    "PROC_LEASE": str(lease), "PROC_DRAIN": "5",
-                                    "PROC_MAX_LIFE": "260"})
-    monkey = sq.Monkey(procs, rng, max_events=30)
+    procs = Processes(tmp_path, PROC_APP, "PROC",
+                      {"PROC_STORE": schema_url, "PROC_LOG": str(log), "PROC_LEASE": str(lease),
+                       "PROC_DRAIN": "5", "PROC_MAX_LIFE": "260"})
+    monkey = Monkey(procs, rng, max_events=30)
     try:
         async with app.open():   # migrates the schema before the workers open it
             for n in range(n_workers):
@@ -211,18 +203,18 @@ async def test_kill9_and_frozen_workers_over_one_postgres_schema(
                 await asyncio.to_thread(monkey.stop)
             finished = time.monotonic() - monkey.began
             await procs.wait_started(log)
-            codes = sq.stop_workers(procs)
+            codes = procs.stop_workers()
             assert all(code == 0 for code in codes.values()), (codes, procs.stderr_tail())
 
             assert {r.id for r in runs} == ids
             steps = {r.id: await app.store.load_steps(r.id) for r in runs}
-        records = sq.read_log(log)
+        records = read_log(log)
         problems, stats = sq.check_invariants(runs, steps, records)
         events = Counter(r["event"] for r in records if r["kind"] == "event")
         chaos = monkey.chaos
-        kills = sum(1 for _, what in chaos if what == "kill")
+        kills = sum(1 for c in chaos if c.what == "kill")
         print(f"dispatched in {dispatched:.1f}s, all final at {finished:.1f}s; chaos "
-              f"{[(round(t, 1), what) for t, what in chaos]}; {stats}; events {dict(events)}; "
+              f"{[(round(c.t, 1), c.what) for c in chaos]}; {stats}; events {dict(events)}; "
               f"attempts {sorted(Counter(r.attempts for r in runs).items())}; workers that "
               f"exited by themselves {monkey.exited}")
         assert not problems, "\n".join(problems[:30])
@@ -421,9 +413,9 @@ async def test_server_restarts_under_load(tmp_path: Path, cluster: Cluster) -> N
     plan = sq.make_plan(rng, n_runs, n_keys=20, n_idem=n_runs)
     calls = [*plan, *rng.sample(plan, 100)]   # 100 idempotency keys dispatched twice
     rng.shuffle(calls)
-    procs = sq.Processes(tmp_path, {"PROC_STORE": url, "PROC_LOG": str(log),
-                                    "PROC_LEASE": str(lease), "PROC_DRAIN": "5",
-                                    "PROC_MAX_LIFE": "230"})
+    procs = Processes(tmp_path, PROC_APP, "PROC",
+                      {"PROC_STORE": url, "PROC_LOG": str(log), "PROC_LEASE": str(lease),
+                       "PROC_DRAIN": "5", "PROC_MAX_LIFE": "230"})
     began = time.monotonic()
     redispatched = 0
 
@@ -487,7 +479,7 @@ async def test_server_restarts_under_load(tmp_path: Path, cluster: Cluster) -> N
             async def listening() -> bool:
                 conns = await _listeners(cluster.url, schema)
                 return conns[f"shoal-listen {schema}"] == n_workers
-            await sq.wait_until(listening, 15, f"{n_workers} LISTEN connections again")
+            await wait_until(listening, 15, f"{n_workers} LISTEN connections again")
             latencies = []
             offset = log.stat().st_size
             for i in range(20):
@@ -507,10 +499,10 @@ async def test_server_restarts_under_load(tmp_path: Path, cluster: Cluster) -> N
                 latencies.append(probe_start - at)
             runs = await wait_all_final(app.store, n_runs + 20, timeout=30)
 
-            codes = sq.stop_workers(procs)
+            codes = procs.stop_workers()
             assert all(code == 0 for code in codes.values()), (codes, procs.stderr_tail())
             steps = {r.id: await app.store.load_steps(r.id) for r in runs}
-        records = sq.read_log(log)
+        records = read_log(log)
         problems, stats = sq.check_invariants(runs, steps, records)
         events = Counter(r["event"] for r in records if r["kind"] == "event")
         p50 = statistics.median(latencies)

@@ -11,153 +11,23 @@ idempotency key, whichever process dispatched it (invariant 5).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import importlib.util
 import json
 import os
 import random
-import signal
-import subprocess
-import sys
-import threading
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 from typing import Any
 
+import proc_app
 import pytest
+from harness import Monkey, Processes, read_log, wait_until
 
 HERE = Path(__file__).resolve().parent
 PROC_APP = HERE / "proc_app.py"
 NAMESPACE = "chaos"
 SLOTS = 8   # max_concurrent_runs of a worker: a kill interrupts at most this many runs
-
-
-def _load_proc_app() -> ModuleType:
-    """Import the worker module by path, whatever the test layout's import mode."""
-    spec = importlib.util.spec_from_file_location("shoal_proc_app", PROC_APP)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-# -- processes ---------------------------------------------------------------------------------
-
-
-class Processes:
-    """Worker processes, each in its own session (so its own process group); every process ever
-    started is killed by group in ``cleanup``, whatever happened. Should the test process itself
-    die (SIGKILL), a reaper process kills the groups still running, frozen ones included."""
-
-    def __init__(self, tmp: Path, env: dict[str, str]) -> None:
-        self.tmp = tmp
-        self.env = env
-        self.live: dict[str, subprocess.Popen[bytes]] = {}
-        self.instances: dict[str, str] = {}
-        self.every: list[subprocess.Popen[bytes]] = []
-        self.started = 0
-        self.generations = 0
-        self.lock = threading.Lock()   # the Monkey thread starts workers too
-        self.groups = tmp / "process-groups"
-        self.groups.write_text("")
-        self.reaper = self._popen(["reaper", str(self.groups)], "reaper")
-
-    def _popen(self, args: list[str], name: str, pipe: bool = False,
-               **env: str) -> subprocess.Popen[bytes]:
-        with self.lock:
-            self.started += 1
-            number = self.started
-        err = open(self.tmp / f"{name}.{number}.stderr", "wb")  # noqa: SIM115
-        try:
-            return subprocess.Popen(
-                [sys.executable, str(PROC_APP), *args], env={**os.environ, **self.env, **env},
-                stdin=subprocess.PIPE if pipe else subprocess.DEVNULL,
-                stdout=subprocess.PIPE if pipe else subprocess.DEVNULL, stderr=err,
-                start_new_session=True,
-            )
-        finally:
-            err.close()
-
-    def spawn(self, args: list[str], name: str, pipe: bool = False,
-              **env: str) -> subprocess.Popen[bytes]:
-        proc = self._popen(args, name, pipe, **env)
-        with self.lock:
-            self.every.append(proc)
-            with self.groups.open("a") as f:
-                f.write(f"{proc.pid}\n")
-        return proc
-
-    def start_worker(self, slot: str) -> subprocess.Popen[bytes]:
-        self.generations += 1   # only one thread starts workers at a time
-        self.instances[slot] = f"{slot}-{self.generations}"
-        proc = self.spawn(["worker"], f"worker-{slot}", PROC_INSTANCE=self.instances[slot])
-        self.live[slot] = proc
-        return proc
-
-    async def wait_started(self, log: Path, timeout: float = 20.0) -> None:
-        """Until every live worker has started its app (a SIGTERM before that is no stop)."""
-        async def all_started() -> bool:
-            started = {r["instance"] for r in read_log(log)
-                       if r["kind"] == "event" and r["event"] == "app.started"}
-            return {self.instances[slot] for slot in self.live} <= started
-        await wait_until(all_started, timeout, "every worker to start")
-
-    def kill(self, slot: str) -> None:
-        proc = self.live.pop(slot)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-
-    def send(self, slot: str, sig: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.live[slot].pid, sig)
-
-    def terminate(self, slot: str) -> subprocess.Popen[bytes]:
-        proc = self.live.pop(slot)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        return proc
-
-    def cleanup(self) -> None:
-        for proc in [*self.every, self.reaper]:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-        for proc in [*self.every, self.reaper]:
-            with contextlib.suppress(Exception):
-                proc.wait(timeout=10)
-            for stream in (proc.stdin, proc.stdout):
-                if stream is not None:
-                    stream.close()
-
-    def stderr_tail(self, lines: int = 15) -> str:
-        out = []
-        for path in sorted(self.tmp.glob("*.stderr")):
-            text = path.read_text(errors="replace").splitlines()
-            if text:
-                out.append(f"--- {path.name}\n" + "\n".join(text[-lines:]))
-        return "\n".join(out)
-
-
-def read_log(path: Path) -> list[dict[str, Any]]:
-    """The log's complete lines (a line being written while we read is left for next time)."""
-    if not path.exists():
-        return []
-    lines = path.read_text().split("\n")[:-1]
-    return [json.loads(line) for line in lines]
-
-
-async def wait_until(predicate: Any, timeout: float, what: str, step: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(step)
 
 
 async def wait_all_final(store: Any, expected: int, timeout: float) -> list[Any]:
@@ -173,18 +43,6 @@ async def wait_all_final(store: Any, expected: int, timeout: float) -> list[Any]
         runs = await store.list_runs(NAMESPACE, limit=100_000)
         raise AssertionError(f"not every run is final after {timeout}s: "
                              f"{Counter(r.status.value for r in runs)}") from None
-
-
-def stop_workers(procs: Processes, timeout: float = 15.0) -> dict[str, int | None]:
-    """SIGTERM every live worker and wait for each: a graceful close exits 0."""
-    stopped = {slot: procs.terminate(slot) for slot in list(procs.live)}
-    codes: dict[str, int | None] = {}
-    for slot, proc in stopped.items():
-        try:
-            codes[slot] = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            codes[slot] = None
-    return codes
 
 
 # -- the checks (pure functions of the rows and the log, so they can be shown to fail) -------------
@@ -407,74 +265,6 @@ def make_plan(rng: random.Random, n_runs: int, n_keys: int, n_idem: int) -> list
     return plan
 
 
-class Monkey(threading.Thread):
-    """Kills a random worker (SIGKILL, restarted a moment later) or freezes one past its lease
-    (SIGSTOP, SIGCONT a few seconds later), every second or so, until stopped. A thread: the
-    test's event loop may wait on the SQLite write lock a frozen worker holds, so thawing must
-    not depend on it. Also a supervisor: a worker that exited by itself is started again."""
-
-    def __init__(self, procs: Processes, rng: random.Random, max_events: int) -> None:
-        super().__init__(daemon=True)
-        self.procs, self.rng, self.max_events = procs, rng, max_events
-        self.began = time.monotonic()
-        self.halt = threading.Event()
-        self.chaos: list[tuple[float, str]] = []
-        self.exited: list[tuple[str, int | None]] = []
-        self.frozen: dict[str, tuple[subprocess.Popen[bytes], float]] = {}
-
-    def run(self) -> None:
-        try:
-            self.halt.wait(1.0)
-            while not self.halt.is_set() and len(self.chaos) < self.max_events:
-                self.nap(self.rng.uniform(0.4, 1.6))
-                self.supervise()
-                if self.halt.is_set():
-                    break
-                slot = self.rng.choice(sorted(set(self.procs.live) - set(self.frozen)))
-                if len(self.chaos) % 3 == 2:
-                    # past the lease (2 s) and a poll, below the workers' 5 s busy timeout
-                    until = time.monotonic() + self.rng.uniform(2.8, 3.5)
-                    self.frozen[slot] = (self.procs.live[slot], until)
-                    self.procs.send(slot, signal.SIGSTOP)
-                    self.chaos.append((time.monotonic() - self.began, "freeze"))
-                else:
-                    self.procs.kill(slot)
-                    self.chaos.append((time.monotonic() - self.began, "kill"))
-                    self.nap(self.rng.uniform(0.0, 0.5))
-                    self.procs.start_worker(slot)
-        finally:
-            for slot in list(self.frozen):
-                self.thaw(slot)
-
-    def nap(self, seconds: float) -> None:
-        """Sleep, thawing frozen workers when their time comes."""
-        deadline = time.monotonic() + seconds
-        while (left := deadline - time.monotonic()) > 0 and not self.halt.is_set():
-            self.halt.wait(min(left, 0.05))
-            for slot, (_, until) in list(self.frozen.items()):
-                if time.monotonic() >= until:
-                    self.thaw(slot)
-
-    def thaw(self, slot: str) -> None:
-        proc, _ = self.frozen.pop(slot)
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGCONT)
-
-    def supervise(self) -> None:
-        for slot, proc in list(self.procs.live.items()):
-            if slot not in self.frozen and proc.poll() is not None:
-                self.exited.append((self.procs.instances[slot], proc.returncode))
-                self.procs.live.pop(slot)
-                self.procs.start_worker(slot)
-
-    def stop(self) -> None:
-        self.halt.set()
-        self.join(timeout=30)
-        assert not self.is_alive()
-        self.supervise()
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 async def test_kill9_and_frozen_workers_over_one_sqlite_file(tmp_path: Path) -> None:
@@ -486,15 +276,15 @@ async def test_kill9_and_frozen_workers_over_one_sqlite_file(tmp_path: Path) -> 
     rng = random.Random(seed)
     n_runs, n_idem, n_workers, lease = 1000, 100, 3, 2.0
     db, log = tmp_path / "shoal.db", tmp_path / "effects.log"
-    app = _load_proc_app().make_app(str(db), busy_timeout=30.0)
+    app = proc_app.make_app(str(db), busy_timeout=30.0)
     plan = make_plan(rng, n_runs, n_keys=20, n_idem=n_idem)
     # every run once, plus a second dispatch of each idempotency key from this process, in a
     # random order; a second process dispatches each idempotency key once more at the same time
     calls = [*plan, *plan[:n_idem]]
     rng.shuffle(calls)
-    procs = Processes(tmp_path, {"PROC_DB": str(db), "PROC_LOG": str(log),
-                                 "PROC_LEASE": str(lease), "PROC_DRAIN": "5",
-                                 "PROC_MAX_LIFE": "260"})
+    procs = Processes(tmp_path, PROC_APP, "PROC",
+                      {"PROC_DB": str(db), "PROC_LOG": str(log), "PROC_LEASE": str(lease),
+                       "PROC_DRAIN": "5", "PROC_MAX_LIFE": "260"})
     monkey = Monkey(procs, rng, max_events=30)
     try:
         async with app.open():   # migrates the file before the workers open it
@@ -529,7 +319,7 @@ async def test_kill9_and_frozen_workers_over_one_sqlite_file(tmp_path: Path) -> 
                 await asyncio.to_thread(monkey.stop)
             finished = time.monotonic() - monkey.began
             await procs.wait_started(log)
-            codes = stop_workers(procs)
+            codes = procs.stop_workers()
             assert all(code == 0 for code in codes.values()), (codes, procs.stderr_tail())
 
             assert {r.id for r in runs} == ids
@@ -538,9 +328,9 @@ async def test_kill9_and_frozen_workers_over_one_sqlite_file(tmp_path: Path) -> 
         problems, stats = check_invariants(runs, steps, records)
         events = Counter(r["event"] for r in records if r["kind"] == "event")
         chaos = monkey.chaos
-        kills = sum(1 for _, what in chaos if what == "kill")
+        kills = sum(1 for c in chaos if c.what == "kill")
         print(f"dispatched in {dispatched:.1f}s, all final at {finished:.1f}s; chaos "
-              f"{[(round(t, 1), what) for t, what in chaos]}; {stats}; events {dict(events)}; "
+              f"{[(round(c.t, 1), c.what) for c in chaos]}; {stats}; events {dict(events)}; "
               f"attempts {sorted(Counter(r.attempts for r in runs).items())}; workers that "
               f"exited by themselves {monkey.exited}")
         assert not problems, "\n".join(problems[:30])
@@ -564,7 +354,7 @@ async def test_kill9_and_frozen_workers_over_one_sqlite_file(tmp_path: Path) -> 
 async def test_sigterm_releases_runs_to_another_worker(tmp_path: Path) -> None:
     lease, drain = 6.0, 0.5   # a poll every 2 s; a killed worker's runs would wait ~lease + poll
     db, log = tmp_path / "shoal.db", tmp_path / "effects.log"
-    app = _load_proc_app().make_app(str(db))
+    app = proc_app.make_app(str(db))
 
     def started(instance_prefix: str) -> Any:
         async def check() -> bool:
@@ -572,9 +362,9 @@ async def test_sigterm_releases_runs_to_another_worker(tmp_path: Path) -> None:
                        and r["instance"].startswith(instance_prefix) for r in read_log(log))
         return check
 
-    procs = Processes(tmp_path, {"PROC_DB": str(db), "PROC_LOG": str(log),
-                                 "PROC_LEASE": str(lease), "PROC_DRAIN": str(drain),
-                                 "PROC_MAX_LIFE": "110"})
+    procs = Processes(tmp_path, PROC_APP, "PROC",
+                      {"PROC_DB": str(db), "PROC_LOG": str(log), "PROC_LEASE": str(lease),
+                       "PROC_DRAIN": str(drain), "PROC_MAX_LIFE": "110"})
     try:
         async with app.open():
             a = procs.start_worker("A")
@@ -597,7 +387,7 @@ async def test_sigterm_releases_runs_to_another_worker(tmp_path: Path) -> None:
             assert await asyncio.to_thread(a.wait, 15) == 0, procs.stderr_tail()
             runs = await wait_all_final(app.store, 7, timeout=40)
             done_at = time.time()
-            assert stop_workers(procs) == {"B": 0}, procs.stderr_tail()
+            assert procs.stop_workers() == {"B": 0}, procs.stderr_tail()
             steps = {r.id: await app.store.load_steps(r.id) for r in runs}
         records = read_log(log)
         problems, stats = check_invariants(runs, steps, records)

@@ -30,29 +30,25 @@ reachable, except under ``CI``, where that fails.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import importlib.util
 import itertools
 import json
 import os
 import random
 import secrets
-import signal
 import sqlite3
-import subprocess
-import sys
-import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+import flow_app
 import pytest
+from harness import Monkey, Processes, read_log, wait_until
 
 import shoal
 from shoal.stores import mask_url
@@ -60,199 +56,7 @@ from shoal.stores import mask_url
 HERE = Path(__file__).resolve().parent
 FLOW_APP = HERE / "flow_app.py"
 PG_URL = os.environ.get("SHOAL_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
-
-
-def _load_flow_app() -> ModuleType:
-    """Import the worker module by path, whatever the test layout's import mode."""
-    spec = importlib.util.spec_from_file_location("shoal_flow_app", FLOW_APP)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-flow_app = _load_flow_app()
 NAMESPACE = flow_app.NAMESPACE
-
-
-# -- processes ---------------------------------------------------------------------------------
-
-
-class Processes:
-    """Processes of ``flow_app.py``, each in its own session (so its own process group); every one
-    ever started is killed by group in ``cleanup``, whatever happened. Should the test process
-    itself die, a reaper process kills the groups still running."""
-
-    def __init__(self, tmp: Path, env: dict[str, str]) -> None:
-        self.tmp = tmp
-        self.env = env
-        self.live: dict[str, subprocess.Popen[bytes]] = {}
-        self.instances: dict[str, str] = {}
-        self.every: list[subprocess.Popen[bytes]] = []
-        self.interrupted_pids: set[int] = set()   # killed, or frozen past their lease
-        self.started = 0
-        self.generations = 0
-        self.lock = threading.Lock()   # the Monkey thread starts workers too
-        self.groups = tmp / "process-groups"
-        self.groups.write_text("")
-        self.reaper = self._popen(["reaper", str(self.groups)], "reaper")
-
-    def _popen(self, args: list[str], name: str, pipe: bool = False,
-               **env: str) -> subprocess.Popen[bytes]:
-        with self.lock:
-            self.started += 1
-            number = self.started
-        err = open(self.tmp / f"{name}.{number}.stderr", "wb")  # noqa: SIM115
-        try:
-            return subprocess.Popen(
-                [sys.executable, str(FLOW_APP), *args], env={**os.environ, **self.env, **env},
-                stdin=subprocess.PIPE if pipe else subprocess.DEVNULL,
-                stdout=subprocess.PIPE if pipe else subprocess.DEVNULL, stderr=err,
-                start_new_session=True,
-            )
-        finally:
-            err.close()
-
-    def spawn(self, args: list[str], name: str, pipe: bool = False,
-              **env: str) -> subprocess.Popen[bytes]:
-        proc = self._popen(args, name, pipe, **env)
-        with self.lock:
-            self.every.append(proc)
-            with self.groups.open("a") as f:
-                f.write(f"{proc.pid}\n")
-        return proc
-
-    def start_worker(self, slot: str) -> subprocess.Popen[bytes]:
-        with self.lock:
-            self.generations += 1
-            self.instances[slot] = f"{slot}-{self.generations}"
-        proc = self.spawn(["worker"], f"worker-{slot}", FLOW_INSTANCE=self.instances[slot])
-        self.live[slot] = proc
-        return proc
-
-    def kill(self, slot: str) -> None:
-        proc = self.live.pop(slot)
-        self.interrupted_pids.add(proc.pid)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-
-    def stop_workers(self, timeout: float = 20.0) -> dict[str, int | None]:
-        """SIGTERM every live worker and wait for each: a graceful close exits 0."""
-        stopped = {}
-        for slot in list(self.live):
-            proc = self.live.pop(slot)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            stopped[slot] = proc
-        codes: dict[str, int | None] = {}
-        for slot, proc in stopped.items():
-            try:
-                codes[slot] = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                codes[slot] = None
-        return codes
-
-    def cleanup(self) -> None:
-        for proc in [*self.every, self.reaper]:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-        for proc in [*self.every, self.reaper]:
-            with contextlib.suppress(Exception):
-                proc.wait(timeout=10)
-            for stream in (proc.stdin, proc.stdout):
-                if stream is not None:
-                    with contextlib.suppress(Exception):
-                        stream.close()
-
-    def stderr_tail(self, lines: int = 15) -> str:
-        out = []
-        for path in sorted(self.tmp.glob("*.stderr")):
-            text = path.read_text(errors="replace").splitlines()
-            if text:
-                out.append(f"--- {path.name}\n" + "\n".join(text[-lines:]))
-        return "\n".join(out)
-
-
-class Monkey(threading.Thread):
-    """Every second or so, kills a random worker (SIGKILL) and starts it again a moment later,
-    or (one time in three) freezes one past its lease (SIGSTOP, SIGCONT ~3 s later: a zombie the
-    store must fence out), until stopped or after ``max_kills`` events; also starts again a
-    worker that exited by itself. A thread, so the chaos does not depend on the test's event
-    loop (which may wait on the SQLite write lock a frozen worker holds)."""
-
-    def __init__(self, procs: Processes, rng: random.Random, max_kills: int) -> None:
-        super().__init__(daemon=True)
-        self.procs, self.rng, self.max_kills = procs, rng, max_kills
-        self.began = time.monotonic()
-        self.halt = threading.Event()
-        self.kills: list[tuple[float, str, int]] = []
-        self.exited: list[tuple[str, int | None]] = []
-
-    def run(self) -> None:
-        self.halt.wait(1.0)
-        while not self.halt.is_set() and len(self.kills) < self.max_kills:
-            self.halt.wait(self.rng.uniform(0.6, 1.8))
-            self.supervise()
-            if self.halt.is_set():
-                break
-            slot = self.rng.choice(sorted(self.procs.live))
-            proc = self.procs.live[slot]
-            if len(self.kills) % 3 == 2:
-                # past the lease (2 s) and a poll: it comes back as a zombie the store fences out
-                self.procs.interrupted_pids.add(proc.pid)
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGSTOP)
-                self.kills.append((round(time.monotonic() - self.began, 1), "freeze " + slot,
-                                   proc.pid))
-                time.sleep(self.rng.uniform(2.8, 3.4))
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGCONT)
-                continue
-            self.procs.kill(slot)
-            self.kills.append((round(time.monotonic() - self.began, 1), slot, proc.pid))
-            self.halt.wait(self.rng.uniform(0.0, 0.5))
-            self.procs.start_worker(slot)
-
-    def supervise(self) -> None:
-        for slot, proc in list(self.procs.live.items()):
-            if proc.poll() is not None:
-                self.exited.append((self.procs.instances[slot], proc.returncode))
-                self.procs.live.pop(slot)
-                self.procs.start_worker(slot)
-
-    def stop(self) -> None:
-        self.halt.set()
-        self.join(timeout=30)
-        assert not self.is_alive()
-        self.supervise()
-
-
-def read_log(path: Path) -> list[dict[str, Any]]:
-    """The log's complete lines (a line being written while we read is left for next time)."""
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().split("\n")[:-1]]
-
-
-async def wait_until(predicate: Any, timeout: float, what: str, step: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(step)
-
-
-async def wait_started(procs: Processes, log: Path, timeout: float = 30.0) -> None:
-    async def all_started() -> bool:
-        started = {r["instance"] for r in read_log(log)
-                   if r["kind"] == "event" and r["event"] == "app.started"}
-        return {procs.instances[slot] for slot in procs.live} <= started
-    await wait_until(all_started, timeout, "every worker to start")
 
 
 # -- backends: a store URL, and plain SQL to read its rows ----------------------------------------
@@ -638,10 +442,12 @@ async def _run_flow(backend: Backend, tmp_path: Path, n_orders: int = 36) -> Non
     log, effects_dir = tmp_path / "flow.log", tmp_path / "effects"
     effects_dir.mkdir()
     app = flow_app.make_app(backend.url)
-    procs = Processes(tmp_path, {"FLOW_STORE": backend.url, "FLOW_LOG": str(log),
-                                 "FLOW_EFFECTS": str(effects_dir), "FLOW_LEASE": "2.0",
-                                 "FLOW_DRAIN": "5", "FLOW_MAX_LIFE": "170"})
-    monkey = Monkey(procs, rng, max_kills=10)
+    procs = Processes(tmp_path, FLOW_APP, "FLOW",
+                      {"FLOW_STORE": backend.url, "FLOW_LOG": str(log),
+                       "FLOW_EFFECTS": str(effects_dir), "FLOW_LEASE": "2.0",
+                       "FLOW_DRAIN": "5", "FLOW_MAX_LIFE": "170"})
+    monkey = Monkey(procs, rng, max_events=10, pause=(0.6, 1.8), freeze_for=(2.8, 3.4),
+                    wait_out_freezes=True)
     resolutions: dict[str, list[tuple[str, bool]]] = defaultdict(list)
     began = time.monotonic()
     try:
@@ -650,7 +456,7 @@ async def _run_flow(backend: Backend, tmp_path: Path, n_orders: int = 36) -> Non
                 procs.start_worker(f"w{n}")
             resolver = procs.spawn(["resolver"], "resolver", pipe=True)
             assert resolver.stdin is not None and resolver.stdout is not None
-            await wait_started(procs, log)
+            await procs.wait_started(log, timeout=30.0, step=0.2)
             monkey.start()
 
             async def dispatch_waves() -> None:
@@ -706,7 +512,7 @@ async def _run_flow(backend: Backend, tmp_path: Path, n_orders: int = 36) -> Non
                     backend.query, f"SELECT count(*) AS n FROM outbox WHERE namespace = "
                                    f"'{NAMESPACE}' AND delivered_at IS NULL")
                 return bool(rows[0]["n"] == 0)
-            await wait_until(all_delivered, 30, "every outbox entry to be delivered")
+            await wait_until(all_delivered, 30, "every outbox entry to be delivered", step=0.2)
             delivered = time.monotonic() - began
 
             resolver.stdin.close()
@@ -716,8 +522,9 @@ async def _run_flow(backend: Backend, tmp_path: Path, n_orders: int = 36) -> Non
                 answer = json.loads(line)
                 assert answer["error"] is None, answer
                 resolutions[answer["pause"]].append(("resolver", answer["won"]))
-            await wait_started(procs, log)   # a SIGTERM before that is no graceful stop
-            codes = procs.stop_workers()
+            # a SIGTERM before that is no graceful stop
+            await procs.wait_started(log, timeout=30.0, step=0.2)
+            codes = procs.stop_workers(timeout=20.0)
             assert all(code == 0 for code in codes.values()), (codes, procs.stderr_tail())
 
             runs = await app.list_runs(limit=100_000)
@@ -738,10 +545,11 @@ async def _run_flow(backend: Backend, tmp_path: Path, n_orders: int = 36) -> Non
                                      resolutions, procs.interrupted_pids)
         events = Counter(r["event"] for r in records if r["kind"] == "event")
         print(f"{backend.name}: all final at {all_final:.1f}s, all delivered at {delivered:.1f}s; "
-              f"kills {monkey.kills}; {dict(stats)}; events {dict(events)}; "
+              f"chaos {[(round(c.t, 1), c.what, c.slot, c.pid) for c in monkey.chaos]}; "
+              f"{dict(stats)}; events {dict(events)}; "
               f"workers that exited by themselves {monkey.exited}")
         assert not problems, "\n".join(problems[:30])
-        assert len(monkey.kills) >= 4, "too little chaos while the runs flowed"
+        assert len(monkey.chaos) >= 4, "too little chaos while the runs flowed"
         assert stats["contested tree keys"] >= 2 * sum(o.approve for o in orders)
         assert stats["concurrent resumes (one lost)"] >= 2
     except BaseException:
@@ -772,22 +580,23 @@ async def test_cron_every_second_across_processes(tmp_path: Path) -> None:
     log, effects_dir = tmp_path / "flow.log", tmp_path / "effects"
     effects_dir.mkdir()
     app = flow_app.make_app(backend.url)
-    procs = Processes(tmp_path, {"FLOW_STORE": backend.url, "FLOW_LOG": str(log),
-                                 "FLOW_EFFECTS": str(effects_dir), "FLOW_LEASE": "2.0",
-                                 "FLOW_DRAIN": "5", "FLOW_MAX_LIFE": "80", "FLOW_CRON": "1"})
+    procs = Processes(tmp_path, FLOW_APP, "FLOW",
+                      {"FLOW_STORE": backend.url, "FLOW_LOG": str(log),
+                       "FLOW_EFFECTS": str(effects_dir), "FLOW_LEASE": "2.0",
+                       "FLOW_DRAIN": "5", "FLOW_MAX_LIFE": "80", "FLOW_CRON": "1"})
     try:
         async with app.open():
             for n in range(3):
                 procs.start_worker(f"w{n}")
-            await wait_started(procs, log)
+            await procs.wait_started(log, timeout=30.0, step=0.2)
             window_start = time.time()
             await asyncio.sleep(3.0)
             procs.kill("w1")
             procs.start_worker("w1")
             await asyncio.sleep(3.0)
             window_end = time.time()
-            await wait_started(procs, log)
-            codes = procs.stop_workers()
+            await procs.wait_started(log, timeout=30.0, step=0.2)
+            codes = procs.stop_workers(timeout=20.0)
             assert all(code == 0 for code in codes.values()), (codes, procs.stderr_tail())
             runs = [r for r in await app.list_runs(limit=100_000) if r.workflow == "tick"]
         records = read_log(log)
@@ -828,15 +637,16 @@ async def test_slow_outbox_handler_is_not_delivered_twice(tmp_path: Path) -> Non
     log, effects_dir = tmp_path / "flow.log", tmp_path / "effects"
     effects_dir.mkdir()
     app = flow_app.make_app(backend.url)
-    procs = Processes(tmp_path, {"FLOW_STORE": backend.url, "FLOW_LOG": str(log),
-                                 "FLOW_EFFECTS": str(effects_dir), "FLOW_LEASE": "1.0",
-                                 "FLOW_HANDLER_DELAY": "0.15", "FLOW_DRAIN": "5",
-                                 "FLOW_MAX_LIFE": "50"})
+    procs = Processes(tmp_path, FLOW_APP, "FLOW",
+                      {"FLOW_STORE": backend.url, "FLOW_LOG": str(log),
+                       "FLOW_EFFECTS": str(effects_dir), "FLOW_LEASE": "1.0",
+                       "FLOW_HANDLER_DELAY": "0.15", "FLOW_DRAIN": "5",
+                       "FLOW_MAX_LIFE": "50"})
     try:
         async with app.open():
             for n in range(2):
                 procs.start_worker(f"w{n}")
-            await wait_started(procs, log)
+            await procs.wait_started(log, timeout=30.0, step=0.2)
             run = await app.dispatch("burst", {"n": 24})
             assert await app.result(run.id, timeout=20) == 24
 
@@ -845,8 +655,8 @@ async def test_slow_outbox_handler_is_not_delivered_twice(tmp_path: Path) -> Non
                     backend.query, f"SELECT count(*) AS n FROM outbox WHERE namespace = "
                                    f"'{NAMESPACE}' AND delivered_at IS NULL")
                 return bool(rows[0]["n"] == 0)
-            await wait_until(all_delivered, 30, "every outbox entry to be delivered")
-            codes = procs.stop_workers()
+            await wait_until(all_delivered, 30, "every outbox entry to be delivered", step=0.2)
+            codes = procs.stop_workers(timeout=20.0)
             assert all(code == 0 for code in codes.values()), (codes, procs.stderr_tail())
         deliveries = Counter(r["key"] for r in read_log(log) if r["kind"] == "delivery")
         assert len(deliveries) == 24 and len(list(effects_dir.glob("effect.*"))) == 24
