@@ -433,7 +433,7 @@ def test_the_flow_checks_catch_what_they_check() -> None:
     assert problems(records=[*base["records"], {**model, "pid": 99}]) == []
 
 
-async def _run_flow(backend: Backend, tmp_path: Path, n_orders: int = 36) -> None:
+async def _run_flow(backend: Backend, tmp_path: Path, n_orders: int = 48) -> None:
     seed = int(os.environ.get("FLOW_SEED", random.randrange(1 << 30)))
     print(f"seed {seed} (set FLOW_SEED to replay the plan and the chaos schedule)")
     rng = random.Random(seed)
