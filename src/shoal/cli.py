@@ -128,7 +128,9 @@ async def _app_for_run(target: _Target, store: Store, run_id: str) -> AsyncItera
 
 @click.group(cls=_ShoalGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--store", envvar="SHOAL_STORE", default=DEFAULT_STORE, show_default=True,
-              metavar="URL", help="Store URL: sqlite:///path.db or memory:// [env SHOAL_STORE].")
+              metavar="URL",
+              help="Store URL: sqlite:///path.db, postgresql://user@host/db?schema=NAME "
+                   "or memory:// [env SHOAL_STORE].")
 @click.option("--namespace", "-n", envvar="SHOAL_NAMESPACE", default=None, metavar="NAME",
               help="Namespace of the runs [env SHOAL_NAMESPACE]; read commands show every "
                    "namespace when none is given.")

@@ -265,12 +265,11 @@ class SQLiteStore:
         self, namespace: str, workflows: Sequence[str], version: str | None,
         any_version: Sequence[str], now: float, limit: int = 100,
     ) -> list[Run]:
-        ids = [row["id"] for row in self._db.execute(_Q["incompatible_runs"], {
+        rows = self._db.execute(_Q["incompatible_runs"], {
             "namespace": namespace, "workflows": _json.dumps(list(workflows)),
             "any_version": _json.dumps(list(any_version)), "version": version, "now": now,
-            "limit": limit}).fetchall()]
-        found = [await self.get_run(i) for i in ids]
-        return [r for r in found if r is not None]
+            "limit": limit}).fetchall()
+        return [_run(row) for row in rows]
 
     async def get_run(self, run_id: str) -> Run | None:
         row = self._one(_Q["get_run"], {"id": run_id})

@@ -2,12 +2,12 @@
 
 -- name: incompatible_runs
 -- Started runs that are due but were started by another code version (recovery leaves them).
-SELECT id FROM (
-    SELECT id, workflow, version FROM runs INDEXED BY runs_queued
+SELECT * FROM (
+    SELECT * FROM runs INDEXED BY runs_queued
     WHERE namespace = :namespace AND status = 'queued' AND held = 0 AND run_at <= :now
       AND started_at IS NOT NULL
     UNION ALL
-    SELECT id, workflow, version FROM runs INDEXED BY runs_timed
+    SELECT * FROM runs INDEXED BY runs_timed
     WHERE namespace = :namespace AND status IN ('sleeping', 'waiting') AND run_at <= :now
 )
 WHERE version IS NOT :version
