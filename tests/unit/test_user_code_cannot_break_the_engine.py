@@ -122,3 +122,49 @@ async def test_a_handler_raising_cancelled_error_does_not_stop_the_instance() ->
         assert app.check_liveness().healthy
         [dead] = await app.dead_letters()
         assert "CancelledError" in (dead.error or "")
+
+
+async def test_a_stopping_instance_waits_for_its_step_thread_before_releasing_the_run() -> None:
+    import threading
+    import time
+
+    store, clock = MemoryStore(), VirtualClock()
+    spans: list[tuple[str, float, float]] = []
+    release = threading.Event()
+
+    def make(name: str) -> shoal.App:
+        app = shoal.App("threads", store=store, clock=clock, instance_id=name, lease=30.0)
+
+        @app.workflow(name="wf")
+        async def wf(ctx: shoal.RunContext, input: Any) -> str:
+            def charge() -> str:        # a blocking client: runs in a thread
+                began = time.monotonic()
+                if name == "stopping":
+                    release.wait(10)
+                spans.append((name, began, time.monotonic()))
+                return name
+
+            return str(await ctx.step("charge", charge))
+
+        return app
+
+    stopping, other = make("stopping"), make("other")
+    await stopping.start()
+    run = await stopping.dispatch("wf")
+    await until(lambda: _running(stopping, run.id))
+    async with other:
+        closing = asyncio.create_task(stopping.close(timeout=5))
+        await clock.advance(5)                     # the drain is over: the run is interrupted
+        await asyncio.sleep(0.2)                   # ... while its step still runs in a thread
+        assert (await other.get_run(run.id)).status == "running"   # not released yet
+        release.set()
+        await closing
+        await clock.advance(10)                    # the other instance's next poll
+        assert await other.result(run.id) == "other"
+    (a, _, a_end), (b, b_start, _) = spans
+    assert (a, b) == ("stopping", "other") and b_start >= a_end   # never side by side
+
+
+async def _running(app: shoal.App, run_id: str) -> bool:
+    await asyncio.sleep(0.01)      # the step runs in a thread: let it start
+    return (await app.get_run(run_id)).status == "running"

@@ -6,6 +6,7 @@ import asyncio
 import contextvars
 import copy
 import inspect
+import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ from shoal.stores.base import Fence, OutboxEntry, Pause, Run, Step
 
 if TYPE_CHECKING:
     from shoal.engine.runner import Engine
+
+log = logging.getLogger("shoal")
 
 T = TypeVar("T")
 
@@ -267,6 +270,23 @@ class RunContext:
         self._x.steps[seq] = step
         return copy.deepcopy(result)
 
+    async def _in_thread(self, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        """Run a plain function in a thread. A thread cannot be stopped: when the run is
+        cancelled or its instance stops meanwhile, wait for it (up to half a lease, the lease
+        still renewed) before the run is released, so the next owner does not run the same
+        step beside it."""
+        work = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            if not work.done() and self._x.abort in ("interrupt", "cancel"):
+                await asyncio.wait({work}, timeout=self._engine.lease / 2)
+                if not work.done():
+                    log.warning("step.thread_running: run %s was released while its step "
+                                "%r still runs in a thread", self.run_id, self.step_key,
+                                extra={"event": "step.thread_running", "run_id": self.run_id})
+            raise
+
     async def _call(self, fn: Callable[..., Any], args: Any, kwargs: Any, retries: int,
                     sent: list[tuple[str, Any]]) -> Any:
         tries = 0
@@ -275,7 +295,7 @@ class RunContext:
             try:
                 if inspect.iscoroutinefunction(fn):
                     return await fn(*args, **kwargs)
-                result = await asyncio.to_thread(fn, *args, **kwargs)
+                result = await self._in_thread(fn, args, kwargs)
                 if inspect.isawaitable(result):
                     result = await result
                 return result

@@ -452,7 +452,8 @@ class Engine:
                 return
 
     async def _renew(self) -> None:
-        asked = [x for x in self._local.values() if x.abort is None and not x.finishing]
+        # an execution stopping (interrupted, cancelled) keeps its lease while it winds down
+        asked = [x for x in self._local.values() if x.abort != "lost" and not x.finishing]
         if not asked:
             return
         leases = {x.run.id: x.fence.epoch for x in asked}
