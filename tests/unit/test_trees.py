@@ -163,3 +163,35 @@ async def test_a_child_finished_on_one_instance_wakes_its_parent_on_the_other() 
         assert executed == [("instance-1", "child"), ("instance-0", "parent-after")]
         [kid] = await a.list_runs(workflow="child")
         assert kid.owner is None and kid.parent_id == run.id
+
+
+async def test_a_child_that_no_longer_exists_fails_in_the_parent() -> None:
+    from shoal.stores.memory import MemoryStore
+
+    store, clock = MemoryStore(), VirtualClock()
+    app = shoal.App("gone", store=store, clock=clock, lease=30.0)
+
+    @app.workflow(name="kid")
+    async def kid(ctx: shoal.RunContext, input: Any) -> None:
+        await ctx.sleep(3600)
+
+    @app.workflow(name="parent")
+    async def parent(ctx: shoal.RunContext, input: Any) -> str:
+        child = await ctx.start_child("kid")
+        try:
+            await child.result()
+        except shoal.RunFailedError as e:
+            return f"failed: {e.error}"
+        return "ok"
+
+    async with app:
+        run = await app.dispatch("parent")
+        await until(lambda: _status(app, "parent", "waiting"))
+        [child] = await app.list_runs(workflow="kid")
+        store._runs.pop(child.id)        # pruned while its parent waited (a long outage)
+        # what the child's end would do: make the waiting parent due
+        await store.send_signal(run.id, f"shoal.child:{child.id}", None, "sig-1", clock.now())
+        app._engine.kick()  # type: ignore[union-attr]
+        out = await app.result(run.id)
+        assert out.startswith("failed: child run") and "no longer exists" in out
+        assert (await app.get_run(run.id)).attempts == 1

@@ -450,16 +450,31 @@ class RunContext:
             engine = self._engine
             pending = Step(seq, step_name, {"child": child_id}, False, self._x.fence.epoch)
             self._x.finishing = True
-            child = await self._write(engine.store.wait_child(self._x.fence, pending, child_id,
-                                                              engine.clock.now()))
-            if child is None:
-                self._lost()
-            if not child.status.final:
-                raise self._suspend("waiting", None)
+            try:
+                child = await self._write(engine.store.wait_child(
+                    self._x.fence, pending, child_id, engine.clock.now()))
+            except StoreWriteFailed as e:
+                if not isinstance(e.error, KeyError):
+                    raise
+                child = None
+                gone = {"status": "failed", "output": None,
+                        "error": f"child run {child_id} no longer exists (pruned after "
+                                 f"run_retention while its parent waited)"}
+            else:
+                if child is None:
+                    self._lost()
+                if not child.status.final:
+                    raise self._suspend("waiting", None)
             self._x.finishing = False
-            recorded = Step(seq, step_name, {"status": child.status.value,
-                                             "output": child.output, "error": child.error},
-                            True, self._x.fence.epoch)
+            if child is None:   # record the missing child as a failure, once
+                recorded = Step(seq, step_name, gone, True, self._x.fence.epoch)
+                if not await self._write(engine.store.checkpoint_step(
+                        self._x.fence, recorded, engine.lease, engine.clock.now())):
+                    self._lost()
+            else:
+                recorded = Step(seq, step_name, {"status": child.status.value,
+                                                 "output": child.output, "error": child.error},
+                                True, self._x.fence.epoch)
             self._x.steps[seq] = recorded
         out = recorded.output
         if out["status"] == "failed":
