@@ -3,29 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import status_is, until
 
 import shoal
 from shoal.stores.memory import MemoryStore
-from shoal.testing import VirtualClock, cluster, settle
-
-
-async def until(check: Callable[[], Awaitable[bool]], rounds: int = 200) -> None:
-    for _ in range(rounds):
-        if await check():
-            return
-        await settle()
-    raise AssertionError("condition not reached")
-
-
-def status_is(app: shoal.App, run_id: str, status: str) -> Callable[[], Awaitable[bool]]:
-    async def check() -> bool:
-        return (await app.get_run(run_id)).status == status
-    return check
+from shoal.testing import VirtualClock, cluster
 
 
 @pytest.fixture

@@ -3,27 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from helpers import status_is, until
 
 import shoal
 from shoal.testing import VirtualClock, cluster, settle
-
-
-async def until(check: Callable[[], Awaitable[bool]], rounds: int = 200) -> None:
-    for _ in range(rounds):
-        if await check():
-            return
-        await settle()
-    raise AssertionError("condition not reached")
-
-
-def status_is(app: shoal.App, run_id: str, status: str) -> Callable[[], Awaitable[bool]]:
-    async def check() -> bool:
-        return (await app.get_run(run_id)).status == status
-    return check
 
 
 async def _pending(app: shoal.App) -> bool:

@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from helpers import until
 
 import shoal
 from shoal.testing import VirtualClock, cluster, settle
-
-
-async def until(check: Callable[[], Awaitable[bool]], rounds: int = 300) -> None:
-    for _ in range(rounds):
-        if await check():
-            return
-        await settle()
-    raise AssertionError("condition not reached")
 
 
 def make_app(delivered: list[tuple[str, str, Any]], failures: dict[str, int]) -> Any:

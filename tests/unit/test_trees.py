@@ -3,21 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from helpers import until
 
 import shoal
 from shoal.testing import VirtualClock, cluster, settle
-
-
-async def until(check: Callable[[], Awaitable[bool]], rounds: int = 300) -> None:
-    for _ in range(rounds):
-        if await check():
-            return
-        await settle()
-    raise AssertionError("condition not reached")
 
 
 def make(store: shoal.Store, clock: shoal.Clock, instance_id: str) -> shoal.App:

@@ -4,20 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
 from typing import Any
+
+from helpers import until
 
 import shoal
 from shoal.stores.memory import MemoryStore
 from shoal.testing import VirtualClock, settle
-
-
-async def until(check: Callable[[], Awaitable[bool]], rounds: int = 300) -> None:
-    for _ in range(rounds):
-        if await check():
-            return
-        await settle()
-    raise AssertionError("condition not reached")
 
 
 async def _true(items: list[Any], item: Any) -> bool:

@@ -4,22 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from helpers import until
 
 import shoal
 from shoal.stores.memory import MemoryStore
-from shoal.testing import VirtualClock, settle
-
-
-async def until(check: Callable[[], Awaitable[bool]], rounds: int = 300) -> None:
-    for _ in range(rounds):
-        if await check():
-            return
-        await settle()
-    raise AssertionError("condition not reached")
+from shoal.testing import VirtualClock
 
 
 def versioned(store: MemoryStore, clock: VirtualClock, name: str, version: str,
