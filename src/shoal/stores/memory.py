@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from shoal.errors import AdmissionRejectedError
+from shoal.stores.memory_coord import MemoryCoordination
 from shoal.stores.base import (
     JSON,
     KEY_HOLDING_STATUSES,
@@ -41,12 +42,13 @@ class _Signal:
     consumed: bool = False
 
 
-class MemoryStore:
+class MemoryStore(MemoryCoordination):
     """``memory://``: nothing is shared with other processes and nothing survives a restart."""
 
     url = "memory://"
 
     def __init__(self) -> None:
+        super().__init__()
         self._runs: dict[str, Run] = {}
         self._steps: dict[str, dict[int, Step]] = {}
         self._signals: list[_Signal] = []

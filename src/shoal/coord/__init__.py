@@ -1,0 +1,1 @@
+"""Coordination between replicas: lock, slots (membership), meter."""

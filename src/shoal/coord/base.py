@@ -1,0 +1,157 @@
+"""The coordination protocol: locks, membership and meters kept in a shared store.
+
+A :class:`CoordStore` is what ``app.lock``, ``app.slots`` and ``app.meter`` are built on. The run
+stores (memory, SQLite, PostgreSQL) implement it beside the Store protocol, in their own tables;
+Redis implements it alone. Each method is one atomic operation with one invariant, stated in its
+docstring. Every key is scoped by ``namespace`` (the app's name): two namespaces never meet. Every
+time is the app's clock, passed as ``now`` (seconds); a store never reads its own clock.
+
+Locks (invariant 7: a key has at most one holder with a live lease; tokens strictly increase)
+
+- ``holder`` is unique per acquisition (an instance locking one key twice queues behind itself).
+- A holder's lease ends at ``expires_at``; a holder whose lease ended holds nothing, even if its
+  row is still there.
+- Waiters queue per key in ticket order (FIFO). A waiter row also has a lease: a waiter that stops
+  asking (a dead process) leaves the queue when it ends, so it cannot block the queue for ever.
+- A grant of several keys is atomic (all or nothing); tickets are ordered across keys, so the
+  oldest waiter anywhere is never blocked by younger ones (no deadlock, no starvation).
+- The fencing token of a grant is ``max(last token of each key) + 1`` and becomes the last token of
+  every key granted: strictly increasing per key, and one token guards all the keys of a grant.
+
+Membership (invariant 8: a slot is owned by at most one member at a time)
+
+- Members heartbeat with the generation they currently *hold* (act on), or None. The store keeps a
+  roster: the sorted ids of live members that joined at least ``warmup`` ago, and a generation
+  number that increases whenever the roster changes.
+- A heartbeat grants the current generation only when no other live member holds another one: a
+  member must report that it let go of the old assignment before anyone takes a new one.
+- A member row ends ``ttl`` after the heartbeat's ``now``; the member itself stops acting well
+  before (the coordination layer gives up its assignment after two intervals without a
+  heartbeat), so a member whose row has ended holds nothing.
+
+Meters (invariant 9: concurrent charges are never lost)
+
+- Per key a debt in milliseconds that drains one millisecond per millisecond of ``now`` and never
+  goes below zero; an update adds every delta of a call in one atomic operation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class LockGrant:
+    """The caller now holds every key of its request until ``expires_at`` (unless renewed)."""
+
+    token: int
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class LockWait:
+    """The caller is queued (its waiter row lives until ``now + lease``). ``ticket`` is its place.
+    ``retry_at`` is the earliest time something ahead of it ends by itself (a holder's or an
+    earlier waiter's lease) — when to ask again even if no release is announced."""
+
+    ticket: int
+    retry_at: float
+
+
+@dataclass(frozen=True)
+class MemberView:
+    """What a heartbeat sees: the roster (sorted member ids), its generation, and whether the
+    caller now holds that generation (the store has recorded it as held by the caller)."""
+
+    generation: int
+    members: tuple[str, ...]
+    granted: bool
+
+
+class LockWatch(Protocol):
+    """Wake-ups for lock waiters: created before asking, so no release can slip in between."""
+
+    async def wait(self) -> None:
+        """Return once a lock of the watched keys may have changed since the watch was created
+        or since ``wait`` last returned (at once if one already did). Never raises on timeout:
+        the caller races it with its own clock."""
+        ...
+
+
+@runtime_checkable
+class CoordStore(Protocol):
+    async def lock_acquire(
+        self, namespace: str, keys: Sequence[str], holder: str, lease: float, now: float
+    ) -> LockGrant | LockWait:
+        """Take every key for ``holder`` if each is free (no holder with ``expires_at > now``)
+        and ``holder`` has the smallest ticket among the live waiters (``expires_at > now``) of
+        each key; then delete its waiter rows and return the grant (token as in the module doc,
+        ``expires_at = now + lease``). Otherwise enqueue ``holder`` on every key with a new ticket
+        (larger than every ticket given before in this namespace) if it is not queued yet, else
+        extend its waiter rows to ``now + lease``, and return where it stands. Keys are distinct
+        and non-empty; ``holder`` holds none of them when it asks."""
+        ...
+
+    async def lock_renew(
+        self, namespace: str, keys: Sequence[str], holder: str, lease: float, now: float
+    ) -> bool:
+        """Extend the lease of ``holder`` on every key to ``now + lease`` if it still holds all
+        of them with ``expires_at > now``; else change nothing and return False."""
+        ...
+
+    async def lock_release(self, namespace: str, keys: Sequence[str], holder: str) -> None:
+        """Delete whatever ``holder`` has on these keys: its hold (the fencing counter stays) and
+        its waiter rows (a waiter that gives up). Announce the change to watchers of the keys."""
+        ...
+
+    def lock_watch(
+        self, namespace: str, keys: Sequence[str]
+    ) -> AbstractAsyncContextManager[LockWatch]:
+        """A watch on these keys (see :class:`LockWatch`): in-process and, where the store can,
+        across processes (NOTIFY, pub/sub; SQLite polls ``data_version``)."""
+        ...
+
+    async def heartbeat(
+        self,
+        namespace: str,
+        member: str,
+        held: int | None,
+        now: float,
+        ttl: float,
+        warmup: float,
+    ) -> MemberView:
+        """In one atomic step:
+
+        1. delete member rows with ``expires_at <= now``;
+        2. upsert ``member`` with ``expires_at = now + ttl`` and ``held``; ``joined_at = now``
+           when the row is new (an ended row is gone by step 1, so a member back from an outage
+           joins again);
+        3. the roster is the sorted ids of members with ``joined_at + warmup <= now``; if it
+           differs from the stored one, store it with the generation increased by one;
+        4. if ``member`` is on the roster, ``held`` is None or the current generation, and every
+           other member row holds None or the current generation: record ``held = generation``
+           for ``member`` and answer ``granted=True``; else ``granted=False``.
+        """
+        ...
+
+    async def leave(self, namespace: str, member: str) -> None:
+        """Delete ``member``'s row (it holds nothing any more); the roster changes at the next
+        heartbeat of any member."""
+        ...
+
+    async def meter(
+        self, namespace: str, keys: Sequence[str], deltas: Sequence[float], now: float
+    ) -> list[float]:
+        """For each key in order: ``debt = max(0, debt - max(0, now - updated_at) * 1000) +
+        delta``, floored at 0, stored with ``updated_at = max(updated_at, now)`` (a replica whose
+        clock is behind never un-drains a debt); all keys in one atomic operation. Returns
+        the new debts (ms). A key named twice is charged twice, in order. A key never charged
+        has debt 0."""
+        ...
+
+    async def ping(self) -> None:
+        """Raise if the store cannot be reached."""
+        ...

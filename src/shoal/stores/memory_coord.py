@@ -1,0 +1,171 @@
+"""The in-memory coordination store: the reference semantics of :mod:`shoal.coord.base`.
+
+Every method runs without an await between its reads and writes, so each is atomic on the event
+loop. :class:`MemoryStore` inherits it, so ``memory://`` apps of one process coordinate together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from shoal.coord.base import LockGrant, LockWait, MemberView
+
+
+@dataclass
+class _Key:
+    token: int = 0                    # the fencing counter: the last token granted
+    holder: str | None = None
+    expires_at: float = 0.0
+    waiters: dict[str, tuple[int, float]] = field(default_factory=dict)  # holder -> ticket, until
+
+
+@dataclass
+class _Member:
+    joined_at: float
+    expires_at: float
+    held: int | None
+
+
+class _Watch:
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    async def wait(self) -> None:
+        await self.event.wait()
+        self.event.clear()
+
+
+class MemoryCoordination:
+    """Locks, membership and meters in this process's memory."""
+
+    def __init__(self) -> None:
+        self._locks: dict[tuple[str, str], _Key] = {}
+        self._tickets: dict[str, int] = {}
+        self._members: dict[str, dict[str, _Member]] = {}
+        self._rosters: dict[str, tuple[int, tuple[str, ...]]] = {}
+        self._meters: dict[tuple[str, str], tuple[float, float]] = {}
+        self._watches: dict[tuple[str, str], set[_Watch]] = {}
+
+    # -- locks ---------------------------------------------------------------------------------
+
+    def _key(self, namespace: str, key: str) -> _Key:
+        return self._locks.setdefault((namespace, key), _Key())
+
+    async def lock_acquire(
+        self, namespace: str, keys: Sequence[str], holder: str, lease: float, now: float
+    ) -> LockGrant | LockWait:
+        rows = [self._key(namespace, k) for k in keys]
+        for row in rows:
+            for waiter, (_, until) in list(row.waiters.items()):
+                if until <= now:
+                    del row.waiters[waiter]
+        mine = rows[0].waiters.get(holder)
+        ticket = mine[0] if mine is not None else None
+        free = all(row.holder is None or row.expires_at <= now for row in rows)
+        # first in every queue: no live waiter at all, or none with a smaller ticket than ours
+        first = all(
+            min((t for t, _ in row.waiters.values()), default=ticket) == ticket for row in rows
+        )
+        if free and first:
+            token = max(row.token for row in rows) + 1
+            for row in rows:
+                row.token, row.holder, row.expires_at = token, holder, now + lease
+                row.waiters.pop(holder, None)
+            return LockGrant(token, now + lease)
+        if ticket is None:
+            ticket = self._tickets.get(namespace, 0) + 1
+            self._tickets[namespace] = ticket
+        for row in rows:
+            row.waiters[holder] = (ticket, now + lease)
+        ahead = [row.expires_at for row in rows if row.holder is not None and row.expires_at > now]
+        ahead += [u for row in rows for t, u in row.waiters.values() if t < ticket]
+        return LockWait(ticket, min(ahead, default=now + lease))
+
+    async def lock_renew(
+        self, namespace: str, keys: Sequence[str], holder: str, lease: float, now: float
+    ) -> bool:
+        rows = [self._locks.get((namespace, k)) for k in keys]
+        if not all(r is not None and r.holder == holder and r.expires_at > now for r in rows):
+            return False
+        for row in rows:
+            assert row is not None
+            row.expires_at = now + lease
+        return True
+
+    async def lock_release(self, namespace: str, keys: Sequence[str], holder: str) -> None:
+        for k in keys:
+            row = self._locks.get((namespace, k))
+            if row is None:
+                continue
+            if row.holder == holder:
+                row.holder, row.expires_at = None, 0.0
+            row.waiters.pop(holder, None)
+            for watch in self._watches.get((namespace, k), ()):
+                watch.event.set()
+
+    @asynccontextmanager
+    async def lock_watch(self, namespace: str, keys: Sequence[str]) -> AsyncIterator[_Watch]:
+        watch = _Watch()
+        for k in keys:
+            self._watches.setdefault((namespace, k), set()).add(watch)
+        try:
+            yield watch
+        finally:
+            for k in keys:
+                watchers = self._watches.get((namespace, k))
+                if watchers is not None:
+                    watchers.discard(watch)
+                    if not watchers:
+                        del self._watches[(namespace, k)]
+
+    # -- membership ----------------------------------------------------------------------------
+
+    async def heartbeat(
+        self,
+        namespace: str,
+        member: str,
+        held: int | None,
+        now: float,
+        ttl: float,
+        warmup: float,
+    ) -> MemberView:
+        members = self._members.setdefault(namespace, {})
+        for name in [n for n, m in members.items() if m.expires_at <= now]:
+            del members[name]
+        row = members.get(member)
+        if row is None:
+            members[member] = row = _Member(joined_at=now, expires_at=now + ttl, held=held)
+        else:
+            row.expires_at, row.held = now + ttl, held
+        roster = tuple(sorted(n for n, m in members.items() if m.joined_at + warmup <= now))
+        generation, stored = self._rosters.get(namespace, (0, ()))
+        if roster != stored:
+            generation += 1
+            self._rosters[namespace] = (generation, roster)
+        granted = (
+            member in roster
+            and held in (None, generation)
+            and all(m.held in (None, generation) for n, m in members.items() if n != member)
+        )
+        if granted:
+            row.held = generation
+        return MemberView(generation, roster, granted)
+
+    async def leave(self, namespace: str, member: str) -> None:
+        self._members.get(namespace, {}).pop(member, None)
+
+    # -- meters --------------------------------------------------------------------------------
+
+    async def meter(
+        self, namespace: str, keys: Sequence[str], deltas: Sequence[float], now: float
+    ) -> list[float]:
+        debts = []
+        for key, delta in zip(keys, deltas, strict=True):
+            debt, at = self._meters.get((namespace, key), (0.0, now))
+            debt = max(0.0, max(0.0, debt - max(0.0, now - at) * 1000.0) + delta)
+            self._meters[(namespace, key)] = (debt, max(at, now))
+            debts.append(debt)
+        return debts

@@ -1,0 +1,308 @@
+"""The coordination contract: one body of tests every CoordStore backend must pass.
+
+Subclass :class:`CoordContract` in a pytest module and provide two async fixtures: ``coord``, an
+opened, empty coordination store, and ``other``, a second opened handle to the *same* data
+(another connection; for an in-process store, the same object). Times are passed as ``now``, so
+the suite needs no clock. Needs pytest and pytest-asyncio (``asyncio_mode = "auto"``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+import pytest
+
+from shoal.coord.base import CoordStore, LockGrant, LockWait
+
+T0 = 1_767_225_600.0
+NS = "contract"
+LEASE = 10.0
+TTL = 15.0
+WARMUP = 10.0
+
+
+async def grant(coord: CoordStore, keys: list[str], holder: str, now: float = T0,
+                lease: float = LEASE, ns: str = NS) -> LockGrant:
+    got = await coord.lock_acquire(ns, keys, holder, lease, now)
+    assert isinstance(got, LockGrant), f"{holder} should get {keys} at {now - T0:+g}, got {got}"
+    return got
+
+
+async def queued(coord: CoordStore, keys: list[str], holder: str, now: float = T0,
+                 lease: float = LEASE, ns: str = NS) -> LockWait:
+    got = await coord.lock_acquire(ns, keys, holder, lease, now)
+    assert isinstance(got, LockWait), f"{holder} should wait for {keys} at {now - T0:+g}, got {got}"
+    return got
+
+
+class CoordContract:
+    """Every CoordStore behaves like this. Provide the ``coord`` and ``other`` fixtures."""
+
+    # -- locks ---------------------------------------------------------------------------------
+
+    async def test_free_key_is_granted_and_held(self, coord: CoordStore) -> None:
+        g = await grant(coord, ["k"], "h1")
+        assert g.token == 1
+        assert g.expires_at == pytest.approx(T0 + LEASE)
+        w = await queued(coord, ["k"], "h2", T0 + 1)
+        assert w.retry_at == pytest.approx(T0 + LEASE)
+
+    async def test_release_then_the_next_gets_a_larger_token(self, coord: CoordStore) -> None:
+        tokens = []
+        for i in range(5):
+            g = await grant(coord, ["k"], f"h{i}", T0 + i)
+            tokens.append(g.token)
+            await coord.lock_release(NS, ["k"], f"h{i}")
+        assert tokens == sorted(set(tokens)), tokens
+        other_key = await grant(coord, ["other"], "x")
+        assert other_key.token == 1, "tokens count per key"
+
+    async def test_a_grant_of_several_keys_takes_one_token_above_each(
+        self, coord: CoordStore
+    ) -> None:
+        for i in range(3):
+            await grant(coord, ["a"], f"a{i}")
+            await coord.lock_release(NS, ["a"], f"a{i}")
+        g = await grant(coord, ["a", "b"], "both")
+        assert g.token == 4
+        await queued(coord, ["b"], "b-only")
+        await coord.lock_release(NS, ["a", "b"], "both")
+        assert (await grant(coord, ["b"], "b-only")).token == 5
+
+    async def test_waiters_are_served_in_order(self, coord: CoordStore) -> None:
+        await grant(coord, ["k"], "h1")
+        w2 = await queued(coord, ["k"], "h2", T0 + 1)
+        w3 = await queued(coord, ["k"], "h3", T0 + 2)
+        assert w3.ticket > w2.ticket
+        await coord.lock_release(NS, ["k"], "h1")
+        await queued(coord, ["k"], "h3", T0 + 3)        # h2 is first, even though h3 asks first
+        await queued(coord, ["k"], "late", T0 + 3)      # and a newcomer queues behind both
+        g2 = await grant(coord, ["k"], "h2", T0 + 3)
+        await coord.lock_release(NS, ["k"], "h2")
+        g3 = await grant(coord, ["k"], "h3", T0 + 4)
+        assert g3.token > g2.token
+
+    async def test_asking_again_keeps_the_place(self, coord: CoordStore) -> None:
+        await grant(coord, ["k"], "h1")
+        w = await queued(coord, ["k"], "h2", T0 + 1)
+        await queued(coord, ["k"], "h3", T0 + 1)
+        again = await queued(coord, ["k"], "h2", T0 + 2)
+        assert again.ticket == w.ticket
+
+    async def test_a_holder_whose_lease_ended_holds_nothing(self, coord: CoordStore) -> None:
+        await grant(coord, ["k"], "h1")
+        await queued(coord, ["k"], "h2", T0 + LEASE - 0.5)
+        assert not await coord.lock_renew(NS, ["k"], "h1", LEASE, T0 + LEASE)
+        g = await grant(coord, ["k"], "h2", T0 + LEASE)
+        assert g.token == 2
+        assert not await coord.lock_renew(NS, ["k"], "h1", LEASE, T0 + LEASE + 1)
+        await coord.lock_release(NS, ["k"], "h1")      # a late release by the old holder: no effect
+        await queued(coord, ["k"], "h3", T0 + LEASE + 1)
+
+    async def test_renewal_extends_the_lease(self, coord: CoordStore) -> None:
+        await grant(coord, ["a", "b"], "h1")
+        assert await coord.lock_renew(NS, ["a", "b"], "h1", LEASE, T0 + 8)
+        w = await queued(coord, ["b"], "h2", T0 + 12)
+        assert w.retry_at == pytest.approx(T0 + 18)
+        assert not await coord.lock_renew(NS, ["a", "b"], "h2", LEASE, T0 + 12)
+        assert not await coord.lock_renew(NS, ["a", "c"], "h1", LEASE, T0 + 12)
+        await queued(coord, ["a"], "h3", T0 + 12)
+
+    async def test_a_waiter_that_stops_asking_leaves_the_queue(self, coord: CoordStore) -> None:
+        await grant(coord, ["k"], "h1")
+        await queued(coord, ["k"], "dead", T0 + 1)      # its waiter lease ends at T0 + 11
+        w = await queued(coord, ["k"], "h3", T0 + 2)
+        await coord.lock_release(NS, ["k"], "h1")
+        w = await queued(coord, ["k"], "h3", T0 + 5)
+        assert w.retry_at == pytest.approx(T0 + 1 + LEASE)
+        await grant(coord, ["k"], "h3", T0 + 1 + LEASE)
+
+    async def test_a_waiter_that_gives_up_leaves_the_queue(self, coord: CoordStore) -> None:
+        await grant(coord, ["k"], "h1")
+        await queued(coord, ["k"], "quitter", T0 + 1)
+        await queued(coord, ["k"], "h3", T0 + 2)
+        await coord.lock_release(NS, ["k"], "quitter")
+        await coord.lock_release(NS, ["k"], "h1")
+        await grant(coord, ["k"], "h3", T0 + 3)
+
+    async def test_the_oldest_waiter_of_several_keys_is_not_overtaken(
+        self, coord: CoordStore
+    ) -> None:
+        await grant(coord, ["a"], "A")
+        await queued(coord, ["a", "b"], "X", T0 + 1)   # needs a and b
+        await queued(coord, ["b"], "Y", T0 + 2)        # b is free, but X is ahead on it
+        await queued(coord, ["b", "a"], "Z", T0 + 2)
+        await coord.lock_release(NS, ["a"], "A")
+        await queued(coord, ["b"], "Y", T0 + 3)
+        await grant(coord, ["a", "b"], "X", T0 + 3)
+        await coord.lock_release(NS, ["a", "b"], "X")
+        await queued(coord, ["b", "a"], "Z", T0 + 4)   # Y asked for b before Z
+        await grant(coord, ["b"], "Y", T0 + 4)
+        await coord.lock_release(NS, ["b"], "Y")
+        await grant(coord, ["b", "a"], "Z", T0 + 5)
+
+    async def test_namespaces_never_meet(self, coord: CoordStore) -> None:
+        await grant(coord, ["k"], "h1", ns="one")
+        g = await grant(coord, ["k"], "h2", ns="two")
+        assert g.token == 1
+        await coord.lock_release("two", ["k"], "h1")
+        await queued(coord, ["k"], "h3", ns="one")
+
+    async def test_another_handle_sees_the_lock_and_wakes_the_watch(
+        self, coord: CoordStore, other: CoordStore
+    ) -> None:
+        await grant(coord, ["k"], "h1")
+        async with other.lock_watch(NS, ["k"]) as watch:
+            await queued(other, ["k"], "h2", T0 + 1)
+            waiting = asyncio.ensure_future(watch.wait())
+            await asyncio.sleep(0.05)
+            assert not waiting.done(), "a watch must wait for a change"
+            await coord.lock_release(NS, ["k"], "h1")
+            await asyncio.wait_for(waiting, 3.0)
+        await grant(other, ["k"], "h2", T0 + 1)
+
+    async def test_a_change_before_wait_is_not_lost(
+        self, coord: CoordStore, other: CoordStore
+    ) -> None:
+        await grant(coord, ["k"], "h1")
+        async with other.lock_watch(NS, ["k"]) as watch:
+            await queued(other, ["k"], "h2", T0 + 1)
+            await coord.lock_release(NS, ["k"], "h1")
+            await asyncio.sleep(0.2)
+            await asyncio.wait_for(watch.wait(), 3.0)
+
+    async def test_contenders_on_two_handles_never_overlap(
+        self, coord: CoordStore, other: CoordStore
+    ) -> None:
+        holding: list[str] = []
+        log: list[tuple[str, int]] = []
+
+        async def contender(store: CoordStore, name: str) -> None:
+            async with store.lock_watch(NS, ["k"]) as watch:
+                while True:
+                    got = await store.lock_acquire(NS, ["k"], name, LEASE, T0)
+                    if isinstance(got, LockGrant):
+                        break
+                    try:
+                        await asyncio.wait_for(watch.wait(), 0.5)
+                    except TimeoutError:
+                        pass
+            holding.append(name)
+            assert len(holding) == 1, holding
+            log.append((name, got.token))
+            await asyncio.sleep(0.002)
+            holding.remove(name)
+            await store.lock_release(NS, ["k"], name)
+
+        await asyncio.gather(*(contender(s, f"c{i}") for i, s in zip(
+            range(12), itertools.cycle([coord, other]), strict=False)))
+        assert sorted(n for n, _ in log) == sorted(f"c{i}" for i in range(12))
+        tokens = [t for _, t in log]
+        assert tokens == sorted(tokens) and len(set(tokens)) == 12
+
+    # -- membership ----------------------------------------------------------------------------
+
+    async def beat(self, coord: CoordStore, member: str, held: int | None, now: float,
+                   ns: str = NS) -> Any:
+        return await coord.heartbeat(ns, member, held, now, TTL, WARMUP)
+
+    async def test_a_new_member_waits_out_the_warmup(self, coord: CoordStore) -> None:
+        v = await self.beat(coord, "m1", None, T0)
+        assert v.members == () and not v.granted
+        v = await self.beat(coord, "m1", None, T0 + 5)
+        assert v.members == () and not v.granted
+        v = await self.beat(coord, "m1", None, T0 + WARMUP)
+        assert v.members == ("m1",) and v.granted
+        again = await self.beat(coord, "m1", v.generation, T0 + 15)
+        assert again.granted and again.generation == v.generation
+
+    async def test_a_new_generation_waits_until_the_old_one_is_let_go(
+        self, coord: CoordStore
+    ) -> None:
+        await self.beat(coord, "a", None, T0)
+        g1 = await self.beat(coord, "a", None, T0 + 10)
+        assert g1.granted
+        await self.beat(coord, "b", None, T0 + 12)
+        v = await self.beat(coord, "b", None, T0 + 22)
+        assert v.members == ("a", "b") and v.generation > g1.generation
+        assert not v.granted, "a still holds the old generation"
+        v = await self.beat(coord, "a", g1.generation, T0 + 23)
+        assert not v.granted, "a must first let go of the old generation"
+        v = await self.beat(coord, "b", None, T0 + 23.5)
+        assert not v.granted, "a has not said it let go yet"
+        a2 = await self.beat(coord, "a", None, T0 + 24)
+        assert a2.granted and a2.generation == v.generation
+        b2 = await self.beat(coord, "b", None, T0 + 25)
+        assert b2.granted and b2.generation == v.generation and b2.members == ("a", "b")
+
+    async def test_a_member_whose_row_ended_is_gone(self, coord: CoordStore) -> None:
+        await self.beat(coord, "a", None, T0)
+        await self.beat(coord, "b", None, T0)
+        ga = await self.beat(coord, "a", None, T0 + 10)
+        gb = await self.beat(coord, "b", None, T0 + 10)
+        assert ga.granted and gb.granted and ga.members == ("a", "b")
+        v = await self.beat(coord, "b", gb.generation, T0 + 24)
+        assert v.members == ("a", "b") and v.granted, "a's row lives until T0 + 25"
+        v = await self.beat(coord, "b", gb.generation, T0 + 25)
+        assert v.members == ("b",) and v.generation > gb.generation and not v.granted
+        v = await self.beat(coord, "b", None, T0 + 25)
+        assert v.granted and v.members == ("b",)
+        back = await self.beat(coord, "a", None, T0 + 26)
+        assert back.members == ("b",), "a member back from an outage joins again"
+        assert not back.granted
+
+    async def test_a_member_that_leaves_is_gone_at_the_next_heartbeat(
+        self, coord: CoordStore, other: CoordStore
+    ) -> None:
+        await self.beat(coord, "a", None, T0)
+        await self.beat(other, "b", None, T0)
+        await self.beat(coord, "a", None, T0 + 10)
+        await coord.leave(NS, "a")
+        v = await self.beat(other, "b", None, T0 + 11)
+        assert v.members == ("b",) and v.granted
+
+    async def test_members_of_two_namespaces_never_meet(self, coord: CoordStore) -> None:
+        await self.beat(coord, "a", None, T0, ns="one")
+        await self.beat(coord, "b", None, T0, ns="two")
+        va = await self.beat(coord, "a", None, T0 + 10, ns="one")
+        vb = await self.beat(coord, "b", None, T0 + 10, ns="two")
+        assert va.members == ("a",) and vb.members == ("b",) and va.granted and vb.granted
+
+    # -- meters --------------------------------------------------------------------------------
+
+    async def test_meter_adds_and_drains(self, coord: CoordStore) -> None:
+        assert await coord.meter(NS, ["c1"], [0], T0) == [0]
+        assert await coord.meter(NS, ["c1"], [6000], T0) == [6000]
+        assert await coord.meter(NS, ["c1"], [6000], T0 + 1) == [11000]
+        assert await coord.meter(NS, ["c1"], [0], T0 + 3) == [9000]
+        assert await coord.meter(NS, ["c1"], [0], T0 + 100) == [0]
+        assert await coord.meter(NS, ["c1"], [500], T0 + 100) == [500]
+
+    async def test_meter_updates_several_keys_and_repeats_in_order(
+        self, coord: CoordStore
+    ) -> None:
+        assert await coord.meter(NS, ["a", "all"], [1000, 1000], T0) == [1000, 1000]
+        assert await coord.meter(NS, ["b", "all", "all"], [1000, 1000, 250], T0) == [
+            1000, 2000, 2250]
+        assert await coord.meter("elsewhere", ["all"], [0], T0) == [0]
+
+    async def test_meter_never_undrains_for_a_clock_behind(self, coord: CoordStore) -> None:
+        await coord.meter(NS, ["k"], [10_000], T0)
+        assert await coord.meter(NS, ["k"], [0], T0 + 4) == [6000]
+        assert await coord.meter(NS, ["k"], [0], T0 + 2) == [6000]
+        assert await coord.meter(NS, ["k"], [0], T0 + 5) == [5000]
+
+    async def test_meter_counts_every_concurrent_charge(
+        self, coord: CoordStore, other: CoordStore
+    ) -> None:
+        stores = itertools.cycle([coord, other])
+        await asyncio.gather(*(
+            s.meter(NS, ["shared", f"own{i % 3}"], [7, 1], T0)
+            for i, s in zip(range(60), stores, strict=False)))
+        assert await coord.meter(NS, ["shared", "own0", "own1", "own2"], [0, 0, 0, 0], T0) == [
+            420, 20, 20, 20]
+
+    async def test_ping(self, coord: CoordStore) -> None:
+        await coord.ping()

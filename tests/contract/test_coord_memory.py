@@ -1,0 +1,23 @@
+"""The coordination contract on the in-memory store (the reference)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from shoal.stores.memory import MemoryStore
+from shoal.testing.coord_contract import CoordContract
+
+
+class TestMemoryCoordination(CoordContract):
+    @pytest.fixture
+    async def coord(self) -> AsyncIterator[MemoryStore]:
+        s = MemoryStore()
+        await s.open()
+        yield s
+        await s.close()
+
+    @pytest.fixture
+    async def other(self, coord: MemoryStore) -> MemoryStore:
+        return coord
