@@ -1,0 +1,163 @@
+"""Redlock: locks held by a majority of independent Redis servers.
+
+With one Redis server, a restart or a failover of that server can forget a lock and let two
+holders in. :class:`Redlock` asks an odd number of independent servers (not the nodes of one
+cluster) and counts a lock as held only when a majority granted it, so losing a minority of the
+servers (stopped, unreachable, restarted empty) loses no lock. Membership (slots) and meters use
+the first server only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import TypeVar
+
+from shoal.coord.base import LockGrant, LockWait, LockWatch, MemberView
+from shoal.errors import ConfigurationError, StoreUnavailableError
+from shoal.stores.redis import RedisCoordStore
+
+T = TypeVar("T")
+
+
+class _AnyWatch:
+    """Woken when any server's watch is."""
+
+    def __init__(self, watches: Sequence[LockWatch]) -> None:
+        self._watches = watches
+
+    async def wait(self) -> None:
+        tasks = [asyncio.ensure_future(w.wait()) for w in self._watches]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            # a wait cancelled after its event was set leaves the event set: the change is
+            # then seen by the next wait, never lost
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class Redlock:
+    """A :class:`~shoal.coord.base.CoordStore` over an odd number of independent Redis servers.
+
+    - ``lock_acquire`` asks every server at once and grants only with a grant from a majority.
+      The token is then the largest of the granted tokens, and each granting server's fencing
+      counters are raised to it (a majority of those must succeed), so any later majority grant,
+      which meets one of them, takes a larger token: tokens strictly increase across grants.
+      Without a majority, the partial grants are released and the answer is a :class:`LockWait`
+      whose ``ticket`` is the smallest of the servers' tickets.
+    - FIFO between waiters is best effort: each server queues in its own ticket order, and two
+      waiters can come first on different servers. A split like that is resolved by releasing
+      the partial grants and asking again after a short random delay (``retry_at``).
+    - A server that cannot be reached counts as a refusal, not an error. If no majority can be
+      reached at all, ``lock_acquire`` answers LockWait (keep waiting, retry shortly) and
+      ``lock_renew`` False (the lock is lost).
+    - ``lock_renew`` is True only when a majority renewed; ``lock_release`` releases on every
+      server it can reach; ``lock_watch`` wakes on a change announced by any server.
+    - ``heartbeat``, ``leave``, ``meter`` and ``ping`` use the first server only (slots and
+      meters are not replicated).
+    """
+
+    def __init__(self, stores: Sequence[RedisCoordStore]) -> None:
+        if not stores or len(stores) % 2 == 0:
+            raise ConfigurationError(
+                f"Atomicity takes an odd number of addresses, {len(stores)} given.")
+        self.stores = list(stores)
+        self.quorum = len(self.stores) // 2 + 1
+
+    def __repr__(self) -> str:
+        return f"Redlock({[s.address for s in self.stores]!r})"
+
+    async def open(self) -> None:
+        """Open every server's store (connections are lazy: this succeeds while they are down)."""
+        await asyncio.gather(*(s.open() for s in self.stores))
+
+    async def close(self) -> None:
+        await asyncio.gather(*(s.close() for s in self.stores))
+
+    async def _each(
+        self, stores: Sequence[RedisCoordStore], call: Callable[[RedisCoordStore], Awaitable[T]]
+    ) -> list[T | StoreUnavailableError]:
+        """Call every store at once; an unreachable one answers its StoreUnavailableError."""
+        answers = await asyncio.gather(*(call(s) for s in stores), return_exceptions=True)
+        out: list[T | StoreUnavailableError] = []
+        for answer in answers:
+            if isinstance(answer, BaseException) and not isinstance(
+                answer, StoreUnavailableError
+            ):
+                raise answer
+            out.append(answer)
+        return out
+
+    # -- locks ---------------------------------------------------------------------------------
+
+    async def lock_acquire(
+        self, namespace: str, keys: Sequence[str], holder: str, lease: float, now: float
+    ) -> LockGrant | LockWait:
+        answers = await self._each(
+            self.stores, lambda s: s.lock_acquire(namespace, keys, holder, lease, now))
+        granted = [(s, a) for s, a in zip(self.stores, answers, strict=True)
+                   if isinstance(a, LockGrant)]
+        waits = [a for a in answers if isinstance(a, LockWait)]
+        if len(granted) >= self.quorum:
+            token = max(g.token for _, g in granted)
+            raised = await self._each(
+                [s for s, _ in granted], lambda s: s.raise_fence(namespace, keys, token))
+            if sum(not isinstance(r, StoreUnavailableError) for r in raised) >= self.quorum:
+                return LockGrant(token, min(g.expires_at for _, g in granted))
+        if granted:
+            # a split vote (or a failed raise): give the partial grants back, keep the places
+            # in the other servers' queues, and ask again shortly
+            await self._each([s for s, _ in granted],
+                             lambda s: s.lock_release(namespace, keys, holder))
+            retry_at = now + random.uniform(0.02, 0.2)
+        elif len(waits) >= self.quorum:
+            retry_at = min(w.retry_at for w in waits)
+        else:
+            retry_at = now + random.uniform(0.5, 1.0)       # no majority reachable at all
+        ticket = min((w.ticket for w in waits), default=0)
+        return LockWait(ticket, retry_at)
+
+    async def lock_renew(
+        self, namespace: str, keys: Sequence[str], holder: str, lease: float, now: float
+    ) -> bool:
+        answers = await self._each(
+            self.stores, lambda s: s.lock_renew(namespace, keys, holder, lease, now))
+        return sum(a is True for a in answers) >= self.quorum
+
+    async def lock_release(self, namespace: str, keys: Sequence[str], holder: str) -> None:
+        await self._each(self.stores, lambda s: s.lock_release(namespace, keys, holder))
+
+    @asynccontextmanager
+    async def lock_watch(self, namespace: str, keys: Sequence[str]) -> AsyncIterator[LockWatch]:
+        async with AsyncExitStack() as stack:
+            watches = await asyncio.gather(
+                *(stack.enter_async_context(s.lock_watch(namespace, keys)) for s in self.stores))
+            yield _AnyWatch(watches)
+
+    # -- membership and meters: the first server -----------------------------------------------
+
+    async def heartbeat(
+        self,
+        namespace: str,
+        member: str,
+        held: int | None,
+        now: float,
+        ttl: float,
+        warmup: float,
+    ) -> MemberView:
+        return await self.stores[0].heartbeat(namespace, member, held, now, ttl, warmup)
+
+    async def leave(self, namespace: str, member: str) -> None:
+        await self.stores[0].leave(namespace, member)
+
+    async def meter(
+        self, namespace: str, keys: Sequence[str], deltas: Sequence[float], now: float
+    ) -> list[float]:
+        return await self.stores[0].meter(namespace, keys, deltas, now)
+
+    async def ping(self) -> None:
+        await self.stores[0].ping()

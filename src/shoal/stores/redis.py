@@ -1,0 +1,512 @@
+"""Coordination on Redis: locks, membership and meters, one Lua script per atomic operation.
+
+Redis keeps no runs; it is a :class:`~shoal.coord.base.CoordStore` only. Each operation of the
+protocol is one script in ``stores/lua/`` (its header documents every key and argument), so it is
+atomic on the server. Every time is the app's clock, passed to the script as ``now``: Redis
+``TIME`` is never read, so a VirtualClock moves Redis leases like any other store's.
+
+Keys, per namespace (``{ns}`` is the namespace with ``%`` and ``:`` percent-encoded, so one
+namespace can never reach into another's keys; ``{key}`` is the lock or meter key as given)::
+
+    {prefix}:{ns}:tickets          string  the namespace's last waiter ticket      never expires
+    {prefix}:{ns}:fence:{key}      string  the key's last fencing token            never expires
+    {prefix}:{ns}:lock:{key}       hash    holder, expires_at                      cleanup expiry
+    {prefix}:{ns}:queue:{key}      zset    waiting holder -> ticket                cleanup expiry
+    {prefix}:{ns}:waiting:{key}    hash    waiting holder -> expires_at            cleanup expiry
+    {prefix}:{ns}:members          hash    member -> "joined_at expires_at held"   cleanup expiry
+    {prefix}:{ns}:roster           hash    generation, members (JSON array)        never expires
+    {prefix}:{ns}:meter:{key}      hash    debt (ms), updated_at                   cleanup expiry
+
+and the pub/sub channel ``{prefix}:{ns}:changed:{key}``, which receives ``released`` when a hold
+or a waiter row of the key is deleted. A "cleanup expiry" is a real-time ``PEXPIRE`` far longer
+than any lease (at least an hour): it only collects rows nobody uses any more; correctness rests
+on the ``expires_at`` compared with ``now`` inside the scripts.
+
+Connections are made lazily: :meth:`RedisCoordStore.open` succeeds while Redis is down, each
+operation raises :class:`~shoal.errors.StoreUnavailableError` within about ``socket_timeout``
+while it cannot be reached, and the next operation after Redis is back simply works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from importlib import resources
+from typing import Any, Literal, TypeVar
+from urllib.parse import urlsplit
+
+from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
+from redis.exceptions import AuthenticationError, ReadOnlyError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from shoal.coord.base import LockGrant, LockWait, MemberView
+from shoal.errors import ConfigurationError, StoreUnavailableError
+
+T = TypeVar("T")
+
+_SCRIPTS = ("lock_acquire", "lock_renew", "lock_release", "raise_fence", "heartbeat", "meter")
+_UNREACHABLE = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, OSError, TimeoutError)
+_KEEP = 3600.0          # seconds: the least real time a garbage-collectable row outlives its use
+_IDLE_PING = 15.0       # seconds of silence on the pub/sub connection before it is pinged
+
+
+def _load(name: str) -> str:
+    return resources.files("shoal.stores").joinpath("lua", f"{name}.lua").read_text()
+
+
+def _keep_ms(lease: float) -> str:
+    return str(int(max(10.0 * lease, _KEEP) * 1000))
+
+
+def _num(x: float) -> str:
+    return repr(float(x))
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _parse(url: str) -> tuple[str, str, int, int]:
+    """``(scheme, host, port, db)`` of a ``redis://`` or ``rediss://`` address without
+    credentials; raises ConfigurationError otherwise (never showing a password)."""
+    from shoal.stores import mask_url
+
+    try:
+        parts = urlsplit(url)
+        port = parts.port or 6379
+    except ValueError as e:
+        raise ConfigurationError(
+            f"Cannot read the Redis address {mask_url(url)!r} ({e}): "
+            f"give it as 'redis://host:6379/0' or 'rediss://host:6380/0'."
+        ) from None
+    shown = mask_url(url).split("?", 1)[0]
+    if parts.password is not None or parts.username:
+        raise ConfigurationError(
+            f"The Redis address {shown!r} carries credentials. Give the address without them "
+            f"and pass the password separately (password=..., which the app takes from the "
+            f"environment variable SHOAL_REDIS_PASSWORD)."
+        )
+    if parts.scheme not in ("redis", "rediss"):
+        raise ConfigurationError(
+            f"{shown!r} is not a Redis address: give it as 'redis://host:6379/0' "
+            f"(or 'rediss://' for TLS)."
+        )
+    if parts.query:
+        raise ConfigurationError(
+            f"The Redis address {shown!r} has options after '?'; shoal takes none there. "
+            f"Give 'redis://host:6379/0' and pass the password separately (password=..., or "
+            f"SHOAL_REDIS_PASSWORD)."
+        )
+    path = parts.path.strip("/")
+    if path and not path.isdigit():
+        raise ConfigurationError(
+            f"The Redis address {shown!r} names database {path!r}; a database is a number, "
+            f"as in 'redis://host:6379/0'."
+        )
+    return parts.scheme, parts.hostname or "localhost", port, int(path or 0)
+
+
+def _quote(namespace: str) -> str:
+    return namespace.replace("%", "%25").replace(":", "%3A")
+
+
+class _Watch:
+    """Set by a release on a watched key, by a pub/sub message, or by a pub/sub reconnection."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    async def wait(self) -> None:
+        await self.event.wait()
+        self.event.clear()
+
+
+class RedisCoordStore:
+    """Locks, membership and meters on one Redis server (a :class:`CoordStore`).
+
+    ``url`` is ``redis://host:port/db`` or ``rediss://…`` and carries no credentials (a user or
+    password in it raises ConfigurationError); the password is passed as ``password``. Keys live
+    under ``prefix``. Operations raise StoreUnavailableError within about ``socket_timeout`` while
+    Redis cannot be reached. One pub/sub connection per store object serves every lock watch.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        password: str | None = None,
+        prefix: str = "shoal",
+        socket_timeout: float = 2.0,
+    ) -> None:
+        scheme, self._host, self._port, self._db = _parse(url)
+        self._ssl = scheme == "rediss"
+        self.address = f"{scheme}://{self._host}:{self._port}/{self._db}"
+        self.prefix = prefix
+        self._password = password
+        self._timeout = socket_timeout
+        self._client: Redis | None = None
+        self._scripts: dict[str, AsyncScript] = {}
+        # pub/sub: one listener task and connection for every watch of this store
+        self._control = f"{prefix}:_"            # always subscribed: confirms a (re)connection
+        self._watches: dict[str, set[_Watch]] = {}        # channel -> its watches
+        self._ready: dict[str, asyncio.Future[None]] = {}  # channel -> subscription confirmed
+        self._confirming: dict[str, deque[asyncio.Future[None]]] = {}  # per SUBSCRIBE sent
+        self._state: Literal["idle", "connecting", "live", "down"] = "idle"
+        self._pubsub: PubSub | None = None
+        self._listener: asyncio.Task[None] | None = None
+        self._wake_on_connect = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"RedisCoordStore({self.address!r}, prefix={self.prefix!r})"
+
+    # -- connection ----------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Prepare the client; connects lazily, so this succeeds while Redis is down."""
+        self._closed = False
+        self._redis()
+
+    async def close(self) -> None:
+        """Stop the pub/sub listener and close every connection."""
+        self._closed = True
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.cancel()
+            with contextlib.suppress(BaseException):
+                await listener
+        self._drop_pubsub()
+        if self._tasks:                   # subscribe, unsubscribe and pub/sub closes in flight
+            await asyncio.wait(list(self._tasks), timeout=self._timeout)
+        for task in list(self._tasks):
+            task.cancel()
+        client, self._client = self._client, None
+        self._scripts = {}
+        self._state = "idle"
+        if client is not None:
+            with contextlib.suppress(*_UNREACHABLE):
+                await client.aclose()
+
+    def _redis(self) -> Redis:
+        if self._client is None:
+            self._client = Redis(
+                host=self._host,
+                port=self._port,
+                db=self._db,
+                password=self._password,
+                ssl=self._ssl,
+                socket_timeout=self._timeout,
+                socket_connect_timeout=self._timeout,
+                retry=Retry(NoBackoff(), 0),
+                decode_responses=True,
+            )
+            self._scripts = {n: self._client.register_script(_load(n)) for n in _SCRIPTS}
+        return self._client
+
+    def _unavailable(self, e: BaseException) -> StoreUnavailableError:
+        if isinstance(e, AuthenticationError):
+            return StoreUnavailableError(
+                f"Redis at {self.address} refused the connection's credentials ({e}). "
+                f"Check the password given to shoal (SHOAL_REDIS_PASSWORD)."
+            )
+        reason = str(e) or type(e).__name__
+        return StoreUnavailableError(
+            f"Redis at {self.address} is unreachable ({reason}). Check that the server runs "
+            f"and can be reached from here; shoal keeps trying and carries on once it answers."
+        )
+
+    async def _call(self, op: Callable[[Redis], Awaitable[T]]) -> T:
+        try:
+            async with asyncio.timeout(self._timeout):
+                return await op(self._redis())
+        except _UNREACHABLE as e:
+            raise self._unavailable(e) from e
+
+    async def _script(self, name: str, keys: Sequence[str], args: Sequence[str]) -> Any:
+        async def run(client: Redis) -> Any:
+            return await self._scripts[name](keys=list(keys), args=list(args), client=client)
+
+        return await self._call(run)
+
+    async def ping(self) -> None:
+        """Raise StoreUnavailableError if Redis cannot be reached."""
+
+        async def run(client: Redis) -> None:
+            await client.ping()
+
+        await self._call(run)
+
+    # -- names ---------------------------------------------------------------------------------
+
+    def _base(self, namespace: str) -> str:
+        return f"{self.prefix}:{_quote(namespace)}"
+
+    def _channel(self, namespace: str, key: str) -> str:
+        return f"{self._base(namespace)}:changed:{key}"
+
+    # -- locks ---------------------------------------------------------------------------------
+
+    async def lock_acquire(
+        self, namespace: str, keys: Sequence[str], holder: str, lease: float, now: float
+    ) -> LockGrant | LockWait:
+        base = self._base(namespace)
+        names = [f"{base}:tickets"]
+        for k in keys:
+            names += [f"{base}:lock:{k}", f"{base}:queue:{k}", f"{base}:waiting:{k}",
+                      f"{base}:fence:{k}"]
+        got = await self._script(
+            "lock_acquire", names, [holder, _num(lease), _num(now), _keep_ms(lease)])
+        granted, number, at = got
+        if int(granted):
+            return LockGrant(int(number), float(_text(at)))
+        return LockWait(int(number), float(_text(at)))
+
+    async def lock_renew(
+        self, namespace: str, keys: Sequence[str], holder: str, lease: float, now: float
+    ) -> bool:
+        base = self._base(namespace)
+        got = await self._script(
+            "lock_renew", [f"{base}:lock:{k}" for k in keys],
+            [holder, _num(lease), _num(now), _keep_ms(lease)])
+        return bool(int(got))
+
+    async def lock_release(self, namespace: str, keys: Sequence[str], holder: str) -> None:
+        base = self._base(namespace)
+        names: list[str] = []
+        for k in keys:
+            names += [f"{base}:lock:{k}", f"{base}:queue:{k}", f"{base}:waiting:{k}"]
+        channels = [self._channel(namespace, k) for k in keys]
+        await self._script("lock_release", names, [holder, *channels])
+        for channel in channels:                 # this process's watches need no round trip
+            self._wake(channel)
+
+    async def raise_fence(self, namespace: str, keys: Sequence[str], token: int) -> None:
+        """Raise the fencing counter of every key to at least ``token`` (for Redlock: the next
+        grant of these keys on this server then takes a larger token)."""
+        base = self._base(namespace)
+        await self._script("raise_fence", [f"{base}:fence:{k}" for k in keys], [str(int(token))])
+
+    @asynccontextmanager
+    async def lock_watch(self, namespace: str, keys: Sequence[str]) -> AsyncIterator[_Watch]:
+        """A watch woken by a release on these keys from any process (pub/sub), at once by a
+        release through this store object, and by a reconnection of the pub/sub connection
+        (a message may have been missed). Entering waits until Redis confirmed the subscription
+        (at most ``socket_timeout``); it does not raise while Redis is unreachable."""
+        watch = _Watch()
+        channels = list(dict.fromkeys(self._channel(namespace, k) for k in keys))
+        pending = [self._add(channel, watch) for channel in channels]
+        try:
+            waits = [f for f in pending if f is not None and not f.done()]
+            if waits:
+                _, late = await asyncio.wait(waits, timeout=self._timeout)
+                if late:            # not confirmed in time: a change may slip by, so wake once
+                    watch.event.set()
+            yield watch
+        finally:
+            for channel in channels:
+                self._remove(channel, watch)
+
+    # -- pub/sub -------------------------------------------------------------------------------
+
+    def _wake(self, channel: str) -> None:
+        for watch in self._watches.get(channel, ()):
+            watch.event.set()
+
+    def _wake_all(self) -> None:
+        for watches in self._watches.values():
+            for watch in watches:
+                watch.event.set()
+
+    def _add(self, channel: str, watch: _Watch) -> asyncio.Future[None] | None:
+        """Register ``watch`` on ``channel``; the future is done once Redis confirmed the
+        subscription (None when no confirmation is to be waited for)."""
+        watches = self._watches.get(channel)
+        if watches is not None:
+            watches.add(watch)
+            if self._state == "down":
+                self._wake_on_connect = True
+            return self._ready.get(channel)
+        self._watches[channel] = {watch}
+        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._ready[channel] = ready
+        if self._listener is None and not self._closed:
+            self._state = "connecting"
+            self._listener = asyncio.get_running_loop().create_task(self._listen())
+        if self._state == "live" and self._pubsub is not None:
+            self._confirming.setdefault(channel, deque()).append(ready)
+            self._spawn(self._send(self._pubsub, "subscribe", channel))
+        elif self._state == "connecting":
+            pass                          # the listener subscribes every channel it knows of
+        else:
+            ready.set_result(None)        # Redis is down: the reconnection wakes every watch
+            self._wake_on_connect = True
+        return ready
+
+    def _remove(self, channel: str, watch: _Watch) -> None:
+        watches = self._watches.get(channel)
+        if watches is None:
+            return
+        watches.discard(watch)
+        if watches:
+            return
+        del self._watches[channel]
+        self._ready.pop(channel, None)
+        if self._state == "live" and self._pubsub is not None:
+            self._spawn(self._send(self._pubsub, "unsubscribe", channel))
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, pubsub: PubSub, command: str, channel: str) -> None:
+        try:
+            if command == "subscribe":
+                await pubsub.subscribe(channel)
+            else:
+                await pubsub.unsubscribe(channel)
+        except _UNREACHABLE:
+            # the listener's read fails on the same connection and reconnects; until then,
+            # whoever waits for this subscription goes on, and the reconnection wakes it
+            self._wake_on_connect = True
+            for waiting in self._confirming.get(channel, ()):
+                if not waiting.done():
+                    waiting.set_result(None)
+
+    def _drop_pubsub(self) -> None:
+        """Forget the pub/sub connection: every pending confirmation is given up (its watch is
+        woken when a new connection is confirmed)."""
+        pubsub, self._pubsub = self._pubsub, None
+        for waiting in self._confirming.values():
+            for future in waiting:
+                if not future.done():
+                    future.set_result(None)
+        self._confirming.clear()
+        for future in self._ready.values():
+            if not future.done():
+                future.set_result(None)
+        if pubsub is not None:
+            self._spawn(self._close_pubsub(pubsub))
+
+    async def _close_pubsub(self, pubsub: PubSub) -> None:
+        with contextlib.suppress(Exception):
+            await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    async def _listen(self) -> None:
+        """Keep one subscribed pub/sub connection and dispatch its messages to the watches;
+        reconnect (with a short backoff) whenever it fails."""
+        delay = 0.05
+        while not self._closed:
+            pubsub = self._redis().pubsub()
+            self._state = "connecting"
+            try:
+                async with asyncio.timeout(self._timeout):
+                    await pubsub.connect()  # type: ignore[no-untyped-call]
+                # from here on, a new channel sends its own SUBSCRIBE on this connection
+                self._state, self._pubsub = "live", pubsub
+                channels = list(self._watches)
+                for channel in channels:
+                    ready = self._ready.get(channel)
+                    if ready is None or ready.done():
+                        ready = asyncio.get_running_loop().create_future()
+                        self._ready[channel] = ready
+                    self._confirming.setdefault(channel, deque()).append(ready)
+                await pubsub.subscribe(*channels, self._control)
+                delay = 0.05
+                await self._read(pubsub)
+            except asyncio.CancelledError:
+                self._drop_pubsub()
+                raise
+            except Exception:
+                pass                      # unreachable, or a broken reply: reconnect
+            self._state = "down"
+            self._wake_on_connect = True
+            self._drop_pubsub()
+            if self._closed:
+                break
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    async def _read(self, pubsub: PubSub) -> None:
+        idle = 0.0
+        pinged = False
+        while True:
+            message = await pubsub.get_message(timeout=self._timeout)
+            if message is None:
+                idle += self._timeout
+                if idle >= _IDLE_PING + 2 * self._timeout and pinged:
+                    raise RedisTimeoutError("the pub/sub connection stopped answering")
+                if idle >= _IDLE_PING and not pinged:
+                    pinged = True
+                    await pubsub.ping()
+                continue
+            idle, pinged = 0.0, False
+            kind = _text(message.get("type"))
+            channel = _text(message.get("channel"))
+            if kind == "message":
+                self._wake(channel)
+            elif kind == "subscribe":
+                waiting = self._confirming.get(channel)
+                if waiting:
+                    future = waiting.popleft()
+                    if not future.done():
+                        future.set_result(None)
+                    if not waiting:
+                        del self._confirming[channel]
+                if channel == self._control and self._wake_on_connect:
+                    # every channel of this connection is confirmed (Redis confirms in order):
+                    # anything announced while the connection was down is covered by this wake
+                    self._wake_on_connect = False
+                    self._wake_all()
+
+    # -- membership ----------------------------------------------------------------------------
+
+    async def heartbeat(
+        self,
+        namespace: str,
+        member: str,
+        held: int | None,
+        now: float,
+        ttl: float,
+        warmup: float,
+    ) -> MemberView:
+        base = self._base(namespace)
+        got = await self._script(
+            "heartbeat", [f"{base}:members", f"{base}:roster"],
+            [member, "-" if held is None else str(int(held)), _num(now), _num(ttl),
+             _num(warmup), _keep_ms(ttl)])
+        generation, granted, *ids = got
+        return MemberView(int(generation), tuple(sorted(_text(i) for i in ids)),
+                          bool(int(granted)))
+
+    async def leave(self, namespace: str, member: str) -> None:
+        members = f"{self._base(namespace)}:members"
+
+        async def run(client: Redis) -> None:
+            await client.hdel(members, member)
+
+        await self._call(run)
+
+    # -- meters --------------------------------------------------------------------------------
+
+    async def meter(
+        self, namespace: str, keys: Sequence[str], deltas: Sequence[float], now: float
+    ) -> list[float]:
+        if len(keys) != len(deltas):
+            raise ValueError(f"meter: {len(keys)} keys but {len(deltas)} deltas")
+        if not keys:
+            return []
+        base = self._base(namespace)
+        got = await self._script(
+            "meter", [f"{base}:meter:{k}" for k in keys],
+            [_num(now), _keep_ms(0.0), *(_num(d) for d in deltas)])
+        return [float(_text(debt)) for debt in got]

@@ -1,0 +1,469 @@
+"""The coordination contract on Redis (one server) and on Redlock (three), plus what only they
+have to show: a quorum that survives a stopped server, credentials kept out of addresses, and a
+store that starts while Redis is down and carries on once it is back.
+
+The single server is ``SHOAL_TEST_REDIS`` (default ``redis://127.0.0.1:6379``); each test uses a
+prefix of its own and deletes every key under it afterwards. Without a reachable server those
+tests skip with a message, except under ``CI``, where they fail. The Redlock tests start their
+own ``redis-server`` processes on free ports and kill them afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import redis
+
+from shoal.coord.base import CoordStore, LockGrant, LockWait
+from shoal.coord.redlock import Redlock
+from shoal.errors import ConfigurationError, StoreUnavailableError
+from shoal.stores.memory import MemoryStore
+from shoal.stores.redis import RedisCoordStore
+from shoal.testing.coord_contract import LEASE, NS, T0, CoordContract, grant, queued
+
+URL = os.environ.get("SHOAL_TEST_REDIS", "redis://127.0.0.1:6379")
+
+
+def _sync(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_timeout=3, socket_connect_timeout=3)
+
+
+@functools.cache
+def _unreachable() -> str | None:
+    """Why the test server cannot be used, or None when it can."""
+    try:
+        with _sync(URL) as client:
+            client.ping()
+    except redis.RedisError as e:
+        return str(e).strip() or type(e).__name__
+    return None
+
+
+def _require_redis() -> None:
+    reason = _unreachable()
+    if reason is None:
+        return
+    from shoal.stores import mask_url
+
+    message = (f"Redis at {mask_url(URL)} is not reachable ({reason}); "
+               f"set SHOAL_TEST_REDIS to a server where the tests may write keys")
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def _drop(url: str, prefix: str) -> None:
+    """Delete every key under ``prefix``."""
+    with _sync(url) as client:
+        names = list(client.scan_iter(match=f"{prefix}:*", count=500))
+        if names:
+            client.delete(*names)
+
+
+def _new_prefix() -> str:
+    return f"shoal_t_{secrets.token_hex(6)}"
+
+
+# -- one server -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def prefix() -> Iterator[str]:
+    _require_redis()
+    name = _new_prefix()
+    yield name
+    _drop(URL, name)
+
+
+class TestRedisCoordination(CoordContract):
+    @pytest.fixture
+    async def coord(self, prefix: str) -> AsyncIterator[RedisCoordStore]:
+        s = RedisCoordStore(URL, prefix=prefix)
+        await s.open()
+        yield s
+        await s.close()
+
+    @pytest.fixture
+    async def other(self, prefix: str) -> AsyncIterator[RedisCoordStore]:
+        """A second store object (its own connections) over the same keys."""
+        s = RedisCoordStore(URL, prefix=prefix)
+        await s.open()
+        yield s
+        await s.close()
+
+
+async def test_fencing_and_ticket_counters_never_expire_and_rows_do(
+    prefix: str,
+) -> None:
+    s = RedisCoordStore(URL, prefix=prefix)
+    await s.open()
+    try:
+        await grant(s, ["k"], "h1")
+        await queued(s, ["k"], "h2", T0 + 1)
+        await s.meter(NS, ["m"], [1000], T0)
+        await s.heartbeat(NS, "a", None, T0, 15, 10)
+        await s.heartbeat(NS, "a", None, T0 + 10, 15, 10)
+        with _sync(URL) as client:
+            ttl = {k.decode(): client.pttl(k) for k in client.scan_iter(match=f"{prefix}:*")}
+        base = f"{prefix}:{NS}"
+        assert ttl[f"{base}:fence:k"] == -1 and ttl[f"{base}:tickets"] == -1, ttl
+        assert ttl[f"{base}:roster"] == -1, ttl
+        for row in ("lock:k", "queue:k", "waiting:k", "meter:m", "members"):
+            assert ttl[f"{base}:{row}"] >= 3_600_000 - 60_000, (row, ttl)
+    finally:
+        await s.close()
+
+
+async def test_floats_come_back_exactly(prefix: str) -> None:
+    s = RedisCoordStore(URL, prefix=prefix)
+    ref = MemoryStore()
+    await s.open()
+    try:
+        now, lease = T0 + 0.1 + 0.2, 1 / 3
+        for store in (s, ref):
+            g = await store.lock_acquire(NS, ["k"], "h1", lease, now)
+            assert g == LockGrant(1, now + lease)
+        calls = [(["a", "b"], [0.1, 1 / 3], T0 + 0.7), (["a", "a"], [2.5e-7, 1e9], T0 + 1.3),
+                 (["b"], [0.0], T0 + 0.9)]
+        for keys, deltas, at in calls:
+            assert await s.meter(NS, keys, deltas, at) == await ref.meter(NS, keys, deltas, at)
+    finally:
+        await s.close()
+
+
+async def test_namespaces_with_separators_never_meet(prefix: str) -> None:
+    s = RedisCoordStore(URL, prefix=prefix)
+    await s.open()
+    try:
+        await grant(s, ["b:lock:c"], "h1", ns="a")
+        await grant(s, ["c"], "h2", ns="a:lock:b")
+        assert await s.meter("x:meter:y", ["z"], [5], T0) == [5]
+        assert await s.meter("x", ["y:meter:z"], [0], T0) == [0]
+    finally:
+        await s.close()
+
+
+# -- addresses and outages --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("url", [
+    "redis://user:hunter2@127.0.0.1:6379/0",
+    "redis://:hunter2@127.0.0.1:6379",
+    "rediss://default:hunter2@redis.example.com:6380/1",
+])
+def test_credentials_in_the_address_are_refused_with_the_password_masked(url: str) -> None:
+    with pytest.raises(ConfigurationError) as e:
+        RedisCoordStore(url)
+    message = str(e.value)
+    assert "hunter2" not in message and "***" in message, message
+    assert "password=" in message and "SHOAL_REDIS_PASSWORD" in message, message
+
+
+def test_a_password_in_the_query_is_refused_without_showing_it() -> None:
+    with pytest.raises(ConfigurationError) as e:
+        RedisCoordStore("redis://127.0.0.1:6379/0?password=hunter2")
+    assert "hunter2" not in str(e.value)
+
+
+def test_addresses_that_are_not_redis_are_refused() -> None:
+    for url in ("http://127.0.0.1:6379", "redis://127.0.0.1:6379/zero"):
+        with pytest.raises(ConfigurationError):
+            RedisCoordStore(url)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class _Server:
+    """A ``redis-server`` process of the test's own, on a fixed port, stopped and started at
+    will; nothing saved to disk."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or _free_port()
+        self.url = f"redis://127.0.0.1:{self.port}"
+        self.dir = tempfile.mkdtemp(prefix="shoal-redis-")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            message = "redis-server is not in PATH"
+            if os.environ.get("CI"):
+                pytest.fail(message)
+            pytest.skip(message)
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--daemonize", "no", "--dir", self.dir],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with redis.Redis(port=self.port, socket_timeout=0.5,
+                                 socket_connect_timeout=0.5) as c:
+                    c.ping()
+                return
+            except redis.RedisError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"redis-server on port {self.port} did not start") from None
+                time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(10)
+            self.proc = None
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def down_port() -> Iterator[_Server]:
+    server = _Server()
+    yield server
+    server.cleanup()
+
+
+async def test_a_store_opens_while_redis_is_down_and_works_once_it_is_back(
+    down_port: _Server,
+) -> None:
+    s = RedisCoordStore(down_port.url, password=None, socket_timeout=0.5, prefix=_new_prefix())
+    await s.open()
+    try:
+        for op in (lambda: s.lock_acquire(NS, ["k"], "h1", LEASE, T0), s.ping,
+                   lambda: s.meter(NS, ["m"], [1], T0)):
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailableError) as e:
+                await op()
+            assert time.monotonic() - started < 1.5
+            assert f"127.0.0.1:{down_port.port}" in str(e.value)
+        async with s.lock_watch(NS, ["k"]) as watch:       # a watch does not raise either
+            down_port.start()
+            await asyncio.wait_for(watch.wait(), 5.0)     # the connection woke it
+            g = await s.lock_acquire(NS, ["k"], "h1", LEASE, T0)
+            assert isinstance(g, LockGrant)
+    finally:
+        await s.close()
+
+
+async def test_a_password_never_shows_in_an_unavailable_error(down_port: _Server) -> None:
+    s = RedisCoordStore(down_port.url, password="hunter2", socket_timeout=0.3)
+    await s.open()
+    try:
+        with pytest.raises(StoreUnavailableError) as e:
+            await s.ping()
+        assert "hunter2" not in str(e.value) and "hunter2" not in repr(s)
+    finally:
+        await s.close()
+
+
+async def test_a_restart_of_redis_wakes_every_watch_and_the_store_carries_on(
+    down_port: _Server,
+) -> None:
+    down_port.start()
+    s = RedisCoordStore(down_port.url, socket_timeout=0.5, prefix=_new_prefix())
+    await s.open()
+    try:
+        async with s.lock_watch(NS, ["k"]) as watch:
+            waiting = asyncio.ensure_future(watch.wait())
+            await asyncio.sleep(0.05)
+            assert not waiting.done()
+            down_port.stop()
+            down_port.start()
+            await asyncio.wait_for(waiting, 5.0)
+            await grant(s, ["k"], "h1")
+            # and the new pub/sub connection hears another handle's release
+            other = RedisCoordStore(down_port.url, prefix=s.prefix)
+            await other.open()
+            try:
+                waiting = asyncio.ensure_future(watch.wait())
+                await asyncio.sleep(0.05)
+                assert not waiting.done()
+                await other.lock_release(NS, ["k"], "h1")
+                await asyncio.wait_for(waiting, 3.0)
+            finally:
+                await other.close()
+    finally:
+        await s.close()
+
+
+# -- Redlock over three servers ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trio() -> Iterator[list[_Server]]:
+    servers = [_Server() for _ in range(3)]
+    try:
+        for server in servers:
+            server.start()
+        yield servers
+    finally:
+        for server in servers:
+            server.cleanup()
+
+
+def _redlock(servers: list[_Server], prefix: str, timeout: float = 2.0) -> Redlock:
+    return Redlock([RedisCoordStore(s.url, prefix=prefix, socket_timeout=timeout)
+                    for s in servers])
+
+
+class TestRedlockCoordination(CoordContract):
+    @pytest.fixture
+    def rl_prefix(self, trio: list[_Server]) -> Iterator[str]:
+        name = _new_prefix()
+        yield name
+        for server in trio:
+            _drop(server.url, name)
+
+    @pytest.fixture
+    async def coord(self, trio: list[_Server], rl_prefix: str) -> AsyncIterator[CoordStore]:
+        r = _redlock(trio, rl_prefix)
+        await r.open()
+        yield r
+        await r.close()
+
+    @pytest.fixture
+    async def other(self, trio: list[_Server], rl_prefix: str) -> AsyncIterator[CoordStore]:
+        r = _redlock(trio, rl_prefix)
+        await r.open()
+        yield r
+        await r.close()
+
+
+def test_redlock_takes_an_odd_number_of_servers() -> None:
+    stores = [RedisCoordStore(f"redis://127.0.0.1:{6379 + i}") for i in range(2)]
+    with pytest.raises(ConfigurationError, match="odd number of addresses, 2 given"):
+        Redlock(stores)
+    with pytest.raises(ConfigurationError, match="0 given"):
+        Redlock([])
+
+
+@pytest.fixture
+def own_trio() -> Iterator[list[_Server]]:
+    """Three servers of this test's own, which it may stop."""
+    servers = [_Server() for _ in range(3)]
+    try:
+        for server in servers:
+            server.start()
+        yield servers
+    finally:
+        for server in servers:
+            server.cleanup()
+
+
+async def test_redlock_holds_with_one_server_of_three_stopped(own_trio: list[_Server]) -> None:
+    r = _redlock(own_trio, _new_prefix(), timeout=0.5)
+    await r.open()
+    try:
+        g1 = await grant(r, ["k"], "h1")
+        own_trio[2].stop()
+        assert await r.lock_renew(NS, ["k"], "h1", LEASE, T0 + 5)
+        await queued(r, ["k"], "h2", T0 + 6)
+        await r.lock_release(NS, ["k"], "h1")
+        g2 = await grant(r, ["k"], "h2", T0 + 7)
+        assert g2.token > g1.token
+        async with r.lock_watch(NS, ["k"]) as watch:
+            await queued(r, ["k"], "h3", T0 + 8)
+            await r.lock_release(NS, ["k"], "h2")
+            await asyncio.wait_for(watch.wait(), 3.0)
+        await grant(r, ["k"], "h3", T0 + 8)
+        assert await r.meter(NS, ["m"], [5], T0) == [5]     # the first server answers
+    finally:
+        await r.close()
+
+
+async def test_redlock_grants_nothing_without_a_majority_and_a_holder_loses_it(
+    own_trio: list[_Server],
+) -> None:
+    r = _redlock(own_trio, _new_prefix(), timeout=0.5)
+    await r.open()
+    try:
+        g1 = await grant(r, ["k"], "h1")
+        own_trio[1].stop()
+        own_trio[2].stop()
+        started = time.monotonic()
+        assert not await r.lock_renew(NS, ["k"], "h1", LEASE, T0 + 5)
+        w = await r.lock_acquire(NS, ["other"], "h2", LEASE, T0 + 5)
+        assert isinstance(w, LockWait) and T0 + 5 < w.retry_at <= T0 + 6
+        await r.lock_release(NS, ["k"], "h1")                # no error either
+        assert time.monotonic() - started < 3.0
+        # the servers come back (empty: they kept nothing): a majority grants again, and the
+        # token still goes up, since the first server remembers it
+        own_trio[1].start()
+        own_trio[2].start()
+        g2 = await grant(r, ["k"], "h3", T0 + 6)
+        assert g2.token > g1.token
+        assert await r.lock_renew(NS, ["k"], "h3", LEASE, T0 + 7)
+    finally:
+        await r.close()
+
+
+async def test_redlock_tokens_increase_across_a_minority_that_forgot(
+    own_trio: list[_Server],
+) -> None:
+    """A server restarted empty counts from 0 again; the majority's raised counters keep the
+    tokens going up all the same."""
+    r = _redlock(own_trio, _new_prefix(), timeout=0.5)
+    await r.open()
+    try:
+        tokens = []
+        for i, victim in enumerate([0, 1, 2, 0]):
+            g = await grant(r, ["k"], f"h{i}", T0 + i)
+            tokens.append(g.token)
+            await r.lock_release(NS, ["k"], f"h{i}")
+            own_trio[victim].stop()
+            own_trio[victim].start()
+        assert tokens == sorted(set(tokens)), tokens
+    finally:
+        await r.close()
+
+
+async def test_redlock_split_votes_resolve(trio: list[_Server]) -> None:
+    """Contenders asking at once on three servers may split them; the partial grants are given
+    back, and every contender is served once, with increasing tokens."""
+    prefix = _new_prefix()
+    locks = [_redlock(trio, prefix) for _ in range(3)]
+    for r in locks:
+        await r.open()
+    try:
+        holding: list[str] = []
+        tokens: list[int] = []
+
+        async def contender(r: Redlock, name: str) -> None:
+            async with r.lock_watch(NS, ["k"]) as watch:
+                while True:
+                    got = await r.lock_acquire(NS, ["k"], name, LEASE, T0)
+                    if isinstance(got, LockGrant):
+                        break
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(watch.wait(), 0.3)
+            holding.append(name)
+            assert len(holding) == 1, holding
+            tokens.append(got.token)
+            await asyncio.sleep(0.001)
+            holding.remove(name)
+            await r.lock_release(NS, ["k"], name)
+
+        await asyncio.wait_for(asyncio.gather(
+            *(contender(locks[i % 3], f"c{i}") for i in range(9))), 20)
+        assert tokens == sorted(set(tokens)) and len(tokens) == 9
+    finally:
+        for r in locks:
+            await r.close()
+        for server in trio:
+            _drop(server.url, prefix)
