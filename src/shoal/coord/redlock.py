@@ -109,10 +109,12 @@ class Redlock:
             if sum(not isinstance(r, StoreUnavailableError) for r in raised) >= self.quorum:
                 return LockGrant(token, min(g.expires_at for _, g in granted))
         if granted:
-            # a split vote (or a failed raise): give the partial grants back, keep the places
-            # in the other servers' queues, and ask again shortly
-            await self._each([s for s, _ in granted],
-                             lambda s: s.lock_release(namespace, keys, holder))
+            # a split vote (or a failed raise): give the partial grants back (and whatever an
+            # unanswered server may have granted), keep the places in the other servers'
+            # queues, and ask again shortly
+            back = [s for s, a in zip(self.stores, answers, strict=True)
+                    if not isinstance(a, LockWait)]
+            await self._each(back, lambda s: s.lock_release(namespace, keys, holder))
             retry_at = now + random.uniform(0.02, 0.2)
         elif len(waits) >= self.quorum:
             retry_at = min(w.retry_at for w in waits)

@@ -43,7 +43,7 @@ from redis.asyncio.client import PubSub
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
-from redis.exceptions import AuthenticationError, ReadOnlyError
+from redis.exceptions import AuthenticationError, OutOfMemoryError, ReadOnlyError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -53,7 +53,9 @@ from shoal.errors import ConfigurationError, StoreUnavailableError
 T = TypeVar("T")
 
 _SCRIPTS = ("lock_acquire", "lock_renew", "lock_release", "raise_fence", "heartbeat", "meter")
-_UNREACHABLE = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, OSError, TimeoutError)
+_UNREACHABLE = (
+    RedisConnectionError, RedisTimeoutError, ReadOnlyError, OutOfMemoryError, OSError, TimeoutError
+)
 _KEEP = 3600.0          # seconds: the least real time a garbage-collectable row outlives its use
 _IDLE_PING = 15.0       # seconds of silence on the pub/sub connection before it is pinged
 
@@ -218,10 +220,13 @@ class RedisCoordStore:
                 f"Redis at {self.address} refused the connection's credentials ({e}). "
                 f"Check the password given to shoal (SHOAL_REDIS_PASSWORD)."
             )
-        reason = str(e) or type(e).__name__
+        reason = str(e) or (
+            f"no answer within {self._timeout:g} s" if isinstance(e, TimeoutError)
+            else type(e).__name__)
         return StoreUnavailableError(
-            f"Redis at {self.address} is unreachable ({reason}). Check that the server runs "
-            f"and can be reached from here; shoal keeps trying and carries on once it answers."
+            f"Redis at {self.address} is unavailable ({reason}); the operation may not have "
+            f"been done. Check that the server runs and can be reached from here; shoal keeps "
+            f"trying and carries on once it answers."
         )
 
     async def _call(self, op: Callable[[Redis], Awaitable[T]]) -> T:
@@ -423,16 +428,14 @@ class RedisCoordStore:
                 await pubsub.subscribe(*channels, self._control)
                 delay = 0.05
                 await self._read(pubsub)
-            except asyncio.CancelledError:
-                self._drop_pubsub()
-                raise
             except Exception:
                 pass                      # unreachable, or a broken reply: reconnect
-            self._state = "down"
-            self._wake_on_connect = True
-            self._drop_pubsub()
-            if self._closed:
-                break
+            finally:
+                if self._pubsub is not pubsub:
+                    self._spawn(self._close_pubsub(pubsub))
+                self._state = "down"
+                self._wake_on_connect = True
+                self._drop_pubsub()
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
 

@@ -17,7 +17,8 @@
 -- every fence; the holder's waiter rows are deleted), else {0, ticket, retry_at}: the holder is
 -- queued on every key with its ticket (a new one, larger than any given before in the namespace,
 -- if it was not queued) and its waiter rows last until now + lease; retry_at is the earliest end
--- of a live hold or of an earlier waiter's lease on these keys (now + lease if none).
+-- of a live hold or of an earlier waiter's lease on these keys (now + lease only if there is
+-- none: like the memory reference, it may lie beyond the caller's own waiter lease).
 -- Times are returned as '%.17g' strings so they read back exactly.
 
 local holder = ARGV[1]
@@ -72,7 +73,7 @@ end
 
 if ticket == nil then ticket = redis.call('INCR', KEYS[1]) end
 local until_ = fmt(now + lease)
-local retry_at = now + lease
+local retry_at = nil
 for i = 0, n - 1 do
   local lock, queue, waiting = KEYS[2 + 4 * i], KEYS[3 + 4 * i], KEYS[4 + 4 * i]
   redis.call('ZADD', queue, string.format('%d', ticket), holder)
@@ -82,12 +83,12 @@ for i = 0, n - 1 do
   local hold = redis.call('HMGET', lock, 'holder', 'expires_at')
   if hold[1] then
     local ends = tonumber(hold[2])
-    if ends > now and ends < retry_at then retry_at = ends end
+    if ends > now and (retry_at == nil or ends < retry_at) then retry_at = ends end
   end
   local ahead = redis.call('ZRANGEBYSCORE', queue, '-inf', '(' .. string.format('%d', ticket))
   for j = 1, #ahead do
     local e = tonumber(redis.call('HGET', waiting, ahead[j]))
-    if e < retry_at then retry_at = e end
+    if retry_at == nil or e < retry_at then retry_at = e end
   end
 end
-return {0, ticket, fmt(retry_at)}
+return {0, ticket, fmt(retry_at or now + lease)}
