@@ -58,6 +58,8 @@ _UNREACHABLE = (
 )
 _KEEP = 3600.0          # seconds: the least real time a garbage-collectable row outlives its use
 _IDLE_PING = 15.0       # seconds of silence on the pub/sub connection before it is pinged
+_LINGER = 30.0          # seconds a channel stays subscribed after its last watch (a hot key's
+_LINGERING = 256        # next watch then needs no SUBSCRIBE round trip), for so many channels
 
 
 def _load(name: str) -> str:
@@ -159,6 +161,7 @@ class RedisCoordStore:
         # pub/sub: one listener task and connection for every watch of this store
         self._control = f"{prefix}:_"            # always subscribed: confirms a (re)connection
         self._watches: dict[str, set[_Watch]] = {}        # channel -> its watches
+        self._idle: dict[str, float] = {}      # subscribed channels without watches, since when
         self._ready: dict[str, asyncio.Future[None]] = {}  # channel -> subscription confirmed
         self._confirming: dict[str, deque[asyncio.Future[None]]] = {}  # per SUBSCRIBE sent
         self._state: Literal["idle", "connecting", "live", "down"] = "idle"
@@ -337,6 +340,7 @@ class RedisCoordStore:
         watches = self._watches.get(channel)
         if watches is not None:
             watches.add(watch)
+            self._idle.pop(channel, None)
             if self._state == "down":
                 self._wake_on_connect = True
             return self._ready.get(channel)
@@ -363,10 +367,21 @@ class RedisCoordStore:
         watches.discard(watch)
         if watches:
             return
-        del self._watches[channel]
-        self._ready.pop(channel, None)
-        if self._state == "live" and self._pubsub is not None:
-            self._spawn(self._send(self._pubsub, "unsubscribe", channel))
+        self._idle[channel] = asyncio.get_running_loop().time()
+        self._sweep()
+
+    def _sweep(self) -> None:
+        """Unsubscribe the channels that lingered long enough without a watch."""
+        now = asyncio.get_running_loop().time()
+        while self._idle:
+            channel, since = next(iter(self._idle.items()))
+            if len(self._idle) <= _LINGERING and now - since < _LINGER:
+                break
+            del self._idle[channel]
+            del self._watches[channel]
+            self._ready.pop(channel, None)
+            if self._state == "live" and self._pubsub is not None:
+                self._spawn(self._send(self._pubsub, "unsubscribe", channel))
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -379,7 +394,7 @@ class RedisCoordStore:
                 await pubsub.subscribe(channel)
             else:
                 await pubsub.unsubscribe(channel)
-        except _UNREACHABLE:
+        except Exception:
             # the listener's read fails on the same connection and reconnects; until then,
             # whoever waits for this subscription goes on, and the reconnection wakes it
             self._wake_on_connect = True
@@ -391,6 +406,10 @@ class RedisCoordStore:
         """Forget the pub/sub connection: every pending confirmation is given up (its watch is
         woken when a new connection is confirmed)."""
         pubsub, self._pubsub = self._pubsub, None
+        for channel in self._idle:        # not subscribed on the next connection: forget them
+            del self._watches[channel]
+            self._ready.pop(channel, None)
+        self._idle.clear()
         for waiting in self._confirming.values():
             for future in waiting:
                 if not future.done():
@@ -446,6 +465,7 @@ class RedisCoordStore:
             message = await pubsub.get_message(timeout=self._timeout)
             if message is None:
                 idle += self._timeout
+                self._sweep()
                 if idle >= _IDLE_PING + 2 * self._timeout and pinged:
                     raise RedisTimeoutError("the pub/sub connection stopped answering")
                 if idle >= _IDLE_PING and not pinged:
