@@ -227,9 +227,8 @@ class RedisCoordStore:
             f"no answer within {self._timeout:g} s" if isinstance(e, TimeoutError)
             else type(e).__name__)
         return StoreUnavailableError(
-            f"Redis at {self.address} is unavailable ({reason}); the operation may not have "
-            f"been done. Check that the server runs and can be reached from here; shoal keeps "
-            f"trying and carries on once it answers."
+            f"Redis at {self.address} is unavailable ({reason}). Check that the server runs "
+            f"and can be reached from here; shoal keeps trying and carries on once it answers."
         )
 
     async def _call(self, op: Callable[[Redis], Awaitable[T]]) -> T:
