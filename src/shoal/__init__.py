@@ -1,13 +1,17 @@
 """shoal: durable runs and replica coordination through the store you already have."""
 
+from shoal.abort import AbortSignal
 from shoal.app import App, Workflow
 from shoal.clock import Clock, SystemClock
-from shoal.engine.context import AbortSignal, Decision, RunContext
+from shoal.coord.lock import Lock
+from shoal.coord.membership import Assignment
+from shoal.engine.context import Decision, RunContext
 from shoal.errors import (
     AdmissionRejectedError,
     BudgetExceededError,
     ConfigurationError,
     LeaseLostError,
+    LockLostError,
     NonDeterminismError,
     NotPausedError,
     RunCancelledError,
@@ -27,6 +31,7 @@ __all__ = [
     "AbortSignal",
     "AdmissionRejectedError",
     "App",
+    "Assignment",
     "BudgetExceededError",
     "Clock",
     "ConfigurationError",
@@ -34,6 +39,8 @@ __all__ = [
     "Health",
     "HealthStatus",
     "LeaseLostError",
+    "Lock",
+    "LockLostError",
     "NonDeterminismError",
     "NotPausedError",
     "OutboxEntry",

@@ -9,11 +9,15 @@ import logging
 import os
 import signal as signals
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
 
 from shoal import _ids, _json
+from shoal.abort import AbortSignal
 from shoal.clock import Clock, SystemClock
+from shoal.coord.base import CoordStore
+from shoal.coord.lock import LockManager, LockRequest, lock_keys
+from shoal.coord.membership import Listener, Membership
 from shoal.engine.context import RunContext
 from shoal.engine.cron import CronTrigger
 from shoal.engine.runner import (
@@ -66,7 +70,7 @@ class App:
         self,
         namespace: str,
         store: str | Store = "sqlite:///shoal.db",
-        coordination: str | list[str] | None = None,
+        coordination: str | list[str] | CoordStore | None = None,
         instance_id: str | None = None,
         max_concurrent_runs: int = 4,
         lease: float = 30.0,
@@ -89,14 +93,17 @@ class App:
             raise ConfigurationError(f"admission must be 'reject' or 'park', not {admission!r}.")
         if max_queued is not None and (not isinstance(max_queued, int) or max_queued < 1):
             raise ConfigurationError(f"max_queued must be None or an int >= 1, not {max_queued!r}.")
-        if isinstance(coordination, list) and len(coordination) % 2 == 0:
-            raise ConfigurationError(
-                f"Atomicity takes an odd number of addresses, {len(coordination)} given.")
+        if not isinstance(membership_interval, (int, float)) or membership_interval <= 0:
+            raise ConfigurationError(f"membership_interval must be a positive number of seconds, "
+                                     f"not {membership_interval!r}.")
         self.namespace = namespace
         self.store: Store = open_store(store) if isinstance(store, str) else store
         # A store passed in as an object may be shared by several apps: its owner closes it.
         self._owns_store = isinstance(store, str)
         self.coordination = coordination
+        # None: the run store coordinates; else Redis (one address, or a Redlock quorum)
+        self._coord_store: CoordStore | None = _coordination(coordination)
+        self._coord_opened = False
         self.instance_id = instance_id or f"{socket.gethostname()}-{os.getpid()}"
         self.max_concurrent_runs = max_concurrent_runs
         self.lease = float(lease)
@@ -114,6 +121,9 @@ class App:
         self._outbox_handlers: dict[str, OutboxHandlerSpec] = {}
         self._observers: list[Any] = []
         self._engine: Engine | None = None
+        self._locks = LockManager(self._coord, self.clock, namespace, self.instance_id,
+                                  self.lease, self._observers)
+        self._membership: Membership | None = None
         self._opened = False
         self._started = False
         self._stopping = False
@@ -290,6 +300,10 @@ class App:
         if not self._opened:
             await self.store.open()
             self._opened = True
+        if self._coord_store is not None and not self._coord_opened:
+            # never raises for an unreachable Redis: its connections are made when used
+            await self._coord_store.open()
+            self._coord_opened = True
 
     @contextlib.asynccontextmanager
     async def open(self) -> AsyncIterator[App]:
@@ -320,6 +334,7 @@ class App:
             fire=self._fire_cron,
         )
         self._engine.start()
+        self._membership_for().start()
         self._started = True
         log.info("app.started: %r", self, extra={"event": "app.started"})
 
@@ -331,6 +346,8 @@ class App:
             self._stopping = True
             engine, self._engine = self._engine, None
             try:
+                if self._membership is not None:
+                    await self._membership.stop()
                 await engine.close(timeout)
             finally:
                 self._stopping = False
@@ -342,6 +359,9 @@ class App:
             self._opened = False
             if self._owns_store:
                 await self.store.close()
+        if self._coord_opened and self._coord_store is not None:
+            self._coord_opened = False
+            await self._coord_store.close()
 
     async def __aenter__(self) -> App:
         await self.start()
@@ -366,6 +386,93 @@ class App:
                 await self.close(timeout)
 
         asyncio.run(serve())
+
+    # -- coordination between replicas ---------------------------------------------------
+
+    def _coord(self) -> CoordStore:
+        if self._coord_store is not None:
+            return self._coord_store
+        if not isinstance(self.store, CoordStore):
+            raise ConfigurationError(
+                f"The store {mask_url(self.store.url)!r} does not implement coordination "
+                f"(shoal.coord.base.CoordStore): give App(coordination='redis://…') or a store "
+                f"that does.")
+        return self.store
+
+    def _membership_for(self) -> Membership:
+        if self._membership is None:
+            self._membership = Membership(self._coord(), self.clock, self.namespace,
+                                          self.instance_id, self.membership_interval,
+                                          self._observers)
+        return self._membership
+
+    def lock(self, key_or_keys: str | Sequence[str]) -> LockRequest:
+        """``async with app.lock(key) as lock``: hold ``key`` (or every key of a list, together)
+        while no other holder in this namespace does, on any replica. Waits as long as it takes,
+        in FIFO order behind the holder and earlier waiters; renewed every lease/3 while held;
+        released on exit, also by an exception. ``lock.token`` is a fencing token, strictly
+        increasing per key; ``lock.signal`` is set if the lock is lost while held (the body is
+        not interrupted: check ``lock.signal.raise_if_aborted()`` before a step that must not
+        overlap)."""
+        return LockRequest(self._locks, lock_keys(key_or_keys), self._open_store)
+
+    async def locked(self, key_or_keys: str | Sequence[str],
+                     fn: Callable[[AbortSignal], Awaitable[R] | R]) -> R:
+        """Hold the lock while ``fn(signal)`` runs (sync or async) and return what it returns;
+        the same semantics as :meth:`lock`."""
+        keys = lock_keys(key_or_keys)
+        if not callable(fn):
+            raise TypeError(f"app.locked(keys, fn): fn must be callable, not {fn!r}.")
+        await self._open_store()
+        result: R = await self._locks.locked(keys, fn)
+        return result
+
+    def slots(self, total: int) -> list[int] | None:
+        """The slots out of ``total`` this replica owns now (``i, i+n, i+2n, …`` for replica i of
+        n), or None while it owns none: just after start (about two membership intervals),
+        during a rebalance, while the store is unreachable, or before ``start()``. Ask each time
+        you need it; never keep the answer."""
+        if isinstance(total, bool) or not isinstance(total, int) or total < 1:
+            raise ValueError(f"app.slots(total): total must be an int >= 1, not {total!r}.")
+        if self._membership is None or not self._started:
+            return None
+        assignment = self._membership.assignment
+        if assignment is None:
+            return None
+        owned = assignment.slots(total)
+        return owned or None
+
+    def on_assigned(self, listener: Listener) -> Callable[[], None]:
+        """Call ``listener(shoal.Assignment(i, n) | None)`` now and on each change of this
+        replica's assignment; returns a function that removes it. A listener must not raise: one
+        that does leaves this replica owning nothing from then on."""
+        if not callable(listener):
+            raise TypeError(f"app.on_assigned(listener): listener must be callable, not "
+                            f"{listener!r}.")
+        return self._membership_for().on_assigned(listener)
+
+    async def meter(self, keys: Sequence[str], deltas: Sequence[float]) -> list[float]:
+        """Add ``deltas[i]`` (milliseconds) to the debt of ``keys[i]``, atomically for all keys
+        and across replicas, and return the new debts. A debt drains by one millisecond per
+        millisecond; a delta of 0 reads. Raises StoreUnavailableError if the store is down."""
+        if isinstance(keys, str):
+            raise TypeError(f"app.meter(keys, deltas) takes lists, e.g. app.meter([{keys!r}], "
+                            f"[1000]), not a str.")
+        keys, deltas = list(keys), list(deltas)
+        if not keys or len(keys) != len(deltas):
+            raise ValueError(f"app.meter: keys and deltas must be non-empty lists of the same "
+                             f"length ({len(keys)} keys, {len(deltas)} deltas given).")
+        for key in keys:
+            if not isinstance(key, str) or not key:
+                raise ValueError(f"A meter key is a non-empty str, not {key!r}.")
+        for delta in deltas:
+            if (isinstance(delta, bool) or not isinstance(delta, (int, float))
+                    or delta != delta or delta in (float("inf"), float("-inf"))):
+                raise ValueError(f"A meter delta is a finite number of milliseconds, not "
+                                 f"{delta!r}.")
+        await self._open_store()
+        return await self._coord().meter(self.namespace, keys, [float(d) for d in deltas],
+                                         self.clock.now())
 
     # -- health ----------------------------------------------------------------------------
 
@@ -628,3 +735,38 @@ class App:
             raise UnknownRunError(run_id)
         if self._engine is not None:
             self._engine.kick()
+
+
+def _coordination(coordination: str | list[str] | CoordStore | None) -> CoordStore | None:
+    """The coordination store named by ``App(coordination=…)`` (None: the run store)."""
+    if coordination is None:
+        return None
+    if isinstance(coordination, CoordStore):
+        return coordination
+    addresses = [coordination] if isinstance(coordination, str) else coordination
+    if not isinstance(addresses, list) or not addresses or not all(
+            isinstance(a, str) for a in addresses):
+        raise ConfigurationError(
+            f"coordination must be None, a redis:// address or a list of them, not "
+            f"{coordination!r}.")
+    if len(addresses) % 2 == 0:
+        raise ConfigurationError(
+            f"Atomicity takes an odd number of addresses, {len(addresses)} given.")
+    for address in addresses:
+        if not address.startswith(("redis://", "rediss://")):
+            raise ConfigurationError(
+                f"A coordination address is a redis:// or rediss:// URL, not "
+                f"{mask_url(address)!r} (leave coordination=None to coordinate through the "
+                f"store).")
+    try:
+        from shoal.stores.redis import RedisCoordStore
+    except ImportError as e:
+        raise ConfigurationError(
+            "coordination='redis://…' needs the redis client: pip install 'shoal[redis]'."
+        ) from e
+    password = os.environ.get("SHOAL_REDIS_PASSWORD") or None
+    stores = [RedisCoordStore(a, password=password) for a in addresses]
+    if len(stores) == 1:
+        return stores[0]
+    from shoal.coord.redlock import Redlock
+    return Redlock(stores)

@@ -80,6 +80,21 @@ class LeaseLostError(ShoalError):
         self.owner = owner
 
 
+class LockLostError(ShoalError):
+    """A lock held by this instance was lost before it was released: its renewal was refused, or
+    no renewal was confirmed before its lease ran out (store unreachable, a long pause)."""
+
+    def __init__(self, keys: tuple[str, ...], reason: str) -> None:
+        super().__init__(
+            f"The lock on {list(keys)} was lost: {reason}. Another replica may hold it now; stop "
+            f"the work it guarded (writes guarded by its fencing token are refused by a resource "
+            f"that checks tokens). If this happens often, raise App(lease=...) or look for a "
+            f"blocked event loop.",
+        )
+        self.keys = keys
+        self.reason = reason
+
+
 class AdmissionRejectedError(ShoalError):
     """``max_queued`` runs are already queued and the admission policy is ``reject``."""
 

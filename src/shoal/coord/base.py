@@ -152,6 +152,13 @@ class CoordStore(Protocol):
         has debt 0."""
         ...
 
+    async def open(self) -> None:
+        """Connect (or prepare to); a Redis store never raises here for an unreachable server."""
+        ...
+
+    async def close(self) -> None:
+        ...
+
     async def ping(self) -> None:
         """Raise if the store cannot be reached."""
         ...

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from shoal import _json
 from shoal._ids import new_id
+from shoal.abort import AbortSignal
 from shoal.errors import LeaseLostError, NonDeterminismError, RunCancelledError, RunFailedError
 from shoal.stores.base import Fence, OutboxEntry, Pause, Run, Step
 
@@ -23,38 +24,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("shoal")
 
 T = TypeVar("T")
-
-
-class AbortSignal:
-    """Set when the run must stop here: its lease was lost, it was cancelled, or the instance is
-    stopping. Long steps may poll ``aborted`` or call ``raise_if_aborted()``."""
-
-    def __init__(self) -> None:
-        self._reason: BaseException | None = None
-        self._event = asyncio.Event()
-
-    @property
-    def aborted(self) -> bool:
-        return self._reason is not None
-
-    @property
-    def reason(self) -> BaseException | None:
-        """Why: a ``LeaseLostError``, or ``asyncio.CancelledError`` for a cancel or a stop."""
-        return self._reason
-
-    def raise_if_aborted(self) -> None:
-        """Raise the reason if the signal is set."""
-        if self._reason is not None:
-            raise self._reason
-
-    async def wait(self) -> None:
-        """Return once the signal is set."""
-        await self._event.wait()
-
-    def _abort(self, reason: BaseException) -> None:
-        if self._reason is None:
-            self._reason = reason
-            self._event.set()
 
 
 class Suspended(BaseException):

@@ -13,7 +13,6 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from shoal.errors import AdmissionRejectedError
-from shoal.stores.memory_coord import MemoryCoordination
 from shoal.stores.base import (
     JSON,
     KEY_HOLDING_STATUSES,
@@ -28,6 +27,7 @@ from shoal.stores.base import (
     SignalWait,
     Step,
 )
+from shoal.stores.memory_coord import MemoryCoordination
 
 _Q = RunStatus.QUEUED
 

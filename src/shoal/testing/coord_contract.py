@@ -9,6 +9,7 @@ the suite needs no clock. Needs pytest and pytest-asyncio (``asyncio_mode = "aut
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from typing import Any
 
@@ -185,10 +186,8 @@ class CoordContract:
                     got = await store.lock_acquire(NS, ["k"], name, LEASE, T0)
                     if isinstance(got, LockGrant):
                         break
-                    try:
+                    with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(watch.wait(), 0.5)
-                    except TimeoutError:
-                        pass
             holding.append(name)
             assert len(holding) == 1, holding
             log.append((name, got.token))

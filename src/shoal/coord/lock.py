@@ -1,0 +1,234 @@
+"""``app.lock``: one holder at a time per key, across replicas, with a fencing token.
+
+A request queues in the store (FIFO by ticket) and waits for a release announced by the store
+(NOTIFY, pub/sub, an in-process event) or for the moment something ahead of it ends by itself.
+Once held, the lock is renewed every lease/3; :attr:`Lock.signal` is set as soon as it is lost:
+a renewal refused, or no renewal confirmed before the lease ran out (store unreachable, a pause).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from shoal.abort import AbortSignal
+from shoal.clock import Clock
+from shoal.coord.base import CoordStore, LockGrant
+from shoal.errors import LockLostError
+
+log = logging.getLogger("shoal")
+T = TypeVar("T")
+
+
+class Lock:
+    """A held lock: ``keys``, the fencing ``token`` (strictly increasing per key: pass it to the
+    resource you protect, which refuses a smaller one), and ``signal``."""
+
+    def __init__(self, keys: tuple[str, ...], token: int, holder: str, held_until: float,
+                 acquired_at: float, waited: float) -> None:
+        self.keys = keys
+        self.token = token
+        self.holder = holder
+        self.signal = AbortSignal()
+        self.held_until = held_until      # the lease may have passed from then on
+        self.acquired_at = acquired_at
+        self.waited = waited
+
+    def __repr__(self) -> str:
+        return f"<shoal.Lock {list(self.keys)} token={self.token} lost={self.signal.aborted}>"
+
+
+def lock_keys(key_or_keys: str | Sequence[str]) -> tuple[str, ...]:
+    """The distinct keys of a request, in a stable order; a clear error for bad input."""
+    keys = [key_or_keys] if isinstance(key_or_keys, str) else key_or_keys
+    if not isinstance(keys, Sequence) or not keys:
+        raise ValueError(
+            f"app.lock() takes a key or a non-empty list of keys, not {key_or_keys!r}.")
+    for key in keys:
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"A lock key is a non-empty str, not {key!r} (in {key_or_keys!r}).")
+    return tuple(sorted(set(keys)))
+
+
+def key_group(keys: Sequence[str]) -> str:
+    """The metrics group of a request: the part of its first key before ':'."""
+    return keys[0].split(":", 1)[0]
+
+
+async def first_of(awaitable: Awaitable[Any], clock: Clock, seconds: float) -> bool:
+    """Await ``awaitable`` for at most ``seconds`` on ``clock``; True if it finished first."""
+    task = asyncio.ensure_future(awaitable)
+    timer = asyncio.ensure_future(clock.sleep(max(0.0, seconds)))
+    try:
+        await asyncio.wait({task, timer}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        pending = [t for t in (task, timer) if not t.done()]
+        for t in pending:
+            t.cancel()
+        if pending:
+            # not gather under suppress: that would swallow a cancel of the caller itself
+            await asyncio.wait(pending)
+    if task.cancelled():
+        return False
+    task.result()
+    return True
+
+
+class LockRequest:
+    """What ``app.lock(keys)`` returns: ``async with`` it to hold the lock."""
+
+    def __init__(self, manager: LockManager, keys: tuple[str, ...],
+                 prepare: Callable[[], Awaitable[None]] | None = None) -> None:
+        self._manager = manager
+        self._keys = keys
+        self._prepare = prepare
+        self._lock: Lock | None = None
+
+    async def __aenter__(self) -> Lock:
+        if self._lock is not None:
+            raise RuntimeError("This app.lock(...) is already entered; call app.lock() again.")
+        if self._prepare is not None:
+            await self._prepare()
+        self._lock = await self._manager.acquire(self._keys)
+        return self._lock
+
+    async def __aexit__(self, *exc: object) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            await self._manager.release(lock)
+
+
+class LockManager:
+    """Acquires, renews and releases the locks of one app."""
+
+    def __init__(self, coord: Callable[[], CoordStore], clock: Clock, namespace: str,
+                 instance_id: str, lease: float, observers: list[Any]) -> None:
+        self._coord = coord
+        self.clock = clock
+        self.namespace = namespace
+        self.instance_id = instance_id
+        self.lease = lease
+        self._observers = observers
+        self._renewals: dict[str, asyncio.Task[None]] = {}
+        self._pending: set[asyncio.Future[Any]] = set()
+
+    async def acquire(self, keys: tuple[str, ...]) -> Lock:
+        coord = self._coord()
+        holder = f"{self.instance_id}/{secrets.token_hex(6)}"
+        started = self.clock.now()
+        granted: LockGrant | None = None
+        try:
+            async with coord.lock_watch(self.namespace, keys) as watch:
+                failing = False
+                while granted is None:
+                    sent = self.clock.now()
+                    try:
+                        got = await coord.lock_acquire(self.namespace, keys, holder, self.lease,
+                                                       sent)
+                    except Exception as e:
+                        if not failing:
+                            log.warning("lock.unavailable: %s: %s; still waiting for %s",
+                                        type(e).__name__, e, list(keys),
+                                        extra={"event": "lock.unavailable"})
+                        failing = True
+                        await self.clock.sleep(min(self.lease / 3, 1.0))
+                        continue
+                    failing = False
+                    if isinstance(got, LockGrant):
+                        granted = got
+                        break
+                    # ask again when told, when something ahead ends, or to keep our place
+                    wake_at = min(got.retry_at, sent + self.lease / 3)
+                    await first_of(watch.wait(), self.clock, wake_at - self.clock.now())
+        except BaseException:
+            # cancelled or failed while queued (or right after the grant): leave nothing behind
+            with contextlib.suppress(Exception):
+                await asyncio.shield(coord.lock_release(self.namespace, keys, holder))
+            raise
+        now = self.clock.now()
+        lock = Lock(keys, granted.token, holder, sent + self.lease, now, now - started)
+        self._renewals[holder] = asyncio.create_task(self._renew(lock),
+                                                     name=f"shoal-lock-{keys[0]}")
+        self._notify("on_lock_acquired", keys, key_group(keys), lock.waited)
+        return lock
+
+    async def release(self, lock: Lock) -> None:
+        task = self._renewals.pop(lock.holder, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        try:
+            await self._coord().lock_release(self.namespace, lock.keys, lock.holder)
+        except Exception as e:
+            # the lease ends by itself; the next holder waits for it at most that long
+            log.warning("lock.release_failed: %s: %s; %s ends with its lease",
+                        type(e).__name__, e, list(lock.keys),
+                        extra={"event": "lock.release_failed"})
+        self._notify("on_lock_released", lock.keys, key_group(lock.keys),
+                     self.clock.now() - lock.acquired_at, lock.signal.aborted)
+
+    async def locked(self, keys: tuple[str, ...], fn: Callable[[AbortSignal], Any]) -> Any:
+        lock = await self.acquire(keys)
+        try:
+            result = fn(lock.signal)
+            if asyncio.iscoroutine(result) or isinstance(result, Awaitable):
+                result = await result
+            return result
+        finally:
+            await self.release(lock)
+
+    async def _renew(self, lock: Lock) -> None:
+        coord = self._coord()
+        while True:
+            await self.clock.sleep(self.lease / 3)
+            while True:
+                sent = self.clock.now()
+                remaining = lock.held_until - sent
+                if remaining <= 0:
+                    self._lost(lock, "the lease ran out before a renewal was confirmed "
+                                     "(store unreachable or this process paused)")
+                    return
+                try:
+                    call = asyncio.ensure_future(coord.lock_renew(
+                        self.namespace, lock.keys, lock.holder, self.lease, sent))
+                    if not await first_of(call, self.clock, remaining):
+                        self._lost(lock, "the store did not confirm a renewal before the lease "
+                                         "ran out")
+                        return
+                    renewed = call.result()
+                except Exception as e:
+                    log.warning("lock.renew_failed: %s: %s; retrying while the lease lasts",
+                                type(e).__name__, e, extra={"event": "lock.renew_failed"})
+                    await self.clock.sleep(min(self.lease / 10, 1.0,
+                                               max(0.0, lock.held_until - self.clock.now())))
+                    continue
+                if not renewed:
+                    self._lost(lock, "renewal refused: the lease had ended and the lock may "
+                                     "have another holder")
+                    return
+                lock.held_until = sent + self.lease
+                break
+
+    def _lost(self, lock: Lock, reason: str) -> None:
+        log.warning("lock.lost: %s (token %d): %s", list(lock.keys), lock.token, reason,
+                    extra={"event": "lock.lost"})
+        lock.signal._abort(LockLostError(lock.keys, reason))
+
+    def _notify(self, method: str, *args: Any) -> None:
+        for observer in self._observers:
+            fn = getattr(observer, method, None)
+            if fn is None:
+                continue
+            try:
+                result = fn(*args)
+                if asyncio.iscoroutine(result):
+                    self._pending.add(task := asyncio.ensure_future(result))
+                    task.add_done_callback(self._pending.discard)
+            except Exception:
+                log.exception("observer.failed: %s.%s", type(observer).__name__, method,
+                              extra={"event": "observer.failed"})

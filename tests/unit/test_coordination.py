@@ -1,0 +1,414 @@
+"""app.lock, app.locked, app.slots, app.on_assigned and app.meter, through the public API, on
+several instances over one memory store and one VirtualClock."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from helpers import until
+
+import shoal
+from shoal.stores.memory import MemoryStore
+from shoal.testing import VirtualClock, cluster, settle
+
+LEASE = 30.0
+INTERVAL = 5.0
+
+
+def make(store: Any, clock: Any, instance_id: str, namespace: str = "coord") -> shoal.App:
+    return shoal.App(namespace, store=store, clock=clock, instance_id=instance_id, lease=LEASE,
+                     membership_interval=INTERVAL)
+
+
+@pytest.fixture
+def clock() -> VirtualClock:
+    return VirtualClock()
+
+
+@pytest.fixture
+async def two(clock: VirtualClock) -> AsyncIterator[list[shoal.App]]:
+    async with cluster(make, instances=2, clock=clock) as apps:
+        yield apps
+
+
+# -- lock -------------------------------------------------------------------------------------
+
+
+async def test_lock_is_exclusive_fifo_and_tokens_increase(two: list[shoal.App]) -> None:
+    a, b = two
+    order: list[tuple[str, int]] = []
+    holding: list[str] = []
+
+    async def worker(app: shoal.App, name: str) -> None:
+        async with app.lock("settlement") as lock:
+            holding.append(name)
+            assert holding == [name], f"two holders at once: {holding}"
+            order.append((name, lock.token))
+            await asyncio.sleep(0)
+            await settle(5)
+            holding.remove(name)
+
+    first = await a.lock("settlement").__aenter__()
+    tasks = []
+    for i in range(6):
+        tasks.append(asyncio.create_task(worker(a if i % 2 else b, f"w{i}")))
+        await settle()        # each queues before the next asks: FIFO by arrival
+    await a._locks.release(first)
+    await asyncio.wait_for(asyncio.gather(*tasks), 5)   # woken by releases, no clock advance
+    assert [n for n, _ in order] == [f"w{i}" for i in range(6)]
+    tokens = [first.token] + [t for _, t in order]
+    assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+
+
+async def test_released_on_exception_and_locked_returns_the_result(
+    two: list[shoal.App],
+) -> None:
+    a, b = two
+    with pytest.raises(ZeroDivisionError):
+        async with a.lock(["x", "y"]):
+            raise ZeroDivisionError
+    seen: list[shoal.AbortSignal] = []
+
+    def sync_fn(signal: shoal.AbortSignal) -> str:
+        seen.append(signal)
+        return "done"
+
+    assert await asyncio.wait_for(b.locked(["y", "x"], sync_fn), 2) == "done"
+
+    async def async_fn(signal: shoal.AbortSignal) -> int:
+        signal.raise_if_aborted()
+        return 42
+
+    assert await asyncio.wait_for(a.locked("x", async_fn), 2) == 42
+    assert not seen[0].aborted
+
+
+async def test_several_keys_in_any_order_never_deadlock(two: list[shoal.App]) -> None:
+    a, b = two
+    held: set[str] = set()
+
+    async def worker(app: shoal.App, keys: list[str], rounds: int) -> None:
+        for _ in range(rounds):
+            async with app.lock(keys):
+                assert not held & set(keys), (held, keys)
+                held.update(keys)
+                await settle(2)
+                held.difference_update(keys)
+
+    await asyncio.wait_for(asyncio.gather(
+        worker(a, ["p", "q"], 10), worker(b, ["q", "p"], 10), worker(a, ["q"], 10),
+        worker(b, ["p", "r"], 10), worker(a, ["r", "q", "p"], 10)), 10)
+
+
+async def test_a_dead_holder_loses_the_lock_when_its_lease_ends(
+    clock: VirtualClock, two: list[shoal.App]
+) -> None:
+    a, _ = two
+    store = a.store
+    assert isinstance(store, MemoryStore)
+    # a holder that never renews: a process that died right after taking the lock
+    dead = await store.lock_acquire("coord", ["k"], "dead-process", LEASE, clock.now())
+    assert isinstance(dead, shoal.coord.base.LockGrant)
+    task = asyncio.create_task(a.lock("k").__aenter__())
+    await settle()
+    await clock.advance(LEASE - 1)
+    assert not task.done()
+    await clock.advance(2)
+    await until(lambda: _done(task))
+    lock = task.result()
+    assert lock.token == dead.token + 1
+    await a._locks.release(lock)
+
+
+async def _done(task: asyncio.Task[Any]) -> bool:
+    return task.done()
+
+
+async def test_the_lock_is_renewed_while_held(clock: VirtualClock, two: list[shoal.App]) -> None:
+    a, b = two
+    async with a.lock("k") as lock:
+        waiting = asyncio.create_task(b.lock("k").__aenter__())
+        for _ in range(10):
+            await clock.advance(LEASE / 2)
+        assert not waiting.done() and not lock.signal.aborted
+    await until(lambda: _done(waiting))
+    await b._locks.release(waiting.result())
+
+
+async def test_the_signal_fires_when_renewal_is_refused(
+    clock: VirtualClock, two: list[shoal.App], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, _ = two
+    async with a.lock("k") as lock:
+        async def refuse(*args: Any) -> bool:
+            return False
+        monkeypatch.setattr(a.store, "lock_renew", refuse)
+        await clock.advance(LEASE / 3 + 1)
+        assert lock.signal.aborted
+        with pytest.raises(shoal.LockLostError, match="renewal refused"):
+            lock.signal.raise_if_aborted()
+
+
+async def test_the_signal_fires_when_the_store_is_unreachable_past_the_lease(
+    clock: VirtualClock, two: list[shoal.App], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, _ = two
+    async with a.lock("k") as lock:
+        async def down(*args: Any) -> bool:
+            raise shoal.StoreUnavailableError("down")
+        monkeypatch.setattr(a.store, "lock_renew", down)
+        await clock.advance(LEASE - 2)
+        assert not lock.signal.aborted, "the lease still holds"
+        await clock.advance(3)
+        assert lock.signal.aborted
+        assert isinstance(lock.signal.reason, shoal.LockLostError)
+        assert "ran out" in str(lock.signal.reason)
+
+
+async def test_a_waiter_keeps_waiting_through_an_outage(
+    clock: VirtualClock, two: list[shoal.App], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, b = two
+    real = b.store.lock_acquire  # type: ignore[attr-defined]
+
+    async def down(*args: Any) -> Any:
+        raise shoal.StoreUnavailableError("down")
+
+    monkeypatch.setattr(b.store, "lock_acquire", down)
+    task = asyncio.create_task(b.lock("k").__aenter__())
+    await clock.advance(10)
+    assert not task.done()
+    monkeypatch.setattr(b.store, "lock_acquire", real)
+    await clock.advance(2)
+    await until(lambda: _done(task))
+    await b._locks.release(task.result())
+
+
+async def test_a_cancelled_waiter_leaves_the_queue(two: list[shoal.App]) -> None:
+    a, b = two
+    first = await a.lock("k").__aenter__()
+    quitter = asyncio.create_task(b.lock("k").__aenter__())
+    await settle()
+    patient = asyncio.create_task(a.lock("k").__aenter__())
+    await settle()
+    quitter.cancel()
+    await settle()
+    await a._locks.release(first)
+    await until(lambda: _done(patient))
+    await a._locks.release(patient.result())
+
+
+async def test_lock_keys_are_checked(two: list[shoal.App]) -> None:
+    a, _ = two
+    for bad in ([], "", [""], [1], None):
+        with pytest.raises(ValueError, match="lock"):
+            a.lock(bad)  # type: ignore[arg-type]
+
+
+async def test_apps_of_two_namespaces_never_meet(clock: VirtualClock) -> None:
+    store = MemoryStore()
+    one = make(store, clock, "i1", namespace="one")
+    two = make(store, clock, "i2", namespace="two")
+    async with one, two:
+        async with one.lock("k"), two.lock("k"):
+            pass
+        await one.meter(["k"], [1000])
+        assert await two.meter(["k"], [0]) == [0]
+
+
+# -- slots ------------------------------------------------------------------------------------
+
+
+async def step(clock: VirtualClock, seconds: float, apps: list[shoal.App], total: int = 16,
+               tick: float = 0.5) -> None:
+    """Advance in small ticks, checking at each that no slot has two owners."""
+    for _ in range(int(seconds / tick)):
+        await clock.advance(tick)
+        owners: dict[int, str] = {}
+        for app in apps:
+            for s in app.slots(total) or []:
+                assert s not in owners, f"slot {s} owned by {owners[s]} and {app.instance_id}"
+                owners[s] = app.instance_id
+
+
+def owned(apps: list[shoal.App], total: int = 16) -> list[int]:
+    return sorted(s for app in apps for s in app.slots(total) or [])
+
+
+async def test_one_replica_owns_every_slot_after_about_two_intervals(
+    clock: VirtualClock,
+) -> None:
+    app = make(MemoryStore(), clock, "solo")
+    seen: list[shoal.Assignment | None] = []
+    off = app.on_assigned(seen.append)
+    assert seen == [None]
+    async with app:
+        assert app.slots(4) is None
+        await step(clock, 1.5 * INTERVAL, [app])
+        assert app.slots(4) is None, "a replica that just started owns nothing"
+        await step(clock, INTERVAL, [app])
+        assert app.slots(4) == [0, 1, 2, 3]
+        assert seen == [None, shoal.Assignment(0, 1)]
+        off()
+    assert app.slots(4) is None
+
+
+async def test_slots_are_split_and_rebalanced_without_overlap(clock: VirtualClock) -> None:
+    store = MemoryStore()
+    apps = [make(store, clock, f"r{i}") for i in range(3)]
+    await apps[0].start()
+    await apps[1].start()
+    try:
+        await step(clock, 3 * INTERVAL, apps[:2])
+        assert owned(apps[:2]) == list(range(16))
+        assert {len(a.slots(16) or []) for a in apps[:2]} == {8}
+        await apps[2].start()                            # a replica joins
+        await step(clock, 4 * INTERVAL, apps)
+        assert owned(apps) == list(range(16))
+        assert all(a.slots(16) for a in apps)
+        await apps[0].close(timeout=0)                   # a replica leaves
+        await step(clock, 3 * INTERVAL, apps[1:])
+        assert owned(apps[1:]) == list(range(16))
+    finally:
+        for app in apps:
+            await app.close(timeout=0)
+
+
+async def test_a_frozen_replica_lets_go_before_others_take_its_slots(
+    clock: VirtualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = MemoryStore()
+    apps = [make(store, clock, f"r{i}") for i in range(2)]
+    async with apps[0], apps[1]:
+        await step(clock, 3 * INTERVAL, apps)
+        assert owned(apps) == list(range(16))
+        frozen = apps[0]
+        membership = frozen._membership
+        assert membership is not None
+        never: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        async def hang(*args: Any) -> Any:
+            return await never             # the store never answers this replica
+
+        monkeypatch.setattr(membership.coord, "heartbeat", _only_for(
+            membership.member, hang, store.heartbeat))
+        await step(clock, 5 * INTERVAL, apps)    # never two owners at any tick
+        assert frozen.slots(16) is None
+        assert apps[1].slots(16) == list(range(16))
+        never.cancel()
+
+
+def _only_for(member: str, replacement: Any, real: Any) -> Any:
+    async def heartbeat(namespace: str, who: str, *args: Any) -> Any:
+        if who == member:
+            return await replacement()
+        return await real(namespace, who, *args)
+    return heartbeat
+
+
+async def test_slots_answer_none_while_the_store_is_down_then_come_back(
+    clock: VirtualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = MemoryStore()
+    app = make(store, clock, "solo")
+    async with app:
+        await step(clock, 3 * INTERVAL, [app])
+        assert app.slots(2) == [0, 1]
+        real = store.heartbeat
+
+        async def down(*args: Any) -> Any:
+            raise shoal.StoreUnavailableError("down")
+
+        monkeypatch.setattr(store, "heartbeat", down)
+        await step(clock, 2 * INTERVAL + 1, [app])
+        assert app.slots(2) is None
+        monkeypatch.setattr(store, "heartbeat", real)
+        await step(clock, 4 * INTERVAL, [app])
+        assert app.slots(2) == [0, 1]
+
+
+async def test_a_raising_listener_leaves_the_replica_owning_nothing(
+    clock: VirtualClock,
+) -> None:
+    store = MemoryStore()
+    apps = [make(store, clock, f"r{i}") for i in range(2)]
+    async with apps[0], apps[1]:
+        calls: list[Any] = []
+
+        def bad(assignment: shoal.Assignment | None) -> None:
+            calls.append(assignment)
+            if assignment is not None:
+                raise RuntimeError("listener bug")
+
+        apps[0].on_assigned(bad)
+        await step(clock, 6 * INTERVAL, apps)
+        assert calls[0] is None and calls[-1] is not None
+        assert apps[0].slots(16) is None
+        assert apps[1].slots(16) == list(range(16)), "the others take its share"
+
+
+async def test_slots_total_is_checked(two: list[shoal.App]) -> None:
+    with pytest.raises(ValueError, match="total"):
+        two[0].slots(0)
+
+
+# -- meter ------------------------------------------------------------------------------------
+
+
+async def test_meter_across_replicas(clock: VirtualClock, two: list[shoal.App]) -> None:
+    a, b = two
+    assert await a.meter(["appraise:c1", "appraise"], [6000, 6000]) == [6000, 6000]
+    assert await b.meter(["appraise:c2", "appraise"], [6000, 6000]) == [6000, 12000]
+    await clock.advance(2)
+    assert await b.meter(["appraise"], [0]) == [10000]
+
+
+async def test_meter_input_is_checked(two: list[shoal.App]) -> None:
+    a, _ = two
+    with pytest.raises(TypeError, match="lists"):
+        await a.meter("k", [1])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="same length"):
+        await a.meter(["a", "b"], [1])
+    with pytest.raises(ValueError, match="finite"):
+        await a.meter(["a"], [float("nan")])
+    with pytest.raises(ValueError, match="non-empty str"):
+        await a.meter([""], [1])
+
+
+# -- configuration and metrics ----------------------------------------------------------------
+
+
+def test_an_even_number_of_addresses_is_refused() -> None:
+    with pytest.raises(shoal.ConfigurationError) as e:
+        shoal.App("x", store="memory://", coordination=["redis://a", "redis://b"])
+    assert str(e.value) == "Atomicity takes an odd number of addresses, 2 given."
+    with pytest.raises(shoal.ConfigurationError, match="redis://"):
+        shoal.App("x", store="memory://", coordination="postgresql://x/y")
+
+
+async def test_metrics_hooks(clock: VirtualClock) -> None:
+    events: list[tuple[Any, ...]] = []
+
+    class Metrics:
+        def on_lock_acquired(self, keys: tuple[str, ...], group: str, waited: float) -> None:
+            events.append(("acquired", keys, group, waited))
+
+        def on_lock_released(self, keys: tuple[str, ...], group: str, held: float,
+                             lost: bool) -> None:
+            events.append(("released", keys, group, held, lost))
+
+        def on_slots_assigned(self, assignment: shoal.Assignment | None) -> None:
+            events.append(("slots", assignment))
+
+    app = make(MemoryStore(), clock, "m")
+    app.observe(Metrics())
+    async with app:
+        async with app.lock("report:daily"):
+            await clock.advance(3)
+        await step(clock, 3 * INTERVAL, [app])
+    assert events[0] == ("acquired", ("report:daily",), "report", 0.0)
+    assert events[1] == ("released", ("report:daily",), "report", 3.0, False)
+    assert ("slots", shoal.Assignment(0, 1)) in events
