@@ -128,7 +128,16 @@ class Redlock:
     ) -> bool:
         answers = await self._each(
             self.stores, lambda s: s.lock_renew(namespace, keys, holder, lease, now))
-        return sum(a is True for a in answers) >= self.quorum
+        if sum(a is True for a in answers) >= self.quorum:
+            return True
+        if sum(a is False for a in answers) > len(self.stores) - self.quorum:
+            return False      # a majority is not ours any more: no way back
+        # too few answered to tell: like a single store that cannot be reached, the caller
+        # retries while its lease lasts (a short blip does not lose the lock)
+        raise StoreUnavailableError(
+            f"Redlock: only {sum(not isinstance(a, StoreUnavailableError) for a in answers)} of "
+            f"{len(self.stores)} servers answered the renewal of {list(keys)}; a majority "
+            f"({self.quorum}) is needed.")
 
     async def lock_release(self, namespace: str, keys: Sequence[str], holder: str) -> None:
         await self._each(self.stores, lambda s: s.lock_release(namespace, keys, holder))
