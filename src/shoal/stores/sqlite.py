@@ -36,12 +36,13 @@ from shoal.stores.base import (
     SignalWait,
     Step,
 )
+from shoal.stores.sqlite_coord import SQLiteCoordination
 
 _Q = queries("sqlite")
 _SYNCHRONOUS = {"off", "normal", "full", "extra"}
 
 
-class SQLiteStore:
+class SQLiteStore(SQLiteCoordination):
     """The ``sqlite:///path`` store. ``synchronous`` is SQLite's setting (default ``full``)."""
 
     def __init__(self, path: str, *, busy_timeout: float = 5.0, synchronous: str = "full") -> None:
@@ -49,6 +50,7 @@ class SQLiteStore:
             raise ConfigurationError(
                 f"synchronous={synchronous!r} is not one of {sorted(_SYNCHRONOUS)}."
             )
+        super().__init__()
         self.path = path
         self.url = f"sqlite:///{path}"
         self.busy_timeout = busy_timeout

@@ -334,3 +334,135 @@ LIMIT :limit;
 
 -- name: prune_outbox
 DELETE FROM outbox WHERE run_id IN (SELECT value FROM json_each(:ids));
+
+-- name: lock_purge_waiters
+-- coordination (shoal.coord.base): locks, membership, meters; :keys is a JSON array of keys.
+-- (This heading sits under the name line: text between blocks would end the block above.)
+--
+-- Waiters of these keys whose lease ended leave the queue.
+DELETE FROM lock_waiters
+WHERE namespace = :namespace AND key IN (SELECT value FROM json_each(:keys))
+  AND expires_at <= :now;
+
+-- name: lock_state
+-- The caller's ticket (its waiter row on the first key), whether any key has a live holder,
+-- whether someone is ahead of the caller in the queue of any key (the smallest live ticket of a
+-- key is not the caller's; with no ticket, any waiter is ahead), and the largest token so far.
+WITH mine (ticket) AS (
+    SELECT (SELECT ticket FROM lock_waiters
+            WHERE namespace = :namespace AND key = :first AND holder = :holder))
+SELECT
+    mine.ticket AS ticket,
+    EXISTS (SELECT 1 FROM locks
+            WHERE namespace = :namespace AND key IN (SELECT value FROM json_each(:keys))
+              AND holder IS NOT NULL AND expires_at > :now) AS taken,
+    EXISTS (SELECT 1 FROM json_each(:keys) AS wanted
+            WHERE coalesce((SELECT min(q.ticket) FROM lock_waiters AS q
+                            WHERE q.namespace = :namespace AND q.key = wanted.value),
+                           mine.ticket) IS NOT mine.ticket) AS behind,
+    (SELECT coalesce(max(token), 0) FROM locks
+     WHERE namespace = :namespace AND key IN (SELECT value FROM json_each(:keys))) AS token
+FROM mine;
+
+-- name: lock_grant
+INSERT INTO locks (namespace, key, holder, token, expires_at)
+SELECT :namespace, value, :holder, :token, :expires_at FROM json_each(:keys) WHERE true
+ON CONFLICT (namespace, key) DO UPDATE
+SET holder = excluded.holder, token = excluded.token, expires_at = excluded.expires_at;
+
+-- name: lock_unqueue
+DELETE FROM lock_waiters
+WHERE namespace = :namespace AND key IN (SELECT value FROM json_each(:keys))
+  AND holder = :holder;
+
+-- name: lock_next_ticket
+INSERT INTO lock_tickets (namespace, ticket) VALUES (:namespace, 1)
+ON CONFLICT (namespace) DO UPDATE SET ticket = ticket + 1
+RETURNING ticket;
+
+-- name: lock_enqueue
+INSERT INTO lock_waiters (namespace, key, holder, ticket, expires_at)
+SELECT :namespace, value, :holder, :ticket, :expires_at FROM json_each(:keys) WHERE true
+ON CONFLICT (namespace, key, holder) DO UPDATE
+SET ticket = excluded.ticket, expires_at = excluded.expires_at;
+
+-- name: lock_retry_at
+-- The earliest end of something ahead of the caller: a live holder or an earlier live waiter.
+SELECT min(until) FROM (
+    SELECT expires_at AS until FROM locks
+    WHERE namespace = :namespace AND key IN (SELECT value FROM json_each(:keys))
+      AND holder IS NOT NULL AND expires_at > :now
+    UNION ALL
+    SELECT expires_at FROM lock_waiters
+    WHERE namespace = :namespace AND key IN (SELECT value FROM json_each(:keys))
+      AND ticket < :ticket
+);
+
+-- name: lock_held
+SELECT count(*) FROM locks
+WHERE namespace = :namespace AND key IN (SELECT value FROM json_each(:keys))
+  AND holder = :holder AND expires_at > :now;
+
+-- name: lock_renew
+UPDATE locks SET expires_at = :expires_at
+WHERE namespace = :namespace AND key IN (SELECT value FROM json_each(:keys))
+  AND holder = :holder;
+
+-- name: lock_release
+-- The row stays: it keeps the key's fencing counter.
+UPDATE locks SET holder = NULL, expires_at = 0
+WHERE namespace = :namespace AND key IN (SELECT value FROM json_each(:keys))
+  AND holder = :holder;
+
+-- name: lock_watch_state
+-- What a lock waiter may be waiting for, per watched [namespace, key]: the holder, the last token,
+-- and the queue (its size and the sum of its tickets: tickets only grow, so any change of the
+-- queue but a waiter extending its lease changes one of them).
+WITH watched (namespace, key) AS (
+    SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(:watched))
+SELECT w.namespace, w.key, l.holder, l.token,
+       (SELECT count(*) FROM lock_waiters AS q
+        WHERE q.namespace = w.namespace AND q.key = w.key) AS waiters,
+       (SELECT sum(q.ticket) FROM lock_waiters AS q
+        WHERE q.namespace = w.namespace AND q.key = w.key) AS tickets
+FROM watched AS w
+LEFT JOIN locks AS l ON l.namespace = w.namespace AND l.key = w.key;
+
+-- name: members_purge
+DELETE FROM members WHERE namespace = :namespace AND expires_at <= :now;
+
+-- name: member_beat
+INSERT INTO members (namespace, member, joined_at, expires_at, held)
+VALUES (:namespace, :member, :now, :expires_at, :held)
+ON CONFLICT (namespace, member) DO UPDATE
+SET expires_at = excluded.expires_at, held = excluded.held;
+
+-- name: members
+SELECT member, joined_at, held FROM members WHERE namespace = :namespace;
+
+-- name: get_roster
+SELECT generation, members FROM rosters WHERE namespace = :namespace;
+
+-- name: put_roster
+INSERT INTO rosters (namespace, generation, members) VALUES (:namespace, :generation, :members)
+ON CONFLICT (namespace) DO UPDATE
+SET generation = excluded.generation, members = excluded.members;
+
+-- name: member_holds
+UPDATE members SET held = :generation WHERE namespace = :namespace AND member = :member;
+
+-- name: member_leave
+DELETE FROM members WHERE namespace = :namespace AND member = :member;
+
+-- name: get_meters
+SELECT key, debt, updated_at FROM meters
+WHERE namespace = :namespace AND key IN (SELECT value FROM json_each(:keys));
+
+-- name: put_meters
+-- :meters is a JSON array of [key, debt, updated_at].
+INSERT INTO meters (namespace, key, debt, updated_at)
+SELECT :namespace, json_extract(value, '$[0]'), json_extract(value, '$[1]'),
+       json_extract(value, '$[2]')
+FROM json_each(:meters) WHERE true
+ON CONFLICT (namespace, key) DO UPDATE
+SET debt = excluded.debt, updated_at = excluded.updated_at;

@@ -1,0 +1,233 @@
+"""Coordination (:mod:`shoal.coord.base`) in the SQLite store's own tables.
+
+Each method is one ``BEGIN IMMEDIATE`` transaction of the store (``_tx``), so it is atomic across
+the processes sharing the file; its semantics are those of the memory reference
+(:mod:`shoal.stores.memory_coord`). Lock waiters are woken at once by a release through the same
+store object, and within milliseconds by a commit of another connection: one poller task per store
+reads ``PRAGMA data_version`` while anything is watched and, when it changed, compares what the
+watched keys look like with what each watch saw last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+from shoal import _json
+from shoal.coord.base import LockGrant, LockWait, MemberView
+from shoal.stores._sqlfiles import queries
+
+_Q = queries("sqlite")
+_POLL = 0.005   # seconds between two reads of data_version while a lock is watched
+
+# What a waiter may be waiting for on one key: (holder, last token, queue size, sum of tickets).
+_KeyState = tuple[Any, ...]
+
+
+class _Watch:
+    def __init__(self, namespace: str, keys: Sequence[str], seen: dict[str, _KeyState]) -> None:
+        self.namespace = namespace
+        self.keys = tuple(keys)
+        self.seen = seen          # the state of each key when this watch last looked
+        self.event = asyncio.Event()
+
+    async def wait(self) -> None:
+        await self.event.wait()
+        self.event.clear()
+
+
+class SQLiteCoordination:
+    """Locks, membership and meters for :class:`~shoal.stores.sqlite.SQLiteStore`."""
+
+    if TYPE_CHECKING:   # provided by SQLiteStore
+        _conn: sqlite3.Connection | None
+
+        @property
+        def _db(self) -> sqlite3.Connection: ...
+
+        def _tx(self) -> AbstractAsyncContextManager[sqlite3.Connection]: ...
+
+    def __init__(self) -> None:
+        self._lock_watches: dict[tuple[str, str], set[_Watch]] = {}
+        self._lock_poller: asyncio.Task[None] | None = None
+        # the connection and data_version the poller last compared at (wait_for_work keeps its
+        # own data_version)
+        self._lock_seen: tuple[sqlite3.Connection, int] | None = None
+
+    # -- locks ---------------------------------------------------------------------------------
+
+    async def lock_acquire(
+        self, namespace: str, keys: Sequence[str], holder: str, lease: float, now: float
+    ) -> LockGrant | LockWait:
+        args: dict[str, Any] = {"namespace": namespace, "keys": _json.dumps(list(keys)),
+                                "first": keys[0], "holder": holder, "now": now,
+                                "expires_at": now + lease}
+        async with self._tx() as db:
+            db.execute(_Q["lock_purge_waiters"], args)
+            ticket, taken, behind, token = db.execute(_Q["lock_state"], args).fetchone()
+            if not taken and not behind:
+                db.execute(_Q["lock_grant"], {**args, "token": token + 1})
+                db.execute(_Q["lock_unqueue"], args)
+                return LockGrant(token + 1, now + lease)
+            if ticket is None:
+                ticket = db.execute(_Q["lock_next_ticket"], args).fetchone()[0]
+            args["ticket"] = ticket
+            db.execute(_Q["lock_enqueue"], args)
+            retry_at = db.execute(_Q["lock_retry_at"], args).fetchone()[0]
+        return LockWait(ticket, now + lease if retry_at is None else retry_at)
+
+    async def lock_renew(
+        self, namespace: str, keys: Sequence[str], holder: str, lease: float, now: float
+    ) -> bool:
+        args = {"namespace": namespace, "keys": _json.dumps(list(keys)), "holder": holder,
+                "now": now, "expires_at": now + lease}
+        async with self._tx() as db:
+            if db.execute(_Q["lock_held"], args).fetchone()[0] != len(keys):
+                return False
+            db.execute(_Q["lock_renew"], args)
+            return True
+
+    async def lock_release(self, namespace: str, keys: Sequence[str], holder: str) -> None:
+        args = {"namespace": namespace, "keys": _json.dumps(list(keys)), "holder": holder}
+        async with self._tx() as db:
+            db.execute(_Q["lock_release"], args)
+            db.execute(_Q["lock_unqueue"], args)
+        # this connection's commits do not change its data_version: wake this store's watches
+        for key in keys:
+            for watch in self._lock_watches.get((namespace, key), ()):
+                watch.event.set()
+
+    @asynccontextmanager
+    async def lock_watch(self, namespace: str, keys: Sequence[str]) -> AsyncIterator[_Watch]:
+        # The poller's data_version is read before the watch's first look at its keys, so a
+        # commit after that look is one the poller sees as a change.
+        if self._lock_poller is None:
+            self._lock_seen = (self._db, self._data_version_now())
+        seen = self._lock_states([(namespace, k) for k in keys])
+        watch = _Watch(namespace, keys, {k: seen[(namespace, k)] for k in keys})
+        for k in keys:
+            self._lock_watches.setdefault((namespace, k), set()).add(watch)
+        if self._lock_poller is None:
+            self._lock_poller = asyncio.create_task(self._poll_lock_watches())
+        try:
+            yield watch
+        finally:
+            for k in keys:
+                watchers = self._lock_watches.get((namespace, k))
+                if watchers is not None:
+                    watchers.discard(watch)
+                    if not watchers:
+                        del self._lock_watches[(namespace, k)]
+            if not self._lock_watches and self._lock_poller is not None:
+                self._lock_poller.cancel()
+                self._lock_poller = None
+
+    def _data_version_now(self) -> int:
+        cur = self._db.execute("PRAGMA data_version")
+        try:
+            version: int = cur.fetchone()[0]
+            return version
+        finally:
+            cur.close()
+
+    def _lock_states(self, watched: Sequence[tuple[str, str]]) -> dict[tuple[str, str], _KeyState]:
+        rows = self._db.execute(_Q["lock_watch_state"],
+                                {"watched": _json.dumps([list(w) for w in watched])}).fetchall()
+        return {(r["namespace"], r["key"]): (r["holder"], r["token"], r["waiters"], r["tickets"])
+                for r in rows}
+
+    async def _poll_lock_watches(self) -> None:
+        """While anything is watched: when another connection committed, wake the watches whose
+        keys changed since they last looked. A failed read or a closed store wakes every watch
+        (a spurious wake-up rather than a missed one)."""
+        while self._lock_watches:
+            await asyncio.sleep(_POLL)
+            watches = {w for ws in self._lock_watches.values() for w in ws}
+            conn = self._conn
+            if conn is None:
+                if self._lock_seen is not None:
+                    self._lock_seen = None
+                    for watch in watches:
+                        watch.event.set()
+                continue
+            try:
+                version = self._data_version_now()
+                # data_version only compares within one connection: after a reopen, look anyway
+                if self._lock_seen == (conn, version):
+                    continue
+                states = self._lock_states(list(self._lock_watches))
+            except sqlite3.Error:
+                for watch in watches:
+                    watch.event.set()
+                continue
+            self._lock_seen = (conn, version)
+            for watch in watches:
+                now = {k: states[(watch.namespace, k)] for k in watch.keys}
+                if now != watch.seen:
+                    watch.seen = now
+                    watch.event.set()
+        if self._lock_poller is asyncio.current_task():
+            self._lock_poller = None
+
+    # -- membership ----------------------------------------------------------------------------
+
+    async def heartbeat(
+        self,
+        namespace: str,
+        member: str,
+        held: int | None,
+        now: float,
+        ttl: float,
+        warmup: float,
+    ) -> MemberView:
+        args = {"namespace": namespace, "member": member, "held": held, "now": now,
+                "expires_at": now + ttl}
+        async with self._tx() as db:
+            db.execute(_Q["members_purge"], args)
+            db.execute(_Q["member_beat"], args)
+            members = db.execute(_Q["members"], args).fetchall()
+            roster = tuple(sorted(m["member"] for m in members if m["joined_at"] + warmup <= now))
+            row = db.execute(_Q["get_roster"], args).fetchone()
+            generation: int = 0 if row is None else row["generation"]
+            stored = () if row is None else tuple(_json.loads(row["members"]))
+            if roster != stored:
+                generation += 1
+                db.execute(_Q["put_roster"], {"namespace": namespace, "generation": generation,
+                                              "members": _json.dumps(list(roster))})
+            granted = (
+                member in roster
+                and held in (None, generation)
+                and all(m["held"] in (None, generation) for m in members
+                        if m["member"] != member)
+            )
+            if granted:
+                db.execute(_Q["member_holds"], {**args, "generation": generation})
+        return MemberView(generation, roster, granted)
+
+    async def leave(self, namespace: str, member: str) -> None:
+        async with self._tx() as db:
+            db.execute(_Q["member_leave"], {"namespace": namespace, "member": member})
+
+    # -- meters --------------------------------------------------------------------------------
+
+    async def meter(
+        self, namespace: str, keys: Sequence[str], deltas: Sequence[float], now: float
+    ) -> list[float]:
+        args = {"namespace": namespace, "keys": _json.dumps(sorted(set(keys)))}
+        debts: list[float] = []
+        async with self._tx() as db:
+            state: dict[str, tuple[float, float]] = {
+                r["key"]: (r["debt"], r["updated_at"])
+                for r in db.execute(_Q["get_meters"], args).fetchall()}
+            for key, delta in zip(keys, deltas, strict=True):
+                debt, at = state.get(key, (0.0, now))
+                debt = max(0.0, max(0.0, debt - max(0.0, now - at) * 1000.0) + delta)
+                state[key] = (debt, max(at, now))
+                debts.append(debt)
+            # floats travel as JSON (Python writes the shortest repr; SQLite reads it back exactly)
+            db.execute(_Q["put_meters"], {"namespace": namespace, "meters": _json.dumps(
+                [[k, *state[k]] for k in dict.fromkeys(keys)])})
+        return debts

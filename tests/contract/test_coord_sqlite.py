@@ -1,0 +1,157 @@
+"""The coordination contract on the SQLite store: two store objects (two connections) on one file,
+and the migration that brings a file made by an older shoal up to the coordination tables."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from shoal.coord.base import CoordStore, LockGrant, MemberView
+from shoal.stores._sqlfiles import migrations
+from shoal.stores.memory import MemoryStore
+from shoal.stores.sqlite import SQLiteStore, _statements
+from shoal.testing.coord_contract import CoordContract
+
+COORD_TABLES = {"locks", "lock_waiters", "lock_tickets", "members", "rosters", "meters"}
+
+
+class TestSQLiteCoordination(CoordContract):
+    @pytest.fixture
+    async def coord(self, tmp_path: Path) -> AsyncIterator[SQLiteStore]:
+        s = SQLiteStore(str(tmp_path / "shoal.db"))
+        await s.open()
+        yield s
+        await s.close()
+
+    @pytest.fixture
+    async def other(self, coord: SQLiteStore) -> AsyncIterator[SQLiteStore]:
+        s = SQLiteStore(coord.path)
+        await s.open()
+        yield s
+        await s.close()
+
+
+def test_the_sqlite_store_is_a_coord_store() -> None:
+    assert isinstance(SQLiteStore(":memory:"), CoordStore)
+
+
+async def test_a_store_made_before_coordination_gets_its_tables(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    old = [m for m in migrations("sqlite") if m[0] < 6]
+    assert [number for number, _, _ in old] == [1, 2, 3, 4, 5]
+    with sqlite3.connect(path) as conn:   # the file as shoal left it before version 6
+        conn.execute("CREATE TABLE shoal_migrations "
+                     "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)")
+        for number, name, sql in old:
+            for statement in _statements(sql):
+                conn.execute(statement)
+            conn.execute("INSERT INTO shoal_migrations VALUES (?, ?, 0)", (number, name))
+    conn.close()
+
+    store = SQLiteStore(str(path))
+    await store.open()
+    try:
+        newest = max(number for number, _, _ in migrations("sqlite"))
+        assert newest >= 6
+        assert await store.migrate() == newest
+        tables = {r[0] for r in store._db.execute("SELECT name FROM sqlite_master")}
+        assert tables >= COORD_TABLES
+        assert isinstance(await store.lock_acquire("ns", ["k"], "h", 10.0, 0.0), LockGrant)
+        assert (await store.heartbeat("ns", "m", None, 0.0, 15.0, 0.0)).members == ("m",)
+        assert await store.meter("ns", ["k"], [5.0], 0.0) == [5.0]
+    finally:
+        await store.close()
+
+
+async def test_a_watch_ends_its_poller_with_the_last_watch(tmp_path: Path) -> None:
+    store = SQLiteStore(str(tmp_path / "shoal.db"))
+    await store.open()
+    try:
+        async with store.lock_watch("ns", ["a"]), store.lock_watch("ns", ["a", "b"]):
+            poller = store._lock_poller
+            assert poller is not None and not poller.done()
+        assert store._lock_poller is None and not store._lock_watches
+    finally:
+        await store.close()
+
+
+async def test_a_commit_elsewhere_wakes_only_the_watches_of_changed_keys(tmp_path: Path) -> None:
+    one, two = SQLiteStore(str(tmp_path / "shoal.db")), SQLiteStore(str(tmp_path / "shoal.db"))
+    await one.open()
+    await two.open()
+    try:
+        await two.lock_acquire("ns", ["k"], "h1", 10.0, 0.0)
+        async with one.lock_watch("ns", ["k"]) as watch:
+            waiting = asyncio.ensure_future(watch.wait())
+            await two.meter("ns", ["m"], [1.0], 0.0)              # another table
+            await two.lock_acquire("ns", ["other"], "h2", 10.0, 0.0)  # another key
+            await asyncio.sleep(0.1)
+            assert not waiting.done()
+            await two.lock_release("ns", ["k"], "h1")
+            await asyncio.wait_for(waiting, 3.0)
+    finally:
+        await one.close()
+        await two.close()
+
+
+async def test_closing_the_store_wakes_its_watches(tmp_path: Path) -> None:
+    store = SQLiteStore(str(tmp_path / "shoal.db"))
+    await store.open()
+    async with store.lock_watch("ns", ["k"]) as watch:
+        waiting = asyncio.ensure_future(watch.wait())
+        await asyncio.sleep(0.02)
+        assert not waiting.done()
+        await store.close()
+        await asyncio.wait_for(waiting, 3.0)
+
+
+@pytest.mark.parametrize("seed", range(8))
+async def test_the_same_answers_as_the_memory_reference(tmp_path: Path, seed: int) -> None:
+    """Random calls on both stores, answer for answer (tickets, tokens, retry times, rosters,
+    generations, debts)."""
+    rnd = random.Random(seed)
+    sqlite = SQLiteStore(str(tmp_path / "shoal.db"))
+    await sqlite.open()
+    memory = MemoryStore()
+
+    async def both(method: str, *args: object) -> object:
+        answer = await getattr(memory, method)(*args)
+        assert await getattr(sqlite, method)(*args) == answer, (method, args)
+        return answer
+
+    keysets = [["a"], ["b"], ["a", "b"], ["b", "c"], ["c", "a", "b"]]
+    held: dict[tuple[str, str], int] = {}
+    now = 1000.0
+    try:
+        for _ in range(250):
+            now += rnd.choice([0, 0, 0.5, 1, 3, 7])
+            ns, op = rnd.choice(["n1", "n2"]), rnd.random()
+            holder, keys = rnd.choice([f"h{i}" for i in range(6)]), rnd.choice(keysets)
+            member, lease = rnd.choice(["m1", "m2", "m3"]), rnd.choice([5.0, 10.0])
+            if op < 0.35:
+                await both("lock_acquire", ns, keys, holder, lease, now)
+            elif op < 0.5:
+                await both("lock_renew", ns, keys, holder, lease, now)
+            elif op < 0.65:
+                await both("lock_release", ns, keys, holder)
+            elif op < 0.85:
+                mine = rnd.choice([None, held.get((ns, member)), 1, 2])
+                warmup = rnd.choice([0.0, 10.0])
+                view = await both("heartbeat", ns, member, mine, now, 15.0, warmup)
+                assert isinstance(view, MemberView)
+                if view.granted:
+                    held[(ns, member)] = view.generation
+            elif op < 0.9:
+                await both("leave", ns, member)
+            else:
+                names = [rnd.choice("xyz") for _ in range(rnd.randint(1, 4))]
+                deltas = [rnd.choice([0, 100, 2500.5, 7]) for _ in names]
+                at = now - rnd.choice([0, 0, 2])
+                await both("meter", ns, names, deltas, at)
+    finally:
+        await sqlite.close()
