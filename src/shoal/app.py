@@ -493,7 +493,8 @@ class App:
         return Health(HealthStatus.HEALTHY)
 
     async def check_readiness(self) -> Health:
-        """Liveness, then a ping of each store under a 2 s timeout."""
+        """Liveness, then a ping of each store under a 2 s timeout: unhealthy without the run
+        store, degraded without a separate coordination store (Redis)."""
         live = self.check_liveness()
         if not live.healthy and live.reason != "not started":
             return Health(live.status, live.reason, {"liveness": live.reason})
@@ -506,6 +507,16 @@ class App:
             checks["store"] = f"{type(e).__name__}: {e}"
         if checks["store"] != "ok":
             return Health(HealthStatus.UNHEALTHY, f"store: {checks['store']}", checks)
+        if self._coord_store is not None:
+            # runs go on without it; locks wait, slots answer None, meters raise
+            try:
+                checks["coordination"] = await ping_within(
+                    asyncio.ensure_future(self._coord_store.ping()), PING_TIMEOUT)
+            except Exception as e:
+                checks["coordination"] = f"{type(e).__name__}: {e}"
+            if checks["coordination"] != "ok":
+                return Health(HealthStatus.DEGRADED,
+                              f"coordination: {checks['coordination']}", checks)
         return Health(HealthStatus.HEALTHY, "ok", checks)
 
     async def poll(self) -> None:
