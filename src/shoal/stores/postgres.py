@@ -47,6 +47,7 @@ from shoal.stores.base import (
     SignalWait,
     Step,
 )
+from shoal.stores.postgres_coord import PostgresCoordination
 
 log = logging.getLogger("shoal.store.postgres")
 
@@ -63,7 +64,7 @@ _T = TypeVar("_T")
 _BATCH = 500   # rows per batched statement at most
 
 
-class PostgresStore:
+class PostgresStore(PostgresCoordination):
     """The ``postgresql://user:password@host:port/db?schema=shoal`` store.
 
     ``schema`` is created if missing and holds every table; ``pool_min_size``/``pool_max_size``
@@ -86,6 +87,7 @@ class PostgresStore:
         pool_timeout: float = 2.0,
         reconnect_timeout: float = 3.0,
     ) -> None:
+        super().__init__()
         if not _SCHEMA.match(schema):
             raise ConfigurationError(
                 f"Bad PostgreSQL schema name {schema!r}: use letters, digits and underscores, "
@@ -806,8 +808,7 @@ class PostgresStore:
     async def wait_for_work(self, timeout: float) -> None:
         if self._pool is None:
             return
-        if self._listener is None or self._listener.done():
-            self._listener = asyncio.create_task(self._listen(), name=f"shoal-listen-{self.schema}")
+        self._start_listener()
         # asyncio.wait, not wait_for: on 3.11 wait_for can swallow a cancellation.
         waiter = asyncio.ensure_future(self._work.wait())
         try:
@@ -816,9 +817,15 @@ class PostgresStore:
             waiter.cancel()
         self._work.clear()
 
+    def _start_listener(self) -> None:
+        """Run the LISTEN task, for wait_for_work and lock watches, unless it runs."""
+        if self._pool is not None and (self._listener is None or self._listener.done()):
+            self._listener = asyncio.create_task(self._listen(), name=f"shoal-listen-{self.schema}")
+
     async def _listen(self) -> None:
         """LISTEN on a connection of its own, and reconnect when it drops. After each
-        (re)connection, wake the waiter once: notifications may have been missed meanwhile."""
+        (re)connection, wake the waiter and every lock watch once: notifications may have been
+        missed meanwhile. Lock notifications wake lock watches only."""
         delay = 0.1
         listen = sql.SQL("LISTEN {}").format(sql.Identifier(self.channel))
         while self._pool is not None:
@@ -830,10 +837,12 @@ class PostgresStore:
                     await conn.execute(listen)
                     self._listening.set()
                     self._work.set()
+                    self._lock_listening()
                     delay = 0.1
                     while True:
-                        async for _ in conn.notifies(timeout=30.0):
-                            self._work.set()
+                        async for n in conn.notifies(timeout=30.0):
+                            if not self._lock_notified(n.payload):
+                                self._work.set()
                         # quiet for a while: make sure the connection still answers
                         await conn.execute("SELECT 1")
             except asyncio.CancelledError:

@@ -606,3 +606,217 @@ SELECT * FROM outbox
 WHERE namespace = %(namespace)s AND dead
 ORDER BY created_at, id
 LIMIT %(limit)s;
+
+-- coordination
+-- shoal.coord.base on PostgreSQL (shoal.stores.postgres_coord), with the semantics of the memory
+-- reference (shoal.stores.memory_coord). Each operation is one transaction: its statements are
+-- sent in one pipeline, which the server runs as one implicit transaction (one round trip). In
+-- READ COMMITTED each statement takes its snapshot when it starts, so a statement that follows
+-- the one taking the locks sees what every earlier holder of those locks committed. Rows are
+-- locked in "C" order of their keys, so two operations never wait for each other in a cycle.
+
+-- name: lock_keys_create
+-- The rows of keys never locked before (a row is never deleted: it keeps the fencing counter).
+-- Inserted in key order: an insert waits for a concurrent insert of the same key, which only
+-- happens before the larger keys of that transaction are taken.
+INSERT INTO locks (namespace, key)
+SELECT %(namespace)s::text, k FROM unnest(%(keys)s::text[]) AS k
+ORDER BY k COLLATE "C"
+ON CONFLICT (namespace, key) DO NOTHING;
+
+-- name: lock_keys
+-- Every change to a key, its holder or its queue, is made holding this lock on the key's row.
+SELECT key FROM locks
+WHERE namespace = %(namespace)s AND key = ANY(%(keys)s::text[])
+ORDER BY key COLLATE "C"
+FOR UPDATE;
+
+-- name: lock_acquire
+-- After lock_keys_create and lock_keys. Expired waiters leave the queues (the caller's own rows
+-- are overwritten or deleted below instead: one statement never changes a row twice). The caller
+-- keeps its ticket if its waiter row of the first key is live. It is granted every key if none
+-- has a live holder and, on each key, the smallest live ticket is its own (no queue, no ticket:
+-- first too): the token is one above each key's last, and its waiter rows go. Else it queues on
+-- every key with its ticket (a new one, from the namespace's counter, if it had none) and learns
+-- the earliest end of a lease ahead of it: a live holder's, or a live earlier waiter's.
+WITH purged AS (
+    DELETE FROM lock_waiters
+    WHERE namespace = %(namespace)s AND key = ANY(%(keys)s::text[]) AND holder <> %(holder)s
+      AND expires_at <= %(now)s
+), live AS (
+    SELECT key, holder, ticket, expires_at FROM lock_waiters
+    WHERE namespace = %(namespace)s AND key = ANY(%(keys)s::text[]) AND expires_at > %(now)s
+), keyrows AS (
+    SELECT key, holder, token, expires_at FROM locks
+    WHERE namespace = %(namespace)s AND key = ANY(%(keys)s::text[])
+), verdict AS (
+    SELECT mine.ticket,
+           NOT EXISTS (SELECT 1 FROM keyrows WHERE holder IS NOT NULL AND expires_at > %(now)s)
+           AND NOT EXISTS (SELECT 1 FROM live GROUP BY key
+                           HAVING min(ticket) IS DISTINCT FROM mine.ticket) AS granted,
+           (SELECT max(token) FROM keyrows) + 1 AS token
+    FROM (SELECT (SELECT ticket FROM live
+                  WHERE key = %(first)s AND holder = %(holder)s) AS ticket) mine
+), taken AS (
+    UPDATE locks SET holder = %(holder)s, token = verdict.token, expires_at = %(until)s
+    FROM verdict
+    WHERE verdict.granted AND locks.namespace = %(namespace)s
+      AND locks.key = ANY(%(keys)s::text[])
+), unqueued AS (
+    DELETE FROM lock_waiters USING verdict
+    WHERE verdict.granted AND lock_waiters.namespace = %(namespace)s
+      AND lock_waiters.key = ANY(%(keys)s::text[]) AND lock_waiters.holder = %(holder)s
+), numbered AS (
+    INSERT INTO lock_tickets AS t (namespace, ticket)
+    SELECT %(namespace)s::text, 1 FROM verdict WHERE NOT verdict.granted AND verdict.ticket IS NULL
+    ON CONFLICT (namespace) DO UPDATE SET ticket = t.ticket + 1
+    RETURNING t.ticket
+), place AS (
+    SELECT coalesce(verdict.ticket, (SELECT ticket FROM numbered)) AS ticket
+    FROM verdict WHERE NOT verdict.granted
+), queued AS (
+    INSERT INTO lock_waiters (namespace, key, holder, ticket, expires_at)
+    SELECT %(namespace)s::text, k, %(holder)s::text, place.ticket, %(until)s::double precision
+    FROM place, unnest(%(keys)s::text[]) AS k
+    ON CONFLICT (namespace, key, holder) DO UPDATE
+    SET ticket = excluded.ticket, expires_at = excluded.expires_at
+)
+SELECT verdict.granted, verdict.token, place.ticket,
+       coalesce((SELECT min(a.until) FROM (
+                     SELECT expires_at AS until FROM keyrows
+                     WHERE holder IS NOT NULL AND expires_at > %(now)s
+                     UNION ALL
+                     SELECT expires_at FROM live
+                     WHERE holder <> %(holder)s AND ticket < place.ticket) a),
+                %(until)s) AS retry_at
+FROM verdict LEFT JOIN place ON true;
+
+-- name: lock_renew
+-- One statement: the rows still held are locked in key order (a row that changed meanwhile is
+-- checked again as it is now), and extended only if every key is among them.
+WITH held AS (
+    SELECT key FROM locks
+    WHERE namespace = %(namespace)s AND key = ANY(%(keys)s::text[]) AND holder = %(holder)s
+      AND expires_at > %(now)s
+    ORDER BY key COLLATE "C"
+    FOR UPDATE
+), renewed AS (
+    UPDATE locks SET expires_at = %(until)s
+    WHERE namespace = %(namespace)s AND key IN (SELECT key FROM held)
+      AND (SELECT count(*) FROM held) = cardinality(%(keys)s::text[])
+    RETURNING key
+)
+SELECT count(*) AS renewed FROM renewed;
+
+-- name: lock_release
+-- After lock_keys. The hold goes (the fencing counter stays), so do the caller's waiter rows (a
+-- waiter that gives up); the watchers of the keys are told when the transaction commits.
+WITH freed AS (
+    UPDATE locks SET holder = NULL, expires_at = 0
+    WHERE namespace = %(namespace)s AND key = ANY(%(keys)s::text[]) AND holder = %(holder)s
+), gave_up AS (
+    DELETE FROM lock_waiters
+    WHERE namespace = %(namespace)s AND key = ANY(%(keys)s::text[]) AND holder = %(holder)s
+)
+SELECT pg_notify(%(channel)s, %(payload)s) AS notified;
+
+-- name: heartbeat
+-- After advisory_xact_lock on the namespace's membership. Members whose row ended are deleted;
+-- the caller is upserted (joined_at kept only if its row is live); the roster is the "C"-sorted
+-- ids of live members that joined at least warmup ago, stored with the next generation if it
+-- changed; the caller is granted the generation if it is on the roster, holds nothing or that
+-- generation, and every other live member holds nothing or that generation.
+WITH others AS (
+    SELECT member, joined_at, held FROM members
+    WHERE namespace = %(namespace)s AND member <> %(member)s AND expires_at > %(now)s
+), me AS (
+    SELECT coalesce((SELECT joined_at FROM members
+                     WHERE namespace = %(namespace)s AND member = %(member)s
+                       AND expires_at > %(now)s),
+                    %(now)s::double precision) AS joined_at
+), roster AS (
+    SELECT coalesce(array_agg(m.member ORDER BY m.member COLLATE "C"), '{}'::text[]) AS members
+    FROM (SELECT member, joined_at FROM others
+          UNION ALL
+          SELECT %(member)s::text, joined_at FROM me) m
+    WHERE m.joined_at + %(warmup)s <= %(now)s
+), stored AS (
+    SELECT coalesce(r.generation, 0) AS generation, coalesce(r.members, '{}'::text[]) AS members
+    FROM (SELECT 1) one LEFT JOIN rosters r ON r.namespace = %(namespace)s
+), outcome AS (
+    SELECT roster.members, roster.members <> stored.members AS changed,
+           stored.generation + CASE WHEN roster.members <> stored.members THEN 1 ELSE 0 END
+               AS generation
+    FROM roster, stored
+), verdict AS (
+    SELECT outcome.*,
+           %(member)s::text = ANY(outcome.members)
+           AND (%(held)s::bigint IS NULL OR %(held)s::bigint = outcome.generation)
+           AND NOT EXISTS (SELECT 1 FROM others WHERE others.held <> outcome.generation)
+               AS granted
+    FROM outcome
+), purged AS (
+    DELETE FROM members
+    WHERE namespace = %(namespace)s AND member <> %(member)s AND expires_at <= %(now)s
+), beat AS (
+    INSERT INTO members (namespace, member, joined_at, expires_at, held)
+    SELECT %(namespace)s::text, %(member)s::text, me.joined_at, %(until)s::double precision,
+           CASE WHEN verdict.granted THEN verdict.generation ELSE %(held)s::bigint END
+    FROM me, verdict
+    ON CONFLICT (namespace, member) DO UPDATE
+    SET joined_at = excluded.joined_at, expires_at = excluded.expires_at, held = excluded.held
+), saved AS (
+    INSERT INTO rosters (namespace, generation, members)
+    SELECT %(namespace)s::text, verdict.generation, verdict.members FROM verdict
+    WHERE verdict.changed
+    ON CONFLICT (namespace) DO UPDATE
+    SET generation = excluded.generation, members = excluded.members
+)
+SELECT generation, members, granted FROM verdict;
+
+-- name: leave
+-- After advisory_xact_lock on the namespace's membership, like heartbeat.
+DELETE FROM members WHERE namespace = %(namespace)s AND member = %(member)s;
+
+-- name: meter_keys_create
+-- The rows of keys never charged (debt 0 as of now), in key order, as lock_keys_create.
+INSERT INTO meters (namespace, key, debt, updated_at)
+SELECT %(namespace)s::text, d.k, 0, %(now)s::double precision
+FROM (SELECT DISTINCT k FROM unnest(%(keys)s::text[]) AS k) d
+ORDER BY d.k COLLATE "C"
+ON CONFLICT (namespace, key) DO NOTHING;
+
+-- name: meter_keys
+SELECT key FROM meters
+WHERE namespace = %(namespace)s AND key = ANY(%(keys)s::text[])
+ORDER BY key COLLATE "C"
+FOR UPDATE;
+
+-- name: meter
+-- After meter_keys_create and meter_keys. The charges in request order, a key named twice charged
+-- twice: each key's charges are folded in order (the recursion), each step as the memory
+-- reference computes it (debt drained by the time since updated_at, floored at 0, plus the delta,
+-- floored at 0; updated_at never goes back); each key's last step is stored.
+WITH RECURSIVE charge AS (
+    SELECT c.key, c.delta, c.i, row_number() OVER (PARTITION BY c.key ORDER BY c.i) AS n
+    FROM unnest(%(keys)s::text[], %(deltas)s::double precision[])
+        WITH ORDINALITY AS c(key, delta, i)
+), charged (key, n, i, debt, updated_at) AS (
+    SELECT c.key, c.n, c.i,
+           greatest(0, greatest(0, m.debt - greatest(0, %(now)s - m.updated_at) * 1000)
+                       + c.delta),
+           greatest(m.updated_at, %(now)s)
+    FROM charge c JOIN meters m ON m.namespace = %(namespace)s AND m.key = c.key
+    WHERE c.n = 1
+    UNION ALL
+    SELECT c.key, c.n, c.i,
+           greatest(0, greatest(0, s.debt - greatest(0, %(now)s - s.updated_at) * 1000)
+                       + c.delta),
+           greatest(s.updated_at, %(now)s)
+    FROM charged s JOIN charge c ON c.key = s.key AND c.n = s.n + 1
+), saved AS (
+    UPDATE meters SET debt = last.debt, updated_at = last.updated_at
+    FROM (SELECT DISTINCT ON (key) key, debt, updated_at FROM charged ORDER BY key, n DESC) last
+    WHERE meters.namespace = %(namespace)s AND meters.key = last.key
+)
+SELECT debt FROM charged ORDER BY i;

@@ -1,0 +1,223 @@
+"""Coordination (:mod:`shoal.coord.base`) in the PostgreSQL store's own tables.
+
+The semantics are those of the memory reference (:mod:`shoal.stores.memory_coord`). Each method is
+one transaction, atomic against every other connection: its statements go in one pipeline, which
+the server runs as one implicit transaction (one round trip, committed at the pipeline's sync,
+rolled back whole if a statement fails). The first statements take the locks — the rows of the
+lock or meter keys in "C" order, created first if missing, or the namespace's membership
+advisory lock — and the last one, whose READ COMMITTED snapshot is taken once they are held,
+reads and writes. ``queries.sql`` (under ``-- coordination``) explains each statement.
+
+A release ``NOTIFY``s the store's channel in its transaction with a payload ``lock <json>``
+naming the keys; the store's LISTEN connection hands those to :meth:`_lock_notified`, which wakes
+the watches of the keys. A release through this store object wakes its watches at once itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import psycopg
+from psycopg.rows import DictRow
+
+from shoal.coord.base import LockGrant, LockWait, MemberView
+from shoal.stores._sqlfiles import queries
+
+if TYPE_CHECKING:
+    from psycopg_pool import AsyncConnectionPool
+
+_Q = queries("postgres")
+_Conn = psycopg.AsyncConnection[DictRow]
+_T = TypeVar("_T")
+_LOCK = "lock "          # the payload prefix of lock notifications on the store's channel
+_EVERY = _LOCK + "*"     # every watch: the keys do not fit in a payload
+_PAYLOAD_MAX = 7999      # bytes: a NOTIFY payload is shorter than 8000
+
+
+class _Watch:
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    async def wait(self) -> None:
+        await self.event.wait()
+        self.event.clear()
+
+
+class PostgresCoordination:
+    """Locks, membership and meters for :class:`~shoal.stores.postgres.PostgresStore`."""
+
+    if TYPE_CHECKING:   # provided by PostgresStore
+        channel: str
+        schema: str
+        pool_timeout: float
+        _pool: AsyncConnectionPool[_Conn] | None
+        _listening: asyncio.Event
+
+        def _connection(self) -> AbstractAsyncContextManager[_Conn]: ...
+
+        async def _retry(self, attempt: Callable[[], Awaitable[_T]]) -> _T: ...
+
+        def _start_listener(self) -> None: ...
+
+    def __init__(self) -> None:
+        self._lock_watches: dict[tuple[str, str], set[_Watch]] = {}
+        # in this store's notifications: their watches were woken at once, not again
+        self._lock_origin = secrets.token_hex(8)
+        self._lock_listened = False   # the LISTEN connection has been up at least once
+
+    async def _pipelined(self, steps: Sequence[tuple[str, dict[str, Any]]]) -> list[DictRow]:
+        """The rows of the last statement of ``steps``, all run as one transaction in one
+        round trip: on a pooled connection (autocommit, so psycopg sends no BEGIN) the server
+        runs the statements of a pipeline as one implicit transaction, committed at its sync."""
+        async with self._connection() as conn:
+            async with conn.pipeline():
+                for query, args in steps:
+                    cur = await conn.execute(query, args)
+            return await cur.fetchall() if cur.description is not None else []
+
+    # -- locks ---------------------------------------------------------------------------------
+
+    async def lock_acquire(
+        self, namespace: str, keys: Sequence[str], holder: str, lease: float, now: float
+    ) -> LockGrant | LockWait:
+        args: dict[str, Any] = {
+            "namespace": namespace, "keys": list(keys), "first": keys[0], "holder": holder,
+            "now": float(now), "until": float(now + lease)}
+        steps = [(_Q["lock_keys_create"], args), (_Q["lock_keys"], args),
+                 (_Q["lock_acquire"], args)]
+        [row] = await self._retry(lambda: self._pipelined(steps))
+        if row["granted"]:
+            return LockGrant(row["token"], now + lease)
+        return LockWait(row["ticket"], row["retry_at"])
+
+    async def lock_renew(
+        self, namespace: str, keys: Sequence[str], holder: str, lease: float, now: float
+    ) -> bool:
+        if not keys:
+            return True
+        args: dict[str, Any] = {
+            "namespace": namespace, "keys": list(keys), "holder": holder, "now": float(now),
+            "until": float(now + lease)}
+        [row] = await self._retry(lambda: self._pipelined([(_Q["lock_renew"], args)]))
+        return bool(row["renewed"] == len(keys))
+
+    async def lock_release(self, namespace: str, keys: Sequence[str], holder: str) -> None:
+        if not keys:
+            return
+        args: dict[str, Any] = {
+            "namespace": namespace, "keys": list(keys), "holder": holder,
+            "channel": self.channel, "payload": self._lock_payload(namespace, keys)}
+        steps = [(_Q["lock_keys"], args), (_Q["lock_release"], args)]
+        try:
+            await self._retry(lambda: self._pipelined(steps))
+        finally:
+            # even after an error: the release may have committed, and a spurious wake-up
+            # only makes a waiter ask again
+            self._wake_locks(namespace, keys)
+
+    @asynccontextmanager
+    async def lock_watch(self, namespace: str, keys: Sequence[str]) -> AsyncIterator[_Watch]:
+        self._start_listener()
+        if self._pool is not None and not self._lock_listened and not self._listening.is_set():
+            # The listener wakes every watch whenever it connects (a release may have been
+            # missed before); the first time, wait for it, so that a new watch is not woken
+            # for nothing. While it reconnects, the watch is made at once.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.pool_timeout):
+                    await self._listening.wait()
+        watch = _Watch()
+        for k in keys:
+            self._lock_watches.setdefault((namespace, k), set()).add(watch)
+        try:
+            yield watch
+        finally:
+            for k in keys:
+                watchers = self._lock_watches.get((namespace, k))
+                if watchers is not None:
+                    watchers.discard(watch)
+                    if not watchers:
+                        del self._lock_watches[(namespace, k)]
+
+    def _lock_payload(self, namespace: str, keys: Sequence[str]) -> str:
+        payload = _LOCK + json.dumps([self._lock_origin, namespace, list(keys)],
+                                     separators=(",", ":"))
+        return payload if len(payload.encode()) <= _PAYLOAD_MAX else _EVERY
+
+    def _wake_locks(self, namespace: str, keys: Sequence[str]) -> None:
+        for k in keys:
+            for watch in self._lock_watches.get((namespace, k), ()):
+                watch.event.set()
+
+    def _wake_every_lock(self) -> None:
+        for watchers in self._lock_watches.values():
+            for watch in watchers:
+                watch.event.set()
+
+    def _lock_listening(self) -> None:
+        """The LISTEN connection is up (again): wake every watch, as a release may have been
+        announced while it was down."""
+        self._lock_listened = True
+        self._wake_every_lock()
+
+    def _lock_notified(self, payload: str) -> bool:
+        """Wake the watches named by a lock notification; False if ``payload`` is not one."""
+        if not payload.startswith(_LOCK):
+            return False
+        try:
+            origin, namespace, keys = json.loads(payload[len(_LOCK):])
+            if origin != self._lock_origin:
+                self._wake_locks(namespace, keys)
+        except (ValueError, TypeError):    # _EVERY, or a payload not ours to read
+            self._wake_every_lock()
+        return True
+
+    # -- membership ----------------------------------------------------------------------------
+
+    def _members_key(self, namespace: str) -> str:
+        return f"shoal:members:{self.schema}:{namespace}"
+
+    async def heartbeat(
+        self,
+        namespace: str,
+        member: str,
+        held: int | None,
+        now: float,
+        ttl: float,
+        warmup: float,
+    ) -> MemberView:
+        args: dict[str, Any] = {
+            "namespace": namespace, "member": member, "held": held, "now": float(now),
+            "until": float(now + ttl), "warmup": float(warmup)}
+        steps = [(_Q["advisory_xact_lock"], {"key": self._members_key(namespace)}),
+                 (_Q["heartbeat"], args)]
+        [row] = await self._retry(lambda: self._pipelined(steps))
+        return MemberView(row["generation"], tuple(row["members"]), row["granted"])
+
+    async def leave(self, namespace: str, member: str) -> None:
+        steps: list[tuple[str, dict[str, Any]]] = [
+            (_Q["advisory_xact_lock"], {"key": self._members_key(namespace)}),
+            (_Q["leave"], {"namespace": namespace, "member": member})]
+        await self._retry(lambda: self._pipelined(steps))
+
+    # -- meters --------------------------------------------------------------------------------
+
+    async def meter(
+        self, namespace: str, keys: Sequence[str], deltas: Sequence[float], now: float
+    ) -> list[float]:
+        if len(keys) != len(deltas):
+            raise ValueError(f"meter: {len(keys)} keys but {len(deltas)} deltas")
+        if not keys:
+            return []
+        args: dict[str, Any] = {
+            "namespace": namespace, "keys": list(keys), "deltas": [float(d) for d in deltas],
+            "now": float(now)}
+        steps = [(_Q["meter_keys_create"], args), (_Q["meter_keys"], args),
+                 (_Q["meter"], args)]
+        rows = await self._retry(lambda: self._pipelined(steps))
+        return [row["debt"] for row in rows]
