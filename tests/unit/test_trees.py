@@ -9,7 +9,7 @@ import pytest
 from helpers import until
 
 import shoal
-from shoal.testing import VirtualClock, cluster, settle
+from shoal.testing import VirtualClock, cluster
 
 
 def make(store: shoal.Store, clock: shoal.Clock, instance_id: str) -> shoal.App:
@@ -96,9 +96,12 @@ async def test_cancelling_the_root_cancels_its_children() -> None:
         await a.cancel(run.id)
         with pytest.raises(shoal.RunCancelledError):
             await a.result(run.id)
-        await settle()
-        kids = await a.list_runs(workflow="topic")
-        assert [k.status for k in kids] == ["cancelled", "cancelled"]
+
+        async def kids_cancelled() -> bool:
+            kids = await a.list_runs(workflow="topic")
+            return [k.status for k in kids] == ["cancelled", "cancelled"]
+
+        await until(kids_cancelled)
 
 
 async def _status(app: shoal.App, workflow: str, status: str) -> bool:
