@@ -1,17 +1,21 @@
 """app.lock, app.locked, app.slots, app.on_assigned and app.meter, through the public API, on
-several instances over one memory store and one VirtualClock."""
+several instances over one store (memory, then SQLite) and one VirtualClock."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers import until
 
 import shoal
+from shoal.coord.base import CoordStore, LockGrant
+from shoal.stores.base import Store
 from shoal.stores.memory import MemoryStore
+from shoal.stores.sqlite import SQLiteStore
 from shoal.testing import VirtualClock, cluster, settle
 
 LEASE = 30.0
@@ -28,9 +32,18 @@ def clock() -> VirtualClock:
     return VirtualClock()
 
 
+@pytest.fixture(params=["memory", "sqlite"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    s: Store = MemoryStore() if request.param == "memory" else SQLiteStore(
+        str(tmp_path / "coord.db"))
+    await s.open()
+    yield s
+    await s.close()
+
+
 @pytest.fixture
-async def two(clock: VirtualClock) -> AsyncIterator[list[shoal.App]]:
-    async with cluster(make, instances=2, clock=clock) as apps:
+async def two(clock: VirtualClock, store: Store) -> AsyncIterator[list[shoal.App]]:
+    async with cluster(make, instances=2, clock=clock, store=store) as apps:
         yield apps
 
 
@@ -108,10 +121,10 @@ async def test_a_dead_holder_loses_the_lock_when_its_lease_ends(
 ) -> None:
     a, _ = two
     store = a.store
-    assert isinstance(store, MemoryStore)
+    assert isinstance(store, CoordStore)
     # a holder that never renews: a process that died right after taking the lock
     dead = await store.lock_acquire("coord", ["k"], "dead-process", LEASE, clock.now())
-    assert isinstance(dead, shoal.coord.base.LockGrant)
+    assert isinstance(dead, LockGrant)
     task = asyncio.create_task(a.lock("k").__aenter__())
     await settle()
     await clock.advance(LEASE - 1)
@@ -208,8 +221,7 @@ async def test_lock_keys_are_checked(two: list[shoal.App]) -> None:
             a.lock(bad)  # type: ignore[arg-type]
 
 
-async def test_apps_of_two_namespaces_never_meet(clock: VirtualClock) -> None:
-    store = MemoryStore()
+async def test_apps_of_two_namespaces_never_meet(clock: VirtualClock, store: Store) -> None:
     one = make(store, clock, "i1", namespace="one")
     two = make(store, clock, "i2", namespace="two")
     async with one, two:
@@ -239,9 +251,9 @@ def owned(apps: list[shoal.App], total: int = 16) -> list[int]:
 
 
 async def test_one_replica_owns_every_slot_after_about_two_intervals(
-    clock: VirtualClock,
+    clock: VirtualClock, store: Store
 ) -> None:
-    app = make(MemoryStore(), clock, "solo")
+    app = make(store, clock, "solo")
     seen: list[shoal.Assignment | None] = []
     off = app.on_assigned(seen.append)
     assert seen == [None]
@@ -256,8 +268,9 @@ async def test_one_replica_owns_every_slot_after_about_two_intervals(
     assert app.slots(4) is None
 
 
-async def test_slots_are_split_and_rebalanced_without_overlap(clock: VirtualClock) -> None:
-    store = MemoryStore()
+async def test_slots_are_split_and_rebalanced_without_overlap(
+    clock: VirtualClock, store: Store
+) -> None:
     apps = [make(store, clock, f"r{i}") for i in range(3)]
     await apps[0].start()
     await apps[1].start()
@@ -278,9 +291,9 @@ async def test_slots_are_split_and_rebalanced_without_overlap(clock: VirtualCloc
 
 
 async def test_a_frozen_replica_lets_go_before_others_take_its_slots(
-    clock: VirtualClock, monkeypatch: pytest.MonkeyPatch
+    clock: VirtualClock, store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = MemoryStore()
+    assert isinstance(store, CoordStore)
     apps = [make(store, clock, f"r{i}") for i in range(2)]
     async with apps[0], apps[1]:
         await step(clock, 3 * INTERVAL, apps)
@@ -310,9 +323,9 @@ def _only_for(member: str, replacement: Any, real: Any) -> Any:
 
 
 async def test_slots_answer_none_while_the_store_is_down_then_come_back(
-    clock: VirtualClock, monkeypatch: pytest.MonkeyPatch
+    clock: VirtualClock, store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = MemoryStore()
+    assert isinstance(store, CoordStore)
     app = make(store, clock, "solo")
     async with app:
         await step(clock, 3 * INTERVAL, [app])
@@ -331,9 +344,8 @@ async def test_slots_answer_none_while_the_store_is_down_then_come_back(
 
 
 async def test_a_raising_listener_leaves_the_replica_owning_nothing(
-    clock: VirtualClock,
+    clock: VirtualClock, store: Store
 ) -> None:
-    store = MemoryStore()
     apps = [make(store, clock, f"r{i}") for i in range(2)]
     async with apps[0], apps[1]:
         calls: list[Any] = []
@@ -389,7 +401,7 @@ def test_an_even_number_of_addresses_is_refused() -> None:
         shoal.App("x", store="memory://", coordination="postgresql://x/y")
 
 
-async def test_metrics_hooks(clock: VirtualClock) -> None:
+async def test_metrics_hooks(clock: VirtualClock, store: Store) -> None:
     events: list[tuple[Any, ...]] = []
 
     class Metrics:
@@ -403,7 +415,7 @@ async def test_metrics_hooks(clock: VirtualClock) -> None:
         def on_slots_assigned(self, assignment: shoal.Assignment | None) -> None:
             events.append(("slots", assignment))
 
-    app = make(MemoryStore(), clock, "m")
+    app = make(store, clock, "m")
     app.observe(Metrics())
     async with app:
         async with app.lock("report:daily"):
