@@ -162,3 +162,133 @@ class CoordStore(Protocol):
     async def ping(self) -> None:
         """Raise if the store cannot be reached."""
         ...
+
+
+# -- rate limits, breakers and budgets (a model provider's limits shared by every replica) -------
+
+
+@dataclass(frozen=True)
+class SlotGrant:
+    """The caller holds one of the key's slots until ``expires_at`` (unless renewed)."""
+
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class SlotBusy:
+    """Every slot is held; ``retry_at`` is when the first of them ends by itself."""
+
+    retry_at: float
+
+
+@dataclass(frozen=True)
+class WindowResult:
+    """``added``: the amount was counted. ``total``: the window's total after the call.
+    ``retry_at`` (when refused): the earliest time the amount would fit, as old entries leave."""
+
+    added: bool
+    total: float
+    retry_at: float | None = None
+
+
+@dataclass(frozen=True)
+class CounterResult:
+    """``added``: every amount was counted (all or nothing). ``totals``: per position, the
+    counter after that position's amount (a key named twice shows both steps); when refused,
+    each counter as it was. ``over``: the position that would have passed its limit."""
+
+    added: bool
+    totals: list[float]
+    over: int | None = None
+
+
+@dataclass(frozen=True)
+class SpendEntry:
+    """One row of the cost ledger: who spent what, where, when."""
+
+    tenant: str
+    run_id: str | None
+    root_id: str | None
+    amount: float
+    currency: str
+    at: float
+
+
+@runtime_checkable
+class RateStore(Protocol):
+    """Rate-limit state, each operation atomic across instances (scoped by namespace, times from
+    the app's clock):
+
+    - slots: at most ``max_slots`` live holders per key (a provider's concurrent calls);
+    - windows: sliding sums of amounts over the last ``window`` seconds (calls and tokens per
+      minute, a breaker's failures);
+    - pauses: a time before which a key is paused (a 429's cooldown, an open breaker); a later
+      pause is kept;
+    - counters: totals that only the caller resets, added all or nothing under limits (the spend
+      behind budgets), with the cost ledger's rows.
+    """
+
+    async def slot_acquire(
+        self, namespace: str, key: str, holder: str, max_slots: int, lease: float, now: float
+    ) -> SlotGrant | SlotBusy:
+        """Forget slots of ``key`` with ``expires_at <= now``. If ``holder`` holds a live slot,
+        extend it to ``now + lease`` and grant it again; else if fewer than ``max_slots`` are
+        held, give ``holder`` one until ``now + lease``; else answer when the first ends."""
+        ...
+
+    async def slot_renew(
+        self, namespace: str, key: str, holder: str, lease: float, now: float
+    ) -> bool:
+        """Extend ``holder``'s slot to ``now + lease`` if it is still live; else False."""
+        ...
+
+    async def slot_release(self, namespace: str, key: str, holder: str) -> None:
+        """Free ``holder``'s slot of ``key`` (nothing if it holds none)."""
+        ...
+
+    async def window_add(
+        self, namespace: str, key: str, amount: float, window: float, limit: float | None,
+        now: float,
+    ) -> WindowResult:
+        """Forget entries of ``key`` with ``at <= now - window``. If ``amount > 0``, ``limit`` is
+        not None and ``total + amount > limit``: refuse (add nothing) and say when it would fit
+        (the ``at + window`` of the oldest entry whose leaving makes room; None if it never can,
+        i.e. ``amount > limit``). Otherwise add an entry ``(now, amount)`` (none for 0: a read;
+        a negative amount corrects an estimate and is never refused) and return the new total."""
+        ...
+
+    async def window_clear(self, namespace: str, key: str) -> None:
+        """Forget every entry of ``key``."""
+        ...
+
+    async def pause_until(self, namespace: str, key: str, until: float) -> float:
+        """Pause ``key`` until ``until`` unless it is already paused until later; return the
+        pause in force."""
+        ...
+
+    async def paused_until(self, namespace: str, key: str, now: float) -> float | None:
+        """The end of ``key``'s pause if it is after ``now``, else None."""
+        ...
+
+    async def counter_add(
+        self,
+        namespace: str,
+        keys: Sequence[str],
+        amounts: Sequence[float],
+        limits: Sequence[float | None],
+        now: float,
+        entry: SpendEntry | None = None,
+    ) -> CounterResult:
+        """Add ``amounts[i]`` to counter ``keys[i]`` (a new counter starts at 0) for every i,
+        all or nothing: refused (nothing added, ``entry`` not written) if some positive amount
+        would take its counter above ``limits[i]`` (None: no limit). When added, ``entry`` (if
+        any) is appended to the cost ledger in the same operation. ``now`` is the counters'
+        ``updated_at`` (for pruning). A read passes amounts of 0."""
+        ...
+
+    async def ledger(
+        self, namespace: str, tenant: str | None = None, root_id: str | None = None,
+        limit: int = 1000,
+    ) -> list[SpendEntry]:
+        """Ledger rows, oldest first, filtered by tenant and/or root when given."""
+        ...

@@ -28,6 +28,7 @@ from shoal.stores.base import (
     Step,
 )
 from shoal.stores.memory_coord import MemoryCoordination
+from shoal.stores.memory_rate import MemoryRateLimits
 
 _Q = RunStatus.QUEUED
 
@@ -42,7 +43,7 @@ class _Signal:
     consumed: bool = False
 
 
-class MemoryStore(MemoryCoordination):
+class MemoryStore(MemoryCoordination, MemoryRateLimits):
     """``memory://``: nothing is shared with other processes and nothing survives a restart."""
 
     url = "memory://"

@@ -42,6 +42,7 @@ class MemoryCoordination:
     """Locks, membership and meters in this process's memory."""
 
     def __init__(self) -> None:
+        super().__init__()
         self._locks: dict[tuple[str, str], _Key] = {}
         self._tickets: dict[str, int] = {}
         self._members: dict[str, dict[str, _Member]] = {}

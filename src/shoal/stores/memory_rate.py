@@ -1,0 +1,119 @@
+"""The in-memory rate-limit state: the reference semantics of :class:`shoal.coord.base.RateStore`.
+
+Every method runs without an await between its reads and writes, so each is atomic on the event
+loop. :class:`~shoal.stores.memory.MemoryStore` inherits it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from shoal.coord.base import CounterResult, SlotBusy, SlotGrant, SpendEntry, WindowResult
+
+
+class MemoryRateLimits:
+    """Slots, windows, pauses, counters and the cost ledger in this process's memory."""
+
+    def __init__(self) -> None:
+        self._slots: dict[tuple[str, str], dict[str, float]] = {}       # holder -> expires_at
+        self._windows: dict[tuple[str, str], list[tuple[float, float]]] = {}   # (at, amount)
+        self._rate_pauses: dict[tuple[str, str], float] = {}
+        self._counters: dict[tuple[str, str], tuple[float, float]] = {}  # total, updated_at
+        self._ledger: list[tuple[str, SpendEntry]] = []
+
+    # -- slots ---------------------------------------------------------------------------------
+
+    async def slot_acquire(
+        self, namespace: str, key: str, holder: str, max_slots: int, lease: float, now: float
+    ) -> SlotGrant | SlotBusy:
+        slots = self._slots.setdefault((namespace, key), {})
+        for who in [w for w, until in slots.items() if until <= now]:
+            del slots[who]
+        if holder in slots or len(slots) < max_slots:
+            slots[holder] = now + lease
+            return SlotGrant(now + lease)
+        return SlotBusy(min(slots.values()))
+
+    async def slot_renew(
+        self, namespace: str, key: str, holder: str, lease: float, now: float
+    ) -> bool:
+        slots = self._slots.get((namespace, key), {})
+        if slots.get(holder, now) <= now:
+            return False
+        slots[holder] = now + lease
+        return True
+
+    async def slot_release(self, namespace: str, key: str, holder: str) -> None:
+        self._slots.get((namespace, key), {}).pop(holder, None)
+
+    # -- windows -------------------------------------------------------------------------------
+
+    async def window_add(
+        self, namespace: str, key: str, amount: float, window: float, limit: float | None,
+        now: float,
+    ) -> WindowResult:
+        entries = [e for e in self._windows.get((namespace, key), []) if e[0] > now - window]
+        self._windows[(namespace, key)] = entries
+        total = sum(a for _, a in entries)
+        if amount > 0 and limit is not None and total + amount > limit:
+            retry_at = None
+            if amount <= limit:
+                left = total
+                for at, a in sorted(entries):
+                    left -= a
+                    if left + amount <= limit:
+                        retry_at = at + window
+                        break
+            return WindowResult(False, total, retry_at)
+        if amount != 0:
+            entries.append((now, amount))
+        return WindowResult(True, total + amount)
+
+    async def window_clear(self, namespace: str, key: str) -> None:
+        self._windows.pop((namespace, key), None)
+
+    # -- pauses --------------------------------------------------------------------------------
+
+    async def pause_until(self, namespace: str, key: str, until: float) -> float:
+        kept = max(self._rate_pauses.get((namespace, key), until), until)
+        self._rate_pauses[(namespace, key)] = kept
+        return kept
+
+    async def paused_until(self, namespace: str, key: str, now: float) -> float | None:
+        until = self._rate_pauses.get((namespace, key))
+        return until if until is not None and until > now else None
+
+    # -- counters and the ledger ---------------------------------------------------------------
+
+    async def counter_add(
+        self,
+        namespace: str,
+        keys: Sequence[str],
+        amounts: Sequence[float],
+        limits: Sequence[float | None],
+        now: float,
+        entry: SpendEntry | None = None,
+    ) -> CounterResult:
+        before = [self._counters.get((namespace, k), (0.0, now))[0] for k in keys]
+        running: dict[str, float] = {}
+        after = []
+        for i, (key, amount, limit) in enumerate(zip(keys, amounts, limits, strict=True)):
+            total = running.get(key, before[i]) + amount    # a key named twice counts twice
+            if amount > 0 and limit is not None and total > limit:
+                return CounterResult(False, before, i)
+            running[key] = total
+            after.append(total)
+        for key, total in running.items():
+            self._counters[(namespace, key)] = (total, now)
+        if entry is not None:
+            self._ledger.append((namespace, entry))
+        return CounterResult(True, after)
+
+    async def ledger(
+        self, namespace: str, tenant: str | None = None, root_id: str | None = None,
+        limit: int = 1000,
+    ) -> list[SpendEntry]:
+        rows = [e for ns, e in self._ledger if ns == namespace
+                and (tenant is None or e.tenant == tenant)
+                and (root_id is None or e.root_id == root_id)]
+        return rows[:limit]

@@ -1,0 +1,171 @@
+"""The rate-limit contract: one body of tests every RateStore backend must pass.
+
+Subclass :class:`RateContract` in a pytest module and provide two async fixtures: ``rates``, an
+opened, empty store, and ``other``, a second opened handle to the *same* data (for an in-process
+store, the same object). Times are passed as ``now``; the suite needs no clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+
+from shoal.coord.base import RateStore, SlotBusy, SlotGrant, SpendEntry
+
+T0 = 1_767_225_600.0
+NS = "contract"
+
+
+class RateContract:
+    """Every RateStore behaves like this. Provide the ``rates`` and ``other`` fixtures."""
+
+    # -- slots ---------------------------------------------------------------------------------
+
+    async def test_slots_up_to_the_maximum(self, rates: RateStore) -> None:
+        for holder in ("a", "b", "c"):
+            got = await rates.slot_acquire(NS, "p:slots", holder, 3, 60, T0)
+            assert got == SlotGrant(T0 + 60)
+        busy = await rates.slot_acquire(NS, "p:slots", "d", 3, 60, T0 + 1)
+        assert busy == SlotBusy(T0 + 60)
+        again = await rates.slot_acquire(NS, "p:slots", "b", 3, 60, T0 + 2)
+        assert again == SlotGrant(T0 + 62), "a holder asking again keeps its slot"
+        await rates.slot_release(NS, "p:slots", "a")
+        assert isinstance(await rates.slot_acquire(NS, "p:slots", "d", 3, 60, T0 + 3), SlotGrant)
+        assert isinstance(await rates.slot_acquire(NS, "p:slots", "e", 3, 60, T0 + 3), SlotBusy)
+
+    async def test_a_slot_ends_with_its_lease_unless_renewed(self, rates: RateStore) -> None:
+        await rates.slot_acquire(NS, "k", "a", 1, 60, T0)
+        await rates.slot_acquire(NS, "k", "b", 2, 60, T0)
+        assert await rates.slot_renew(NS, "k", "a", 60, T0 + 50)
+        busy = await rates.slot_acquire(NS, "k", "c", 2, 60, T0 + 55)
+        assert busy == SlotBusy(T0 + 60)
+        assert not await rates.slot_renew(NS, "k", "b", 60, T0 + 60), "b's lease ended"
+        assert await rates.slot_acquire(NS, "k", "c", 2, 60, T0 + 60) == SlotGrant(T0 + 120)
+        assert isinstance(await rates.slot_acquire(NS, "k", "b", 2, 60, T0 + 61), SlotBusy)
+        assert not await rates.slot_renew(NS, "k", "nobody", 60, T0 + 61)
+        await rates.slot_release(NS, "k", "nobody")
+
+    async def test_slots_of_namespaces_and_keys_never_meet(self, rates: RateStore) -> None:
+        await rates.slot_acquire("one", "k", "a", 1, 60, T0)
+        assert isinstance(await rates.slot_acquire("two", "k", "b", 1, 60, T0), SlotGrant)
+        assert isinstance(await rates.slot_acquire("one", "k2", "b", 1, 60, T0), SlotGrant)
+
+    async def test_concurrent_slot_takers_never_pass_the_maximum(
+        self, rates: RateStore, other: RateStore
+    ) -> None:
+        stores = itertools.cycle([rates, other])
+        got = await asyncio.gather(*(
+            s.slot_acquire(NS, "hot", f"h{i}", 3, 60, T0)
+            for i, s in zip(range(20), stores, strict=False)))
+        assert sum(isinstance(g, SlotGrant) for g in got) == 3
+
+    # -- windows -------------------------------------------------------------------------------
+
+    async def test_a_window_counts_and_refuses_past_its_limit(self, rates: RateStore) -> None:
+        w = await rates.window_add(NS, "p:rpm", 1, 60, 3, T0)
+        assert (w.added, w.total) == (True, 1)
+        await rates.window_add(NS, "p:rpm", 1, 60, 3, T0 + 10)
+        await rates.window_add(NS, "p:rpm", 1, 60, 3, T0 + 20)
+        refused = await rates.window_add(NS, "p:rpm", 1, 60, 3, T0 + 30)
+        assert (refused.added, refused.total) == (False, 3)
+        assert refused.retry_at == pytest.approx(T0 + 60)
+        read = await rates.window_add(NS, "p:rpm", 0, 60, 3, T0 + 30)
+        assert (read.added, read.total) == (True, 3)
+        assert (await rates.window_add(NS, "p:rpm", 1, 60, 3, T0 + 60)).added
+        assert (await rates.window_add(NS, "p:rpm", 0, 60, 3, T0 + 75)).total == 2
+
+    async def test_a_window_says_when_a_large_amount_fits(self, rates: RateStore) -> None:
+        for i, amount in enumerate([500, 300, 100]):
+            await rates.window_add(NS, "p:tpm", amount, 60, 1000, T0 + i)
+        refused = await rates.window_add(NS, "p:tpm", 700, 60, 1000, T0 + 5)
+        assert not refused.added and refused.retry_at == pytest.approx(T0 + 61)
+        never = await rates.window_add(NS, "p:tpm", 1001, 60, 1000, T0 + 5)
+        assert not never.added and never.retry_at is None
+        unlimited = await rates.window_add(NS, "p:tpm", 5000, 60, None, T0 + 5)
+        assert unlimited.added and unlimited.total == 5900
+
+    async def test_a_negative_amount_corrects_and_is_never_refused(
+        self, rates: RateStore
+    ) -> None:
+        await rates.window_add(NS, "p:tpm", 1000, 60, 1000, T0)
+        corrected = await rates.window_add(NS, "p:tpm", -400, 60, 1000, T0 + 1)
+        assert corrected.added and corrected.total == 600
+        assert (await rates.window_add(NS, "p:tpm", 400, 60, 1000, T0 + 2)).added
+
+    async def test_a_window_clears(self, rates: RateStore) -> None:
+        await rates.window_add(NS, "p:failures", 1, 60, None, T0)
+        await rates.window_clear(NS, "p:failures")
+        assert (await rates.window_add(NS, "p:failures", 0, 60, None, T0)).total == 0
+        await rates.window_clear(NS, "never-used")
+
+    async def test_concurrent_window_adds_never_pass_the_limit(
+        self, rates: RateStore, other: RateStore
+    ) -> None:
+        stores = itertools.cycle([rates, other])
+        got = await asyncio.gather(*(
+            s.window_add(NS, "hot", 1, 60, 7, T0)
+            for _, s in zip(range(20), stores, strict=False)))
+        assert sum(g.added for g in got) == 7
+        assert (await rates.window_add(NS, "hot", 0, 60, 7, T0)).total == 7
+
+    # -- pauses --------------------------------------------------------------------------------
+
+    async def test_a_later_pause_is_kept(self, rates: RateStore, other: RateStore) -> None:
+        assert await rates.paused_until(NS, "p:cooldown", T0) is None
+        assert await rates.pause_until(NS, "p:cooldown", T0 + 30) == T0 + 30
+        assert await other.pause_until(NS, "p:cooldown", T0 + 10) == T0 + 30
+        assert await other.paused_until(NS, "p:cooldown", T0 + 29) == T0 + 30
+        assert await rates.paused_until(NS, "p:cooldown", T0 + 30) is None
+        assert await rates.pause_until(NS, "p:cooldown", T0 + 90) == T0 + 90
+        assert await rates.paused_until("elsewhere", "p:cooldown", T0) is None
+
+    # -- counters and the ledger ---------------------------------------------------------------
+
+    async def test_counters_add_all_or_nothing_under_limits(self, rates: RateStore) -> None:
+        keys = ["run:r1:usd", "root:r1:usd", "tenant:t1:2026-01-01:usd"]
+        got = await rates.counter_add(NS, keys, [0.5, 0.5, 0.5], [1.0, None, 2.0], T0)
+        assert got.added and got.totals == [0.5, 0.5, 0.5]
+        refused = await rates.counter_add(NS, keys, [0.6, 0.6, 0.6], [1.0, None, 2.0], T0)
+        assert not refused.added and refused.over == 0 and refused.totals == [0.5, 0.5, 0.5]
+        read = await rates.counter_add(NS, keys, [0, 0, 0], [None, None, None], T0)
+        assert read.added and read.totals == [0.5, 0.5, 0.5]
+        corrected = await rates.counter_add(NS, keys, [-0.25, 0.25, 0], [1.0, None, 2.0], T0)
+        assert corrected.totals == [0.25, 0.75, 0.5]
+
+    async def test_a_counter_named_twice_counts_twice(self, rates: RateStore) -> None:
+        got = await rates.counter_add(NS, ["k", "k"], [1, 2], [None, 3], T0)
+        assert got.added and got.totals == [1, 3]
+        refused = await rates.counter_add(NS, ["k", "k"], [1, 1], [None, 4], T0)
+        assert not refused.added and refused.over == 1
+        assert (await rates.counter_add(NS, ["k"], [0], [None], T0)).totals == [3]
+
+    async def test_the_ledger_keeps_every_added_spend(
+        self, rates: RateStore, other: RateStore
+    ) -> None:
+        e1 = SpendEntry("t1", "r1", "r1", 0.25, "usd", T0)
+        e2 = SpendEntry("t2", "r2", "r9", 1.5, "eur", T0 + 1)
+        await rates.counter_add(NS, ["a"], [0.25], [None], T0, e1)
+        await other.counter_add(NS, ["b"], [1.5], [None], T0 + 1, e2)
+        refused = await rates.counter_add(NS, ["a"], [5], [1], T0 + 2,
+                                          SpendEntry("t1", "r1", "r1", 5, "usd", T0 + 2))
+        assert not refused.added
+        assert await rates.ledger(NS) == [e1, e2]
+        assert await other.ledger(NS, tenant="t2") == [e2]
+        assert await other.ledger(NS, root_id="r1") == [e1]
+        assert await rates.ledger("elsewhere") == []
+
+    async def test_concurrent_spends_never_pass_a_limit(
+        self, rates: RateStore, other: RateStore
+    ) -> None:
+        stores = itertools.cycle([rates, other])
+        got = await asyncio.gather(*(
+            s.counter_add(NS, ["budget", f"own{i % 2}"], [1, 1], [9, None], T0,
+                          SpendEntry("t", f"r{i}", None, 1, "usd", T0))
+            for i, s in zip(range(30), stores, strict=False)))
+        assert sum(g.added for g in got) == 9
+        totals = await rates.counter_add(NS, ["budget", "own0", "own1"], [0, 0, 0],
+                                         [None] * 3, T0)
+        assert totals.totals[0] == 9 and totals.totals[1] + totals.totals[2] == 9
+        assert len(await rates.ledger(NS)) == 9
