@@ -5,15 +5,18 @@ from shoal.app import App, Workflow
 from shoal.clock import Clock, SystemClock
 from shoal.coord.lock import Lock
 from shoal.coord.membership import Assignment
+from shoal.coord.provider import Breaker, Provider
 from shoal.engine.context import Decision, RunContext
 from shoal.errors import (
     AdmissionRejectedError,
     BudgetExceededError,
+    CircuitOpenError,
     ConfigurationError,
     LeaseLostError,
     LockLostError,
     NonDeterminismError,
     NotPausedError,
+    RateLimitTimeoutError,
     RunCancelledError,
     RunFailedError,
     ShoalError,
@@ -32,7 +35,9 @@ __all__ = [
     "AdmissionRejectedError",
     "App",
     "Assignment",
+    "Breaker",
     "BudgetExceededError",
+    "CircuitOpenError",
     "Clock",
     "ConfigurationError",
     "Decision",
@@ -45,6 +50,8 @@ __all__ = [
     "NotPausedError",
     "OutboxEntry",
     "Pause",
+    "Provider",
+    "RateLimitTimeoutError",
     "Run",
     "RunCancelledError",
     "RunContext",

@@ -15,9 +15,17 @@ from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
 from shoal import _ids, _json
 from shoal.abort import AbortSignal
 from shoal.clock import Clock, SystemClock
-from shoal.coord.base import CoordStore
+from shoal.coord.base import CoordStore, RateStore, SpendEntry
 from shoal.coord.lock import LockManager, LockRequest, lock_keys
 from shoal.coord.membership import Listener, Membership
+from shoal.coord.provider import (
+    Breaker,
+    Budgets,
+    Ledger,
+    Provider,
+    Spender,
+    check_provider_options,
+)
 from shoal.engine.context import RunContext
 from shoal.engine.cron import CronTrigger
 from shoal.engine.runner import (
@@ -124,6 +132,8 @@ class App:
         self._locks = LockManager(self._coord, self.clock, namespace, self.instance_id,
                                   self.lease, self._observers)
         self._membership: Membership | None = None
+        self._ledger = Ledger(self._rates, self.clock, namespace)
+        self._providers: dict[str, Provider] = {}
         self._opened = False
         self._started = False
         self._stopping = False
@@ -331,7 +341,7 @@ class App:
             on_pause_notify=self._on_pause_notify, crons=list(self._crons.values()),
             dispatch_child=self._dispatch_child, outbox_handlers=self._outbox_handlers,
             version=self.version, observers=self._observers,
-            fire=self._fire_cron,
+            fire=self._fire_cron, spend=self._spend,
         )
         self._engine.start()
         self._membership_for().start()
@@ -474,6 +484,104 @@ class App:
         return await self._coord().meter(self.namespace, keys, [float(d) for d in deltas],
                                          self.clock.now())
 
+    # -- model providers and budgets -------------------------------------------------------
+
+    def _rates(self) -> RateStore:
+        coord = self._coord()
+        if not isinstance(coord, RateStore):
+            raise ConfigurationError(
+                f"The coordination store {coord!r} keeps no rate-limit state "
+                f"(shoal.coord.base.RateStore): provider limits and budgets need one.")
+        return coord
+
+    def provider(
+        self,
+        name: str,
+        *,
+        max_concurrent: int | None = None,
+        requests_per_minute: int | None = None,
+        tokens_per_minute: int | None = None,
+        breaker: Breaker | None = None,
+        price_per_token: float | None = None,
+        currency: str = "usd",
+    ) -> Provider:
+        """A model provider's limits, shared by every replica of this app: at most
+        ``max_concurrent`` calls at once, ``requests_per_minute`` and ``tokens_per_minute`` over
+        any sliding minute, a 429's pause (``call.rate_limited``) and a circuit ``breaker``.
+        ``price_per_token`` turns tokens into cost for the budgets. Use it as
+        ``async with provider.call(tokens=…) as call``."""
+        check_provider_options(name, max_concurrent, requests_per_minute, tokens_per_minute,
+                               breaker, price_per_token)
+        if name in self._providers:
+            raise ConfigurationError(f"A provider named {name!r} is already defined; use "
+                                     f"app.providers[{name!r}].")
+        provider = Provider(
+            name=name, rates=self._rates, clock=self.clock, namespace=self.namespace,
+            instance_id=self.instance_id, ledger=self._ledger, max_concurrent=max_concurrent,
+            requests_per_minute=requests_per_minute, tokens_per_minute=tokens_per_minute,
+            breaker=breaker, price_per_token=price_per_token, currency=currency)
+        self._providers[name] = provider
+        return provider
+
+    @property
+    def providers(self) -> dict[str, Provider]:
+        return dict(self._providers)
+
+    def budget(
+        self,
+        *,
+        per_run: float | None = None,
+        per_root: float | None = None,
+        per_tenant_day: float | None = None,
+        tenants: dict[str, float] | None = None,
+        currency: str = "usd",
+    ) -> Budgets:
+        """Spending limits in ``currency``, checked before each provider call (its estimated
+        cost is reserved under each, all or nothing) across every replica: per run, per root run
+        (the whole tree of child runs), per tenant per UTC day of the app's clock (``tenants``
+        sets other daily limits for named tenants). Replaces earlier budgets of the currency."""
+        for option, value in (("per_run", per_run), ("per_root", per_root),
+                              ("per_tenant_day", per_tenant_day),
+                              *((f"tenants[{t!r}]", v) for t, v in (tenants or {}).items())):
+            if value is not None and (isinstance(value, bool)
+                                      or not isinstance(value, (int, float)) or value < 0):
+                raise ValueError(f"app.budget({option}=…) takes None or a number >= 0, not "
+                                 f"{value!r}.")
+        budgets = Budgets(per_run, per_root, per_tenant_day, currency, dict(tenants or {}))
+        self._ledger.budgets[currency] = budgets
+        return budgets
+
+    async def _spend(self, ctx: RunContext, amount: float, currency: str) -> None:
+        await self._ledger.record(Spender(ctx.tenant, ctx.run_id, ctx.root_id), amount,
+                                  currency)
+
+    async def spend(self, amount: float, *, tenant: str = "default",
+                    currency: str = "usd") -> None:
+        """Record money spent outside any run (``ctx.spend`` inside one) against the tenant's
+        daily budget and in the ledger."""
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount < 0:
+            raise ValueError(f"app.spend(amount): a number >= 0, not {amount!r}.")
+        await self._open_store()
+        await self._ledger.record(Spender(tenant), float(amount), currency)
+
+    async def spent(self, *, tenant: str = "default", run_id: str | None = None,
+                    currency: str = "usd") -> dict[str, float]:
+        """What was spent so far under each budget that applies to ``tenant`` (today) and, with
+        ``run_id``, to that run and its root. Keys name the budgets."""
+        await self._open_store()
+        root_id = None
+        if run_id is not None:
+            run = await self.get_run(run_id, tenant=tenant)
+            root_id = run.root_id
+        return await self._ledger.spent(Spender(tenant, run_id, root_id), currency)
+
+    async def ledger(self, *, tenant: str | None = None, root_id: str | None = None,
+                     limit: int = 1000) -> list[SpendEntry]:
+        """The cost ledger of this namespace, oldest first."""
+        await self._open_store()
+        return await self._rates().ledger(self.namespace, tenant=tenant, root_id=root_id,
+                                          limit=limit)
+
     # -- health ----------------------------------------------------------------------------
 
     def check_liveness(self) -> Health:
@@ -517,6 +625,22 @@ class App:
             if checks["coordination"] != "ok":
                 return Health(HealthStatus.DEGRADED,
                               f"coordination: {checks['coordination']}", checks)
+        open_circuits = []
+        for provider in self._providers.values():
+            if provider.breaker is None:
+                continue
+            try:
+                until = await asyncio.wait_for(provider.open_until(), PING_TIMEOUT)
+            except Exception as e:
+                checks[f"provider:{provider.name}"] = f"{type(e).__name__}: {e}"
+                continue
+            checks[f"provider:{provider.name}"] = "ok" if until is None else "circuit open"
+            if until is not None:
+                open_circuits.append(provider.name)
+        if open_circuits:
+            # it still serves: calls to those providers fail fast or go to a fallback
+            return Health(HealthStatus.DEGRADED,
+                          f"circuit open: {', '.join(open_circuits)}", checks)
         return Health(HealthStatus.HEALTHY, "ok", checks)
 
     async def poll(self) -> None:
@@ -633,11 +757,13 @@ class App:
         raise TypeError(f"dispatch takes a workflow registered with @app.workflow or its name, "
                         f"not {workflow!r}")
 
-    async def get_run(self, run_id: str) -> Run:
-        """The run; raises ``UnknownRunError``."""
+    async def get_run(self, run_id: str, *, tenant: str | None = None) -> Run:
+        """The run; raises ``UnknownRunError`` (also when ``tenant`` is given and the run
+        belongs to another tenant: one tenant cannot learn of another's runs)."""
         await self._open_store()
         run = await self.store.get_run(run_id)
-        if run is None or run.namespace != self.namespace:
+        if run is None or run.namespace != self.namespace or (
+                tenant is not None and run.tenant != tenant):
             raise UnknownRunError(run_id)
         return run
 
@@ -661,12 +787,13 @@ class App:
             self.namespace, status=None if status is None else status.value,
             workflow=workflow, tenant=tenant, limit=limit, after=after)
 
-    async def result(self, run_id: str, timeout: float | None = None) -> Any:
+    async def result(self, run_id: str, timeout: float | None = None, *,
+                     tenant: str | None = None) -> Any:
         """Wait until the run is final and return its output. Raises ``RunFailedError``,
         ``RunCancelledError``, or ``TimeoutError`` after ``timeout`` seconds (app clock)."""
         deadline = None if timeout is None else self.clock.now() + timeout
         while True:
-            run = await self.get_run(run_id)
+            run = await self.get_run(run_id, tenant=tenant)
             if run.status == RunStatus.SUCCEEDED:
                 return run.output
             if run.status == RunStatus.FAILED:
@@ -680,10 +807,11 @@ class App:
             else:
                 await asyncio.sleep(0.05)
 
-    async def cancel(self, run_id: str) -> Run:
+    async def cancel(self, run_id: str, *, tenant: str | None = None) -> Run:
         """Cancel: a queued/sleeping/waiting/interrupted run at once, a running one by its owner
         (which aborts it at its next poll, or at once when it is this instance)."""
-        await self.get_run(run_id)      # of this namespace, or UnknownRunError: nothing changed
+        # of this namespace (and tenant), or UnknownRunError: nothing changed
+        await self.get_run(run_id, tenant=tenant)
         run = await self.store.cancel_run(run_id, self.clock.now())
         if run is None:
             raise UnknownRunError(run_id)
@@ -700,7 +828,8 @@ class App:
         return await self.store.list_pauses(self.namespace, tenant=tenant, limit=limit)
 
     async def resume(
-        self, pause_id: str, approved: bool = True, data: Any = None, by: str | None = None
+        self, pause_id: str, approved: bool = True, data: Any = None, by: str | None = None,
+        *, tenant: str | None = None,
     ) -> Pause:
         """Answer a pause; its run continues (on any instance) with this ``Decision``. Exactly
         one answer wins: a pause already answered (or expired) raises ``NotPausedError``; an
@@ -714,7 +843,9 @@ class App:
         await self._open_store()
         decision = {"approved": approved, "data": data, "by": by, "reason": None}
         found = await self.store.get_pause(pause_id)
-        pause, won = (None, False) if found is None or found.namespace != self.namespace else (
+        foreign = found is not None and tenant is not None and found.tenant != tenant
+        pause, won = (None, False) if (
+            found is None or found.namespace != self.namespace or foreign) else (
             await self.store.resolve_pause(pause_id, decision, self.clock.now()))
         if pause is None:
             raise UnknownPauseError(
@@ -733,12 +864,14 @@ class App:
             self._engine.kick()
         return pause
 
-    async def signal(self, run_id: str, name: str, payload: Any = None) -> None:
+    async def signal(self, run_id: str, name: str, payload: Any = None, *,
+                     tenant: str | None = None) -> None:
         """Send signal ``name`` to the run; kept until its ``ctx.wait_for(name)`` consumes it."""
         _json.check_json(payload, "payload")
         await self._open_store()
         existing = await self.store.get_run(run_id)
-        if existing is None or existing.namespace != self.namespace:
+        if existing is None or existing.namespace != self.namespace or (
+                tenant is not None and existing.tenant != tenant):
             raise UnknownRunError(run_id)
         now = self.clock.now()
         run = await self.store.send_signal(run_id, name, payload, _ids.new_id(now), now)

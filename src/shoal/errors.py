@@ -115,4 +115,40 @@ class UnknownPauseError(ShoalError):
 
 
 class BudgetExceededError(ShoalError):
-    """A cost budget would be exceeded."""
+    """A cost budget has no room for a call's estimated cost; nothing was spent or counted."""
+
+    def __init__(self, budget: str, spent: float, limit: float, amount: float,
+                 currency: str) -> None:
+        super().__init__(
+            f"Over {budget}: {spent:g} {currency} spent of {limit:g}, and this call would add "
+            f"{amount:g}. Raise the budget (app.budget(...)), or wait for the next day for a "
+            f"daily budget.")
+        self.budget = budget
+        self.spent = spent
+        self.limit = limit
+        self.amount = amount
+        self.currency = currency
+
+
+class CircuitOpenError(ShoalError):
+    """The provider's circuit breaker is open (too many failed calls, on any replica)."""
+
+    def __init__(self, provider: str, until: float | None) -> None:
+        when = (f"until {until:.3f} (epoch seconds)" if until is not None
+                else "while a trial call is in flight")
+        super().__init__(
+            f"The circuit of provider {provider!r} is open {when}: recent calls failed on the "
+            f"replicas. Fail fast or use a fallback; it half-opens by itself after its cooldown.")
+        self.provider = provider
+        self.until = until
+
+
+class RateLimitTimeoutError(ShoalError, TimeoutError):
+    """A provider call waited for room longer than its ``timeout``."""
+
+    def __init__(self, provider: str, limit: str) -> None:
+        super().__init__(
+            f"A call to provider {provider!r} could not go within its timeout: waiting for "
+            f"{limit}. Raise the timeout, lower the load, or raise the provider's limits.")
+        self.provider = provider
+        self.limit = limit

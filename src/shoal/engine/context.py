@@ -80,6 +80,10 @@ class Tree:
         return await ctx.step(f"shoal.tree.get:{key}", read)
 
 
+# the run whose workflow code is executing (provider calls find their run and tenant here)
+current_context: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar(
+    "shoal_run_context", default=None)
+
 _current_outbox: contextvars.ContextVar[list[tuple[str, Any]] | None] = contextvars.ContextVar(
     "shoal_outbox", default=None)
 
@@ -181,6 +185,21 @@ class RunContext:
         if recorded is not None and recorded.name != name:
             raise NonDeterminismError(self.run_id, seq, recorded.name, name)
         return seq, recorded
+
+    async def spend(self, amount: float, currency: str = "usd") -> None:
+        """Record money this run spent (a model call, an API charge) in the cost ledger and
+        against every budget that applies: the run's, its root's, its tenant's for today (UTC,
+        the app's clock). Shared by every instance at once. Call it inside the step that spent
+        the money: a step that runs again after a crash really spent it again."""
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount < 0 or (
+                amount != amount or amount == float("inf")):
+            raise ValueError(f"ctx.spend(amount): a finite number >= 0, not {amount!r}.")
+        if not isinstance(currency, str) or not currency:
+            raise ValueError(f"ctx.spend(currency=…): a non-empty str, not {currency!r}.")
+        if self._engine.spend is None:
+            raise RuntimeError("ctx.spend needs an app with a rate store (every built-in store "
+                               "has one).")
+        await self._engine.spend(self, float(amount), currency)
 
     def _check_lease(self) -> None:
         if self._engine.clock.now() >= self._x.held_until:

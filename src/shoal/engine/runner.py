@@ -17,7 +17,13 @@ from typing import Any
 
 from shoal import _json
 from shoal.clock import Clock
-from shoal.engine.context import Execution, RunContext, StoreWriteFailed, Suspended
+from shoal.engine.context import (
+    Execution,
+    RunContext,
+    StoreWriteFailed,
+    Suspended,
+    current_context,
+)
 from shoal.engine.cron import CronTrigger
 from shoal.errors import LeaseLostError, NonDeterminismError
 from shoal.stores.base import Fence, Pause, Run, RunStatus, Settlement, Store
@@ -118,8 +124,10 @@ class Engine:
         outbox_handlers: dict[str, OutboxHandlerSpec] | None = None,
         version: str | None = None,
         observers: list[Any] | None = None,
+        spend: Callable[[RunContext, float, str], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
+        self.spend = spend
         self.clock = clock
         self.namespace = namespace
         self.instance_id = instance_id
@@ -508,6 +516,7 @@ class Engine:
         spec = self.workflows[run.workflow]
         ctx = RunContext(self, x)
         x.context = ctx
+        current_context.set(ctx)     # this task's context only
         try:
             try:
                 if run.lease_epoch == 1:
