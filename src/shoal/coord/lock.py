@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
@@ -43,7 +44,7 @@ class Lock:
 
 
 def lock_keys(key_or_keys: str | Sequence[str]) -> tuple[str, ...]:
-    """The distinct keys of a request, in a stable order; a clear error for bad input."""
+    """The distinct keys of a request; a clear error for bad input."""
     keys = [key_or_keys] if isinstance(key_or_keys, str) else key_or_keys
     if not isinstance(keys, Sequence) or not keys:
         raise ValueError(
@@ -51,7 +52,8 @@ def lock_keys(key_or_keys: str | Sequence[str]) -> tuple[str, ...]:
     for key in keys:
         if not isinstance(key, str) or not key:
             raise ValueError(f"A lock key is a non-empty str, not {key!r} (in {key_or_keys!r}).")
-    return tuple(sorted(set(keys)))
+    # as written (the first names the metrics group); each store takes them in its own order
+    return tuple(dict.fromkeys(keys))
 
 
 def key_group(keys: Sequence[str]) -> str:
@@ -175,8 +177,11 @@ class LockManager:
     async def locked(self, keys: tuple[str, ...], fn: Callable[[AbortSignal], Any]) -> Any:
         lock = await self.acquire(keys)
         try:
-            result = fn(lock.signal)
-            if asyncio.iscoroutine(result) or isinstance(result, Awaitable):
+            if inspect.iscoroutinefunction(fn):
+                return await fn(lock.signal)
+            # a plain function runs in a thread: blocking the loop would stop the renewals
+            result = await asyncio.to_thread(fn, lock.signal)
+            if inspect.isawaitable(result):
                 result = await result
             return result
         finally:
@@ -184,6 +189,7 @@ class LockManager:
 
     async def _renew(self, lock: Lock) -> None:
         coord = self._coord()
+        failing = False
         while True:
             await self.clock.sleep(self.lease / 3)
             while True:
@@ -202,8 +208,10 @@ class LockManager:
                         return
                     renewed = call.result()
                 except Exception as e:
-                    log.warning("lock.renew_failed: %s: %s; retrying while the lease lasts",
-                                type(e).__name__, e, extra={"event": "lock.renew_failed"})
+                    if not failing:    # once per outage, not once per retry
+                        log.warning("lock.renew_failed: %s: %s; retrying while the lease lasts",
+                                    type(e).__name__, e, extra={"event": "lock.renew_failed"})
+                    failing = True
                     await self.clock.sleep(min(self.lease / 10, 1.0,
                                                max(0.0, lock.held_until - self.clock.now())))
                     continue
@@ -212,6 +220,7 @@ class LockManager:
                                      "have another holder")
                     return
                 lock.held_until = sent + self.lease
+                failing = False
                 break
 
     def _lost(self, lock: Lock, reason: str) -> None:

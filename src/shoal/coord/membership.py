@@ -177,7 +177,11 @@ class Membership:
             fn = getattr(observer, "on_slots_assigned", None)
             if fn is not None:
                 try:
-                    fn(assignment)
+                    result = fn(assignment)
+                    if inspect.isawaitable(result):
+                        task = asyncio.ensure_future(result)
+                        self._pending.add(task)
+                        task.add_done_callback(self._pending.discard)
                 except Exception:
                     log.exception("observer.failed: %s.on_slots_assigned",
                                   type(observer).__name__, extra={"event": "observer.failed"})
