@@ -3,8 +3,8 @@
 With one Redis server, a restart or a failover of that server can forget a lock and let two
 holders in. :class:`Redlock` asks an odd number of independent servers (not the nodes of one
 cluster) and counts a lock as held only when a majority granted it, so losing a minority of the
-servers (stopped, unreachable, restarted empty) loses no lock. Membership (slots) and meters use
-the first server only.
+servers (stopped, unreachable, restarted empty) loses no lock. Membership (slots), meters and
+rate limits use the first server only.
 """
 
 from __future__ import annotations
@@ -15,7 +15,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TypeVar
 
-from shoal.coord.base import LockGrant, LockWait, LockWatch, MemberView
+from shoal.coord.base import (
+    CounterResult,
+    LockGrant,
+    LockWait,
+    LockWatch,
+    MemberView,
+    SlotBusy,
+    SlotGrant,
+    SpendEntry,
+    WindowResult,
+)
 from shoal.errors import ConfigurationError, StoreUnavailableError
 from shoal.stores.redis import RedisCoordStore
 
@@ -57,8 +67,9 @@ class Redlock:
       ``lock_renew`` False (the lock is lost).
     - ``lock_renew`` is True only when a majority renewed; ``lock_release`` releases on every
       server it can reach; ``lock_watch`` wakes on a change announced by any server.
-    - ``heartbeat``, ``leave``, ``meter`` and ``ping`` use the first server only (slots and
-      meters are not replicated).
+    - ``heartbeat``, ``leave``, ``meter``, ``ping`` and the rate limits (a
+      :class:`~shoal.coord.base.RateStore`) use the first server only (slots, meters and rate
+      limits are not replicated).
     """
 
     def __init__(self, stores: Sequence[RedisCoordStore]) -> None:
@@ -172,3 +183,54 @@ class Redlock:
 
     async def ping(self) -> None:
         await self.stores[0].ping()
+
+    # -- rate limits: the first server ---------------------------------------------------------
+    #
+    # Slots, windows, pauses, counters and the cost ledger live on the first server only, like
+    # membership and meters: they are not replicated, and a majority vote would not make them
+    # safer (a counter or window on a minority that forgot would be wrong either way).
+
+    async def slot_acquire(
+        self, namespace: str, key: str, holder: str, max_slots: int, lease: float, now: float
+    ) -> SlotGrant | SlotBusy:
+        return await self.stores[0].slot_acquire(namespace, key, holder, max_slots, lease, now)
+
+    async def slot_renew(
+        self, namespace: str, key: str, holder: str, lease: float, now: float
+    ) -> bool:
+        return await self.stores[0].slot_renew(namespace, key, holder, lease, now)
+
+    async def slot_release(self, namespace: str, key: str, holder: str) -> None:
+        await self.stores[0].slot_release(namespace, key, holder)
+
+    async def window_add(
+        self, namespace: str, key: str, amount: float, window: float, limit: float | None,
+        now: float,
+    ) -> WindowResult:
+        return await self.stores[0].window_add(namespace, key, amount, window, limit, now)
+
+    async def window_clear(self, namespace: str, key: str) -> None:
+        await self.stores[0].window_clear(namespace, key)
+
+    async def pause_until(self, namespace: str, key: str, until: float) -> float:
+        return await self.stores[0].pause_until(namespace, key, until)
+
+    async def paused_until(self, namespace: str, key: str, now: float) -> float | None:
+        return await self.stores[0].paused_until(namespace, key, now)
+
+    async def counter_add(
+        self,
+        namespace: str,
+        keys: Sequence[str],
+        amounts: Sequence[float],
+        limits: Sequence[float | None],
+        now: float,
+        entry: SpendEntry | None = None,
+    ) -> CounterResult:
+        return await self.stores[0].counter_add(namespace, keys, amounts, limits, now, entry)
+
+    async def ledger(
+        self, namespace: str, tenant: str | None = None, root_id: str | None = None,
+        limit: int = 1000,
+    ) -> list[SpendEntry]:
+        return await self.stores[0].ledger(namespace, tenant, root_id, limit)

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import sys
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -47,12 +49,23 @@ from redis.exceptions import AuthenticationError, OutOfMemoryError, ReadOnlyErro
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from shoal.coord.base import LockGrant, LockWait, MemberView
+from shoal.coord.base import (
+    CounterResult,
+    LockGrant,
+    LockWait,
+    MemberView,
+    SlotBusy,
+    SlotGrant,
+    SpendEntry,
+    WindowResult,
+)
 from shoal.errors import ConfigurationError, StoreUnavailableError
 
 T = TypeVar("T")
 
-_SCRIPTS = ("lock_acquire", "lock_renew", "lock_release", "raise_fence", "heartbeat", "meter")
+_SCRIPTS = ("lock_acquire", "lock_renew", "lock_release", "raise_fence", "heartbeat", "meter",
+            "rate_slot_acquire", "rate_slot_renew", "rate_window_add", "rate_pause_until",
+            "rate_paused_until", "rate_counter_add")
 _UNREACHABLE = (
     RedisConnectionError, RedisTimeoutError, ReadOnlyError, OutOfMemoryError, OSError, TimeoutError
 )
@@ -532,3 +545,143 @@ class RedisCoordStore:
             "meter", [f"{base}:meter:{k}" for k in keys],
             [_num(now), _keep_ms(0.0), *(_num(d) for d in deltas)])
         return [float(_text(debt)) for debt in got]
+
+    # -- rate limits: slots, windows, pauses, counters and the cost ledger (a RateStore) --------
+    #
+    # Keys, per namespace ({ns} encoded as above, {key} as given)::
+    #
+    #   {prefix}:{ns}:rslots:{key}   hash    holder -> expires_at        cleanup expiry (>= 10 x
+    #                                                                     lease, an hour at least)
+    #   {prefix}:{ns}:rwin:{key}     list    'at amount', oldest added    cleanup expiry (>= 2 x
+    #                                        first                        window, an hour at least)
+    #   {prefix}:{ns}:rpause:{key}   string  the end of the pause         cleanup expiry of an
+    #                                                                     hour once it has ended
+    #   {prefix}:{ns}:rcount:{key}   hash    total, updated_at            never expires
+    #   {prefix}:{ns}:ledger         list    JSON rows, oldest first      never expires
+    #
+    # A window is a list in the order entries were added, not a sorted set: the memory reference
+    # sums with Python's sum() in that order, and a float sum depends on its order; a total has
+    # to be summed afresh on every call anyway (a running total would drift from it), so a
+    # sorted set's cheap range deletes would buy nothing. Entries leaving are the list's head
+    # whenever the clock only goes forward (one LTRIM). Cleanup expiries are never shortened.
+
+    # how the reference's sum() adds a window's amounts on this Python: compensated from 3.12 on
+    _window_sum = "1" if sys.version_info >= (3, 12) else "0"
+
+    async def slot_acquire(
+        self, namespace: str, key: str, holder: str, max_slots: int, lease: float, now: float
+    ) -> SlotGrant | SlotBusy:
+        got = await self._script(
+            "rate_slot_acquire", [f"{self._base(namespace)}:rslots:{key}"],
+            [holder, str(int(max_slots)), _num(lease), _num(now), _keep_ms(lease)])
+        granted, at = int(got[0]), _text(got[1])
+        if granted:
+            return SlotGrant(float(at))
+        if not at:
+            raise ValueError(f"slot_acquire: max_slots is {max_slots}; at least 1 is needed")
+        return SlotBusy(float(at))
+
+    async def slot_renew(
+        self, namespace: str, key: str, holder: str, lease: float, now: float
+    ) -> bool:
+        got = await self._script(
+            "rate_slot_renew", [f"{self._base(namespace)}:rslots:{key}"],
+            [holder, _num(lease), _num(now), _keep_ms(lease)])
+        return bool(int(got))
+
+    async def slot_release(self, namespace: str, key: str, holder: str) -> None:
+        name = f"{self._base(namespace)}:rslots:{key}"
+
+        async def run(client: Redis) -> None:
+            await client.hdel(name, holder)
+
+        await self._call(run)
+
+    async def window_add(
+        self, namespace: str, key: str, amount: float, window: float, limit: float | None,
+        now: float,
+    ) -> WindowResult:
+        # an int amount stays an int in the list: the reference's sum() adds ints apart
+        text = str(int(amount)) if isinstance(amount, int) else _num(amount)
+        keep = str(int(min(max(2.0 * window, _KEEP), 1e12) * 1000))
+        got = await self._script(
+            "rate_window_add", [f"{self._base(namespace)}:rwin:{key}"],
+            [text, _num(window), "-" if limit is None else _num(limit), _num(now), keep,
+             self._window_sum])
+        added, total, retry_at = int(got[0]), _text(got[1]), _text(got[2])
+        return WindowResult(bool(added), float(total), float(retry_at) if retry_at else None)
+
+    async def window_clear(self, namespace: str, key: str) -> None:
+        name = f"{self._base(namespace)}:rwin:{key}"
+
+        async def run(client: Redis) -> None:
+            await client.delete(name)
+
+        await self._call(run)
+
+    async def pause_until(self, namespace: str, key: str, until: float) -> float:
+        got = await self._script(
+            "rate_pause_until", [f"{self._base(namespace)}:rpause:{key}"], [_num(until)])
+        return float(_text(got))
+
+    async def paused_until(self, namespace: str, key: str, now: float) -> float | None:
+        got = await self._script(
+            "rate_paused_until", [f"{self._base(namespace)}:rpause:{key}"],
+            [_num(now), _keep_ms(0.0)])
+        return None if got is None else float(_text(got))
+
+    async def counter_add(
+        self,
+        namespace: str,
+        keys: Sequence[str],
+        amounts: Sequence[float],
+        limits: Sequence[float | None],
+        now: float,
+        entry: SpendEntry | None = None,
+    ) -> CounterResult:
+        if not len(keys) == len(amounts) == len(limits):
+            raise ValueError(f"counter_add: {len(keys)} keys, {len(amounts)} amounts and "
+                             f"{len(limits)} limits; one of each per position")
+        base = self._base(namespace)
+        args = [_num(now), "" if entry is None else self._ledger_row(entry)]
+        for amount, limit in zip(amounts, limits, strict=True):
+            args += [_num(amount), "-" if limit is None else _num(limit)]
+        got = await self._script(
+            "rate_counter_add", [f"{base}:ledger", *(f"{base}:rcount:{k}" for k in keys)], args)
+        added, over, *totals = got
+        return CounterResult(bool(int(added)), [float(_text(t)) for t in totals],
+                             None if int(over) < 0 else int(over))
+
+    async def ledger(
+        self, namespace: str, tenant: str | None = None, root_id: str | None = None,
+        limit: int = 1000,
+    ) -> list[SpendEntry]:
+        name = f"{self._base(namespace)}:ledger"
+        rows: list[SpendEntry] = []
+        start, page = 0, 500
+        while limit < 0 or len(rows) < limit:
+
+            async def run(client: Redis, start: int = start) -> list[Any]:
+                return list(await client.lrange(name, start, start + page - 1))
+
+            chunk = await self._call(run)
+            for raw in chunk:
+                e = self._ledger_entry(_text(raw))
+                if (tenant is None or e.tenant == tenant) and (
+                        root_id is None or e.root_id == root_id):
+                    rows.append(e)
+            if len(chunk) < page:
+                break
+            start += page
+        return rows[:limit]
+
+    @staticmethod
+    def _ledger_row(e: SpendEntry) -> str:
+        # encoded here, not by the script's cjson (which keeps 14 digits): floats read back exact
+        return json.dumps([e.tenant, e.run_id, e.root_id, e.amount, e.currency, e.at],
+                          separators=(",", ":"))
+
+    @staticmethod
+    def _ledger_entry(row: str) -> SpendEntry:
+        tenant, run_id, root_id, amount, currency, at = json.loads(row)
+        return SpendEntry(tenant, run_id, root_id, amount, currency, at)

@@ -1,0 +1,362 @@
+"""The rate-limit contract on Redis (one server) and on Redlock (three servers, the rate limits on
+the first), plus what only Redis has to show: which keys expire and which never do, floats that
+come back exactly, and the same answers as the memory reference over random calls.
+
+The single server is ``SHOAL_TEST_REDIS`` (default ``redis://127.0.0.1:6379``); each test uses a
+prefix of its own and deletes every key under it afterwards. Without a reachable server those
+tests skip with a message, except under ``CI``, where they fail. The Redlock tests start their
+own ``redis-server`` processes on free ports and kill them afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+from collections.abc import AsyncIterator, Iterator, Sequence
+
+import pytest
+from test_coord_redis import URL, _drop, _new_prefix, _require_redis, _Server, _sync
+
+from shoal.coord.base import RateStore, SlotBusy, SlotGrant, SpendEntry
+from shoal.coord.redlock import Redlock
+from shoal.stores.memory import MemoryStore
+from shoal.stores.redis import RedisCoordStore
+from shoal.testing.rate_contract import NS, T0, RateContract
+
+# -- one server -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def prefix() -> Iterator[str]:
+    _require_redis()
+    name = _new_prefix()
+    yield name
+    _drop(URL, name)
+
+
+@pytest.fixture
+async def store(prefix: str) -> AsyncIterator[RedisCoordStore]:
+    s = RedisCoordStore(URL, prefix=prefix)
+    await s.open()
+    yield s
+    await s.close()
+
+
+class TestRedisRateLimits(RateContract):
+    @pytest.fixture
+    async def rates(self, store: RedisCoordStore) -> RedisCoordStore:
+        return store
+
+    @pytest.fixture
+    async def other(self, prefix: str) -> AsyncIterator[RedisCoordStore]:
+        """A second store object (its own connections) over the same keys."""
+        s = RedisCoordStore(URL, prefix=prefix)
+        await s.open()
+        yield s
+        await s.close()
+
+
+def _ttls(url: str, prefix: str) -> dict[str, int]:
+    """Every key under ``prefix`` (without it) -> its PTTL."""
+    with _sync(url) as client:
+        return {k.decode()[len(prefix) + 1:]: int(client.pttl(k))
+                for k in client.scan_iter(match=f"{prefix}:*")}
+
+
+async def test_counters_and_the_ledger_never_expire_and_the_rest_is_collected(
+    store: RedisCoordStore, prefix: str
+) -> None:
+    hour = 3_600_000
+    await store.slot_acquire(NS, "s", "a", 2, 60, T0)
+    await store.slot_acquire(NS, "long", "a", 2, 1000, T0)
+    await store.slot_acquire(NS, "long", "b", 2, 1, T0)       # a short lease keeps the long keep
+    await store.window_add(NS, "w", 1, 7200, None, T0)
+    await store.counter_add(NS, ["c"], [1], [None], T0, SpendEntry("t", None, None, 1, "usd", T0))
+    await store.pause_until(NS, "p", T0 + 30)
+    assert await store.paused_until(NS, "p", T0) == T0 + 30
+    ttl = _ttls(URL, prefix)
+    assert ttl[f"{NS}:rcount:c"] == -1 and ttl[f"{NS}:ledger"] == -1, ttl
+    assert ttl[f"{NS}:rpause:p"] == -1, "no expiry while the pause may be in force"
+    assert hour - 60_000 <= ttl[f"{NS}:rslots:s"] <= hour, ttl
+    assert ttl[f"{NS}:rslots:long"] >= 10_000_000 - 60_000, ttl
+    assert ttl[f"{NS}:rwin:w"] >= 14_400_000 - 60_000, ttl
+    # an ended pause is collected an hour later; a new pause is kept again
+    assert await store.paused_until(NS, "p", T0 + 30) is None
+    assert hour - 60_000 <= _ttls(URL, prefix)[f"{NS}:rpause:p"] <= hour
+    assert await store.pause_until(NS, "p", T0 + 10) == T0 + 30, "the ended pause still answers"
+    assert _ttls(URL, prefix)[f"{NS}:rpause:p"] > 0
+    assert await store.pause_until(NS, "p", T0 + 90) == T0 + 90
+    assert _ttls(URL, prefix)[f"{NS}:rpause:p"] == -1
+    # a window whose entries all left, and a slot hash whose slots all ended, are deleted
+    await store.window_add(NS, "w", 0, 7200, None, T0 + 7200)
+    await store.slot_acquire(NS, "s", "b", 1, 60, T0 + 120)
+    await store.slot_release(NS, "s", "b")
+    ttl = _ttls(URL, prefix)
+    assert f"{NS}:rwin:w" not in ttl and f"{NS}:rslots:s" not in ttl, ttl
+
+
+async def test_a_window_forgets_out_of_order_entries_and_keeps_the_order(
+    store: RedisCoordStore, prefix: str
+) -> None:
+    """Entries added with a clock going back and forth (replicas' clocks differ) leave from the
+    middle of the list; the others keep their order and their expiry."""
+    for at, amount in [(T0 + 10, 1), (T0, 2), (T0 + 20, 4), (T0 + 5, 8)]:
+        await store.window_add(NS, "w", amount, 60, None, at)
+    got = await store.window_add(NS, "w", 0, 60, None, T0 + 66)
+    assert got.total == 5
+    with _sync(URL) as client:
+        rows = [r.decode() for r in client.lrange(f"{prefix}:{NS}:rwin:w", 0, -1)]
+    assert [r.split()[1] for r in rows] == ["1", "4"]
+    assert _ttls(URL, prefix)[f"{NS}:rwin:w"] > 3_000_000
+
+
+async def test_floats_come_back_exactly(store: RedisCoordStore) -> None:
+    ref = MemoryStore()
+    now, lease = T0 + 0.1 + 0.2, 1 / 3
+    for s in (store, ref):
+        assert await s.slot_acquire(NS, "k", "a", 1, lease, now) == SlotGrant(now + lease)
+        assert await s.slot_acquire(NS, "k", "b", 1, lease, now) == SlotBusy(now + lease)
+        assert await s.pause_until(NS, "p", now + lease) == now + lease
+        assert await s.paused_until(NS, "p", now) == now + lease
+    amounts = [0.1, 0.2, 0.3, 1 / 3, 1e-9, 2, 7e15, -0.1]
+    for i, amount in enumerate(amounts):
+        at = T0 + i * 0.1
+        got = await store.window_add(NS, "w", amount, 0.7, 7e15 + 1, at)
+        assert got == await ref.window_add(NS, "w", amount, 0.7, 7e15 + 1, at), (i, got)
+        got_c = await store.counter_add(NS, ["c", "c"], [amount, 1 / 7], [None, 7e15], at)
+        assert got_c == await ref.counter_add(NS, ["c", "c"], [amount, 1 / 7], [None, 7e15], at)
+    row = SpendEntry("t", "r", None, 0.1 + 0.2, "usd", T0 + 1 / 3)
+    await store.counter_add(NS, [], [], [], T0, row)
+    assert await store.ledger(NS) == [row]
+
+
+def _sum_3_12(xs: Sequence[float]) -> float:
+    """Python >= 3.12's sum() of ints and floats (compensated), for any interpreter."""
+    k, exact = 0, 0
+    while k < len(xs) and isinstance(xs[k], int):
+        exact += int(xs[k])
+        k += 1
+    if k == len(xs):
+        return exact
+    f, c = exact + xs[k], 0.0
+    for x in xs[k + 1:]:
+        if isinstance(x, int):
+            f += x
+            continue
+        t = f + x
+        c += (f - t) + x if abs(f) >= abs(x) else (x - t) + f
+        f = t
+    return f + c if c and math.isfinite(c) else f
+
+
+async def test_window_totals_follow_each_python_s_sum(store: RedisCoordStore) -> None:
+    """The memory reference sums with sum(), compensated from Python 3.12 on; a window's total
+    on Redis is the same to the last bit in either mode (both checked, whatever runs the test)."""
+    rng = random.Random(7)
+    for trial in range(40):
+        xs: list[float] = [rng.choice([0.1, 1 / 3, 250.5, 1e9, -0.4, 1e16, 3, 1, -2, 500, 7.0])
+                           for _ in range(rng.randint(1, 8))]
+        if sys.version_info >= (3, 12):
+            assert _sum_3_12(xs) == sum(xs)
+        else:
+            assert _plain(xs) == sum(xs)
+        for mode, expected in (("0", _plain(xs)), ("1", _sum_3_12(xs))):
+            store._window_sum = mode
+            key = f"w{trial}:{mode}"
+            for i, x in enumerate(xs):
+                await store.window_add(NS, key, x, 60, None, T0 + i)
+            got = await store.window_add(NS, key, 0, 60, None, T0 + len(xs))
+            assert got.total == expected, (mode, xs, got, expected)
+
+
+def _plain(xs: Sequence[float]) -> float:
+    total = 0.0
+    for x in xs:
+        total += x
+    return total
+
+
+async def test_namespaces_with_separators_never_meet(store: RedisCoordStore) -> None:
+    await store.slot_acquire("a", "b:rslots:c", "h1", 1, 60, T0)
+    assert isinstance(await store.slot_acquire("a:rslots:b", "c", "h2", 1, 60, T0), SlotGrant)
+    await store.window_add("x:rwin:y", "z", 5, 60, None, T0)
+    assert (await store.window_add("x", "y:rwin:z", 0, 60, None, T0)).total == 0
+    await store.counter_add("x:ledger", [], [], [], T0, SpendEntry("t", None, None, 1, "usd", T0))
+    assert await store.ledger("x") == []
+
+
+async def test_no_slot_to_give_is_refused_like_the_reference(store: RedisCoordStore) -> None:
+    ref = MemoryStore()
+    for s in (store, ref):
+        with pytest.raises(ValueError):
+            await s.slot_acquire(NS, "k", "a", 0, 60, T0)
+        await s.slot_acquire(NS, "k", "a", 1, 60, T0)
+        assert await s.slot_acquire(NS, "k", "b", 0, 60, T0) == SlotBusy(T0 + 60)
+    with pytest.raises(ValueError, match="2 keys, 1 amounts"):
+        await store.counter_add(NS, ["a", "b"], [1], [None, None], T0)
+
+
+async def test_a_long_ledger_is_read_in_pages(store: RedisCoordStore) -> None:
+    entries = [SpendEntry(f"t{i % 3}", f"r{i}", f"root{i % 5}", i / 10, "usd", T0 + i)
+               for i in range(1234)]
+    for e in entries:
+        assert (await store.counter_add(NS, ["spend"], [e.amount], [None], e.at, e)).added
+    assert await store.ledger(NS, limit=5000) == entries
+    assert await store.ledger(NS) == entries[:1000]
+    assert await store.ledger(NS, tenant="t1", limit=300) == \
+        [e for e in entries if e.tenant == "t1"][:300]
+    assert await store.ledger(NS, tenant="t2", root_id="root4", limit=-1) == \
+        [e for e in entries if e.tenant == "t2" and e.root_id == "root4"][:-1]
+    assert await store.ledger(NS, limit=0) == []
+
+
+def test_redis_stores_and_redlock_are_rate_stores() -> None:
+    stores = [RedisCoordStore(f"redis://127.0.0.1:{6379 + i}") for i in range(3)]
+    assert isinstance(stores[0], RateStore) and isinstance(Redlock(stores), RateStore)
+
+
+# -- the memory reference, call for call ------------------------------------------------------
+
+
+async def test_matches_the_memory_reference_on_random_operations(
+    store: RedisCoordStore,
+) -> None:
+    """The same random sequence of slot, window, pause, counter and ledger calls on Redis and on
+    the memory store (the reference) gets the same answers, call for call, with replicas' clocks
+    a little apart, amounts that are ints and floats, and keys named twice."""
+    rng = random.Random(20261129)
+    ref = MemoryStore()
+    clock = T0
+    keys, holders = ["a", "b", "c"], [f"h{i}" for i in range(6)]
+    tenants, roots = ["t1", "t2"], ["r1", "r2", None]
+    for step in range(1500):
+        clock += rng.choice([0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.5])
+        now = clock + rng.choice([0.0, 0.0, -0.3, 0.2, -2.0])          # skewed replicas
+        key = rng.choice(keys)
+        op = rng.choice(["slot", "slot", "renew", "release", "window", "window", "window",
+                         "clear", "pause", "paused", "counter", "counter", "ledger"])
+        if op == "slot":
+            holder, top, lease = rng.choice(holders), rng.randint(1, 3), rng.choice([5.0, 12.5])
+            calls = [st.slot_acquire(NS, key, holder, top, lease, now) for st in (store, ref)]
+        elif op == "renew":
+            holder, lease = rng.choice(holders), rng.choice([5.0, 10 / 3])
+            calls = [st.slot_renew(NS, key, holder, lease, now) for st in (store, ref)]
+        elif op == "release":
+            holder = rng.choice(holders)
+            calls = [st.slot_release(NS, key, holder) for st in (store, ref)]
+        elif op == "window":
+            amount = rng.choice([0, 1, 2, 0.0, 0.1, 1 / 3, 0.7, 2.5, -0.4, 1e-9, 7, -1, 12])
+            window = rng.choice([10.0, 30.0, 60.0])
+            limit = rng.choice([None, 5, 10.5, 100 / 3, 6.2])
+            calls = [st.window_add(NS, key, amount, window, limit, now) for st in (store, ref)]
+        elif op == "clear":
+            calls = [st.window_clear(NS, key) for st in (store, ref)]
+        elif op == "pause":
+            until = now + rng.choice([-1.0, 0.0, 0.5, 10.0, 30.0, 10 / 3])
+            calls = [st.pause_until(NS, key, until) for st in (store, ref)]
+        elif op == "paused":
+            calls = [st.paused_until(NS, key, now) for st in (store, ref)]
+        elif op == "counter":
+            named = rng.choices(keys, k=rng.randint(0, 3))
+            amounts = [rng.choice([0.0, 0.1, 1 / 3, -0.25, 0.7, 1e-7, 1]) for _ in named]
+            limits = [rng.choice([None, 3.0, 10.0, 7.35, 50]) for _ in named]
+            entry = None if rng.random() < 0.3 else SpendEntry(
+                rng.choice(tenants), rng.choice(["run1", None]), rng.choice(roots),
+                rng.choice([0.1, 1 / 3, 2]), rng.choice(["usd", "eur"]), now)
+            calls = [st.counter_add(NS, named, amounts, limits, now, entry)
+                     for st in (store, ref)]
+        else:
+            tenant, root, top = rng.choice([None, *tenants]), rng.choice(roots), \
+                rng.choice([1000, 3, 0])
+            calls = [st.ledger(NS, tenant, root, top) for st in (store, ref)]
+        got, expected = await calls[0], await calls[1]
+        assert got == expected, (step, op, key, got, expected)
+    assert await store.ledger(NS, limit=10_000) == await ref.ledger(NS, limit=10_000)
+
+
+async def test_windows_near_their_limits_match_the_reference(store: RedisCoordStore) -> None:
+    """A window kept near its limit, entries out of clock order: the refusals and their
+    retry_at (the oldest entries, in (at, amount) order, whose leaving makes room) match."""
+    rng = random.Random(61)
+    ref = MemoryStore()
+    clock, retries = T0, 0
+    for step in range(800):
+        clock += rng.choice([0.0, 0.0, 0.5, 1.0, 2.0])
+        now = clock + rng.choice([0.0, -1.5, 1.0, -0.5])
+        amount = rng.choice([1, 2, 0.1, 1 / 3, 0.7, 2.5, 3, -0.5, 0])
+        limit = rng.choice([10, 10.0, 7.7, 100 / 9])
+        got = await store.window_add(NS, "w", amount, 20.0, limit, now)
+        expected = await ref.window_add(NS, "w", amount, 20.0, limit, now)
+        assert got == expected, (step, amount, limit, got, expected)
+        retries += got.retry_at is not None
+    assert retries > 100, retries
+
+
+# -- Redlock: the first server ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trio() -> Iterator[list[_Server]]:
+    servers = [_Server() for _ in range(3)]
+    try:
+        for server in servers:
+            server.start()
+        yield servers
+    finally:
+        for server in servers:
+            server.cleanup()
+
+
+@pytest.fixture
+def rl_prefix(trio: list[_Server]) -> Iterator[str]:
+    name = _new_prefix()
+    yield name
+    for server in trio:
+        _drop(server.url, name)
+
+
+def _redlock(servers: list[_Server], prefix: str) -> Redlock:
+    return Redlock([RedisCoordStore(s.url, prefix=prefix) for s in servers])
+
+
+class TestRedlockRateLimits(RateContract):
+    @pytest.fixture
+    async def rates(self, trio: list[_Server], rl_prefix: str) -> AsyncIterator[Redlock]:
+        r = _redlock(trio, rl_prefix)
+        await r.open()
+        yield r
+        await r.close()
+
+    @pytest.fixture
+    async def other(self, trio: list[_Server], rl_prefix: str) -> AsyncIterator[Redlock]:
+        r = _redlock(trio, rl_prefix)
+        await r.open()
+        yield r
+        await r.close()
+
+
+async def test_redlock_keeps_rate_limits_on_its_first_server(
+    trio: list[_Server], rl_prefix: str
+) -> None:
+    r = _redlock(trio, rl_prefix)
+    await r.open()
+    try:
+        assert isinstance(await r.slot_acquire(NS, "s", "a", 1, 60, T0), SlotGrant)
+        assert await r.slot_renew(NS, "s", "a", 60, T0 + 1)
+        assert (await r.window_add(NS, "w", 1, 60, None, T0)).added
+        assert await r.pause_until(NS, "p", T0 + 5) == T0 + 5
+        assert await r.paused_until(NS, "p", T0) == T0 + 5
+        row = SpendEntry("t", "r", "r", 1.5, "usd", T0)
+        assert (await r.counter_add(NS, ["c"], [1.5], [2.0], T0, row)).added
+        assert await r.ledger(NS, tenant="t", root_id="r", limit=10) == [row]
+        first = set(_ttls(trio[0].url, rl_prefix))
+        assert first == {f"{NS}:rslots:s", f"{NS}:rwin:w", f"{NS}:rpause:p", f"{NS}:rcount:c",
+                         f"{NS}:ledger"}, first
+        assert not _ttls(trio[1].url, rl_prefix) and not _ttls(trio[2].url, rl_prefix)
+        await r.slot_release(NS, "s", "a")
+        await r.window_clear(NS, "w")
+        assert set(_ttls(trio[0].url, rl_prefix)) == {
+            f"{NS}:rpause:p", f"{NS}:rcount:c", f"{NS}:ledger"}
+    finally:
+        await r.close()
