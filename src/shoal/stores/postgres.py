@@ -48,6 +48,7 @@ from shoal.stores.base import (
     Step,
 )
 from shoal.stores.postgres_coord import PostgresCoordination
+from shoal.stores.postgres_rate import PostgresRateLimits
 
 log = logging.getLogger("shoal.store.postgres")
 
@@ -64,7 +65,7 @@ _T = TypeVar("_T")
 _BATCH = 500   # rows per batched statement at most
 
 
-class PostgresStore(PostgresCoordination):
+class PostgresStore(PostgresCoordination, PostgresRateLimits):
     """The ``postgresql://user:password@host:port/db?schema=shoal`` store.
 
     ``schema`` is created if missing and holds every table; ``pool_min_size``/``pool_max_size``

@@ -37,12 +37,13 @@ from shoal.stores.base import (
     Step,
 )
 from shoal.stores.sqlite_coord import SQLiteCoordination
+from shoal.stores.sqlite_rate import SQLiteRateLimits
 
 _Q = queries("sqlite")
 _SYNCHRONOUS = {"off", "normal", "full", "extra"}
 
 
-class SQLiteStore(SQLiteCoordination):
+class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
     """The ``sqlite:///path`` store. ``synchronous`` is SQLite's setting (default ``full``)."""
 
     def __init__(self, path: str, *, busy_timeout: float = 5.0, synchronous: str = "full") -> None:

@@ -820,3 +820,175 @@ WITH RECURSIVE charge AS (
     WHERE meters.namespace = %(namespace)s AND meters.key = last.key
 )
 SELECT debt FROM charged ORDER BY i;
+
+-- name: rate_slot_acquire
+-- rate limits
+-- shoal.coord.base.RateStore on PostgreSQL (shoal.stores.postgres_rate), with the semantics of the
+-- memory reference (shoal.stores.memory_rate). Each operation is one transaction, its statements
+-- sent in one pipeline (one round trip) as the coordination statements above are. The operations
+-- on one slot key, or one window key, first take that key's advisory transaction lock
+-- (advisory_xact_lock): a key may have no row to lock. Counter rows are created if missing and
+-- locked in "C" order (rate_counter_keys_create, rate_counter_keys) before they are read. Times are
+-- the app's clock, passed as parameters.
+-- (This heading sits under the name line: text between blocks would end the block above.)
+--
+-- After the key's advisory lock. Slots that ended leave (the caller's own is overwritten instead
+-- when it is granted: one statement never changes a row twice). The caller is granted a slot if
+-- it holds a live one or fewer than max_slots are live; else it learns when the first one ends.
+WITH live AS (
+    SELECT holder, expires_at FROM rate_slots
+    WHERE namespace = %(namespace)s AND key = %(key)s AND expires_at > %(now)s
+), verdict AS (
+    SELECT EXISTS (SELECT 1 FROM live WHERE holder = %(holder)s)
+           OR (SELECT count(*) FROM live) < %(max_slots)s::bigint AS granted
+), purged AS (
+    DELETE FROM rate_slots USING verdict
+    WHERE namespace = %(namespace)s AND key = %(key)s AND expires_at <= %(now)s
+      AND (holder <> %(holder)s OR NOT verdict.granted)
+), taken AS (
+    INSERT INTO rate_slots (namespace, key, holder, expires_at)
+    SELECT %(namespace)s::text, %(key)s::text, %(holder)s::text, %(until)s::double precision
+    FROM verdict WHERE verdict.granted
+    ON CONFLICT (namespace, key, holder) DO UPDATE SET expires_at = excluded.expires_at
+)
+SELECT verdict.granted, (SELECT min(expires_at) FROM live) AS retry_at FROM verdict;
+
+-- name: rate_slot_renew
+-- After the key's advisory lock: only a live slot is extended.
+WITH renewed AS (
+    UPDATE rate_slots SET expires_at = %(until)s
+    WHERE namespace = %(namespace)s AND key = %(key)s AND holder = %(holder)s
+      AND expires_at > %(now)s
+    RETURNING holder
+)
+SELECT count(*) AS renewed FROM renewed;
+
+-- name: rate_slot_release
+-- After the key's advisory lock.
+DELETE FROM rate_slots WHERE namespace = %(namespace)s AND key = %(key)s AND holder = %(holder)s;
+
+-- name: rate_window_add
+-- After the key's advisory lock. Entries that left the window go (:cutoff is now - window); the
+-- total is of those that stay. A positive amount that would take it above a limit is refused, and
+-- then, if it fits the limit on its own, the answer says when: the earliest entry time whose
+-- leaving (with every entry as old or older) leaves room, plus the window ("staying" is the sum
+-- of the entries strictly younger than the row). Else the amount is added (nothing for 0).
+WITH live AS (
+    SELECT at, amount FROM rate_window_entries
+    WHERE namespace = %(namespace)s AND key = %(key)s AND at > %(cutoff)s
+), pruned AS (
+    DELETE FROM rate_window_entries
+    WHERE namespace = %(namespace)s AND key = %(key)s AND at <= %(cutoff)s
+), verdict AS (
+    SELECT t.total,
+           NOT (%(amount)s::double precision > 0 AND %(limit)s::double precision IS NOT NULL
+                AND t.total + %(amount)s::double precision > %(limit)s::double precision)
+               AS added
+    FROM (SELECT coalesce(sum(amount), 0)::double precision AS total FROM live) t
+), added AS (
+    INSERT INTO rate_window_entries (namespace, key, at, amount)
+    SELECT %(namespace)s::text, %(key)s::text, %(now)s::double precision,
+           %(amount)s::double precision
+    FROM verdict WHERE verdict.added AND %(amount)s::double precision <> 0
+)
+SELECT verdict.added, verdict.total,
+       CASE WHEN NOT verdict.added
+                 AND %(amount)s::double precision <= %(limit)s::double precision THEN (
+           SELECT s.at + %(window)s::double precision FROM (
+               SELECT at, coalesce(sum(amount) OVER (
+                   ORDER BY at DESC RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW
+                   EXCLUDE GROUP), 0) AS staying
+               FROM live) s
+           WHERE s.staying + %(amount)s::double precision <= %(limit)s::double precision
+           ORDER BY s.at
+           LIMIT 1)
+       END AS retry_at
+FROM verdict;
+
+-- name: rate_window_clear
+-- After the key's advisory lock.
+DELETE FROM rate_window_entries WHERE namespace = %(namespace)s AND key = %(key)s;
+
+-- name: rate_pause_until
+-- One upsert (it locks the key's row): a later pause in force is kept.
+INSERT INTO rate_pauses AS p (namespace, key, until)
+VALUES (%(namespace)s, %(key)s, %(until)s)
+ON CONFLICT (namespace, key) DO UPDATE SET until = greatest(p.until, excluded.until)
+RETURNING p.until;
+
+-- name: rate_paused_until
+SELECT until FROM rate_pauses
+WHERE namespace = %(namespace)s AND key = %(key)s AND until > %(now)s;
+
+-- name: rate_counter_keys_create
+-- The rows of counters never counted (total 0 as of now), in key order, as meter_keys_create.
+-- A refused add leaves such a row at 0, which reads as the counter that was not there.
+INSERT INTO rate_counters (namespace, key, total, updated_at)
+SELECT %(namespace)s::text, d.k, 0, %(now)s::double precision
+FROM (SELECT DISTINCT k FROM unnest(%(keys)s::text[]) AS k) d
+ORDER BY d.k COLLATE "C"
+ON CONFLICT (namespace, key) DO NOTHING;
+
+-- name: rate_counter_keys
+SELECT key FROM rate_counters
+WHERE namespace = %(namespace)s AND key = ANY(%(keys)s::text[])
+ORDER BY key COLLATE "C"
+FOR UPDATE;
+
+-- name: rate_counter_add
+-- After rate_counter_keys_create and rate_counter_keys. The amounts in request order, a key named
+-- twice counted twice: each key's amounts are added in order (the recursion), as the memory
+-- reference adds them. "over" is the first position whose positive amount takes its counter above
+-- its limit; with none, each key's last total is stored (updated_at now) and the spend, if any,
+-- goes to the ledger. One row per position: the counter after that position, and before the call.
+WITH RECURSIVE step AS (
+    SELECT c.key, c.amount, c.lim, c.i, row_number() OVER (PARTITION BY c.key ORDER BY c.i) AS n
+    FROM unnest(%(keys)s::text[], %(amounts)s::double precision[],
+                %(limits)s::double precision[]) WITH ORDINALITY AS c(key, amount, lim, i)
+), counted (key, n, i, amount, lim, total) AS (
+    SELECT s.key, s.n, s.i, s.amount, s.lim, r.total + s.amount
+    FROM step s JOIN rate_counters r ON r.namespace = %(namespace)s AND r.key = s.key
+    WHERE s.n = 1
+    UNION ALL
+    SELECT s.key, s.n, s.i, s.amount, s.lim, c.total + s.amount
+    FROM counted c JOIN step s ON s.key = c.key AND s.n = c.n + 1
+), verdict AS (
+    SELECT (SELECT min(i) FROM counted WHERE amount > 0 AND lim IS NOT NULL AND total > lim)
+        AS over
+), saved AS (
+    UPDATE rate_counters SET total = last.total, updated_at = %(now)s
+    FROM (SELECT DISTINCT ON (key) key, total FROM counted ORDER BY key, n DESC) last, verdict
+    WHERE verdict.over IS NULL AND rate_counters.namespace = %(namespace)s
+      AND rate_counters.key = last.key
+), logged AS (
+    INSERT INTO cost_ledger (namespace, tenant, run_id, root_id, amount, currency, at)
+    SELECT %(namespace)s::text, %(tenant)s::text, %(run_id)s::text, %(root_id)s::text,
+           %(amount)s::double precision, %(currency)s::text, %(at)s::double precision
+    FROM verdict WHERE verdict.over IS NULL AND %(entry)s::boolean
+)
+SELECT c.i, c.total, r.total AS before, verdict.over
+FROM counted c
+JOIN rate_counters r ON r.namespace = %(namespace)s AND r.key = c.key
+CROSS JOIN verdict
+ORDER BY c.i;
+
+-- name: cost_ledger
+-- Oldest first.
+SELECT tenant, run_id, root_id, amount, currency, at FROM cost_ledger
+WHERE namespace = %(namespace)s
+ORDER BY id
+LIMIT %(limit)s;
+
+-- name: cost_ledger_of_tenant
+SELECT tenant, run_id, root_id, amount, currency, at FROM cost_ledger
+WHERE namespace = %(namespace)s AND tenant = %(tenant)s
+  AND (%(root_id)s::text IS NULL OR root_id = %(root_id)s)
+ORDER BY id
+LIMIT %(limit)s;
+
+-- name: cost_ledger_of_root
+SELECT tenant, run_id, root_id, amount, currency, at FROM cost_ledger
+WHERE namespace = %(namespace)s AND root_id = %(root_id)s
+  AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
+ORDER BY id
+LIMIT %(limit)s;

@@ -466,3 +466,107 @@ SELECT :namespace, json_extract(value, '$[0]'), json_extract(value, '$[1]'),
 FROM json_each(:meters) WHERE true
 ON CONFLICT (namespace, key) DO UPDATE
 SET debt = excluded.debt, updated_at = excluded.updated_at;
+
+-- name: rate_slots_purge
+-- rate limits (shoal.coord.base.RateStore): slots, sliding windows, pauses, counters and the cost
+-- ledger, with the semantics of the memory reference (shoal.stores.memory_rate); each operation is
+-- one transaction of shoal.stores.sqlite_rate. Times are the app's clock, passed as parameters.
+-- (This heading sits under the name line: text between blocks would end the block above.)
+--
+-- Slots of the key that ended leave.
+DELETE FROM rate_slots WHERE namespace = :namespace AND key = :key AND expires_at <= :now;
+
+-- name: rate_slots_state
+-- After rate_slots_purge (every row is live): how many are held, whether the caller holds one, and
+-- when the first of them ends.
+SELECT count(*) AS held,
+       coalesce(max(holder = :holder), 0) AS mine,
+       min(expires_at) AS first_end
+FROM rate_slots WHERE namespace = :namespace AND key = :key;
+
+-- name: rate_slot_take
+INSERT INTO rate_slots (namespace, key, holder, expires_at)
+VALUES (:namespace, :key, :holder, :expires_at)
+ON CONFLICT (namespace, key, holder) DO UPDATE SET expires_at = excluded.expires_at;
+
+-- name: rate_slot_renew
+UPDATE rate_slots SET expires_at = :expires_at
+WHERE namespace = :namespace AND key = :key AND holder = :holder AND expires_at > :now;
+
+-- name: rate_slot_release
+DELETE FROM rate_slots WHERE namespace = :namespace AND key = :key AND holder = :holder;
+
+-- name: rate_window_prune
+-- Entries that left the window (:cutoff is now - window).
+DELETE FROM rate_window_entries
+WHERE namespace = :namespace AND key = :key AND at <= :cutoff;
+
+-- name: rate_window_total
+-- After rate_window_prune (every entry is in the window).
+SELECT coalesce(sum(amount), 0) AS total FROM rate_window_entries
+WHERE namespace = :namespace AND key = :key;
+
+-- name: rate_window_add
+INSERT INTO rate_window_entries (namespace, key, at, amount)
+VALUES (:namespace, :key, :now, :amount);
+
+-- name: rate_window_retry_at
+-- After rate_window_prune, for a refused amount that fits the limit on its own: the earliest entry
+-- time whose leaving (with every entry as old or older) leaves room, plus the window. "staying" is
+-- the sum of the entries strictly younger than the row (its own time excluded, ties included).
+SELECT at + :window AS retry_at FROM (
+    SELECT at, coalesce(sum(amount) OVER (ORDER BY at DESC RANGE BETWEEN UNBOUNDED PRECEDING
+                                          AND CURRENT ROW EXCLUDE GROUP), 0) AS staying
+    FROM rate_window_entries
+    WHERE namespace = :namespace AND key = :key
+)
+WHERE staying + :amount <= :limit
+ORDER BY at
+LIMIT 1;
+
+-- name: rate_window_clear
+DELETE FROM rate_window_entries WHERE namespace = :namespace AND key = :key;
+
+-- name: rate_pause_until
+-- A later pause in force is kept.
+INSERT INTO rate_pauses (namespace, key, until) VALUES (:namespace, :key, :until)
+ON CONFLICT (namespace, key) DO UPDATE SET until = max(until, excluded.until)
+RETURNING until;
+
+-- name: rate_paused_until
+SELECT until FROM rate_pauses WHERE namespace = :namespace AND key = :key AND until > :now;
+
+-- name: rate_counters_get
+SELECT key, total FROM rate_counters
+WHERE namespace = :namespace AND key IN (SELECT value FROM json_each(:keys));
+
+-- name: rate_counter_put
+INSERT INTO rate_counters (namespace, key, total, updated_at)
+VALUES (:namespace, :key, :total, :now)
+ON CONFLICT (namespace, key) DO UPDATE
+SET total = excluded.total, updated_at = excluded.updated_at;
+
+-- name: cost_ledger_add
+INSERT INTO cost_ledger (namespace, tenant, run_id, root_id, amount, currency, at)
+VALUES (:namespace, :tenant, :run_id, :root_id, :amount, :currency, :at);
+
+-- name: cost_ledger
+-- Oldest first (ids only grow: AUTOINCREMENT never reuses one).
+SELECT tenant, run_id, root_id, amount, currency, at FROM cost_ledger
+WHERE namespace = :namespace
+ORDER BY id
+LIMIT :limit;
+
+-- name: cost_ledger_of_tenant
+SELECT tenant, run_id, root_id, amount, currency, at
+FROM cost_ledger INDEXED BY cost_ledger_tenant
+WHERE namespace = :namespace AND tenant = :tenant AND (:root_id IS NULL OR root_id = :root_id)
+ORDER BY id
+LIMIT :limit;
+
+-- name: cost_ledger_of_root
+SELECT tenant, run_id, root_id, amount, currency, at
+FROM cost_ledger INDEXED BY cost_ledger_root
+WHERE namespace = :namespace AND root_id = :root_id AND (:tenant IS NULL OR tenant = :tenant)
+ORDER BY id
+LIMIT :limit;

@@ -1,0 +1,166 @@
+"""Rate-limit state (:class:`shoal.coord.base.RateStore`) in the PostgreSQL store's own tables.
+
+The semantics are those of the memory reference (:mod:`shoal.stores.memory_rate`). Each method is
+one transaction, atomic against every other connection, sent as one pipeline (one round trip; the
+server runs it as one implicit transaction, as :mod:`shoal.stores.postgres_coord` does). The first
+statements take the locks, and the last one, whose READ COMMITTED snapshot is taken once they are
+held, reads and writes:
+
+- a slot key and a window key: an advisory transaction lock of the key. Their rows come and go
+  (slots end, entries leave the window), so there may be no row to lock, and a table of key rows
+  kept only to be locked would grow with every key ever used; a 64-bit hash of
+  ``(schema, kind, namespace, key)`` serializes the key's operations and no others (two keys
+  whose hashes collide only wait for each other);
+- counters: their rows, created at 0 if missing, locked in "C" order of their keys, as the
+  meters are (so two spends sharing counters never wait for each other in a cycle);
+- a pause: one upsert, which locks its row itself.
+
+``queries.sql`` (under ``-- rate limits``) explains each statement.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from psycopg.rows import DictRow
+
+from shoal.coord.base import CounterResult, SlotBusy, SlotGrant, SpendEntry, WindowResult
+from shoal.stores._sqlfiles import queries
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+_Q = queries("postgres")
+_T = TypeVar("_T")
+
+
+class PostgresRateLimits:
+    """Slots, windows, pauses, counters and the cost ledger for
+    :class:`~shoal.stores.postgres.PostgresStore`. It keeps no state of its own (no
+    ``__init__``)."""
+
+    if TYPE_CHECKING:   # provided by PostgresStore (and its PostgresCoordination base)
+        schema: str
+
+        async def _retry(self, attempt: Callable[[], Awaitable[_T]]) -> _T: ...
+
+        async def _pipelined(
+            self, steps: Sequence[tuple[str, dict[str, Any]]]
+        ) -> list[DictRow]: ...
+
+    def _rate_lock(self, kind: str, namespace: str, key: str) -> tuple[str, dict[str, Any]]:
+        """The statement taking the advisory transaction lock of one slot or window key."""
+        name = json.dumps(["shoal-rate", self.schema, kind, namespace, key])
+        return _Q["advisory_xact_lock"], {"key": name}
+
+    async def _rate_run(self, steps: Sequence[tuple[str, dict[str, Any]]]) -> list[DictRow]:
+        return await self._retry(lambda: self._pipelined(steps))
+
+    # -- slots ---------------------------------------------------------------------------------
+
+    async def slot_acquire(
+        self, namespace: str, key: str, holder: str, max_slots: int, lease: float, now: float
+    ) -> SlotGrant | SlotBusy:
+        args: dict[str, Any] = {
+            "namespace": namespace, "key": key, "holder": holder, "max_slots": int(max_slots),
+            "now": float(now), "until": float(now + lease)}
+        [row] = await self._rate_run([self._rate_lock("slot", namespace, key),
+                                      (_Q["rate_slot_acquire"], args)])
+        if row["granted"]:
+            return SlotGrant(now + lease)
+        if row["retry_at"] is None:   # max_slots < 1 and nothing held: the reference fails too
+            raise ValueError(f"slot_acquire: max_slots={max_slots} leaves no slot to wait for")
+        return SlotBusy(row["retry_at"])
+
+    async def slot_renew(
+        self, namespace: str, key: str, holder: str, lease: float, now: float
+    ) -> bool:
+        args: dict[str, Any] = {"namespace": namespace, "key": key, "holder": holder,
+                                "now": float(now), "until": float(now + lease)}
+        [row] = await self._rate_run([self._rate_lock("slot", namespace, key),
+                                      (_Q["rate_slot_renew"], args)])
+        return bool(row["renewed"] == 1)
+
+    async def slot_release(self, namespace: str, key: str, holder: str) -> None:
+        args: dict[str, Any] = {"namespace": namespace, "key": key, "holder": holder}
+        await self._rate_run([self._rate_lock("slot", namespace, key),
+                              (_Q["rate_slot_release"], args)])
+
+    # -- windows -------------------------------------------------------------------------------
+
+    async def window_add(
+        self, namespace: str, key: str, amount: float, window: float, limit: float | None,
+        now: float,
+    ) -> WindowResult:
+        args: dict[str, Any] = {
+            "namespace": namespace, "key": key, "amount": float(amount),
+            "window": float(window), "limit": None if limit is None else float(limit),
+            "now": float(now), "cutoff": float(now - window)}
+        [row] = await self._rate_run([self._rate_lock("window", namespace, key),
+                                      (_Q["rate_window_add"], args)])
+        total: float = row["total"]
+        if not row["added"]:
+            return WindowResult(False, total, row["retry_at"])
+        return WindowResult(True, total + amount)
+
+    async def window_clear(self, namespace: str, key: str) -> None:
+        await self._rate_run([self._rate_lock("window", namespace, key),
+                              (_Q["rate_window_clear"], {"namespace": namespace, "key": key})])
+
+    # -- pauses --------------------------------------------------------------------------------
+
+    async def pause_until(self, namespace: str, key: str, until: float) -> float:
+        [row] = await self._rate_run([(_Q["rate_pause_until"], {
+            "namespace": namespace, "key": key, "until": float(until)})])
+        kept: float = row["until"]
+        return kept
+
+    async def paused_until(self, namespace: str, key: str, now: float) -> float | None:
+        rows = await self._rate_run([(_Q["rate_paused_until"], {
+            "namespace": namespace, "key": key, "now": float(now)})])
+        return rows[0]["until"] if rows else None
+
+    # -- counters and the ledger ---------------------------------------------------------------
+
+    async def counter_add(
+        self,
+        namespace: str,
+        keys: Sequence[str],
+        amounts: Sequence[float],
+        limits: Sequence[float | None],
+        now: float,
+        entry: SpendEntry | None = None,
+    ) -> CounterResult:
+        if not len(keys) == len(amounts) == len(limits):
+            raise ValueError(f"counter_add: {len(keys)} keys, {len(amounts)} amounts and "
+                             f"{len(limits)} limits")
+        args: dict[str, Any] = {
+            "namespace": namespace, "keys": list(keys), "amounts": [float(a) for a in amounts],
+            "limits": [None if x is None else float(x) for x in limits], "now": float(now),
+            "entry": entry is not None, "tenant": None, "run_id": None, "root_id": None,
+            "amount": None, "currency": None, "at": None}
+        if entry is not None:
+            args.update(tenant=entry.tenant, run_id=entry.run_id, root_id=entry.root_id,
+                        amount=float(entry.amount), currency=entry.currency, at=float(entry.at))
+        rows = await self._rate_run([(_Q["rate_counter_keys_create"], args),
+                                     (_Q["rate_counter_keys"], args),
+                                     (_Q["rate_counter_add"], args)])
+        over = rows[0]["over"] if rows else None
+        if over is not None:
+            return CounterResult(False, [r["before"] for r in rows], over - 1)   # 1-based
+        return CounterResult(True, [r["total"] for r in rows])
+
+    async def ledger(
+        self, namespace: str, tenant: str | None = None, root_id: str | None = None,
+        limit: int = 1000,
+    ) -> list[SpendEntry]:
+        # one statement per filter, each with its index (a root is the narrower of the two)
+        query = (_Q["cost_ledger_of_root"] if root_id is not None
+                 else _Q["cost_ledger_of_tenant"] if tenant is not None
+                 else _Q["cost_ledger"])
+        rows = await self._rate_run([(query, {"namespace": namespace, "tenant": tenant,
+                                              "root_id": root_id, "limit": limit})])
+        return [SpendEntry(r["tenant"], r["run_id"], r["root_id"], r["amount"], r["currency"],
+                           r["at"]) for r in rows]

@@ -1,0 +1,157 @@
+"""Rate-limit state (:class:`shoal.coord.base.RateStore`) in the SQLite store's own tables.
+
+The semantics are those of the memory reference (:mod:`shoal.stores.memory_rate`). Each method
+that writes is one ``BEGIN IMMEDIATE`` transaction of the store (``_tx``): it holds the file's
+write lock from its first read to its commit, so it is atomic across the processes sharing the
+file (a slot count, a window total or a counter cannot change between the check and the write).
+The two pure reads (``paused_until``, ``ledger``) are one ``SELECT`` each, which SQLite runs as its
+own read transaction, without the write lock. ``queries.sql`` (under ``-- rate limits``) has the
+statements.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any
+
+from shoal import _json
+from shoal.coord.base import CounterResult, SlotBusy, SlotGrant, SpendEntry, WindowResult
+from shoal.stores._sqlfiles import queries
+
+_Q = queries("sqlite")
+
+
+class SQLiteRateLimits:
+    """Slots, windows, pauses, counters and the cost ledger for
+    :class:`~shoal.stores.sqlite.SQLiteStore`. It keeps no state of its own (no ``__init__``)."""
+
+    if TYPE_CHECKING:   # provided by SQLiteStore
+        @property
+        def _db(self) -> sqlite3.Connection: ...
+
+        def _tx(self) -> AbstractAsyncContextManager[sqlite3.Connection]: ...
+
+    # -- slots ---------------------------------------------------------------------------------
+
+    async def slot_acquire(
+        self, namespace: str, key: str, holder: str, max_slots: int, lease: float, now: float
+    ) -> SlotGrant | SlotBusy:
+        args = {"namespace": namespace, "key": key, "holder": holder, "now": now,
+                "expires_at": now + lease}
+        async with self._tx() as db:
+            db.execute(_Q["rate_slots_purge"], args)
+            held, mine, first_end = db.execute(_Q["rate_slots_state"], args).fetchone()
+            if mine or held < max_slots:
+                db.execute(_Q["rate_slot_take"], args)
+                return SlotGrant(now + lease)
+        if first_end is None:   # max_slots < 1 and nothing held: the reference fails too
+            raise ValueError(f"slot_acquire: max_slots={max_slots} leaves no slot to wait for")
+        return SlotBusy(first_end)
+
+    async def slot_renew(
+        self, namespace: str, key: str, holder: str, lease: float, now: float
+    ) -> bool:
+        args = {"namespace": namespace, "key": key, "holder": holder, "now": now,
+                "expires_at": now + lease}
+        async with self._tx() as db:
+            return db.execute(_Q["rate_slot_renew"], args).rowcount == 1
+
+    async def slot_release(self, namespace: str, key: str, holder: str) -> None:
+        async with self._tx() as db:
+            db.execute(_Q["rate_slot_release"],
+                       {"namespace": namespace, "key": key, "holder": holder})
+
+    # -- windows -------------------------------------------------------------------------------
+
+    async def window_add(
+        self, namespace: str, key: str, amount: float, window: float, limit: float | None,
+        now: float,
+    ) -> WindowResult:
+        args = {"namespace": namespace, "key": key, "amount": amount, "window": window,
+                "limit": limit, "now": now, "cutoff": now - window}
+        async with self._tx() as db:
+            db.execute(_Q["rate_window_prune"], args)
+            total: float = db.execute(_Q["rate_window_total"], args).fetchone()[0]
+            if amount > 0 and limit is not None and total + amount > limit:
+                retry_at: float | None = None
+                if amount <= limit:    # else it never fits
+                    row = db.execute(_Q["rate_window_retry_at"], args).fetchone()
+                    retry_at = None if row is None else row[0]
+                return WindowResult(False, total, retry_at)
+            if amount != 0:     # 0 is a read
+                db.execute(_Q["rate_window_add"], args)
+        return WindowResult(True, total + amount)
+
+    async def window_clear(self, namespace: str, key: str) -> None:
+        async with self._tx() as db:
+            db.execute(_Q["rate_window_clear"], {"namespace": namespace, "key": key})
+
+    # -- pauses --------------------------------------------------------------------------------
+
+    async def pause_until(self, namespace: str, key: str, until: float) -> float:
+        async with self._tx() as db:
+            kept: float = db.execute(_Q["rate_pause_until"], {
+                "namespace": namespace, "key": key, "until": until}).fetchone()[0]
+        return kept
+
+    async def paused_until(self, namespace: str, key: str, now: float) -> float | None:
+        cur = self._db.execute(_Q["rate_paused_until"],
+                               {"namespace": namespace, "key": key, "now": now})
+        try:
+            row = cur.fetchone()
+        finally:
+            cur.close()     # no read snapshot left open
+        return None if row is None else float(row[0])
+
+    # -- counters and the ledger ---------------------------------------------------------------
+
+    async def counter_add(
+        self,
+        namespace: str,
+        keys: Sequence[str],
+        amounts: Sequence[float],
+        limits: Sequence[float | None],
+        now: float,
+        entry: SpendEntry | None = None,
+    ) -> CounterResult:
+        if not len(keys) == len(amounts) == len(limits):
+            raise ValueError(f"counter_add: {len(keys)} keys, {len(amounts)} amounts and "
+                             f"{len(limits)} limits")
+        async with self._tx() as db:
+            stored: dict[str, float] = {
+                r["key"]: r["total"] for r in db.execute(_Q["rate_counters_get"], {
+                    "namespace": namespace, "keys": _json.dumps(sorted(set(keys)))})}
+            before = [stored.get(k, 0.0) for k in keys]
+            running: dict[str, float] = {}
+            after = []
+            for i, (key, amount, limit) in enumerate(zip(keys, amounts, limits, strict=True)):
+                total = running.get(key, before[i]) + amount    # a key named twice counts twice
+                if amount > 0 and limit is not None and total > limit:
+                    return CounterResult(False, before, i)      # nothing written
+                running[key] = total
+                after.append(total)
+            db.executemany(_Q["rate_counter_put"], [
+                {"namespace": namespace, "key": k, "total": t, "now": now}
+                for k, t in running.items()])
+            if entry is not None:
+                db.execute(_Q["cost_ledger_add"], {
+                    "namespace": namespace, "tenant": entry.tenant, "run_id": entry.run_id,
+                    "root_id": entry.root_id, "amount": entry.amount,
+                    "currency": entry.currency, "at": entry.at})
+        return CounterResult(True, after)
+
+    async def ledger(
+        self, namespace: str, tenant: str | None = None, root_id: str | None = None,
+        limit: int = 1000,
+    ) -> list[SpendEntry]:
+        # one statement per filter, each with its index (a root is the narrower of the two)
+        query = (_Q["cost_ledger_of_root"] if root_id is not None
+                 else _Q["cost_ledger_of_tenant"] if tenant is not None
+                 else _Q["cost_ledger"])
+        args: dict[str, Any] = {"namespace": namespace, "tenant": tenant, "root_id": root_id,
+                                "limit": limit}
+        rows = self._db.execute(query, args).fetchall()
+        return [SpendEntry(r["tenant"], r["run_id"], r["root_id"], r["amount"], r["currency"],
+                           r["at"]) for r in rows]
