@@ -3,7 +3,9 @@
 The store comes from ``--store`` or ``SHOAL_STORE`` (default ``sqlite:///shoal.db``), the namespace
 from ``--namespace`` or ``SHOAL_NAMESPACE``; read commands cover every namespace when none is given.
 A shoal error (bad URL, unreachable store, unknown run, bad input) ends the command with one line
-on stderr and exit code 1, never a traceback.
+on stderr and exit code 1, never a traceback. ``--tenant`` on the commands that show or change one
+run or pause confines them to that tenant: another tenant's id is reported exactly like an unknown
+one, and nothing changes.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ import dataclasses
 import importlib
 import json
 import logging
+import math
 import os
 import sqlite3
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from datetime import datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -28,6 +32,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from shoal.app import App
+from shoal.coord.base import SpendEntry
 from shoal.errors import ShoalError, UnknownPauseError, UnknownRunError
 from shoal.stores import mask_url, open_store
 from shoal.stores.base import Pause, Run, RunStatus, Step, Store
@@ -88,6 +93,14 @@ def _target_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 def _target(ctx: click.Context, store: str | None, namespace: str | None) -> _Target:
     base: _Target = ctx.find_object(_Target) or _Target(DEFAULT_STORE, None)
     return _Target(store or base.store, namespace or base.namespace)
+
+
+def _tenant_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--tenant``: act only on a ``what`` of this tenant; another tenant's looks unknown."""
+    return click.option(
+        "--tenant", default=None, metavar="NAME",
+        help=f"Only a {what} of this tenant: another tenant's {what} is reported as unknown "
+             f"and left unchanged.")
 
 
 @asynccontextmanager
@@ -293,17 +306,18 @@ def run() -> None:
 @run.command("show")
 @click.argument("run_id")
 @click.option("--json", "as_json", is_flag=True, help="The run and its steps as JSON.")
+@_tenant_option("run")
 @_target_options
 @click.pass_context
-def run_show(ctx: click.Context, run_id: str, as_json: bool, store_override: str | None,
-             namespace_override: str | None) -> None:
+def run_show(ctx: click.Context, run_id: str, as_json: bool, tenant: str | None,
+             store_override: str | None, namespace_override: str | None) -> None:
     """Every field of run RUN_ID and its checkpointed steps."""
     target = _target(ctx, store_override, namespace_override)
 
     async def read() -> tuple[Run, list[Step]]:
         async with _opened_store(target.store) as store, \
                 _app_for_run(target, store, run_id) as app:
-            found = await app.get_run(run_id)
+            found = await app.get_run(run_id, tenant=tenant)
             return found, await store.load_steps(run_id)
 
     found, steps = _run_async(read())
@@ -342,9 +356,10 @@ def run_show(ctx: click.Context, run_id: str, as_json: bool, store_override: str
 
 @run.command("cancel")
 @click.argument("run_id")
+@_tenant_option("run")
 @_target_options
 @click.pass_context
-def run_cancel(ctx: click.Context, run_id: str, store_override: str | None,
+def run_cancel(ctx: click.Context, run_id: str, tenant: str | None, store_override: str | None,
                namespace_override: str | None) -> None:
     """Cancel run RUN_ID: at once unless it is running; then its owner aborts it at its next
     poll."""
@@ -353,8 +368,8 @@ def run_cancel(ctx: click.Context, run_id: str, store_override: str | None,
     async def cancel() -> tuple[RunStatus, Run]:
         async with _opened_store(target.store) as store, \
                 _app_for_run(target, store, run_id) as app:
-            before = (await app.get_run(run_id)).status
-            return before, await app.cancel(run_id)
+            before = (await app.get_run(run_id, tenant=tenant)).status
+            return before, await app.cancel(run_id, tenant=tenant)
 
     before, after = _run_async(cancel())
     if after.status == RunStatus.CANCELLED and before != RunStatus.CANCELLED:
@@ -373,9 +388,10 @@ def run_cancel(ctx: click.Context, run_id: str, store_override: str | None,
 @click.argument("run_id")
 @click.argument("name")
 @click.argument("payload", metavar="[JSON]", required=False)
+@_tenant_option("run")
 @_target_options
 @click.pass_context
-def signal(ctx: click.Context, run_id: str, name: str, payload: str | None,
+def signal(ctx: click.Context, run_id: str, name: str, payload: str | None, tenant: str | None,
            store_override: str | None, namespace_override: str | None) -> None:
     """Send signal NAME to run RUN_ID with a JSON payload (default null); a run waiting in
     ctx.wait_for(NAME) continues with it."""
@@ -392,8 +408,8 @@ def signal(ctx: click.Context, run_id: str, name: str, payload: str | None,
     async def send() -> Run:
         async with _opened_store(target.store) as store, \
                 _app_for_run(target, store, run_id) as app:
-            await app.signal(run_id, name, value)
-            return await app.get_run(run_id)
+            await app.signal(run_id, name, value, tenant=tenant)
+            return await app.get_run(run_id, tenant=tenant)
 
     found = _run_async(send())
     click.echo(f"Sent signal {name!r} to run {run_id} ({found.status}).")
@@ -445,7 +461,8 @@ def pauses(ctx: click.Context, tenant: str | None, limit: int, as_json: bool,
 
 
 def _answer(ctx: click.Context, pause_id: str, approved: bool, data: str | None,
-            by: str | None, store_override: str | None, namespace_override: str | None) -> None:
+            by: str | None, tenant: str | None, store_override: str | None,
+            namespace_override: str | None) -> None:
     target = _target(ctx, store_override, namespace_override)
     value: Any = None
     if data is not None:
@@ -460,12 +477,14 @@ def _answer(ctx: click.Context, pause_id: str, approved: bool, data: str | None,
             namespace = target.namespace
             if namespace is None:
                 found = await store.get_pause(pause_id)
-                if found is None:
+                # another tenant's pause reads exactly like one that does not exist
+                if found is None or (tenant is not None and found.tenant != tenant):
                     raise UnknownPauseError(f"No pause with id {pause_id!r}.")
                 namespace = found.namespace
             app = App(namespace, store=store)
             async with app.open():
-                return await app.resume(pause_id, approved=approved, data=value, by=by)
+                return await app.resume(pause_id, approved=approved, data=value, by=by,
+                                        tenant=tenant)
 
     resolved = _run_async(answer())
     verb = "Approved" if approved else "Denied"
@@ -474,6 +493,7 @@ def _answer(ctx: click.Context, pause_id: str, approved: bool, data: str | None,
 
 
 def _answer_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = _tenant_option("pause")(fn)
     fn = click.option("--by", default=None, metavar="NAME", help="Who decided.")(fn)
     fn = click.option("--data", default=None, metavar="JSON",
                       help="A JSON value given to the run with the decision.")(fn)
@@ -485,9 +505,10 @@ def _answer_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @_target_options
 @click.pass_context
 def approve(ctx: click.Context, pause_id: str, data: str | None, by: str | None,
-            store_override: str | None, namespace_override: str | None) -> None:
+            tenant: str | None, store_override: str | None,
+            namespace_override: str | None) -> None:
     """Approve pause PAUSE_ID (exactly one answer wins; a second gets an error)."""
-    _answer(ctx, pause_id, True, data, by, store_override, namespace_override)
+    _answer(ctx, pause_id, True, data, by, tenant, store_override, namespace_override)
 
 
 @cli.command(short_help="Deny a pause: its run continues with approved=False.")
@@ -495,9 +516,106 @@ def approve(ctx: click.Context, pause_id: str, data: str | None, by: str | None,
 @_target_options
 @click.pass_context
 def deny(ctx: click.Context, pause_id: str, data: str | None, by: str | None,
-         store_override: str | None, namespace_override: str | None) -> None:
+         tenant: str | None, store_override: str | None,
+         namespace_override: str | None) -> None:
     """Deny pause PAUSE_ID (exactly one answer wins; a second gets an error)."""
-    _answer(ctx, pause_id, False, data, by, store_override, namespace_override)
+    _answer(ctx, pause_id, False, data, by, tenant, store_override, namespace_override)
+
+
+# -- ledger ----------------------------------------------------------------------------------
+
+
+def _amount(value: float) -> str:
+    """Money as people read it: 12 significant digits (a sum's float noise, as in 0.1 + 0.2,
+    does not show), never in exponent notation, thousands separated."""
+    text = format(Decimal(f"{value:.12g}"), ",f")
+    return "0" if text == "-0" else text
+
+
+def _coordination_addresses(value: str | None) -> str | list[str] | None:
+    """``--coordination`` as ``App(coordination=…)`` takes it (a comma-separated list is a
+    Redlock quorum), like ``App.from_env``."""
+    if not value:
+        return None
+    if "," in value:
+        return [a.strip() for a in value.split(",") if a.strip()]
+    return value
+
+
+@cli.command(short_help="The cost ledger: who spent what, with a total per currency.")
+@click.option("--tenant", default=None, metavar="NAME", help="Only what this tenant spent.")
+@click.option("--root", "root_id", default=None, metavar="RUN_ID",
+              help="Only what this root run and its child runs spent.")
+@click.option("--limit", default=1000, show_default=True, type=click.IntRange(min=1),
+              help="At most this many rows, oldest first.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.option("--coordination", envvar="SHOAL_COORDINATION", default=None, metavar="URL",
+              help="Where the app keeps its rate-limit state when not in the store: the "
+                   "redis:// address of App(coordination=...), or several comma-separated "
+                   "[env SHOAL_COORDINATION].")
+@_target_options
+@click.pass_context
+def ledger(ctx: click.Context, tenant: str | None, root_id: str | None, limit: int,
+           as_json: bool, coordination: str | None, store_override: str | None,
+           namespace_override: str | None) -> None:
+    """The cost ledger of a namespace (ctx.spend, app.spend, priced provider calls), oldest
+    first, with the total per currency. Without --namespace, the run given to --root names it."""
+    target = _target(ctx, store_override, namespace_override)
+    coord = _coordination_addresses(coordination)
+
+    async def read() -> tuple[str, list[SpendEntry]]:
+        async with _opened_store(target.store) as store:
+            namespace = target.namespace
+            if namespace is None and root_id is not None:
+                root = await store.get_run(root_id)
+                # another tenant's root names nothing, like one that does not exist
+                if root is not None and (tenant is None or root.tenant == tenant):
+                    namespace = root.namespace
+            if namespace is None:
+                raise click.ClickException(
+                    "Which namespace? Give --namespace/-n NAME (or set SHOAL_NAMESPACE), or "
+                    "--root with the id of an existing root run.")
+            app = App(namespace, store=store, coordination=coord)
+            async with app.open():
+                return namespace, await app.ledger(tenant=tenant, root_id=root_id, limit=limit)
+
+    namespace, rows = _run_async(read())
+    if as_json:
+        for entry in rows:
+            click.echo(json.dumps(dataclasses.asdict(entry), ensure_ascii=False))
+        return
+    console = _console()
+    where = f"namespace {namespace!r}"
+    if tenant is not None:
+        where += f", tenant {tenant!r}"
+    if root_id is not None:
+        where += f", root run {root_id}"
+    if not rows:
+        console.print(f"No spending recorded for {escape(where)}.")
+        return
+    table = Table(title=f"cost ledger of {escape(where)}", title_justify="left")
+    table.add_column("when", no_wrap=True)
+    table.add_column("tenant")
+    table.add_column("run", no_wrap=True)
+    table.add_column("root", no_wrap=True)
+    table.add_column("amount", justify="right", no_wrap=True)
+    table.add_column("currency")
+    totals: dict[str, list[float]] = {}
+    for entry in rows:
+        totals.setdefault(entry.currency, []).append(entry.amount)
+        table.add_row(_when(entry.at), escape(entry.tenant), entry.run_id or "[dim]-[/]",
+                      entry.root_id or "[dim]-[/]", _amount(entry.amount),
+                      escape(entry.currency))
+    table.add_section()
+    for currency in sorted(totals):
+        amounts = totals[currency]
+        count = f"{len(amounts)} row{'' if len(amounts) == 1 else 's'}"
+        table.add_row("[bold]total[/]", "", f"[dim]{count}[/]", "",
+                      f"[bold]{_amount(math.fsum(amounts))}[/]", escape(currency))
+    console.print(table)
+    if len(rows) == limit:
+        console.print(f"[dim]Only the first {limit} rows (oldest first) are shown and added "
+                      f"up; raise --limit to see more.[/]")
 
 
 # -- migrate ---------------------------------------------------------------------------------
