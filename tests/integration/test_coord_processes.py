@@ -576,6 +576,14 @@ async def test_slots_never_owned_twice_through_churn(backend: Backend, tmp_path:
         problems += more
         problems += [f"{who} exited with {code} after SIGTERM" for who, code in codes.items()
                      if code != 0]
+        # what a listener hears is what app.slots answers at that moment
+        problems += [f"{r['instance']} heard {r['assignment']} but owned {r['slots']} then"
+                     for r in records if r.get("ev") == "assigned" and r["slots"] != (
+                         [] if r["assignment"] is None
+                         else list(range(r["assignment"][0], TOTAL, r["assignment"][1])))]
+        heard = {r["instance"] for r in records if r.get("ev") == "assigned"}
+        problems += [f"{who}'s listener was not called when added"
+                     for who in _started(records) if who not in heard]
         owners = {r.instance for r in runs}
         by_slot: dict[int, list[Run]] = defaultdict(list)
         for run in sorted(runs, key=lambda r: r.first):
