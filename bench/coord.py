@@ -97,6 +97,23 @@ class Window:
 Measure = Callable[[], Awaitable[Window]]
 
 
+async def all_of(coros: list[Awaitable[None]], timeout: float) -> None:
+    """Run ``coros`` as tasks until all are done; the first failure raises, and the others are
+    cancelled (also when the caller is)."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        done, pending = await asyncio.wait(tasks, timeout=timeout,
+                                           return_when=asyncio.FIRST_EXCEPTION)
+        for t in done:
+            t.result()
+        if pending:
+            raise TimeoutError(f"{len(pending)} of {len(tasks)} clients still running after "
+                               f"{timeout:g} s")
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
 def sequential(op: Op, plan: Plan) -> Measure:
     """One client: ``op`` awaited back to back."""
     return concurrent([op], plan)
@@ -123,13 +140,8 @@ def concurrent(ops: list[Op], plan: Plan) -> Measure:
                 if t >= start:
                     counts[i] += 1
 
-        tasks = [asyncio.create_task(work(i, op)) for i, op in enumerate(ops)]
-        try:
-            await asyncio.wait_for(asyncio.gather(*tasks),
-                                   timeout=plan.warmup + plan.seconds + 60)
-        finally:
-            for t in tasks:
-                t.cancel()
+        await all_of([work(i, op) for i, op in enumerate(ops)],
+                     timeout=plan.warmup + plan.seconds + 60)
         return Window(counts, total[0])
 
     return measure
@@ -248,7 +260,7 @@ async def handoff(enter: Enter, queued: Callable[[int], Awaitable[None]], n: int
                 return
             await entered[other].wait()
 
-    await asyncio.wait_for(asyncio.gather(side(0), side(1)), timeout=max(60.0, n * 0.5))
+    await all_of([side(0), side(1)], timeout=max(60.0, n * 0.5))
     return latencies
 
 
@@ -861,10 +873,25 @@ def machine() -> str:
 
 
 async def run(args: argparse.Namespace, plan: Plan, tmp: Path) -> list[Section]:
+    # Ctrl-C or SIGTERM cancels the section in flight, whose clean-up (Redis keys, schema) runs
+    # in its finally blocks; a cancellation that a library swallowed is caught between sections.
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    stopping: list[int] = []
+
+    def stop(signum: int) -> None:
+        stopping.append(signum)
+        task.cancel()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop, signum)
     sections = []
     for name in args.only.split(","):
         name = name.strip()
         began = perf()
+        if stopping:
+            raise KeyboardInterrupt
         print(f"{name}...", file=sys.stderr)
         try:
             if name == "redis":
@@ -875,9 +902,15 @@ async def run(args: argparse.Namespace, plan: Plan, tmp: Path) -> list[Section]:
                 s = await bench_sqlite(tmp, plan)
             else:
                 raise SystemExit(f"unknown store {name!r}: redis, postgres, sqlite")
+        except asyncio.CancelledError:
+            raise KeyboardInterrupt from None
         except (OSError, ImportError) as e:
+            if stopping:
+                raise KeyboardInterrupt from None
             s = Section(name, error=f"{type(e).__name__}: {e}")
         except Exception as e:
+            if stopping:
+                raise KeyboardInterrupt from None
             if type(e).__module__.startswith(("redis", "psycopg")):
                 s = Section(name, error=f"{type(e).__name__}: {e}")
             else:
