@@ -303,8 +303,13 @@ async def provider_rows(section: Section, app: shoal.App, plan: Plan, label: str
             await prefill(p.keys["requests"], "1", n)
             await prefill(p.keys["tokens"], str(TOKENS), n)
             full = await measure(lambda p=p: call_through(p), 1, plan)
+            left = await entries(p)
             section.rows.append(Row(f"(c) over windows of {n:,} entries", c_calls, full, None,
-                                    await entries(p)))
+                                    left))
+            if left < n:
+                section.notes.append(f"[red]The {n:,}-entry window held only {left:,} entries "
+                                     f"after its measure: something else deleted or trimmed it "
+                                     f"(a shared server?); that row is not valid.[/]")
             print(f"  {label} (c) over {n:,}-entry windows: {full.rate:,.0f}/s p50 "
                   f"{1000 * full.p50:.2f} ms", file=sys.stderr)
 
@@ -346,7 +351,7 @@ async def bench_redis(url: str, plan: Plan) -> Section:
     from shoal.stores.redis import RedisCoordStore
 
     section = Section("Redis")
-    prefix = f"shoalbench-providers{os.getpid()}"
+    prefix = f"providerbench{os.getpid()}"
     admin = Redis.from_url(url, decode_responses=True)
     try:
         info = await admin.info("server")
