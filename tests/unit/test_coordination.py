@@ -349,17 +349,87 @@ async def test_a_raising_listener_leaves_the_replica_owning_nothing(
     apps = [make(store, clock, f"r{i}") for i in range(2)]
     async with apps[0], apps[1]:
         calls: list[Any] = []
+        good: list[Any] = []
+        first_owned: list[tuple[float, Any]] = []
 
         def bad(assignment: shoal.Assignment | None) -> None:
             calls.append(assignment)
             if assignment is not None:
                 raise RuntimeError("listener bug")
 
+        apps[0].on_assigned(good.append)      # called before the bad one, so it hears A first
         apps[0].on_assigned(bad)
+        apps[1].on_assigned(lambda a: first_owned.append((clock.now(), a)))
         await step(clock, 6 * INTERVAL, apps)
-        assert calls[0] is None and calls[-1] is not None
+        assert calls[0] is None and any(c is not None for c in calls)
+        assert calls[-1] is None and good[-1] is None, "every listener hears None at the break"
         assert apps[0].slots(16) is None
         assert apps[1].slots(16) == list(range(16)), "the others take its share"
+
+
+async def test_listeners_let_go_when_validity_ends_even_with_a_heartbeat_in_flight(
+    clock: VirtualClock, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert isinstance(store, CoordStore)
+    app = make(store, clock, "solo")
+    heard: list[tuple[float, Any]] = []
+    app.on_assigned(lambda a: heard.append((clock.now(), a)))
+    async with app:
+        await step(clock, 3 * INTERVAL, [app])
+        assert heard[-1][1] == shoal.Assignment(0, 1)
+        real = store.heartbeat
+        sent: list[float] = []
+
+        async def slow_then_hang(*args: Any) -> Any:
+            if not sent:        # the last granted beat answers after 0.9 intervals
+                sent.append(clock.now())
+                await clock.sleep(0.9 * INTERVAL)
+                return await real(*args)
+            return await asyncio.get_running_loop().create_future()   # then never again
+
+        monkeypatch.setattr(store, "heartbeat", slow_then_hang)
+        await step(clock, 5 * INTERVAL, [app], tick=0.1)
+        dropped_at = heard[-1][0]
+        assert heard[-1][1] is None
+        # validity ends two intervals after the granted beat was sent: listeners hear it then,
+        # not a heartbeat timeout later (the store's row lives one interval longer)
+        assert dropped_at <= sent[0] + 2 * INTERVAL + 0.15, (dropped_at - sent[0])
+
+
+async def test_an_async_listener_lets_go_before_another_replica_takes_over(
+    clock: VirtualClock, store: Store
+) -> None:
+    apps = [make(store, clock, f"r{i}") for i in range(2)]
+    working: dict[int, str] = {}         # slot -> replica whose workers run it
+    overlaps: list[Any] = []
+
+    def listener_for(name: str) -> Any:
+        async def listener(assignment: shoal.Assignment | None) -> None:
+            mine = [s for s, who in working.items() if who == name]
+            for slot in mine:            # stopping a worker takes a while
+                await clock.sleep(0.5 * INTERVAL)
+                del working[slot]
+            for slot in (assignment.slots(8) if assignment else []):
+                if slot in working:
+                    overlaps.append((clock.now(), slot, working[slot], name))
+                working[slot] = name
+        return listener
+
+    await apps[0].start()
+    offs = [apps[0].on_assigned(listener_for("r0"))]
+    try:
+        await step(clock, 3 * INTERVAL, apps[:1], total=8)
+        assert sorted(working) == list(range(8))
+        await apps[1].start()
+        offs.append(apps[1].on_assigned(listener_for("r1")))
+        await step(clock, 12 * INTERVAL, apps, total=8, tick=0.25)
+        assert overlaps == []
+        assert sorted(working) == list(range(8)) and set(working.values()) == {"r0", "r1"}
+    finally:
+        for off in offs:      # nothing advances the virtual clock while the apps close
+            off()
+        for app in apps:
+            await app.close(timeout=0)
 
 
 async def test_slots_total_is_checked(two: list[shoal.App]) -> None:

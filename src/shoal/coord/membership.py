@@ -17,12 +17,12 @@ import contextlib
 import inspect
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 from shoal.clock import Clock
-from shoal.coord.base import CoordStore
+from shoal.coord.base import CoordStore, MemberView
 from shoal.coord.lock import first_of
 
 log = logging.getLogger("shoal")
@@ -42,8 +42,27 @@ class Assignment:
 Listener = Callable[[Assignment | None], Any]
 
 
+class _Subscription:
+    """A listener, what it last heard, and its calls still running (an async listener's calls
+    run one after the other, in order)."""
+
+    def __init__(self, listener: Listener) -> None:
+        self.listener = listener
+        self.heard: Assignment | None = None
+        self.called = False
+        self.chain: asyncio.Task[None] | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self.chain is not None and not self.chain.done()
+
+
 class Membership:
-    """One instance's membership: heartbeats, the assignment it holds, and its listeners."""
+    """One instance's membership: heartbeats, the assignment it holds, and its listeners.
+
+    What this member reports as held (the store grants nobody a new generation meanwhile) is the
+    generation it acts on, and after it lets go, that generation again until every listener has
+    finished hearing None (an async listener stopping its workers)."""
 
     def __init__(self, coord: CoordStore, clock: Clock, namespace: str, instance_id: str,
                  interval: float, observers: list[Any]) -> None:
@@ -57,10 +76,13 @@ class Membership:
         self._observers = observers
         self._assignment: Assignment | None = None
         self._generation: int | None = None     # the generation the store says we hold
+        self._letting_go: int | None = None     # dropped, but listeners are still letting go
         self._valid_until = 0.0                 # act on the assignment only before this
-        self._listeners: list[Listener] = []
+        self._subscriptions: list[_Subscription] = []
         self._broken = False
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._inflight: asyncio.Future[MemberView] | None = None
+        self._changed = asyncio.Event()         # wakes the validity watchdog
         self._pending: set[asyncio.Future[Any]] = set()
         self._unreachable = False
 
@@ -73,31 +95,46 @@ class Membership:
         return self._assignment
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name=f"shoal-members-{self.namespace}")
+        if not self._tasks and not self._broken:
+            self._tasks = [
+                asyncio.create_task(self._run(), name=f"shoal-members-{self.namespace}"),
+                asyncio.create_task(self._watchdog(), name=f"shoal-members-watch-{self.namespace}"),
+            ]
 
     async def stop(self) -> None:
-        """Let go of the assignment, then leave the roster (others rebalance at once)."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
-        self._set(None)
-        self._generation = None
+        """Let go of the assignment, let the listeners finish, then leave the roster (the others
+        rebalance at once)."""
+        await self._cancel_tasks()
+        self._let_go()
+        await self._listeners_done(self.interval)
         try:
             await asyncio.wait_for(self.coord.leave(self.namespace, self.member), 2.0)
         except Exception as e:
             log.warning("membership.leave_failed: %s: %s; the row ends by itself",
                         type(e).__name__, e, extra={"event": "membership.leave_failed"})
 
+    async def _cancel_tasks(self) -> None:
+        tasks = [t for t in self._tasks if t is not asyncio.current_task()]
+        self._tasks = []
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            # not suppress(BaseException): that would also swallow a cancel of the caller
+            await asyncio.wait(tasks)
+
+    async def _listeners_done(self, timeout: float) -> None:
+        chains = [s.chain for s in self._subscriptions if s.chain is not None and s.busy]
+        if chains:
+            await asyncio.wait(chains, timeout=timeout)
+
     def on_assigned(self, listener: Listener) -> Callable[[], None]:
-        self._listeners.append(listener)
-        self._call(listener, self.assignment)
+        subscription = _Subscription(listener)
+        self._subscriptions.append(subscription)
+        self._call(subscription, self.assignment)
 
         def off() -> None:
             with contextlib.suppress(ValueError):
-                self._listeners.remove(listener)
+                self._subscriptions.remove(subscription)
 
         return off
 
@@ -107,72 +144,106 @@ class Membership:
         while not self._broken:
             delay = await self._beat()
             if delay > 0:
-                await self._sleep(delay)
+                await self.clock.sleep(delay)
 
-    async def _sleep(self, seconds: float) -> None:
-        """Sleep, but let go of the assignment the moment it stops being valid."""
-        if self._assignment is not None:
-            until_invalid = self._valid_until - self.clock.now()
-            if until_invalid < seconds:
-                await self.clock.sleep(max(0.0, until_invalid))
-                self._expire()
-                seconds -= max(0.0, until_invalid)
-        await self.clock.sleep(max(0.0, seconds))
+    async def _watchdog(self) -> None:
+        """Let go the moment the assignment stops being valid, whatever the loop is waiting on
+        (a heartbeat that does not come back, a store that does not answer)."""
+        while True:
+            self._changed.clear()
+            if self._assignment is None:
+                await self._changed.wait()
+                continue
+            delay = self._valid_until - self.clock.now()
+            if delay <= 0:
+                log.warning("membership.expired: no heartbeat confirmed for %g s; owning nothing "
+                            "until the store answers", 2 * self.interval,
+                            extra={"event": "membership.expired"})
+                self._let_go()
+                continue
+            await first_of(self._changed.wait(), self.clock, delay)
 
-    def _expire(self) -> None:
-        if self._assignment is not None and self.clock.now() >= self._valid_until:
-            log.warning("membership.expired: no heartbeat confirmed for %g s; owning nothing "
-                        "until the store answers", 2 * self.interval,
-                        extra={"event": "membership.expired"})
-            self._set(None)
+    def _let_go(self) -> None:
+        """Stop acting on the assignment (listeners hear None) before the store hears of it."""
+        if self._generation is not None:
+            self._letting_go = self._generation
             self._generation = None
+        self._set(None)
+
+    def _held(self) -> int | None:
+        """What to report as held: what we act on, or still let go of."""
+        if self._generation is not None:
+            return self._generation
+        if self._letting_go is not None and any(s.busy for s in self._subscriptions):
+            return self._letting_go
+        self._letting_go = None
+        return None
 
     async def _beat(self) -> float:
         """One heartbeat; returns how long to wait before the next."""
+        if self._inflight is not None and not self._inflight.done():
+            # never a second heartbeat beside one still in flight: a late one must not land
+            # after (and undo) a newer one
+            await first_of(asyncio.shield(self._inflight), self.clock, self.interval)
+            if not self._inflight.done():
+                return 0.0
         sent = self.clock.now()
-        held = self._generation
-        call = asyncio.ensure_future(self.coord.heartbeat(
+        held = self._held()
+        self._inflight = call = asyncio.ensure_future(self.coord.heartbeat(
             self.namespace, self.member, held, sent, 3 * self.interval, 2 * self.interval))
         try:
-            answered = await first_of(call, self.clock, self.interval)
-            if not answered:
+            if not await first_of(asyncio.shield(call), self.clock, self.interval):
                 raise TimeoutError(f"no answer within {self.interval:g} s")
             view = call.result()
         except Exception as e:
+            if not call.done():
+                call.add_done_callback(_retrieve)
             if not self._unreachable:
                 log.warning("membership.unavailable: %s: %s", type(e).__name__, e,
                             extra={"event": "membership.unavailable"})
             self._unreachable = True
-            self._expire()
             return min(self.interval / 5, 1.0)
         if self._unreachable:
             log.info("membership.available", extra={"event": "membership.available"})
             self._unreachable = False
-        if held is not None and (view.generation != held or self.member not in view.members):
-            # let go first, then say so (at once: the others wait for it)
-            self._set(None)
-            self._generation = None
+        if self._broken:
+            return 0.0
+        if self._generation is not None and (view.generation != self._generation
+                                             or self.member not in view.members):
+            self._let_go()            # first let go, then say so (at once: others wait for it)
             return 0.0
         if view.granted:
             self._generation = view.generation
+            self._letting_go = None
             self._valid_until = sent + 2 * self.interval
-            self._set(Assignment(view.members.index(self.member), len(view.members)))
+            self._changed.set()
+            if self.clock.now() < self._valid_until:   # not an answer that came too late
+                self._set(Assignment(view.members.index(self.member), len(view.members)))
             return self.interval
-        if held is not None:   # cannot happen by the protocol; never act on a doubt
-            self._set(None)
-            self._generation = None
+        if self._generation is not None:   # cannot happen by the protocol; never act on a doubt
+            self._let_go()
+            return 0.0
+        if held is not None:
+            # listeners still letting go of an older generation: keep the row alive (held) on
+            # the app's clock while they finish, then say so
+            chains = [s.chain for s in self._subscriptions if s.chain is not None and s.busy]
+            if chains:
+                await first_of(asyncio.wait(chains), self.clock, self.interval / 5)
             return 0.0
         # on the roster but others still hold an older generation: ask again soon
         return self.interval / 5 if self.member in view.members else self.interval
 
+    # -- listeners -------------------------------------------------------------------------
+
     def _set(self, assignment: Assignment | None) -> None:
-        before = self._assignment
-        self._assignment = assignment
-        if assignment == before:
+        if self._broken:
+            assignment = None
+        if assignment == self._assignment:
             return
+        self._assignment = assignment
+        self._changed.set()
         log.info("membership.assigned: %s", assignment, extra={"event": "membership.assigned"})
-        for listener in list(self._listeners):
-            self._call(listener, assignment)
+        self._deliver(assignment)
         for observer in self._observers:
             fn = getattr(observer, "on_slots_assigned", None)
             if fn is not None:
@@ -186,30 +257,64 @@ class Membership:
                     log.exception("observer.failed: %s.on_slots_assigned",
                                   type(observer).__name__, extra={"event": "observer.failed"})
 
-    def _call(self, listener: Listener, assignment: Assignment | None) -> None:
+    def _deliver(self, assignment: Assignment | None) -> None:
+        for subscription in list(self._subscriptions):
+            if self._broken and assignment is not None:
+                return        # a listener raised: the others hear None instead (from _break)
+            if subscription.called and subscription.heard == assignment:
+                continue
+            self._call(subscription, assignment)
+
+    def _call(self, subscription: _Subscription, assignment: Assignment | None) -> None:
+        subscription.heard, subscription.called = assignment, True
+        listener = subscription.listener
+        if subscription.busy:     # after its earlier calls, in order
+            previous = subscription.chain
+
+            async def later() -> None:
+                if previous is not None:
+                    await asyncio.wait([previous])
+                result = listener(assignment)
+                if inspect.isawaitable(result):
+                    await result
+
+            self._chain(subscription, later())
+            return
         try:
             result = listener(assignment)
-            if inspect.isawaitable(result):
-                task = asyncio.ensure_future(result)
-                self._pending.add(task)
-                task.add_done_callback(self._listener_done)
         except Exception as e:
             self._break(listener, e)
+            return
+        if inspect.isawaitable(result):
+            self._chain(subscription, _awaited(result))
 
-    def _listener_done(self, task: asyncio.Future[Any]) -> None:
-        self._pending.discard(task)
+    def _chain(self, subscription: _Subscription, work: Coroutine[Any, Any, None]) -> None:
+        try:
+            task = asyncio.ensure_future(work)
+        except RuntimeError:       # no event loop running: nothing can run it
+            work.close()
+            return
+        subscription.chain = task
+        task.add_done_callback(lambda t: self._listener_done(subscription.listener, t))
+
+    def _listener_done(self, listener: Listener, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
-            self._break(None, task.exception())
+            self._break(listener, task.exception())
 
     def _break(self, listener: Listener | None, error: BaseException | None) -> None:
-        """A listener raised: own nothing from now on and leave, so the others take over."""
+        """A listener raised: own nothing from now on (every listener hears None), then leave
+        once they have let go, so the others take over."""
         if self._broken:
             return
         self._broken = True
         log.error("membership.listener_failed: %r raised %r; this replica owns no slots from now "
                   "on", listener, error, extra={"event": "membership.listener_failed"})
+        if self._generation is not None:
+            self._letting_go = self._generation
+            self._generation = None
         self._assignment = None
-        self._generation = None
+        self._changed.set()
+        self._deliver(None)
         try:
             task = asyncio.ensure_future(self._leave_after_break())
         except RuntimeError:   # no event loop: not started, so nothing to leave
@@ -218,9 +323,17 @@ class Membership:
         task.add_done_callback(self._pending.discard)
 
     async def _leave_after_break(self) -> None:
-        if self._task is not None and self._task is not asyncio.current_task():
-            self._task.cancel()
-            with contextlib.suppress(BaseException):
-                await self._task
+        await self._cancel_tasks()
+        await self._listeners_done(2 * self.interval)
         with contextlib.suppress(Exception):
             await self.coord.leave(self.namespace, self.member)
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> None:
+    await awaitable
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark a late heartbeat's outcome as seen (its answer is stale and ignored)."""
+    if not future.cancelled():
+        future.exception()
