@@ -343,8 +343,14 @@ class App:
             version=self.version, observers=self._observers,
             fire=self._fire_cron, spend=self._spend,
         )
+        membership = self._membership_for() if self._coordinates() else None
         self._engine.start()
-        self._membership_for().start()
+        if membership is not None:
+            membership.start()
+        else:
+            log.warning("membership.unavailable: the store %s keeps no coordination and no "
+                        "coordination= was given: slots() answers None", mask_url(self.store.url),
+                        extra={"event": "membership.unavailable"})
         self._started = True
         log.info("app.started: %r", self, extra={"event": "app.started"})
 
@@ -409,6 +415,9 @@ class App:
                 f"that does.")
         return self.store
 
+    def _coordinates(self) -> bool:
+        return self._coord_store is not None or isinstance(self.store, CoordStore)
+
     def _membership_for(self) -> Membership:
         if self._membership is None:
             self._membership = Membership(self._coord(), self.clock, self.namespace,
@@ -459,6 +468,9 @@ class App:
         if not callable(listener):
             raise TypeError(f"app.on_assigned(listener): listener must be callable, not "
                             f"{listener!r}.")
+        if not self._coordinates():
+            listener(None)          # owns nothing, ever: there is no membership to join
+            return lambda: None
         return self._membership_for().on_assigned(listener)
 
     async def meter(self, keys: Sequence[str], deltas: Sequence[float]) -> list[float]:

@@ -96,7 +96,85 @@ async def test_released_on_exception_and_locked_returns_the_result(
         return 42
 
     assert await asyncio.wait_for(a.locked("x", async_fn), 2) == 42
-    assert not seen[0].aborted
+    # once released, the lock may have another holder: its signal says so
+    assert seen[0].aborted and "released" in str(seen[0].reason)
+
+
+async def test_a_cancelled_locked_call_keeps_the_lock_until_its_thread_returns(
+    two: list[shoal.App],
+) -> None:
+    a, b = two
+    import threading
+    go = threading.Event()
+    saw_abort: list[bool] = []
+
+    def work(signal: shoal.AbortSignal) -> None:
+        go.wait(5)
+        saw_abort.append(signal.aborted)
+
+    task = asyncio.create_task(a.locked("k", work))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    other = asyncio.create_task(b.lock("k").__aenter__())
+    await asyncio.sleep(0.1)
+    assert not other.done(), "the thread still runs under the lock"
+    go.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert saw_abort == [True], "the thread was told through its signal"
+    lock = await asyncio.wait_for(other, 2)
+    await b._locks.release(lock)
+
+
+async def test_a_grant_answered_after_its_lease_is_not_used(
+    clock: VirtualClock, two: list[shoal.App], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, _ = two
+    store = a.store
+    assert isinstance(store, CoordStore)
+    real = store.lock_acquire
+    late = {"first": True}
+
+    async def slow(*args: Any) -> Any:
+        got = await real(*args)
+        if late["first"]:
+            late["first"] = False
+            await clock.sleep(LEASE + 1)        # the answer arrives after the lease
+        return got
+
+    monkeypatch.setattr(store, "lock_acquire", slow)
+    task = asyncio.create_task(a.lock("k").__aenter__())
+    await settle()
+    await clock.advance(LEASE + 2)
+    await until(lambda: _done(task))
+    lock = task.result()
+    assert lock.token == 2, "the late grant was given back and a fresh one taken"
+    assert lock.held_until > clock.now() and not lock.signal.aborted
+    await a._locks.release(lock)
+
+
+async def test_an_error_after_the_store_granted_does_not_queue_behind_itself(
+    clock: VirtualClock, two: list[shoal.App], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, _ = two
+    store = a.store
+    assert isinstance(store, CoordStore)
+    real = store.lock_acquire
+    failed = {"once": True}
+
+    async def granted_then_lost(*args: Any) -> Any:
+        got = await real(*args)
+        if failed["once"]:
+            failed["once"] = False
+            raise shoal.StoreUnavailableError("the answer was lost")
+        return got
+
+    monkeypatch.setattr(store, "lock_acquire", granted_then_lost)
+    task = asyncio.create_task(a.lock("k").__aenter__())
+    await settle()
+    await clock.advance(1.5)                    # one retry delay, far less than the lease
+    await until(lambda: _done(task))
+    await a._locks.release(task.result())
 
 
 async def test_several_keys_in_any_order_never_deadlock(two: list[shoal.App]) -> None:

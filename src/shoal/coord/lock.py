@@ -137,12 +137,20 @@ class LockManager:
                                         type(e).__name__, e, list(keys),
                                         extra={"event": "lock.unavailable"})
                         failing = True
+                        # the store may have granted it before the error: give back whatever
+                        # we have, or we would queue behind ourselves until our own lease ends
+                        with contextlib.suppress(Exception):
+                            await coord.lock_release(self.namespace, keys, holder)
                         await self.clock.sleep(min(self.lease / 3, 1.0))
                         continue
                     failing = False
                     if isinstance(got, LockGrant):
-                        granted = got
-                        break
+                        if self.clock.now() < sent + self.lease:
+                            granted = got
+                            break
+                        # answered after its own lease ended: another may hold it already
+                        await coord.lock_release(self.namespace, keys, holder)
+                        continue
                     # ask again when told, when something ahead ends, or to keep our place
                     wake_at = min(got.retry_at, sent + self.lease / 3)
                     await first_of(watch.wait(), self.clock, wake_at - self.clock.now())
@@ -159,11 +167,14 @@ class LockManager:
         return lock
 
     async def release(self, lock: Lock) -> None:
+        lost = lock.signal.aborted
+        # from here on the lock may have another holder: tell whatever still runs under it
+        lock.signal._abort(LockLostError(lock.keys, "it was released"))
         task = self._renewals.pop(lock.holder, None)
         if task is not None:
             task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
+            # not suppress(BaseException): that would also swallow a cancel of the caller
+            await asyncio.wait([task])
         try:
             await self._coord().lock_release(self.namespace, lock.keys, lock.holder)
         except Exception as e:
@@ -172,7 +183,7 @@ class LockManager:
                         type(e).__name__, e, list(lock.keys),
                         extra={"event": "lock.release_failed"})
         self._notify("on_lock_released", lock.keys, key_group(lock.keys),
-                     self.clock.now() - lock.acquired_at, lock.signal.aborted)
+                     self.clock.now() - lock.acquired_at, lost)
 
     async def locked(self, keys: tuple[str, ...], fn: Callable[[AbortSignal], Any]) -> Any:
         lock = await self.acquire(keys)
@@ -180,18 +191,28 @@ class LockManager:
             if inspect.iscoroutinefunction(fn):
                 return await fn(lock.signal)
             # a plain function runs in a thread: blocking the loop would stop the renewals
-            result = await asyncio.to_thread(fn, lock.signal)
+            thread = asyncio.ensure_future(asyncio.to_thread(fn, lock.signal))
+            try:
+                result = await asyncio.shield(thread)
+            except asyncio.CancelledError:
+                # a thread cannot be stopped: tell it, and keep the lock (renewed) until it
+                # returns, so nobody else holds it meanwhile
+                lock.signal._abort(LockLostError(lock.keys, "the caller was cancelled"))
+                await asyncio.wait([thread])
+                raise
             if inspect.isawaitable(result):
                 result = await result
             return result
         finally:
-            await self.release(lock)
+            await asyncio.shield(self.release(lock))
 
     async def _renew(self, lock: Lock) -> None:
         coord = self._coord()
         failing = False
         while True:
-            await self.clock.sleep(self.lease / 3)
+            # a third of the lease after the last confirmed renewal (or grant) was sent
+            await self.clock.sleep(max(0.0, lock.held_until - self.lease * 2 / 3
+                                       - self.clock.now()))
             while True:
                 sent = self.clock.now()
                 remaining = lock.held_until - sent
