@@ -64,8 +64,10 @@ class Redlock:
       the partial grants and asking again after a short random delay (``retry_at``).
     - A server that cannot be reached counts as a refusal, not an error. If no majority can be
       reached at all, ``lock_acquire`` answers LockWait (keep waiting, retry shortly) and
-      ``lock_renew`` False (the lock is lost).
-    - ``lock_renew`` is True only when a majority renewed; ``lock_release`` releases on every
+      ``lock_renew`` raises StoreUnavailableError (the caller retries while its lease lasts,
+      then reports the lock lost).
+    - ``lock_renew`` is True only when a majority renewed, False when a majority refused;
+      ``lock_release`` releases on every
       server it can reach; ``lock_watch`` wakes on a change announced by any server.
     - ``heartbeat``, ``leave``, ``meter``, ``ping`` and the rate limits (a
       :class:`~shoal.coord.base.RateStore`) use the first server only (slots, meters and rate
