@@ -4,6 +4,7 @@ instances over one store (memory, then SQLite) and one VirtualClock."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 from helpers import until
 
 import shoal
+from shoal.coord.base import RateStore
 from shoal.stores.base import Store
 from shoal.stores.memory import MemoryStore
 from shoal.stores.sqlite import SQLiteStore
@@ -327,3 +329,427 @@ async def test_one_tenant_cannot_reach_another_tenants_runs(
     assert (await b.get_run(run.id, tenant="acme")).status == "waiting"
     await b.resume(pause.id, tenant="acme")
     assert await a.result(run.id, tenant="acme") is True
+
+
+# -- regressions: admission, the breaker's states, exits ---------------------------------------
+
+
+class Outage(Exception):
+    """The fake provider is down."""
+
+
+async def fail_once(p: shoal.Provider) -> None:
+    with pytest.raises(Outage):
+        async with p.call():
+            raise Outage()
+
+
+def rates_of(store: Store) -> RateStore:
+    assert isinstance(store, RateStore)
+    return store
+
+
+def events(caplog: pytest.LogCaptureFixture, event: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if getattr(r, "event", None) == event]
+
+
+async def goes(p: shoal.Provider, **options: Any) -> bool:
+    """Whether a call through ``p`` goes at once (False: it would have to wait)."""
+    try:
+        async with p.call(timeout=0, **options):
+            return True
+    except shoal.RateLimitTimeoutError:
+        return False
+
+
+async def test_a_store_error_during_admission_gives_back_all_it_took(
+    clock: VirtualClock, two: list[shoal.App], store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = providers(two, max_concurrent=1, requests_per_minute=3, tokens_per_minute=1000,
+                     breaker=shoal.Breaker(failures=1, window=60, cooldown=10))
+    await fail_once(a)                                   # request 1; the circuit opens
+    await clock.advance(11)                              # half-open
+    real = rates_of(store).window_add
+
+    async def blip(ns: str, key: str, amount: float, *rest: Any) -> Any:
+        if key == a.keys["tokens"] and amount > 0:
+            raise ConnectionError("store blip")          # after the trial, slot and request
+        return await real(ns, key, amount, *rest)
+
+    monkeypatch.setattr(store, "window_add", blip)
+    with pytest.raises(ConnectionError):
+        async with a.call(tokens=10):
+            pytest.fail("the call cannot go")
+    monkeypatch.setattr(store, "window_add", real)
+    # the trial slot, the concurrency slot and the request entry are free again: b's trial goes
+    # (and closes the circuit), then one more request fits the minute, and no third one
+    assert await goes(b)
+    assert await goes(b)
+    assert not await goes(b)
+
+
+async def test_a_cancel_during_admission_gives_back_all_it_took(
+    clock: VirtualClock, two: list[shoal.App], store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = providers(two, max_concurrent=1, requests_per_minute=10,
+                     breaker=shoal.Breaker(failures=1, window=60, cooldown=10))
+    await fail_once(a)
+    await clock.advance(11)
+    real = rates_of(store).window_add
+    stuck = asyncio.Event()
+
+    async def hang(ns: str, key: str, *rest: Any) -> Any:
+        if key == a.keys["requests"]:
+            stuck.set()
+            await asyncio.Event().wait()                 # a store that does not answer
+        return await real(ns, key, *rest)
+
+    monkeypatch.setattr(store, "window_add", hang)
+    task = asyncio.create_task(a.call().__aenter__())
+    await stuck.wait()                                   # holds the trial and the slot
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    monkeypatch.setattr(store, "window_add", real)
+    assert await goes(b)                                 # the trial slot and the slot are free
+
+
+async def test_a_failed_trial_leaves_the_circuit_half_open_after_the_next_cooldown(
+    clock: VirtualClock, two: list[shoal.App]
+) -> None:
+    a, b = providers(two, breaker=shoal.Breaker(failures=2, window=60, cooldown=30))
+    await fail_once(a)
+    await fail_once(b)                                   # open until 30
+    await clock.advance(30)
+    await fail_once(a)                                   # the trial fails: open until 60
+    with pytest.raises(shoal.CircuitOpenError):
+        async with b.call():
+            pass
+    await clock.advance(31)      # the failures at 0 left the window: still not closed
+    trial = b.call()
+    await trial.__aenter__()
+    for p in (a, b):                                     # one trial at a time
+        with pytest.raises(shoal.CircuitOpenError) as e:
+            async with p.call():
+                pass
+        assert e.value.until is None
+    await trial.__aexit__(None, None, None)              # it succeeds: closed
+    assert await goes(a) and await goes(b)
+
+
+async def test_a_long_trial_keeps_the_circuit_half_open_and_its_slot(
+    clock: VirtualClock, two: list[shoal.App]
+) -> None:
+    a, b = providers(two, breaker=shoal.Breaker(failures=1, window=60, cooldown=10))
+    await fail_once(a)
+    await clock.advance(11)
+    trial = a.call()
+    await trial.__aenter__()
+    for _ in range(150):          # past the failure's window and the trial slot's first lease
+        await clock.advance(1)
+    with pytest.raises(shoal.CircuitOpenError):
+        async with b.call():
+            pass
+    await trial.__aexit__(Outage, Outage(), None)        # it fails: open for another cooldown
+    with pytest.raises(shoal.CircuitOpenError) as e:
+        async with b.call():
+            pass
+    assert e.value.until == pytest.approx(clock.now() + 10)
+
+
+async def test_a_breaker_whose_window_is_shorter_than_its_cooldown_half_opens(
+    clock: VirtualClock, two: list[shoal.App]
+) -> None:
+    a, b = providers(two, breaker=shoal.Breaker(failures=1, window=5, cooldown=10))
+    await fail_once(a)
+    await clock.advance(11)
+    trial = a.call()
+    await trial.__aenter__()
+    with pytest.raises(shoal.CircuitOpenError):          # half-open, not closed
+        async with b.call():
+            pass
+    await trial.__aexit__(None, None, None)
+    assert await goes(b)
+
+
+async def test_a_429_then_raised_is_not_a_breaker_failure(
+    clock: VirtualClock, two: list[shoal.App]
+) -> None:
+    a, b = providers(two, breaker=shoal.Breaker(failures=2, window=60, cooldown=30))
+    for p in (a, b):
+        with pytest.raises(Outage):
+            async with p.call() as call:
+                call.rate_limited(retry_after=0)
+                raise Outage("429 Too Many Requests")    # what an SDK does after a 429
+    assert await a.open_until() is None
+    assert await goes(b)
+
+
+async def test_a_429_pauses_before_the_slot_is_freed(
+    clock: VirtualClock, two: list[shoal.App], store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, _ = providers(two, max_concurrent=1)
+    model = FakeModel(clock)
+    real = rates_of(store).pause_until
+    answer = asyncio.Event()
+
+    async def slow(*args: Any) -> Any:
+        await answer.wait()                              # a round trip that takes a while
+        return await real(*args)
+
+    monkeypatch.setattr(store, "pause_until", slow)
+
+    async def first() -> None:
+        async with a.call() as call:
+            call.rate_limited(retry_after=30)
+
+    async def second() -> None:
+        async with a.call():
+            await model()
+
+    one = asyncio.create_task(first())
+    await settle()
+    two_ = asyncio.create_task(second())
+    await settle()
+    answer.set()
+    await run_all(clock, [one, two_])
+    assert model.calls[0] >= 1_767_225_600.0 + 30
+
+
+async def test_a_429_reported_while_the_slot_is_granted_is_waited_for(
+    clock: VirtualClock, two: list[shoal.App], store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = providers(two, max_concurrent=2)
+    model = FakeModel(clock)
+    real = rates_of(store).slot_acquire
+    reported = False
+
+    async def grant_then_429(ns: str, key: str, *rest: Any) -> Any:
+        nonlocal reported
+        got = await real(ns, key, *rest)
+        if not reported:          # another replica's call answers 429 right after the grant
+            reported = True
+            async with b.call() as other:
+                other.rate_limited(retry_after=20)
+        return got
+
+    monkeypatch.setattr(store, "slot_acquire", grant_then_429)
+
+    async def one() -> None:
+        async with a.call():
+            await model()
+
+    await run_all(clock, [asyncio.create_task(one())])
+    assert model.calls[0] >= 1_767_225_600.0 + 20
+
+
+async def test_the_timeout_covers_waiting_for_the_turn(
+    clock: VirtualClock, two: list[shoal.App]
+) -> None:
+    a, _ = providers(two, max_concurrent=1)
+    holder = a.call(tenant="t1")
+    await holder.__aenter__()
+    head = asyncio.create_task(a.call(tenant="t2").__aenter__())      # waits for the slot
+    await settle()
+    behind = asyncio.create_task(a.call(tenant="t3", timeout=1).__aenter__())
+    await settle()
+    for _ in range(3):
+        await clock.advance(1)
+    assert behind.done()
+    with pytest.raises(shoal.RateLimitTimeoutError, match="max_concurrent=1"):
+        behind.result()
+    assert not head.done()
+    await holder.__aexit__(None, None, None)
+    await run_all(clock, [head])
+    await head.result().__aexit__(None, None, None)
+
+
+async def test_an_open_circuit_fails_callers_at_once_even_behind_a_waiting_call(
+    clock: VirtualClock, two: list[shoal.App]
+) -> None:
+    a, b = providers(two, max_concurrent=2,
+                     breaker=shoal.Breaker(failures=1, window=60, cooldown=30))
+    held = a.call()
+    await held.__aenter__()
+    failing = b.call()
+    await failing.__aenter__()
+    head = asyncio.create_task(a.call().__aenter__())          # waits for a slot
+    await settle()
+    await failing.__aexit__(Outage, Outage(), None)            # b opens the circuit
+    late = asyncio.create_task(a.call().__aenter__())
+    await settle()
+    assert late.done() and isinstance(late.exception(), shoal.CircuitOpenError)
+    await clock.advance(1)
+    assert head.done() and isinstance(head.exception(), shoal.CircuitOpenError)
+    await held.__aexit__(None, None, None)
+
+
+async def test_fewer_tokens_than_estimated_leave_the_window_with_the_estimate(
+    clock: VirtualClock, two: list[shoal.App]
+) -> None:
+    a, b = providers(two, tokens_per_minute=1000)
+
+    async def long_call() -> None:
+        async with a.call(tokens=1000) as call:
+            await clock.sleep(40)
+            call.used(tokens=0)
+
+    task = asyncio.create_task(long_call())
+    await run_all(clock, [task])                         # it went at 0 and ended at 40
+    assert await goes(b, tokens=500)                     # the correction made room at once
+    await clock.advance(21)      # the estimate left the window at 60, and its correction too
+    assert await goes(b, tokens=500)                     # with the 500 of 40: full
+    assert not await goes(b, tokens=1)
+    assert not await goes(a, tokens=1)
+
+
+async def test_a_call_across_utc_midnight_corrects_the_day_it_was_counted_under(
+    store: Store
+) -> None:
+    clock = VirtualClock(start=1_767_225_600.0 - 5)      # 5 s before 2026-01-01 UTC
+    async with cluster(make, instances=2, clock=clock, store=store) as apps:
+        for app in apps:
+            app.budget(per_tenant_day=1.0)
+        a, b = providers(apps, price_per_token=0.0001)
+
+        async def across() -> None:
+            async with a.call(tokens=5000, tenant="t") as call:     # 0.5 reserved on Dec 31
+                await clock.sleep(10)
+                call.used(tokens=2000)                              # 0.2 spent
+
+        await run_all(clock, [asyncio.create_task(across())])
+        spent = await apps[1].spent(tenant="t")
+        assert spent == {"the daily budget of tenant 't' (2026-01-01 UTC)": 0.0}, spent
+        with pytest.raises(shoal.BudgetExceededError):   # Jan 1 has 1.0, not 1.3
+            async with b.call(tenant="t", cost=1.2):
+                pass
+        ledger = await apps[1].ledger(tenant="t")
+        assert [e.at for e in ledger] == [1_767_225_605.0]
+        assert ledger[0].amount == pytest.approx(0.2)
+
+
+async def test_an_exhausted_budget_refuses_calls_estimated_at_nothing(
+    clock: VirtualClock, two: list[shoal.App]
+) -> None:
+    for app in two:
+        app.budget(per_tenant_day=1.0)
+    a = two[0].provider("openai")                        # no price: every estimate is 0
+    b = two[1].provider("priced", price_per_token=0.001)
+    assert await goes(a, tenant="t")                     # room left: it goes
+    await two[1].spend(1.0, tenant="t")                  # exactly at the limit
+    for p, options in ((a, {}), (b, {"tokens": 0}), (a, {"cost": 0.0})):
+        with pytest.raises(shoal.BudgetExceededError, match="daily budget") as e:
+            async with p.call(tenant="t", **options):
+                pytest.fail("the budget is spent")
+        assert e.value.spent == pytest.approx(1.0) and e.value.amount == 0
+    assert await goes(a, tenant="other")                 # another tenant's budget has room
+
+
+async def test_a_store_error_at_exit_skips_nothing_else_and_hides_no_error(
+    clock: VirtualClock, two: list[shoal.App], store: Store, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="shoal")
+    for app in two:
+        app.budget(per_tenant_day=10.0)
+    a, b = providers(two, max_concurrent=1, tokens_per_minute=1000,
+                     breaker=shoal.Breaker(failures=1, window=60, cooldown=30))
+
+    async def down(*args: Any) -> Any:
+        raise ConnectionError("store blip")
+
+    with pytest.raises(Outage, match="the body's own"):
+        async with a.call(tokens=100, tenant="t", cost=1.0) as call:
+            monkeypatch.setattr(store, "window_add", down)   # correction, failure count fail
+            call.used(tokens=10, cost=0.25)
+            raise Outage("the body's own error")
+    assert len(events(caplog, "provider.exit_failed")) == 2      # correction, failure count
+    monkeypatch.undo()
+    # the cost was recorded and the slot freed even though steps before them failed
+    spent = await two[1].spent(tenant="t")
+    assert list(spent.values()) == [pytest.approx(0.25)]
+    assert await goes(b, tenant="t")
+
+
+async def test_the_exit_runs_to_its_end_when_the_caller_is_cancelled(
+    clock: VirtualClock, two: list[shoal.App], store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = providers(two, max_concurrent=1)
+    real = rates_of(store).pause_until
+    writing = asyncio.Event()
+    answer = asyncio.Event()
+
+    async def slow(*args: Any) -> Any:
+        writing.set()
+        await answer.wait()
+        return await real(*args)
+
+    monkeypatch.setattr(store, "pause_until", slow)
+
+    async def call() -> None:
+        async with a.call() as c:
+            c.rate_limited(retry_after=30)
+
+    task = asyncio.create_task(call())
+    await writing.wait()
+    task.cancel()                                        # while the exit writes the pause
+    await settle()
+    answer.set()
+    with pytest.raises(asyncio.CancelledError):          # the caller's cancel is not swallowed
+        await task
+    assert await b.cooldown_until() == pytest.approx(clock.now() + 30)
+    monkeypatch.undo()
+    await clock.advance(31)
+    assert await goes(b)                                 # the slot was freed
+
+
+async def test_a_lost_slot_is_logged_and_the_call_goes_on(
+    clock: VirtualClock, two: list[shoal.App], store: Store, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="shoal")
+    a, _ = providers(two, max_concurrent=1)
+
+    async def refused(*args: Any) -> bool:
+        return False
+
+    monkeypatch.setattr(store, "slot_renew", refused)
+    model = FakeModel(clock)
+
+    async def one() -> None:
+        async with a.call():
+            await model(hold=50)
+
+    await run_all(clock, [asyncio.create_task(one())])
+    assert len(events(caplog, "provider.slot_lost")) == 1 and len(model.calls) == 1
+
+
+async def test_a_slot_given_back_by_a_failed_admission_wakes_the_next_caller(
+    clock: VirtualClock, two: list[shoal.App], store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, _ = providers(two, max_concurrent=1, requests_per_minute=10)
+    real = rates_of(store).window_add
+    failed = False
+
+    async def blip_once(*args: Any) -> Any:
+        nonlocal failed
+        if not failed:
+            failed = True
+            raise ConnectionError("store blip")          # the first caller holds the slot
+        return await real(*args)
+
+    monkeypatch.setattr(store, "window_add", blip_once)
+    first = asyncio.create_task(a.call().__aenter__())
+    second = asyncio.create_task(a.call().__aenter__())
+    await settle()                                       # no time passes
+    assert isinstance(first.exception(), ConnectionError)
+    assert second.done()
+    await second.result().__aexit__(None, None, None)
+
+
+def test_the_estimated_cost_is_a_finite_number(two: list[shoal.App]) -> None:
+    a, _ = providers(two)
+    bad: list[Any] = [-1.0, float("nan"), float("inf"), True, "1"]
+    for cost in bad:
+        with pytest.raises(ValueError, match="cost"):
+            a.call(cost=cost)

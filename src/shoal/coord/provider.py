@@ -19,9 +19,10 @@ import asyncio
 import contextlib
 import datetime
 import logging
+import math
 import secrets
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,8 +41,10 @@ POLL = 0.25                 # how often a waiter looks again for room freed by a
 @dataclass(frozen=True)
 class Breaker:
     """Open the provider's circuit for every replica after ``failures`` failed calls within
-    ``window`` seconds; after ``cooldown`` seconds one trial call goes (half-open): its success
-    closes the circuit, its failure opens it again."""
+    ``window`` seconds; after ``cooldown`` seconds it is half-open until a trial call succeeds:
+    one trial at a time (across replicas) goes, the other calls fail fast; the trial's success
+    closes the circuit, its failure opens it for another ``cooldown``. Once open, the circuit
+    never closes by itself (whatever ``window`` is): only a successful trial closes it."""
 
     failures: int = 5
     window: float = 60.0
@@ -78,6 +81,9 @@ class Spender:
     root_id: str | None = None
 
 
+Scope = tuple[str, float | None, str]    # a budget's counter key, its limit, what to call it
+
+
 def utc_day(now: float) -> str:
     return datetime.datetime.fromtimestamp(now, datetime.UTC).date().isoformat()
 
@@ -91,11 +97,10 @@ class Ledger:
         self.namespace = namespace
         self.budgets: dict[str, Budgets] = {}      # currency -> budgets
 
-    def _scopes(self, who: Spender, currency: str, now: float
-                ) -> list[tuple[str, float | None, str]]:
+    def _scopes(self, who: Spender, currency: str, now: float) -> list[Scope]:
         """(counter key, limit, what to call it) for each budget that applies."""
         b = self.budgets.get(currency, Budgets(currency=currency))
-        scopes: list[tuple[str, float | None, str]] = []
+        scopes: list[Scope] = []
         if who.run_id is not None:
             scopes.append((f"spend:run:{who.run_id}:{currency}", b.per_run,
                            f"the per-run budget of run {who.run_id}"))
@@ -108,26 +113,36 @@ class Ledger:
                        f"the daily budget of tenant {who.tenant!r} ({day} UTC)"))
         return scopes
 
-    async def reserve(self, who: Spender, amount: float, currency: str) -> None:
+    async def reserve(self, who: Spender, amount: float, currency: str) -> list[Scope]:
         """Count ``amount`` under every budget that applies, or raise BudgetExceededError
-        (nothing counted) if one would pass its limit."""
+        (nothing counted) if one would pass its limit — or, for an amount of 0, if one is
+        already at or over its limit (a call estimated at nothing still spends). Returns the
+        budgets counted, to pass to :meth:`record` (so a call that ends on the next UTC day
+        corrects the day it was counted under)."""
         now = self.clock.now()
         scopes = self._scopes(who, currency, now)
         result = await self._rates().counter_add(
             self.namespace, [k for k, _, _ in scopes], [amount] * len(scopes),
             [limit for _, limit, _ in scopes], now)
-        if not result.added:
-            assert result.over is not None
-            _, limit, name = scopes[result.over]
+        over = result.over
+        if result.added and amount <= 0:
+            over = next((i for i, (_, limit, _) in enumerate(scopes)
+                         if limit is not None and result.totals[i] >= limit), None)
+        if not result.added or over is not None:
+            assert over is not None
+            _, limit, name = scopes[over]
             assert limit is not None
-            raise BudgetExceededError(name, result.totals[result.over], limit, amount, currency)
+            raise BudgetExceededError(name, result.totals[over], limit, amount, currency)
+        return scopes
 
     async def record(self, who: Spender, amount: float, currency: str,
-                     reserved: float = 0.0) -> None:
+                     reserved: float = 0.0, scopes: list[Scope] | None = None) -> None:
         """Record ``amount`` actually spent (in the ledger and every budget), replacing a
-        reservation of ``reserved``. Never refused: the money is spent."""
+        reservation of ``reserved`` made under ``scopes`` (what :meth:`reserve` returned;
+        default: the budgets that apply now). Never refused: the money is spent."""
         now = self.clock.now()
-        scopes = self._scopes(who, currency, now)
+        if scopes is None:
+            scopes = self._scopes(who, currency, now)
         entry = SpendEntry(who.tenant, who.run_id, who.root_id, amount, currency, now)
         await self._rates().counter_add(
             self.namespace, [k for k, _, _ in scopes], [amount - reserved] * len(scopes),
@@ -152,17 +167,29 @@ class _RoundRobin:
         self._turns = 0
         self._busy = False
 
+    @property
+    def busy(self) -> bool:
+        """Whether a caller asking now would have to wait for its turn."""
+        return self._busy or bool(self._queues)
+
     @contextlib.asynccontextmanager
-    async def turn(self, tenant: str) -> AsyncIterator[None]:
+    async def turn(self, tenant: str, clock: Clock, deadline: float | None,
+                   timed_out: Callable[[], BaseException]) -> AsyncIterator[None]:
+        """Hold the turn; raise ``timed_out()`` if it has not come by ``deadline``."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queues.setdefault(tenant, deque()).append(future)
         self._next()
         try:
-            await future
+            if deadline is None:
+                await future
+            elif not future.done() and not await first_of(future, clock,
+                                                          deadline - clock.now()):
+                raise timed_out()
         except BaseException:
             if future.done() and not future.cancelled():
                 self._busy = False      # granted, then cancelled before it could be used
             else:
+                future.cancel()
                 queue = self._queues.get(tenant)
                 if queue is not None and future in queue:
                     queue.remove(future)
@@ -197,8 +224,71 @@ class _RoundRobin:
             return
 
 
+@dataclass
+class _Taken:
+    """What one call holds in the store, so that every way out gives all of it back.
+
+    A slot is marked before it is asked for: a store error or a cancel while asking may leave it
+    granted, and releasing a slot one does not hold changes nothing. A window entry is marked
+    only once the store has answered that it was added: taking back one that was never added
+    would let the window admit more than its limit (one that was added and is not taken back only
+    counts a call too many for a minute)."""
+
+    trial: bool = False                 # the breaker's trial slot
+    generation: float = 0.0             # the opening of the circuit the trial is for
+    slot: bool = False                  # a concurrency slot
+    request_at: float | None = None     # when the call's entry in the requests window was added
+    tokens_at: float | None = None      # when its token estimate was added to the tokens window
+
+
+async def _shielded(work: Awaitable[None]) -> None:
+    """Run ``work`` to its end even if the caller is cancelled meanwhile (the cancel is passed
+    on once the work has ended, or at once on a second cancel: the work still ends)."""
+    task = asyncio.ensure_future(work)
+    _running.add(task)
+    task.add_done_callback(_running.discard)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if not task.done():
+            await asyncio.wait([task])
+        raise
+
+
+_running: set[asyncio.Future[None]] = set()     # shielded work a cancelled caller left running
+
+
 class Provider:
-    """A model provider's limits, shared by every replica of the app."""
+    """A model provider's limits, shared by every replica of the app.
+
+    The circuit breaker's state is kept in the store, so that every replica sees the same:
+
+    - two counters, ``circuit-opened`` and ``circuit-closed``, count the openings of the circuit
+      and the trials that closed it (``closed <= opened <= closed + 1`` always holds). The
+      circuit is *closed* while they are equal, and *tripped* while ``opened = closed + 1``;
+    - a pause, ``circuit-open``, is the cooldown after an opening or a failed trial;
+    - a slot with one place, ``circuit-trial``, is the trial call in flight (renewed while it
+      runs, freed by itself if its holder dies).
+
+    States and transitions:
+
+    - closed: calls go; failed calls are counted in the ``failures`` window. One that brings it
+      to ``failures`` opens the circuit: the pause first (so no replica sees the circuit tripped
+      without its cooldown), then ``opened`` + 1 under the limit ``closed + 1`` (replicas
+      opening at once count one opening);
+    - open (tripped, paused): every call raises CircuitOpenError(until);
+    - half-open (tripped, pause over): the call that takes the trial slot goes (it looks at the
+      pause again once it holds the slot: a trial that failed meanwhile paused it before freeing
+      the slot); the others raise CircuitOpenError(None). The failures window plays no part:
+      the circuit stays half-open, however long the trial takes, until a trial succeeds;
+    - a trial that fails pauses the circuit again for ``cooldown`` (counters unchanged: open);
+    - a trial that succeeds clears the failures window, then adds 1 to ``closed`` under the
+      limit of the opening it was a trial for (a trial left over from an earlier opening cannot
+      close a later one): closed.
+
+    A call that answered 429, was cancelled, or went over a budget says nothing about an outage:
+    it is neither a failure nor a success (a trial among them frees the slot for the next call).
+    """
 
     def __init__(self, *, name: str, rates: Callable[[], RateStore], clock: Clock,
                  namespace: str, instance_id: str, ledger: Ledger, max_concurrent: int | None,
@@ -218,11 +308,13 @@ class Provider:
         self.currency = currency
         self._turns = _RoundRobin()
         self._freed = asyncio.Event()
+        self._waiting_for: str | None = None     # what the call holding the turn waits for
         k = f"provider:{name}"
         self.keys = {"slots": f"{k}:slots", "requests": f"{k}:requests",
                      "tokens": f"{k}:tokens", "cooldown": f"{k}:cooldown",
                      "failures": f"{k}:failures", "open": f"{k}:circuit-open",
-                     "trial": f"{k}:circuit-trial"}
+                     "trial": f"{k}:circuit-trial", "opened": f"{k}:circuit-opened",
+                     "closed": f"{k}:circuit-closed"}
 
     def __repr__(self) -> str:
         return f"<shoal.Provider {self.name!r}>"
@@ -241,9 +333,13 @@ class Provider:
             raise ValueError(
                 f"A call estimated at {tokens} tokens can never fit {self.name!r}'s "
                 f"tokens_per_minute={self.tokens_per_minute}: split it or raise the limit.")
-        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
+        if timeout is not None and (isinstance(timeout, bool)
+                                    or not isinstance(timeout, (int, float))
+                                    or math.isnan(timeout) or timeout < 0):
             raise ValueError(f"timeout must be None or a number of seconds >= 0, not "
                              f"{timeout!r}.")
+        if cost is not None and not _amount(cost):
+            raise ValueError(f"provider.call(cost=…) takes a finite number >= 0, not {cost!r}.")
         return ProviderCall(self, tokens, tenant, timeout, cost)
 
     async def open_until(self) -> float | None:
@@ -263,6 +359,7 @@ class Provider:
     async def _wait(self, until: float, deadline: float | None, why: str,
                     freed: bool = False) -> None:
         now = self.clock.now()
+        self._waiting_for = why
         if deadline is not None and until > deadline:
             if deadline > now:
                 await self.clock.sleep(deadline - now)
@@ -273,91 +370,174 @@ class Provider:
         else:
             await self.clock.sleep(max(0.0, until - now))
 
-    async def _admit(self, holder: str, tokens: int, deadline: float | None) -> bool:
-        """Wait until the call may go and take what it needs; True if it is a breaker trial."""
+    def _turn_timed_out(self) -> RateLimitTimeoutError:
+        """A caller whose timeout passed while calls of this instance went first: it waited
+        for what the call holding the turn waits for."""
+        return RateLimitTimeoutError(
+            self.name, self._waiting_for or "its turn behind this instance's other calls")
+
+    async def _circuit(self, now: float) -> tuple[float, float]:
+        """The circuit's counters: (openings, closings); tripped while the first is larger."""
+        got = await self._rates().counter_add(
+            self.namespace, [self.keys["opened"], self.keys["closed"]], [0.0, 0.0],
+            [None, None], now)
+        return got.totals[0], got.totals[1]
+
+    async def _check_circuit(self, holder: str, taken: _Taken, now: float) -> None:
+        """Raise CircuitOpenError unless the circuit lets this call go; a call that goes while
+        it is half-open is its trial (``taken.trial``)."""
         rates, ns, k = self._rates(), self.namespace, self.keys
-        while True:
-            now = self.clock.now()
-            trial = False
-            if self.breaker is not None:
-                until = await rates.paused_until(ns, k["open"], now)
-                if until is not None:
-                    raise CircuitOpenError(self.name, until)
-                failures = await rates.window_add(ns, k["failures"], 0, self.breaker.window,
-                                                  None, now)
-                if failures.total >= self.breaker.failures:   # half-open: one trial at a time
-                    got = await rates.slot_acquire(ns, k["trial"], holder, 1, SLOT_LEASE, now)
-                    if not isinstance(got, SlotGrant):
-                        raise CircuitOpenError(self.name, None)
-                    trial = True
-            cooldown = await rates.paused_until(ns, k["cooldown"], now)
-            if cooldown is not None:
-                await self._release_trial(trial, holder)
-                await self._wait(cooldown, deadline, "the pause after a 429")
-                continue
-            if self.max_concurrent is not None:
-                slot = await rates.slot_acquire(ns, k["slots"], holder, self.max_concurrent,
-                                                SLOT_LEASE, now)
-                if not isinstance(slot, SlotGrant):
-                    await self._release_trial(trial, holder)
-                    await self._wait(min(slot.retry_at, now + POLL), deadline,
-                                     f"max_concurrent={self.max_concurrent}", freed=True)
-                    continue
-            if self.requests_per_minute is not None:
-                added = await rates.window_add(ns, k["requests"], 1, MINUTE,
-                                               self.requests_per_minute, now)
-                if not added.added:
-                    await self._give_back(holder, trial)
-                    await self._wait(added.retry_at or now + POLL, deadline,
-                                     f"requests_per_minute={self.requests_per_minute}")
-                    continue
-            if self.tokens_per_minute is not None and tokens:
-                added = await rates.window_add(ns, k["tokens"], tokens, MINUTE,
-                                               self.tokens_per_minute, now)
-                if not added.added:
-                    if self.requests_per_minute is not None:
-                        await rates.window_add(ns, k["requests"], -1, MINUTE, None, now)
-                    await self._give_back(holder, trial)
-                    await self._wait(added.retry_at or now + POLL, deadline,
-                                     f"tokens_per_minute={self.tokens_per_minute}")
-                    continue
-            return trial
+        until = await rates.paused_until(ns, k["open"], now)
+        if until is not None:
+            raise CircuitOpenError(self.name, until)
+        opened, closed = await self._circuit(now)
+        if opened <= closed:
+            return                                      # closed
+        taken.trial = True                              # half-open: one trial at a time
+        got = await rates.slot_acquire(ns, k["trial"], holder, 1, SLOT_LEASE, now)
+        if not isinstance(got, SlotGrant):
+            taken.trial = False
+            raise CircuitOpenError(self.name, None)
+        taken.generation = opened
+        # a trial that failed between the look at the pause and this slot paused the circuit
+        # before it freed the slot
+        until = await rates.paused_until(ns, k["open"], now)
+        if until is not None:
+            raise CircuitOpenError(self.name, until)    # the caller gives the slot back
 
-    async def _release_trial(self, trial: bool, holder: str) -> None:
-        if trial:
-            await self._rates().slot_release(self.namespace, self.keys["trial"], holder)
+    async def _admit(self, holder: str, tokens: int, deadline: float | None,
+                     taken: _Taken) -> None:
+        """Wait until the call may go and take what it needs, marking it in ``taken`` (what is
+        marked there when this raises is for the caller to give back)."""
+        rates, ns, k = self._rates(), self.namespace, self.keys
+        try:
+            while True:
+                now = self.clock.now()
+                if self.breaker is not None:
+                    await self._check_circuit(holder, taken, now)
+                if self.max_concurrent is not None:
+                    taken.slot = True
+                    slot = await rates.slot_acquire(ns, k["slots"], holder,
+                                                    self.max_concurrent, SLOT_LEASE, now)
+                    if not isinstance(slot, SlotGrant):
+                        taken.slot = False
+                        await self._give_back(holder, taken)
+                        await self._wait(min(slot.retry_at, now + POLL), deadline,
+                                         f"max_concurrent={self.max_concurrent}", freed=True)
+                        continue
+                # after the slot: a 429 answered to a call that freed it paused the provider
+                # before freeing it (for every replica)
+                cooldown = await rates.paused_until(ns, k["cooldown"], now)
+                if cooldown is not None:
+                    await self._give_back(holder, taken)
+                    await self._wait(cooldown, deadline, "the pause after a 429")
+                    continue
+                if self.requests_per_minute is not None:
+                    added = await rates.window_add(ns, k["requests"], 1, MINUTE,
+                                                   self.requests_per_minute, now)
+                    if not added.added:
+                        await self._give_back(holder, taken)
+                        await self._wait(added.retry_at or now + POLL, deadline,
+                                         f"requests_per_minute={self.requests_per_minute}")
+                        continue
+                    taken.request_at = now
+                if self.tokens_per_minute is not None and tokens:
+                    added = await rates.window_add(ns, k["tokens"], tokens, MINUTE,
+                                                   self.tokens_per_minute, now)
+                    if not added.added:
+                        await self._give_back(holder, taken)
+                        await self._wait(added.retry_at or now + POLL, deadline,
+                                         f"tokens_per_minute={self.tokens_per_minute}")
+                        continue
+                    taken.tokens_at = now
+                return
+        finally:
+            self._waiting_for = None
 
-    async def _give_back(self, holder: str, trial: bool) -> None:
-        if self.max_concurrent is not None:
-            await self._rates().slot_release(self.namespace, self.keys["slots"], holder)
-        await self._release_trial(trial, holder)
+    async def _give_back(self, holder: str, taken: _Taken, tokens: int = 0) -> None:
+        """Give back what ``taken`` marks, unmarking each part once given back (so that, if one
+        step raises, what is left is still marked). Window entries are taken back at the time
+        they were added, so the correction leaves the window with them."""
+        rates, ns, k = self._rates(), self.namespace, self.keys
+        if taken.trial:
+            await rates.slot_release(ns, k["trial"], holder)
+            taken.trial = False
+        if taken.slot:
+            await rates.slot_release(ns, k["slots"], holder)
+            taken.slot = False
+            self._freed.set()
+        if taken.request_at is not None:
+            await rates.window_add(ns, k["requests"], -1, MINUTE, None, taken.request_at)
+            taken.request_at = None
+        if taken.tokens_at is not None:
+            if tokens:
+                await rates.window_add(ns, k["tokens"], -tokens, MINUTE, None, taken.tokens_at)
+            taken.tokens_at = None
 
-    async def _renew(self, holder: str) -> None:
+    async def _renew(self, holder: str, taken: _Taken) -> None:
+        """Renew the slots the call holds (concurrency, trial) while it runs. A slot whose
+        renewal is refused was lost (its lease ended: the process stalled, or the store lost
+        it): the call is already in flight, so it goes on, but another call may take the slot."""
+        lost: set[str] = set()
         while True:
             await self.clock.sleep(SLOT_LEASE / 3)
-            try:
-                await self._rates().slot_renew(self.namespace, self.keys["slots"], holder,
-                                               SLOT_LEASE, self.clock.now())
-            except Exception as e:
-                log.warning("provider.renew_failed: %s: %s: %s", self.name, type(e).__name__, e,
-                            extra={"event": "provider.renew_failed"})
+            for which in ("slots", "trial"):
+                if which in lost or not (taken.slot if which == "slots" else taken.trial):
+                    continue
+                try:
+                    renewed = await self._rates().slot_renew(
+                        self.namespace, self.keys[which], holder, SLOT_LEASE, self.clock.now())
+                except Exception as e:
+                    log.warning("provider.renew_failed: %s: %s: %s", self.name,
+                                type(e).__name__, e, extra={"event": "provider.renew_failed"})
+                    continue
+                if not renewed:
+                    lost.add(which)
+                    log.warning("provider.slot_lost: %s: the %s slot of call %s ended before "
+                                "the call did; another call may take it", self.name,
+                                "concurrency" if which == "slots" else "breaker trial", holder,
+                                extra={"event": "provider.slot_lost"})
 
-    async def _failed(self, trial: bool) -> None:
+    async def _failed(self, taken: _Taken) -> None:
+        """Count a failed call; open the circuit (see the class docstring) if it was the
+        trial of the circuit's current opening, or the failure that reaches the threshold."""
         if self.breaker is None:
             return
         rates, ns, k, now = self._rates(), self.namespace, self.keys, self.clock.now()
         failures = await rates.window_add(ns, k["failures"], 1, self.breaker.window, None, now)
-        if trial or failures.total >= self.breaker.failures:
-            until = await rates.pause_until(ns, k["open"], now + self.breaker.cooldown)
-            log.warning("provider.circuit_open: %s after %g failures in %g s; until %s",
-                        self.name, failures.total, self.breaker.window, until,
-                        extra={"event": "provider.circuit_open"})
+        if not taken.trial and failures.total < self.breaker.failures:
+            return
+        opened, closed = await self._circuit(now)
+        if opened > closed:     # tripped: only the trial of this opening decides
+            if taken.trial and taken.generation == opened:
+                until = await rates.pause_until(ns, k["open"], now + self.breaker.cooldown)
+                log.warning("provider.circuit_open: %s: the trial call failed; until %s",
+                            self.name, until, extra={"event": "provider.circuit_open"})
+            return
+        if failures.total < self.breaker.failures:
+            return      # a trial of an opening that a later trial already closed
+        until = await rates.pause_until(ns, k["open"], now + self.breaker.cooldown)
+        await rates.counter_add(ns, [k["opened"]], [1.0], [closed + 1], now)
+        log.warning("provider.circuit_open: %s after %g failures in %g s; until %s",
+                    self.name, failures.total, self.breaker.window, until,
+                    extra={"event": "provider.circuit_open"})
 
-    async def _succeeded(self, trial: bool) -> None:
-        if trial and self.breaker is not None:
-            await self._rates().window_clear(self.namespace, self.keys["failures"])
+    async def _succeeded(self, taken: _Taken) -> None:
+        if not taken.trial or self.breaker is None:
+            return
+        rates, ns, k = self._rates(), self.namespace, self.keys
+        await rates.window_clear(ns, k["failures"])
+        got = await rates.counter_add(ns, [k["closed"]], [1.0], [taken.generation],
+                                      self.clock.now())
+        if got.added:
             log.info("provider.circuit_closed: %s", self.name,
                      extra={"event": "provider.circuit_closed"})
+
+
+def _amount(value: Any) -> bool:
+    """A finite number >= 0 (not a bool)."""
+    return (not isinstance(value, bool) and isinstance(value, (int, float))
+            and math.isfinite(value) and value >= 0)
 
 
 class ProviderCall:
@@ -369,34 +549,47 @@ class ProviderCall:
         self.tokens = tokens
         self._tenant = tenant
         self._timeout = timeout
-        self._estimate = cost if cost is not None else (
+        self._estimate = float(cost) if cost is not None else (
             tokens * provider.price_per_token if provider.price_per_token else 0.0)
         self._used_tokens: int | None = None
         self._used_cost: float | None = None
         self._retry_after: float | None = None
         self._holder = f"{provider.instance_id}/{secrets.token_hex(6)}"
-        self._trial = False
+        self._taken = _Taken()
+        self._scopes: list[Scope] | None = None
         self._renewal: asyncio.Task[None] | None = None
         self._entered = False
         self.spender: Spender | None = None
 
+    @property
+    def _trial(self) -> bool:
+        """Whether this call is the breaker's trial (the circuit is half-open)."""
+        return self._taken.trial
+
     def used(self, tokens: int | None = None, cost: float | None = None) -> None:
         """What the call really used: corrects the token estimate in the per-minute window and
-        the cost recorded against the budgets (default: tokens * price_per_token)."""
+        the cost recorded against the budgets (default: tokens * price_per_token).
+
+        In the tokens window, more tokens than estimated are added when the call ends (they
+        count for a minute from then). Fewer tokens than estimated are taken back *at the time
+        the estimate was counted*, so the correction leaves the window together with the
+        estimate (taken back when the call ends, it would outlive the estimate and let the
+        window pass its limit); a call that ends a minute or more after it went corrects
+        nothing there, as its estimate has already left."""
         if tokens is not None:
             if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
                 raise ValueError(f"call.used(tokens=…) takes an int >= 0, not {tokens!r}.")
             self._used_tokens = tokens
         if cost is not None:
-            if not isinstance(cost, (int, float)) or cost < 0:
+            if not _amount(cost):
                 raise ValueError(f"call.used(cost=…) takes a number >= 0, not {cost!r}.")
             self._used_cost = float(cost)
 
     def rate_limited(self, retry_after: float | None = None) -> None:
         """The provider answered 429: pause it for every replica for ``retry_after`` seconds
-        (default 1 s) from the end of this call. A 429 is not a breaker failure."""
-        if retry_after is not None and (not isinstance(retry_after, (int, float))
-                                        or retry_after < 0):
+        (default 1 s) from the end of this call. A 429 is not a breaker failure, whatever the
+        ``async with`` block raises afterwards."""
+        if retry_after is not None and not _amount(retry_after):
             raise ValueError(f"retry_after is a number of seconds >= 0, not {retry_after!r}.")
         self._retry_after = float(retry_after) if retry_after is not None else 1.0
 
@@ -411,56 +604,101 @@ class ProviderCall:
         self.spender = Spender(tenant, ctx.run_id if ctx is not None else None,
                                ctx.root_id if ctx is not None else None)
         deadline = None if self._timeout is None else p.clock.now() + self._timeout
-        await p.ledger.reserve(self.spender, self._estimate, p.currency)
+        if p.breaker is not None and p._turns.busy:
+            # fail fast while the circuit is open, rather than wait for the turn to find out
+            until = await p.open_until()
+            if until is not None:
+                raise CircuitOpenError(p.name, until)
+        self._scopes = await p.ledger.reserve(self.spender, self._estimate, p.currency)
         try:
-            async with p._turns.turn(tenant):
-                self._trial = await p._admit(self._holder, self.tokens, deadline)
+            async with p._turns.turn(tenant, p.clock, deadline, p._turn_timed_out):
+                await p._admit(self._holder, self.tokens, deadline, self._taken)
         except BaseException:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(p.ledger.record(self.spender, 0.0, p.currency,
-                                                     reserved=self._estimate))
+            await _shielded(self._undo())
             raise
-        if p.max_concurrent is not None:
-            self._renewal = asyncio.create_task(p._renew(self._holder))
+        if p.max_concurrent is not None or self._taken.trial:
+            self._renewal = asyncio.create_task(p._renew(self._holder, self._taken))
         return self
+
+    async def _undo(self) -> None:
+        """The call did not go: give back what admission took, then the budget reservation."""
+        p = self.provider
+        await self._step("give back what admission took",
+                         p._give_back(self._holder, self._taken, self.tokens))
+        assert self.spender is not None
+        await self._step("refund the budget reservation",
+                         p.ledger.record(self.spender, 0.0, p.currency,
+                                         reserved=self._estimate, scopes=self._scopes))
+
+    async def _step(self, what: str, work: Awaitable[None]) -> None:
+        try:
+            await work
+        except Exception as e:
+            p = self.provider
+            log.warning("provider.exit_failed: %s: could not %s: %s: %s", p.name, what,
+                        type(e).__name__, e, extra={"event": "provider.exit_failed"})
 
     async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None,
                         tb: object) -> None:
+        # never raises what the store says: the body's own exception (if any) goes on
+        await _shielded(self._finish(error))
+
+    async def _finish(self, error: BaseException | None) -> None:
+        """What a call does when it ends, each step on its own (one that fails is logged and
+        the others still run), in an order that matters: the 429 pause and the breaker's
+        accounting are in the store before the slots are freed, so no call can go in between."""
         p = self.provider
         rates, ns, k = p._rates(), p.namespace, p.keys
+        taken = self._taken
         if self._renewal is not None:
             self._renewal.cancel()
-            with contextlib.suppress(BaseException):
-                await self._renewal
-        try:
-            if p.max_concurrent is not None:
-                await rates.slot_release(ns, k["slots"], self._holder)
-                p._freed.set()
-            now = p.clock.now()
-            if self._retry_after is not None:
-                until = await rates.pause_until(ns, k["cooldown"], now + self._retry_after)
-                log.warning("provider.rate_limited: %s paused until %s for every replica",
-                            p.name, until, extra={"event": "provider.rate_limited"})
-            if (self._used_tokens is not None and p.tokens_per_minute is not None
-                    and self._used_tokens != self.tokens):
-                await rates.window_add(ns, k["tokens"], self._used_tokens - self.tokens, MINUTE,
-                                       None, now)
-            cost = self._used_cost
-            if cost is None:
-                cost = (self._used_tokens * p.price_per_token
-                        if self._used_tokens is not None and p.price_per_token else
-                        self._estimate)
-            assert self.spender is not None
-            await p.ledger.record(self.spender, cost, p.currency, reserved=self._estimate)
-            if error is not None and not isinstance(error, (asyncio.CancelledError,
-                                                            BudgetExceededError)):
-                await p._failed(self._trial)
-            elif error is None and self._retry_after is None:
-                await p._succeeded(self._trial)
-            elif self._retry_after is not None and self._trial:
-                pass   # a 429 says nothing about an outage: the next call is the trial
-        finally:
-            await p._release_trial(self._trial, self._holder)
+            await asyncio.wait([self._renewal])
+        now = p.clock.now()
+        if self._retry_after is not None:
+            await self._step("pause the provider after a 429", self._pause(now))
+        if self._retry_after is not None:
+            pass    # a 429 says nothing about an outage (a trial frees its slot for the next)
+        elif error is None:
+            await self._step("close the circuit", p._succeeded(taken))
+        elif isinstance(error, Exception) and not isinstance(error, BudgetExceededError):
+            await self._step("count the failure", p._failed(taken))
+        if self._used_tokens is not None and p.tokens_per_minute is not None:
+            await self._step("correct the tokens window", self._correct_tokens(now))
+        cost = self._used_cost
+        if cost is None:
+            cost = (self._used_tokens * p.price_per_token
+                    if self._used_tokens is not None and p.price_per_token else self._estimate)
+        assert self.spender is not None
+        await self._step("record the cost", p.ledger.record(
+            self.spender, cost, p.currency, reserved=self._estimate, scopes=self._scopes))
+        if taken.slot:
+            await self._step("free the concurrency slot",
+                             rates.slot_release(ns, k["slots"], self._holder))
+            taken.slot = False
+            p._freed.set()
+        if taken.trial:
+            await self._step("free the breaker's trial slot",
+                             rates.slot_release(ns, k["trial"], self._holder))
+
+    async def _pause(self, now: float) -> None:
+        p = self.provider
+        assert self._retry_after is not None
+        until = await p._rates().pause_until(p.namespace, p.keys["cooldown"],
+                                             now + self._retry_after)
+        log.warning("provider.rate_limited: %s paused until %s for every replica",
+                    p.name, until, extra={"event": "provider.rate_limited"})
+
+    async def _correct_tokens(self, now: float) -> None:
+        p = self.provider
+        assert self._used_tokens is not None
+        counted = self.tokens if self._taken.tokens_at is not None else 0
+        extra = self._used_tokens - counted
+        if extra > 0:
+            await p._rates().window_add(p.namespace, p.keys["tokens"], extra, MINUTE, None, now)
+        elif extra < 0 and self._taken.tokens_at is not None \
+                and now - self._taken.tokens_at < MINUTE:
+            await p._rates().window_add(p.namespace, p.keys["tokens"], extra, MINUTE, None,
+                                        self._taken.tokens_at)
 
 
 def check_provider_options(name: str, max_concurrent: Any, requests_per_minute: Any,
