@@ -645,8 +645,9 @@ class ProviderCall:
 
     async def _finish(self, error: BaseException | None) -> None:
         """What a call does when it ends, each step on its own (one that fails is logged and
-        the others still run), in an order that matters: the 429 pause and the breaker's
-        accounting are in the store before the slots are freed, so no call can go in between."""
+        the others still run), in an order that matters: the 429 pause, the breaker's
+        accounting and the tokens used are in the store before the slots are freed, so no call
+        can go in between without seeing them; the cost is recorded last."""
         p = self.provider
         rates, ns, k = p._rates(), p.namespace, p.keys
         taken = self._taken
@@ -664,13 +665,6 @@ class ProviderCall:
             await self._step("count the failure", p._failed(taken))
         if self._used_tokens is not None and p.tokens_per_minute is not None:
             await self._step("correct the tokens window", self._correct_tokens(now))
-        cost = self._used_cost
-        if cost is None:
-            cost = (self._used_tokens * p.price_per_token
-                    if self._used_tokens is not None and p.price_per_token else self._estimate)
-        assert self.spender is not None
-        await self._step("record the cost", p.ledger.record(
-            self.spender, cost, p.currency, reserved=self._estimate, scopes=self._scopes))
         if taken.slot:
             await self._step("free the concurrency slot",
                              rates.slot_release(ns, k["slots"], self._holder))
@@ -679,6 +673,13 @@ class ProviderCall:
         if taken.trial:
             await self._step("free the breaker's trial slot",
                              rates.slot_release(ns, k["trial"], self._holder))
+        cost = self._used_cost
+        if cost is None:
+            cost = (self._used_tokens * p.price_per_token
+                    if self._used_tokens is not None and p.price_per_token else self._estimate)
+        assert self.spender is not None
+        await self._step("record the cost", p.ledger.record(
+            self.spender, cost, p.currency, reserved=self._estimate, scopes=self._scopes))
 
     async def _pause(self, now: float) -> None:
         p = self.provider
