@@ -472,6 +472,60 @@ async def test_a_breaker_whose_window_is_shorter_than_its_cooldown_half_opens(
     assert await goes(b)
 
 
+async def test_replicas_opening_the_circuit_at_once_count_one_opening(
+    clock: VirtualClock, two: list[shoal.App], store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = providers(two, breaker=shoal.Breaker(failures=1, window=60, cooldown=10))
+    real = rates_of(store).counter_add
+
+    async def interleaved(*args: Any) -> Any:
+        await asyncio.sleep(0)       # both replicas read the circuit closed before either opens
+        return await real(*args)
+
+    monkeypatch.setattr(store, "counter_add", interleaved)
+    calls = [a.call(), b.call()]
+    for call in calls:
+        await call.__aenter__()
+    await asyncio.gather(*(call.__aexit__(Outage, Outage(), None) for call in calls))
+    monkeypatch.undo()
+    await clock.advance(11)
+    assert await goes(b)                                 # one trial closes it: one opening
+    first, second = a.call(), b.call()
+    await first.__aenter__()
+    await second.__aenter__()                            # closed: not a second trial
+    for call in (first, second):
+        await call.__aexit__(None, None, None)
+
+
+async def test_a_trial_that_lost_its_slot_cannot_close_a_later_opening(
+    clock: VirtualClock, two: list[shoal.App], store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = providers(two, breaker=shoal.Breaker(failures=1, window=60, cooldown=10))
+    await fail_once(a)
+    await clock.advance(11)
+    stale = a.call()
+    await stale.__aenter__()                             # the trial of the first opening
+
+    async def refused(*args: Any) -> bool:
+        return False
+
+    monkeypatch.setattr(store, "slot_renew", refused)    # a's process stalls: its lease ends
+    for _ in range(61):
+        await clock.advance(1)
+    monkeypatch.undo()
+    assert await goes(b)                                 # b's trial closes the circuit
+    await fail_once(b)                                   # and it opens again
+    await stale.__aexit__(None, None, None)              # the old trial ends well: too late
+    await clock.advance(11)      # after the second opening's cooldown: half-open, not closed
+    trial = b.call()
+    await trial.__aenter__()
+    with pytest.raises(shoal.CircuitOpenError) as e:
+        async with a.call():
+            pass
+    assert e.value.until is None
+    await trial.__aexit__(None, None, None)
+
+
 async def test_a_429_then_raised_is_not_a_breaker_failure(
     clock: VirtualClock, two: list[shoal.App]
 ) -> None:

@@ -282,9 +282,10 @@ class Provider:
       the slot); the others raise CircuitOpenError(None). The failures window plays no part:
       the circuit stays half-open, however long the trial takes, until a trial succeeds;
     - a trial that fails pauses the circuit again for ``cooldown`` (counters unchanged: open);
-    - a trial that succeeds clears the failures window, then adds 1 to ``closed`` under the
-      limit of the opening it was a trial for (a trial left over from an earlier opening cannot
-      close a later one): closed.
+    - a trial that succeeds, if the opening it was a trial for is still the current one, clears
+      the failures window, then adds 1 to ``closed`` under the limit of that opening (a trial
+      left over from an earlier opening, whose slot was lost, cannot close a later one):
+      closed.
 
     A call that answered 429, was cancelled, or went over a budget says nothing about an outage:
     it is neither a failure nor a success (a trial among them frees the slot for the next call).
@@ -525,10 +526,12 @@ class Provider:
     async def _succeeded(self, taken: _Taken) -> None:
         if not taken.trial or self.breaker is None:
             return
-        rates, ns, k = self._rates(), self.namespace, self.keys
+        rates, ns, k, now = self._rates(), self.namespace, self.keys, self.clock.now()
+        opened, closed = await self._circuit(now)
+        if opened != taken.generation or closed >= opened:
+            return      # a trial of an opening already closed: the failures are recent ones
         await rates.window_clear(ns, k["failures"])
-        got = await rates.counter_add(ns, [k["closed"]], [1.0], [taken.generation],
-                                      self.clock.now())
+        got = await rates.counter_add(ns, [k["closed"]], [1.0], [taken.generation], now)
         if got.added:
             log.info("provider.circuit_closed: %s", self.name,
                      extra={"event": "provider.circuit_closed"})
@@ -603,7 +606,8 @@ class ProviderCall:
         tenant = self._tenant or (ctx.tenant if ctx is not None else "default")
         self.spender = Spender(tenant, ctx.run_id if ctx is not None else None,
                                ctx.root_id if ctx is not None else None)
-        deadline = None if self._timeout is None else p.clock.now() + self._timeout
+        deadline = (None if self._timeout is None or math.isinf(self._timeout)
+                    else p.clock.now() + self._timeout)
         if p.breaker is not None and p._turns.busy:
             # fail fast while the circuit is open, rather than wait for the turn to find out
             until = await p.open_until()
