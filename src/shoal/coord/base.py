@@ -37,6 +37,7 @@ Meters (invariant 9: concurrent charges are never lost)
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -79,6 +80,18 @@ class LockWatch(Protocol):
         or since ``wait`` last returned (at once if one already did). Never raises on timeout:
         the caller races it with its own clock."""
         ...
+
+
+class EventWatch:
+    """The usual :class:`LockWatch`: an event that whoever sees a change sets (a release in this
+    process, a NOTIFY, a pub/sub message, a reconnection); ``wait`` consumes it."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    async def wait(self) -> None:
+        await self.event.wait()
+        self.event.clear()
 
 
 @runtime_checkable

@@ -6,12 +6,11 @@ loop. :class:`MemoryStore` inherits it, so ``memory://`` apps of one process coo
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-from shoal.coord.base import LockGrant, LockWait, MemberView
+from shoal.coord.base import EventWatch, LockGrant, LockWait, MemberView
 
 
 @dataclass
@@ -29,15 +28,6 @@ class _Member:
     held: int | None
 
 
-class _Watch:
-    def __init__(self) -> None:
-        self.event = asyncio.Event()
-
-    async def wait(self) -> None:
-        await self.event.wait()
-        self.event.clear()
-
-
 class MemoryCoordination:
     """Locks, membership and meters in this process's memory."""
 
@@ -48,7 +38,7 @@ class MemoryCoordination:
         self._members: dict[str, dict[str, _Member]] = {}
         self._rosters: dict[str, tuple[int, tuple[str, ...]]] = {}
         self._meters: dict[tuple[str, str], tuple[float, float]] = {}
-        self._watches: dict[tuple[str, str], set[_Watch]] = {}
+        self._watches: dict[tuple[str, str], set[EventWatch]] = {}
 
     # -- locks ---------------------------------------------------------------------------------
 
@@ -108,8 +98,8 @@ class MemoryCoordination:
                 watch.event.set()
 
     @asynccontextmanager
-    async def lock_watch(self, namespace: str, keys: Sequence[str]) -> AsyncIterator[_Watch]:
-        watch = _Watch()
+    async def lock_watch(self, namespace: str, keys: Sequence[str]) -> AsyncIterator[EventWatch]:
+        watch = EventWatch()
         for k in keys:
             self._watches.setdefault((namespace, k), set()).add(watch)
         try:

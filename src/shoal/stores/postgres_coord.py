@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import psycopg
 from psycopg.rows import DictRow
 
-from shoal.coord.base import LockGrant, LockWait, MemberView
+from shoal.coord.base import EventWatch, LockGrant, LockWait, MemberView
 from shoal.stores._sqlfiles import queries
 
 if TYPE_CHECKING:
@@ -38,15 +38,6 @@ _T = TypeVar("_T")
 _LOCK = "lock "          # the payload prefix of lock notifications on the store's channel
 _EVERY = _LOCK + "*"     # every watch: the keys do not fit in a payload
 _PAYLOAD_MAX = 7999      # bytes: a NOTIFY payload is shorter than 8000
-
-
-class _Watch:
-    def __init__(self) -> None:
-        self.event = asyncio.Event()
-
-    async def wait(self) -> None:
-        await self.event.wait()
-        self.event.clear()
 
 
 class PostgresCoordination:
@@ -66,7 +57,7 @@ class PostgresCoordination:
         def _start_listener(self) -> None: ...
 
     def __init__(self) -> None:
-        self._lock_watches: dict[tuple[str, str], set[_Watch]] = {}
+        self._lock_watches: dict[tuple[str, str], set[EventWatch]] = {}
         # in this store's notifications: their watches were woken at once, not again
         self._lock_origin = secrets.token_hex(8)
         self._lock_listened = False   # the LISTEN connection has been up at least once
@@ -122,7 +113,7 @@ class PostgresCoordination:
             self._wake_locks(namespace, keys)
 
     @asynccontextmanager
-    async def lock_watch(self, namespace: str, keys: Sequence[str]) -> AsyncIterator[_Watch]:
+    async def lock_watch(self, namespace: str, keys: Sequence[str]) -> AsyncIterator[EventWatch]:
         self._start_listener()
         if self._pool is not None and not self._lock_listened and not self._listening.is_set():
             # The listener wakes every watch whenever it connects (a release may have been
@@ -131,7 +122,7 @@ class PostgresCoordination:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.pool_timeout):
                     await self._listening.wait()
-        watch = _Watch()
+        watch = EventWatch()
         for k in keys:
             self._lock_watches.setdefault((namespace, k), set()).add(watch)
         try:

@@ -51,6 +51,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shoal.coord.base import (
     CounterResult,
+    EventWatch,
     LockGrant,
     LockWait,
     MemberView,
@@ -135,17 +136,6 @@ def _quote(namespace: str) -> str:
     return namespace.replace("%", "%25").replace(":", "%3A")
 
 
-class _Watch:
-    """Set by a release on a watched key, by a pub/sub message, or by a pub/sub reconnection."""
-
-    def __init__(self) -> None:
-        self.event = asyncio.Event()
-
-    async def wait(self) -> None:
-        await self.event.wait()
-        self.event.clear()
-
-
 class RedisCoordStore:
     """Locks, membership and meters on one Redis server (a :class:`CoordStore`).
 
@@ -173,7 +163,7 @@ class RedisCoordStore:
         self._scripts: dict[str, AsyncScript] = {}
         # pub/sub: one listener task and connection for every watch of this store
         self._control = f"{prefix}:_"            # always subscribed: confirms a (re)connection
-        self._watches: dict[str, set[_Watch]] = {}        # channel -> its watches
+        self._watches: dict[str, set[EventWatch]] = {}        # channel -> its watches
         self._idle: dict[str, float] = {}      # subscribed channels without watches, since when
         self._ready: dict[str, asyncio.Future[None]] = {}  # channel -> subscription confirmed
         self._confirming: dict[str, deque[asyncio.Future[None]]] = {}  # per SUBSCRIBE sent
@@ -316,12 +306,12 @@ class RedisCoordStore:
         await self._script("raise_fence", [f"{base}:fence:{k}" for k in keys], [str(int(token))])
 
     @asynccontextmanager
-    async def lock_watch(self, namespace: str, keys: Sequence[str]) -> AsyncIterator[_Watch]:
+    async def lock_watch(self, namespace: str, keys: Sequence[str]) -> AsyncIterator[EventWatch]:
         """A watch woken by a release on these keys from any process (pub/sub), at once by a
         release through this store object, and by a reconnection of the pub/sub connection
         (a message may have been missed). Entering waits until Redis confirmed the subscription
         (at most ``socket_timeout``); it does not raise while Redis is unreachable."""
-        watch = _Watch()
+        watch = EventWatch()
         channels = list(dict.fromkeys(self._channel(namespace, k) for k in keys))
         pending = [self._add(channel, watch) for channel in channels]
         try:
@@ -346,7 +336,7 @@ class RedisCoordStore:
             for watch in watches:
                 watch.event.set()
 
-    def _add(self, channel: str, watch: _Watch) -> asyncio.Future[None] | None:
+    def _add(self, channel: str, watch: EventWatch) -> asyncio.Future[None] | None:
         """Register ``watch`` on ``channel``; the future is done once Redis confirmed the
         subscription (None when no confirmation is to be waited for)."""
         watches = self._watches.get(channel)
@@ -372,7 +362,7 @@ class RedisCoordStore:
             self._wake_on_connect = True
         return ready
 
-    def _remove(self, channel: str, watch: _Watch) -> None:
+    def _remove(self, channel: str, watch: EventWatch) -> None:
         watches = self._watches.get(channel)
         if watches is None:
             return

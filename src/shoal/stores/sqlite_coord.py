@@ -17,7 +17,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from shoal import _json
-from shoal.coord.base import LockGrant, LockWait, MemberView
+from shoal.coord.base import EventWatch, LockGrant, LockWait, MemberView
 from shoal.stores._sqlfiles import queries
 
 _Q = queries("sqlite")
@@ -27,16 +27,12 @@ _POLL = 0.005   # seconds between two reads of data_version while a lock is watc
 _KeyState = tuple[Any, ...]
 
 
-class _Watch:
+class _Watch(EventWatch):
     def __init__(self, namespace: str, keys: Sequence[str], seen: dict[str, _KeyState]) -> None:
+        super().__init__()
         self.namespace = namespace
         self.keys = tuple(keys)
         self.seen = seen          # the state of each key when this watch last looked
-        self.event = asyncio.Event()
-
-    async def wait(self) -> None:
-        await self.event.wait()
-        self.event.clear()
 
 
 class SQLiteCoordination:
