@@ -267,7 +267,13 @@ class RateStore(Protocol):
         not None and ``total + amount > limit``: refuse (add nothing) and say when it would fit
         (the ``at + window`` of the oldest entry whose leaving makes room; None if it never can,
         i.e. ``amount > limit``). Otherwise add an entry ``(now, amount)`` (none for 0: a read;
-        a negative amount corrects an estimate and is never refused) and return the new total."""
+        a negative amount corrects an estimate and is never refused) and return the new total.
+        ``now`` may be earlier than other entries' times (a correction dated when its estimate
+        was counted): the entry leaves the window at its own time.
+
+        Cost: proportional to the entries leaving (and, when refused, to those walked to find
+        ``retry_at``), never to the whole window — a window of a busy provider holds one entry
+        per call of the last minute. Keep a running total beside the entries."""
         ...
 
     async def window_clear(self, namespace: str, key: str) -> None:

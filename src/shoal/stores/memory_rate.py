@@ -6,9 +6,23 @@ loop. :class:`~shoal.stores.memory.MemoryStore` inherits it.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from shoal.coord.base import CounterResult, SlotBusy, SlotGrant, SpendEntry, WindowResult
+
+
+@dataclass
+class _Window:
+    """A sliding window: its entries ``(at, amount)`` in time order and their running total."""
+
+    entries: list[tuple[float, float]] = field(default_factory=list)
+    total: float = 0.0
+
+
+def _at(entry: tuple[float, float]) -> float:
+    return entry[0]
 
 
 class MemoryRateLimits:
@@ -16,7 +30,7 @@ class MemoryRateLimits:
 
     def __init__(self) -> None:
         self._slots: dict[tuple[str, str], dict[str, float]] = {}       # holder -> expires_at
-        self._windows: dict[tuple[str, str], list[tuple[float, float]]] = {}   # (at, amount)
+        self._windows: dict[tuple[str, str], _Window] = {}
         self._rate_pauses: dict[tuple[str, str], float] = {}
         self._counters: dict[tuple[str, str], tuple[float, float]] = {}  # total, updated_at
         self._ledger: list[tuple[str, SpendEntry]] = []
@@ -52,22 +66,29 @@ class MemoryRateLimits:
         self, namespace: str, key: str, amount: float, window: float, limit: float | None,
         now: float,
     ) -> WindowResult:
-        entries = [e for e in self._windows.get((namespace, key), []) if e[0] > now - window]
-        self._windows[(namespace, key)] = entries
-        total = sum(a for _, a in entries)
+        w = self._windows.setdefault((namespace, key), _Window())
+        # entries leave from the oldest: the cost is the entries leaving, not the window's size
+        leaving = bisect.bisect_right(w.entries, now - window, key=_at)
+        for _, gone in w.entries[:leaving]:
+            w.total -= gone
+        del w.entries[:leaving]
+        if not w.entries:
+            w.total = 0.0            # no drift survives an empty window
+        total = w.total
         if amount > 0 and limit is not None and total + amount > limit:
             retry_at = None
             if amount <= limit:
                 left = total
-                for at, a in sorted(entries):
+                for at, a in w.entries:
                     left -= a
                     if left + amount <= limit:
                         retry_at = at + window
                         break
             return WindowResult(False, total, retry_at)
         if amount != 0:
-            entries.append((now, amount))
-        return WindowResult(True, total + amount)
+            bisect.insort(w.entries, (now, amount), key=_at)   # after entries of the same time
+            w.total += amount
+        return WindowResult(True, w.total)
 
     async def window_clear(self, namespace: str, key: str) -> None:
         self._windows.pop((namespace, key), None)

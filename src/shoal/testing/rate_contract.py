@@ -94,6 +94,28 @@ class RateContract:
         assert corrected.added and corrected.total == 600
         assert (await rates.window_add(NS, "p:tpm", 400, 60, 1000, T0 + 2)).added
 
+    async def test_an_entry_dated_earlier_leaves_at_its_own_time(
+        self, rates: RateStore
+    ) -> None:
+        await rates.window_add(NS, "p:tpm", 500, 60, 1000, T0)
+        await rates.window_add(NS, "p:tpm", 300, 60, 1000, T0 + 30)
+        corrected = await rates.window_add(NS, "p:tpm", -400, 60, None, T0)   # dated T0
+        assert corrected.total == 400
+        later = await rates.window_add(NS, "p:tpm", 0, 60, 1000, T0 + 61)
+        assert later.total == 300, "the estimate and its correction left together"
+        assert (await rates.window_add(NS, "p:tpm", 0, 60, 1000, T0 + 91)).total == 0
+
+    async def test_a_busy_window_keeps_an_exact_count(self, rates: RateStore) -> None:
+        for i in range(600):                        # ten calls a second for a minute
+            got = await rates.window_add(NS, "p:rpm", 1, 60, 600, T0 + i / 10)
+            assert got.added
+        refused = await rates.window_add(NS, "p:rpm", 1, 60, 600, T0 + 59.95)
+        assert not refused.added and refused.total == 600
+        assert refused.retry_at == pytest.approx(T0 + 60)
+        assert (await rates.window_add(NS, "p:rpm", 0, 60, 600, T0 + 90.05)).total == 299
+        assert (await rates.window_add(NS, "p:rpm", 0, 60, 600, T0 + 200)).total == 0
+        assert (await rates.window_add(NS, "p:rpm", 1, 60, 600, T0 + 200)).total == 1
+
     async def test_a_window_clears(self, rates: RateStore) -> None:
         await rates.window_add(NS, "p:failures", 1, 60, None, T0)
         await rates.window_clear(NS, "p:failures")
