@@ -132,6 +132,7 @@ class App:
         self._locks = LockManager(self._coord, self.clock, namespace, self.instance_id,
                                   self.lease, self._observers)
         self._membership: Membership | None = None
+        self._rate_store: RateStore | None = None
         self._ledger = Ledger(self._rates, self.clock, namespace)
         self._providers: dict[str, Provider] = {}
         self._opened = False
@@ -499,12 +500,14 @@ class App:
     # -- model providers and budgets -------------------------------------------------------
 
     def _rates(self) -> RateStore:
-        coord = self._coord()
-        if not isinstance(coord, RateStore):
-            raise ConfigurationError(
-                f"The coordination store {coord!r} keeps no rate-limit state "
-                f"(shoal.coord.base.RateStore): provider limits and budgets need one.")
-        return coord
+        if self._rate_store is None:    # checked once: a runtime protocol check is not free
+            coord = self._coord()
+            if not isinstance(coord, RateStore):
+                raise ConfigurationError(
+                    f"The coordination store {coord!r} keeps no rate-limit state "
+                    f"(shoal.coord.base.RateStore): provider limits and budgets need one.")
+            self._rate_store = coord
+        return self._rate_store
 
     def provider(
         self,

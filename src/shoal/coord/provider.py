@@ -121,6 +121,8 @@ class Ledger:
         corrects the day it was counted under)."""
         now = self.clock.now()
         scopes = self._scopes(who, currency, now)
+        if amount == 0 and all(limit is None for _, limit, _ in scopes):
+            return scopes            # nothing to count and nothing to check: no round trip
         result = await self._rates().counter_add(
             self.namespace, [k for k, _, _ in scopes], [amount] * len(scopes),
             [limit for _, limit, _ in scopes], now)
@@ -143,6 +145,8 @@ class Ledger:
         now = self.clock.now()
         if scopes is None:
             scopes = self._scopes(who, currency, now)
+        if amount == 0 and reserved == 0:
+            return                   # nothing spent, nothing reserved: nothing to write
         entry = SpendEntry(who.tenant, who.run_id, who.root_id, amount, currency, now)
         await self._rates().counter_add(
             self.namespace, [k for k, _, _ in scopes], [amount - reserved] * len(scopes),
