@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import sys
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -542,21 +541,19 @@ class RedisCoordStore:
     #
     #   {prefix}:{ns}:rslots:{key}   hash    holder -> expires_at        cleanup expiry (>= 10 x
     #                                                                     lease, an hour at least)
-    #   {prefix}:{ns}:rwin:{key}     list    'at amount', oldest added    cleanup expiry (>= 2 x
-    #                                        first                        window, an hour at least)
+    #   {prefix}:{ns}:rwz:{key}      zset    '<seq> <amount>' by at       cleanup expiry (>= 2 x
+    #   {prefix}:{ns}:rwt:{key}      hash    total, seq                   window, an hour at least)
     #   {prefix}:{ns}:rpause:{key}   string  the end of the pause         cleanup expiry of an
     #                                                                     hour once it has ended
     #   {prefix}:{ns}:rcount:{key}   hash    total, updated_at            never expires
     #   {prefix}:{ns}:ledger         list    JSON rows, oldest first      never expires
     #
-    # A window is a list in the order entries were added, not a sorted set: the memory reference
-    # sums with Python's sum() in that order, and a float sum depends on its order; a total has
-    # to be summed afresh on every call anyway (a running total would drift from it), so a
-    # sorted set's cheap range deletes would buy nothing. Entries leaving are the list's head
-    # whenever the clock only goes forward (one LTRIM). Cleanup expiries are never shortened.
-
-    # how the reference's sum() adds a window's amounts on this Python: compensated from 3.12 on
-    _window_sum = "1" if sys.version_info >= (3, 12) else "0"
+    # A window is a sorted set of its entries by time beside a running total (the memory
+    # reference's layout): the entries leaving are a range by score, read, subtracted and removed,
+    # so a call costs the entries leaving, not the whole window. The total is kept as '%.17g'
+    # text; its last bit may differ from a sum in another order. An empty window's total is 0
+    # (the hash is deleted). Windows of the layout before (a list under rwin:{key}) are not read:
+    # they count as empty and go with their cleanup expiry. Cleanup expiries are never shortened.
 
     async def slot_acquire(
         self, namespace: str, key: str, holder: str, max_slots: int, lease: float, now: float
@@ -591,21 +588,19 @@ class RedisCoordStore:
         self, namespace: str, key: str, amount: float, window: float, limit: float | None,
         now: float,
     ) -> WindowResult:
-        # an int amount stays an int in the list: the reference's sum() adds ints apart
-        text = str(int(amount)) if isinstance(amount, int) else _num(amount)
+        base = self._base(namespace)
         keep = str(int(min(max(2.0 * window, _KEEP), 1e12) * 1000))
         got = await self._script(
-            "rate_window_add", [f"{self._base(namespace)}:rwin:{key}"],
-            [text, _num(window), "-" if limit is None else _num(limit), _num(now), keep,
-             self._window_sum])
+            "rate_window_add", [f"{base}:rwz:{key}", f"{base}:rwt:{key}"],
+            [_num(amount), _num(window), "-" if limit is None else _num(limit), _num(now), keep])
         added, total, retry_at = int(got[0]), _text(got[1]), _text(got[2])
         return WindowResult(bool(added), float(total), float(retry_at) if retry_at else None)
 
     async def window_clear(self, namespace: str, key: str) -> None:
-        name = f"{self._base(namespace)}:rwin:{key}"
+        base = self._base(namespace)
 
         async def run(client: Redis) -> None:
-            await client.delete(name)
+            await client.delete(f"{base}:rwz:{key}", f"{base}:rwt:{key}")
 
         await self._call(run)
 
