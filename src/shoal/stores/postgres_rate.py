@@ -3,8 +3,8 @@
 The semantics are those of the memory reference (:mod:`shoal.stores.memory_rate`). Each method is
 one transaction, atomic against every other connection, sent as one pipeline (one round trip; the
 server runs it as one implicit transaction, as :mod:`shoal.stores.postgres_coord` does). The first
-statements take the locks, and the last one, whose READ COMMITTED snapshot is taken once they are
-held, reads and writes:
+statements take the locks, and the ones after them, whose READ COMMITTED snapshots are taken once
+they are held, read and write (a window: the entries leaving, then the add):
 
 - a slot key and a window key: an advisory transaction lock of the key. Their rows come and go
   (slots end, entries leave the window), so there may be no row to lock, and a table of key rows
@@ -94,11 +94,14 @@ class PostgresRateLimits:
         self, namespace: str, key: str, amount: float, window: float, limit: float | None,
         now: float,
     ) -> WindowResult:
+        # The cost is the entries leaving (and, when refused, those walked): the key's running
+        # total (rate_windows) stands for the rest, as in the memory reference.
         args: dict[str, Any] = {
             "namespace": namespace, "key": key, "amount": float(amount),
             "window": float(window), "limit": None if limit is None else float(limit),
             "now": float(now), "cutoff": float(now - window)}
         [row] = await self._rate_run([self._rate_lock("window", namespace, key),
+                                      (_Q["rate_window_prune"], args),
                                       (_Q["rate_window_add"], args)])
         total: float = row["total"]
         if not row["added"]:

@@ -69,24 +69,38 @@ class SQLiteRateLimits:
         self, namespace: str, key: str, amount: float, window: float, limit: float | None,
         now: float,
     ) -> WindowResult:
+        # The cost is the entries leaving (and, when refused, those walked): the key's running
+        # total (rate_windows) stands for the rest, as in the memory reference.
         args = {"namespace": namespace, "key": key, "amount": amount, "window": window,
                 "limit": limit, "now": now, "cutoff": now - window}
         async with self._tx() as db:
-            db.execute(_Q["rate_window_prune"], args)
-            total: float = db.execute(_Q["rate_window_total"], args).fetchone()[0]
+            row = db.execute(_Q["rate_window_total"], args).fetchone()
+            stored = total = 0.0 if row is None else float(row[0])
+            leaving = db.execute(_Q["rate_window_leaving"], args).fetchall()
+            if leaving:
+                for (gone,) in leaving:     # oldest first, as the reference subtracts them
+                    total -= gone
+                db.execute(_Q["rate_window_prune"], args)
+                if not db.execute(_Q["rate_window_any"], args).fetchone()[0]:
+                    total = 0.0             # no drift survives an empty window
             if amount > 0 and limit is not None and total + amount > limit:
-                retry_at: float | None = None
-                if amount <= limit:    # else it never fits
-                    row = db.execute(_Q["rate_window_retry_at"], args).fetchone()
-                    retry_at = None if row is None else row[0]
+                if total != stored:
+                    db.execute(_Q["rate_window_put"], {**args, "total": total})
+                retry_at = (None if amount > limit     # it never fits
+                            else _retry_at(db, args, total, amount, window, limit))
                 return WindowResult(False, total, retry_at)
             if amount != 0:     # 0 is a read
                 db.execute(_Q["rate_window_add"], args)
-        return WindowResult(True, total + amount)
+                total += amount
+            if total != stored:     # no row reads as 0
+                db.execute(_Q["rate_window_put"], {**args, "total": total})
+        return WindowResult(True, total)
 
     async def window_clear(self, namespace: str, key: str) -> None:
+        args = {"namespace": namespace, "key": key}
         async with self._tx() as db:
-            db.execute(_Q["rate_window_clear"], {"namespace": namespace, "key": key})
+            db.execute(_Q["rate_window_clear"], args)
+            db.execute(_Q["rate_window_clear_total"], args)
 
     # -- pauses --------------------------------------------------------------------------------
 
@@ -155,3 +169,23 @@ class SQLiteRateLimits:
         rows = self._db.execute(query, args).fetchall()
         return [SpendEntry(r["tenant"], r["run_id"], r["root_id"], r["amount"], r["currency"],
                            r["at"]) for r in rows]
+
+
+def _retry_at(
+    db: sqlite3.Connection, args: dict[str, Any], total: float, amount: float, window: float,
+    limit: float,
+) -> float | None:
+    """When a refused ``amount`` (not above ``limit``) fits: the time of the entry whose leaving,
+    with every entry before it (oldest first), makes room, plus the window — the reference's
+    walk, reading the entries from the oldest only as far as needed. None if it never fits (the
+    window holds negative corrections)."""
+    left = total
+    cur = db.execute(_Q["rate_window_walk"], args)
+    try:
+        for at, gone in cur:
+            left -= gone
+            if left + amount <= limit:
+                return float(at + window)
+    finally:
+        cur.close()     # the rest of the window is never read
+    return None

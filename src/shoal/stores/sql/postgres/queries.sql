@@ -867,47 +867,71 @@ SELECT count(*) AS renewed FROM renewed;
 -- After the key's advisory lock.
 DELETE FROM rate_slots WHERE namespace = %(namespace)s AND key = %(key)s AND holder = %(holder)s;
 
--- name: rate_window_add
--- After the key's advisory lock. Entries that left the window go (:cutoff is now - window); the
--- total is of those that stay. A positive amount that would take it above a limit is refused, and
--- then, if it fits the limit on its own, the answer says when: the earliest entry time whose
--- leaving (with every entry as old or older) leaves room, plus the window ("staying" is the sum
--- of the entries strictly younger than the row). Else the amount is added (nothing for 0).
-WITH live AS (
-    SELECT at, amount FROM rate_window_entries
-    WHERE namespace = %(namespace)s AND key = %(key)s AND at > %(cutoff)s
-), pruned AS (
+-- name: rate_window_prune
+-- After the key's advisory lock. Entries that left the window go (:cutoff is now - window), found
+-- from the oldest through the index: the cost is the entries leaving, not the window. Their sum
+-- is taken from the key's running total (rate_windows); with no entry left, the total is set to
+-- exactly 0 (no drift survives an empty window). Nothing leaving: nothing written. (This
+-- statement's snapshot still has the deleted rows: an entry is left if the newest is above the
+-- cutoff, which max() reads from the end of the index.)
+WITH gone AS (
     DELETE FROM rate_window_entries
     WHERE namespace = %(namespace)s AND key = %(key)s AND at <= %(cutoff)s
-), verdict AS (
+    RETURNING amount
+)
+UPDATE rate_windows w
+SET total = CASE WHEN (SELECT max(at) FROM rate_window_entries
+                       WHERE namespace = %(namespace)s AND key = %(key)s) > %(cutoff)s
+                 THEN w.total - g.amount ELSE 0 END
+FROM (SELECT sum(amount) AS amount FROM gone) g
+WHERE w.namespace = %(namespace)s AND w.key = %(key)s AND g.amount IS NOT NULL;
+
+-- name: rate_window_add
+-- After rate_window_prune (every entry is in the window; the key's total is theirs, no row: 0).
+-- A positive amount that would take the total above a limit is refused, and then, if it fits the
+-- limit on its own, the answer says when: walking the entries oldest first (ties in the order
+-- they were added, "seq"), the time of the first whose leaving, with those before it, leaves
+-- room, plus the window. The walk reads the index in order and stops there (the running sum is
+-- of the rows read so far, LIMIT 1). Else the amount is added, to the entries and to the total
+-- (nothing for 0: a read).
+WITH verdict AS (
     SELECT t.total,
            NOT (%(amount)s::double precision > 0 AND %(limit)s::double precision IS NOT NULL
                 AND t.total + %(amount)s::double precision > %(limit)s::double precision)
                AS added
-    FROM (SELECT coalesce(sum(amount), 0)::double precision AS total FROM live) t
+    FROM (SELECT coalesce(sum(total), 0)::double precision AS total FROM rate_windows
+          WHERE namespace = %(namespace)s AND key = %(key)s) t
 ), added AS (
     INSERT INTO rate_window_entries (namespace, key, at, amount)
     SELECT %(namespace)s::text, %(key)s::text, %(now)s::double precision,
            %(amount)s::double precision
     FROM verdict WHERE verdict.added AND %(amount)s::double precision <> 0
+), counted AS (
+    INSERT INTO rate_windows AS w (namespace, key, total)
+    SELECT %(namespace)s::text, %(key)s::text, verdict.total + %(amount)s::double precision
+    FROM verdict WHERE verdict.added AND %(amount)s::double precision <> 0
+    ON CONFLICT (namespace, key) DO UPDATE SET total = excluded.total
 )
 SELECT verdict.added, verdict.total,
        CASE WHEN NOT verdict.added
                  AND %(amount)s::double precision <= %(limit)s::double precision THEN (
            SELECT s.at + %(window)s::double precision FROM (
-               SELECT at, coalesce(sum(amount) OVER (
-                   ORDER BY at DESC RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW
-                   EXCLUDE GROUP), 0) AS staying
-               FROM live) s
+               SELECT at, seq, verdict.total - sum(amount) OVER (
+                   ORDER BY at, seq ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS staying
+               FROM rate_window_entries
+               WHERE namespace = %(namespace)s AND key = %(key)s) s
            WHERE s.staying + %(amount)s::double precision <= %(limit)s::double precision
-           ORDER BY s.at
+           ORDER BY s.at, s.seq
            LIMIT 1)
        END AS retry_at
 FROM verdict;
 
 -- name: rate_window_clear
--- After the key's advisory lock.
-DELETE FROM rate_window_entries WHERE namespace = %(namespace)s AND key = %(key)s;
+-- After the key's advisory lock: the entries and their total.
+WITH entries AS (
+    DELETE FROM rate_window_entries WHERE namespace = %(namespace)s AND key = %(key)s
+)
+DELETE FROM rate_windows WHERE namespace = %(namespace)s AND key = %(key)s;
 
 -- name: rate_pause_until
 -- One upsert (it locks the key's row): a later pause in force is kept.

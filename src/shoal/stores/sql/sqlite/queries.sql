@@ -496,36 +496,48 @@ WHERE namespace = :namespace AND key = :key AND holder = :holder AND expires_at 
 -- name: rate_slot_release
 DELETE FROM rate_slots WHERE namespace = :namespace AND key = :key AND holder = :holder;
 
+-- name: rate_window_leaving
+-- Entries that leave the window (:cutoff is now - window), oldest first (ties in the order they
+-- were added: the index ends with the rowid): read through the index, only as far as they go.
+SELECT amount FROM rate_window_entries
+WHERE namespace = :namespace AND key = :key AND at <= :cutoff
+ORDER BY at, rowid;
+
 -- name: rate_window_prune
--- Entries that left the window (:cutoff is now - window).
+-- After rate_window_leaving, when there were some.
 DELETE FROM rate_window_entries
 WHERE namespace = :namespace AND key = :key AND at <= :cutoff;
 
+-- name: rate_window_any
+-- After rate_window_prune: whether an entry is left (else the total is reset to exactly 0).
+SELECT EXISTS (SELECT 1 FROM rate_window_entries WHERE namespace = :namespace AND key = :key);
+
 -- name: rate_window_total
--- After rate_window_prune (every entry is in the window).
-SELECT coalesce(sum(amount), 0) AS total FROM rate_window_entries
-WHERE namespace = :namespace AND key = :key;
+-- The running total of the key's entries (no row: no entry, 0).
+SELECT total FROM rate_windows WHERE namespace = :namespace AND key = :key;
+
+-- name: rate_window_put
+INSERT INTO rate_windows (namespace, key, total) VALUES (:namespace, :key, :total)
+ON CONFLICT (namespace, key) DO UPDATE SET total = excluded.total;
 
 -- name: rate_window_add
 INSERT INTO rate_window_entries (namespace, key, at, amount)
 VALUES (:namespace, :key, :now, :amount);
 
--- name: rate_window_retry_at
--- After rate_window_prune, for a refused amount that fits the limit on its own: the earliest entry
--- time whose leaving (with every entry as old or older) leaves room, plus the window. "staying" is
--- the sum of the entries strictly younger than the row (its own time excluded, ties included).
-SELECT at + :window AS retry_at FROM (
-    SELECT at, coalesce(sum(amount) OVER (ORDER BY at DESC RANGE BETWEEN UNBOUNDED PRECEDING
-                                          AND CURRENT ROW EXCLUDE GROUP), 0) AS staying
-    FROM rate_window_entries
-    WHERE namespace = :namespace AND key = :key
-)
-WHERE staying + :amount <= :limit
-ORDER BY at
-LIMIT 1;
+-- name: rate_window_walk
+-- After rate_window_prune, for a refused amount that fits the limit on its own: the entries oldest
+-- first (ties in the order they were added), which the caller reads only until the ones it has
+-- read would, by leaving, make room (their time plus the window is the answer).
+SELECT at, amount FROM rate_window_entries
+WHERE namespace = :namespace AND key = :key
+ORDER BY at, rowid;
 
 -- name: rate_window_clear
+-- The entries, then (rate_window_clear_total) their total.
 DELETE FROM rate_window_entries WHERE namespace = :namespace AND key = :key;
+
+-- name: rate_window_clear_total
+DELETE FROM rate_windows WHERE namespace = :namespace AND key = :key;
 
 -- name: rate_pause_until
 -- A later pause in force is kept.
