@@ -1,30 +1,31 @@
 """The coordination contract on Redis (one server) and on Redlock (three), plus what only they
 have to show: a quorum that survives a stopped server, credentials kept out of addresses, and a
-store that starts while Redis is down and carries on once it is back.
-
-The single server is ``SHOAL_TEST_REDIS`` (default ``redis://127.0.0.1:6379``); each test uses a
-prefix of its own and deletes every key under it afterwards. Without a reachable server those
-tests skip with a message, except under ``CI``, where they fail. The Redlock tests start their
-own ``redis-server`` processes on free ports and kill them afterwards.
+store that starts while Redis is down and carries on once it is back. The servers (the test
+server, or ``redis-server`` processes of the test's own), key prefixes, and the skip without a
+server (a failure under ``CI``) are ``redis_support.py``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import os
 import random
-import secrets
-import shutil
-import socket
-import subprocess
-import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-import redis
+from redis_support import (
+    URL,
+    Server,
+    drop,
+    new_prefix,
+    opened,
+    own_prefix,
+    redlock,
+    running_servers,
+    server_prefix,
+    sync_client,
+)
 
 from shoal.coord.base import CoordStore, LockGrant, LockWait
 from shoal.coord.redlock import Redlock
@@ -33,75 +34,26 @@ from shoal.stores.memory import MemoryStore
 from shoal.stores.redis import RedisCoordStore
 from shoal.testing.coord_contract import LEASE, NS, T0, CoordContract, grant, queued
 
-URL = os.environ.get("SHOAL_TEST_REDIS", "redis://127.0.0.1:6379")
-
-
-def _sync(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, socket_timeout=3, socket_connect_timeout=3)
-
-
-@functools.cache
-def _unreachable() -> str | None:
-    """Why the test server cannot be used, or None when it can."""
-    try:
-        with _sync(URL) as client:
-            client.ping()
-    except redis.RedisError as e:
-        return str(e).strip() or type(e).__name__
-    return None
-
-
-def _require_redis() -> None:
-    reason = _unreachable()
-    if reason is None:
-        return
-    from shoal.stores import mask_url
-
-    message = (f"Redis at {mask_url(URL)} is not reachable ({reason}); "
-               f"set SHOAL_TEST_REDIS to a server where the tests may write keys")
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
-
-
-def _drop(url: str, prefix: str) -> None:
-    """Delete every key under ``prefix``."""
-    with _sync(url) as client:
-        names = list(client.scan_iter(match=f"{prefix}:*", count=500))
-        if names:
-            client.delete(*names)
-
-
-def _new_prefix() -> str:
-    return f"shoal_t_{secrets.token_hex(6)}"
-
-
 # -- one server -------------------------------------------------------------------------------
 
 
 @pytest.fixture
 def prefix() -> Iterator[str]:
-    _require_redis()
-    name = _new_prefix()
-    yield name
-    _drop(URL, name)
+    with server_prefix() as name:
+        yield name
 
 
 class TestRedisCoordination(CoordContract):
     @pytest.fixture
     async def coord(self, prefix: str) -> AsyncIterator[RedisCoordStore]:
-        s = RedisCoordStore(URL, prefix=prefix)
-        await s.open()
-        yield s
-        await s.close()
+        async with opened(RedisCoordStore(URL, prefix=prefix)) as s:
+            yield s
 
     @pytest.fixture
     async def other(self, prefix: str) -> AsyncIterator[RedisCoordStore]:
         """A second store object (its own connections) over the same keys."""
-        s = RedisCoordStore(URL, prefix=prefix)
-        await s.open()
-        yield s
-        await s.close()
+        async with opened(RedisCoordStore(URL, prefix=prefix)) as s:
+            yield s
 
 
 async def test_fencing_and_ticket_counters_never_expire_and_rows_do(
@@ -115,7 +67,7 @@ async def test_fencing_and_ticket_counters_never_expire_and_rows_do(
         await s.meter(NS, ["m"], [1000], T0)
         await s.heartbeat(NS, "a", None, T0, 15, 10)
         await s.heartbeat(NS, "a", None, T0 + 10, 15, 10)
-        with _sync(URL) as client:
+        with sync_client(URL) as client:
             ttl = {k.decode(): client.pttl(k) for k in client.scan_iter(match=f"{prefix}:*")}
         base = f"{prefix}:{NS}"
         assert ttl[f"{base}:fence:k"] == -1 and ttl[f"{base}:tickets"] == -1, ttl
@@ -183,67 +135,17 @@ def test_addresses_that_are_not_redis_are_refused() -> None:
             RedisCoordStore(url)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class _Server:
-    """A ``redis-server`` process of the test's own, on a fixed port, stopped and started at
-    will; nothing saved to disk."""
-
-    def __init__(self, port: int | None = None) -> None:
-        self.port = port or _free_port()
-        self.url = f"redis://127.0.0.1:{self.port}"
-        self.dir = tempfile.mkdtemp(prefix="shoal-redis-")
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            message = "redis-server is not in PATH"
-            if os.environ.get("CI"):
-                pytest.fail(message)
-            pytest.skip(message)
-        self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--daemonize", "no", "--dir", self.dir],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with redis.Redis(port=self.port, socket_timeout=0.5,
-                                 socket_connect_timeout=0.5) as c:
-                    c.ping()
-                return
-            except redis.RedisError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"redis-server on port {self.port} did not start") from None
-                time.sleep(0.02)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(10)
-            self.proc = None
-
-    def cleanup(self) -> None:
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
 @pytest.fixture
-def down_port() -> Iterator[_Server]:
-    server = _Server()
+def down_port() -> Iterator[Server]:
+    server = Server()
     yield server
     server.cleanup()
 
 
 async def test_a_store_opens_while_redis_is_down_and_works_once_it_is_back(
-    down_port: _Server,
+    down_port: Server,
 ) -> None:
-    s = RedisCoordStore(down_port.url, password=None, socket_timeout=0.5, prefix=_new_prefix())
+    s = RedisCoordStore(down_port.url, password=None, socket_timeout=0.5, prefix=new_prefix())
     await s.open()
     try:
         for op in (lambda: s.lock_acquire(NS, ["k"], "h1", LEASE, T0), s.ping,
@@ -262,7 +164,7 @@ async def test_a_store_opens_while_redis_is_down_and_works_once_it_is_back(
         await s.close()
 
 
-async def test_a_password_never_shows_in_an_unavailable_error(down_port: _Server) -> None:
+async def test_a_password_never_shows_in_an_unavailable_error(down_port: Server) -> None:
     s = RedisCoordStore(down_port.url, password="hunter2", socket_timeout=0.3)
     await s.open()
     try:
@@ -274,10 +176,10 @@ async def test_a_password_never_shows_in_an_unavailable_error(down_port: _Server
 
 
 async def test_a_restart_of_redis_wakes_every_watch_and_the_store_carries_on(
-    down_port: _Server,
+    down_port: Server,
 ) -> None:
     down_port.start()
-    s = RedisCoordStore(down_port.url, socket_timeout=0.5, prefix=_new_prefix())
+    s = RedisCoordStore(down_port.url, socket_timeout=0.5, prefix=new_prefix())
     await s.open()
     try:
         async with s.lock_watch(NS, ["k"]) as watch:
@@ -307,43 +209,26 @@ async def test_a_restart_of_redis_wakes_every_watch_and_the_store_carries_on(
 
 
 @pytest.fixture(scope="module")
-def trio() -> Iterator[list[_Server]]:
-    servers = [_Server() for _ in range(3)]
-    try:
-        for server in servers:
-            server.start()
+def trio() -> Iterator[list[Server]]:
+    with running_servers(3) as servers:
         yield servers
-    finally:
-        for server in servers:
-            server.cleanup()
-
-
-def _redlock(servers: list[_Server], prefix: str, timeout: float = 2.0) -> Redlock:
-    return Redlock([RedisCoordStore(s.url, prefix=prefix, socket_timeout=timeout)
-                    for s in servers])
 
 
 class TestRedlockCoordination(CoordContract):
     @pytest.fixture
-    def rl_prefix(self, trio: list[_Server]) -> Iterator[str]:
-        name = _new_prefix()
-        yield name
-        for server in trio:
-            _drop(server.url, name)
+    def rl_prefix(self, trio: list[Server]) -> Iterator[str]:
+        with own_prefix([server.url for server in trio]) as name:
+            yield name
 
     @pytest.fixture
-    async def coord(self, trio: list[_Server], rl_prefix: str) -> AsyncIterator[CoordStore]:
-        r = _redlock(trio, rl_prefix)
-        await r.open()
-        yield r
-        await r.close()
+    async def coord(self, trio: list[Server], rl_prefix: str) -> AsyncIterator[CoordStore]:
+        async with opened(redlock(trio, rl_prefix)) as r:
+            yield r
 
     @pytest.fixture
-    async def other(self, trio: list[_Server], rl_prefix: str) -> AsyncIterator[CoordStore]:
-        r = _redlock(trio, rl_prefix)
-        await r.open()
-        yield r
-        await r.close()
+    async def other(self, trio: list[Server], rl_prefix: str) -> AsyncIterator[CoordStore]:
+        async with opened(redlock(trio, rl_prefix)) as r:
+            yield r
 
 
 def test_redlock_takes_an_odd_number_of_servers() -> None:
@@ -357,20 +242,14 @@ def test_redlock_takes_an_odd_number_of_servers() -> None:
 
 
 @pytest.fixture
-def own_trio() -> Iterator[list[_Server]]:
+def own_trio() -> Iterator[list[Server]]:
     """Three servers of this test's own, which it may stop."""
-    servers = [_Server() for _ in range(3)]
-    try:
-        for server in servers:
-            server.start()
+    with running_servers(3) as servers:
         yield servers
-    finally:
-        for server in servers:
-            server.cleanup()
 
 
-async def test_redlock_holds_with_one_server_of_three_stopped(own_trio: list[_Server]) -> None:
-    r = _redlock(own_trio, _new_prefix(), timeout=0.5)
+async def test_redlock_holds_with_one_server_of_three_stopped(own_trio: list[Server]) -> None:
+    r = redlock(own_trio, new_prefix(), timeout=0.5)
     await r.open()
     try:
         g1 = await grant(r, ["k"], "h1")
@@ -391,9 +270,9 @@ async def test_redlock_holds_with_one_server_of_three_stopped(own_trio: list[_Se
 
 
 async def test_redlock_grants_nothing_without_a_majority_and_a_holder_loses_it(
-    own_trio: list[_Server],
+    own_trio: list[Server],
 ) -> None:
-    r = _redlock(own_trio, _new_prefix(), timeout=0.5)
+    r = redlock(own_trio, new_prefix(), timeout=0.5)
     await r.open()
     try:
         g1 = await grant(r, ["k"], "h1")
@@ -420,11 +299,11 @@ async def test_redlock_grants_nothing_without_a_majority_and_a_holder_loses_it(
 
 
 async def test_redlock_tokens_increase_across_a_minority_that_forgot(
-    own_trio: list[_Server],
+    own_trio: list[Server],
 ) -> None:
     """A server restarted empty counts from 0 again; the majority's raised counters keep the
     tokens going up all the same."""
-    r = _redlock(own_trio, _new_prefix(), timeout=0.5)
+    r = redlock(own_trio, new_prefix(), timeout=0.5)
     await r.open()
     try:
         tokens = []
@@ -439,11 +318,11 @@ async def test_redlock_tokens_increase_across_a_minority_that_forgot(
         await r.close()
 
 
-async def test_redlock_split_votes_resolve(trio: list[_Server]) -> None:
+async def test_redlock_split_votes_resolve(trio: list[Server]) -> None:
     """Contenders asking at once on three servers may split them; the partial grants are given
     back, and every contender is served once, with increasing tokens."""
-    prefix = _new_prefix()
-    locks = [_redlock(trio, prefix) for _ in range(3)]
+    prefix = new_prefix()
+    locks = [redlock(trio, prefix) for _ in range(3)]
     for r in locks:
         await r.open()
     try:
@@ -472,7 +351,7 @@ async def test_redlock_split_votes_resolve(trio: list[_Server]) -> None:
         for r in locks:
             await r.close()
         for server in trio:
-            _drop(server.url, prefix)
+            drop(server.url, prefix)
 
 
 async def test_matches_the_memory_reference_on_random_operations(prefix: str) -> None:

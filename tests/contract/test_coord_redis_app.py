@@ -8,37 +8,30 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from test_coord_redis import _new_prefix, _Server
+from redis_support import Server, new_prefix, redlock, running_servers
 
 import shoal
-from shoal.coord.redlock import Redlock
 from shoal.stores.redis import RedisCoordStore
 
 LEASE = 1.5
 
 
 @pytest.fixture
-def servers() -> Iterator[list[_Server]]:
-    trio = [_Server() for _ in range(3)]
-    try:
-        for server in trio:
-            server.start()
+def servers() -> Iterator[list[Server]]:
+    with running_servers(3) as trio:
         yield trio
-    finally:
-        for server in trio:
-            server.cleanup()
 
 
-def redlock_app(trio: list[_Server], instance: str, prefix: str) -> shoal.App:
-    quorum = Redlock([RedisCoordStore(s.url, prefix=prefix, socket_timeout=0.3) for s in trio])
+def redlock_app(trio: list[Server], instance: str, prefix: str) -> shoal.App:
+    quorum = redlock(trio, prefix, timeout=0.3)
     return shoal.App("redlock", store="memory://", coordination=quorum, instance_id=instance,
                      lease=LEASE, membership_interval=0.2)
 
 
 async def test_redlock_survives_one_server_and_waits_without_a_majority(
-    servers: list[_Server],
+    servers: list[Server],
 ) -> None:
-    prefix = _new_prefix()
+    prefix = new_prefix()
     a = redlock_app(servers, "a", prefix)
     b = redlock_app(servers, "b", prefix)
     async with a.open(), b.open():
@@ -65,12 +58,12 @@ async def test_redlock_survives_one_server_and_waits_without_a_majority(
         await b._locks.release(got)
 
 
-async def test_redis_down_at_start_then_back(servers: list[_Server]) -> None:
+async def test_redis_down_at_start_then_back(servers: list[Server]) -> None:
     redis_server = servers[0]
     redis_server.stop()
     app = shoal.App("down", store="memory://", instance_id="solo", lease=LEASE,
                     membership_interval=0.2,
-                    coordination=RedisCoordStore(redis_server.url, prefix=_new_prefix(),
+                    coordination=RedisCoordStore(redis_server.url, prefix=new_prefix(),
                                                  socket_timeout=0.3))
     started = time.monotonic()
     async with app:

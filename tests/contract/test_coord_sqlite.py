@@ -5,35 +5,24 @@ from __future__ import annotations
 
 import asyncio
 import random
-import sqlite3
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from sql_support import OnOneSQLiteFile, sqlite_file_at, sqlite_store
 
 from shoal.coord.base import CoordStore, LockGrant, MemberView
 from shoal.stores._sqlfiles import migrations
 from shoal.stores.memory import MemoryStore
-from shoal.stores.sqlite import SQLiteStore, _statements
+from shoal.stores.sqlite import SQLiteStore
 from shoal.testing.coord_contract import CoordContract
 
 COORD_TABLES = {"locks", "lock_waiters", "lock_tickets", "members", "rosters", "meters"}
 
 
-class TestSQLiteCoordination(CoordContract):
+class TestSQLiteCoordination(OnOneSQLiteFile, CoordContract):
     @pytest.fixture
-    async def coord(self, tmp_path: Path) -> AsyncIterator[SQLiteStore]:
-        s = SQLiteStore(str(tmp_path / "shoal.db"))
-        await s.open()
-        yield s
-        await s.close()
-
-    @pytest.fixture
-    async def other(self, coord: SQLiteStore) -> AsyncIterator[SQLiteStore]:
-        s = SQLiteStore(coord.path)
-        await s.open()
-        yield s
-        await s.close()
+    def coord(self, sqlite: SQLiteStore) -> SQLiteStore:
+        return sqlite
 
 
 def test_the_sqlite_store_is_a_coord_store() -> None:
@@ -42,20 +31,10 @@ def test_the_sqlite_store_is_a_coord_store() -> None:
 
 async def test_a_store_made_before_coordination_gets_its_tables(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
-    old = [m for m in migrations("sqlite") if m[0] < 6]
-    assert [number for number, _, _ in old] == [1, 2, 3, 4, 5]
-    with sqlite3.connect(path) as conn:   # the file as shoal left it before version 6
-        conn.execute("CREATE TABLE shoal_migrations "
-                     "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)")
-        for number, name, sql in old:
-            for statement in _statements(sql):
-                conn.execute(statement)
-            conn.execute("INSERT INTO shoal_migrations VALUES (?, ?, 0)", (number, name))
-    conn.close()
+    applied = sqlite_file_at(path, 5)   # the file as shoal left it before version 6
+    assert applied == [1, 2, 3, 4, 5]
 
-    store = SQLiteStore(str(path))
-    await store.open()
-    try:
+    async with sqlite_store(path) as store:
         newest = max(number for number, _, _ in migrations("sqlite"))
         assert newest >= 6
         assert await store.migrate() == newest
@@ -64,20 +43,14 @@ async def test_a_store_made_before_coordination_gets_its_tables(tmp_path: Path) 
         assert isinstance(await store.lock_acquire("ns", ["k"], "h", 10.0, 0.0), LockGrant)
         assert (await store.heartbeat("ns", "m", None, 0.0, 15.0, 0.0)).members == ("m",)
         assert await store.meter("ns", ["k"], [5.0], 0.0) == [5.0]
-    finally:
-        await store.close()
 
 
 async def test_a_watch_ends_its_poller_with_the_last_watch(tmp_path: Path) -> None:
-    store = SQLiteStore(str(tmp_path / "shoal.db"))
-    await store.open()
-    try:
+    async with sqlite_store(tmp_path / "shoal.db") as store:
         async with store.lock_watch("ns", ["a"]), store.lock_watch("ns", ["a", "b"]):
             poller = store._lock_poller
             assert poller is not None and not poller.done()
         assert store._lock_poller is None and not store._lock_watches
-    finally:
-        await store.close()
 
 
 async def test_a_commit_elsewhere_wakes_only_the_watches_of_changed_keys(tmp_path: Path) -> None:

@@ -14,8 +14,8 @@ import pytest
 from psycopg import sql
 
 # pytest puts this directory on sys.path (rootdir-relative "prepend" imports, no __init__.py)
+from sql_support import RATE_TABLES, check_the_ledger_filters, random_calls, use_the_rate_tables
 from test_postgres import URL, _open, schema  # noqa: F401 (a fixture)
-from test_rate_sqlite import RATE_TABLES, random_calls
 
 from shoal.coord.base import RateStore, SlotBusy, SlotGrant, SpendEntry
 from shoal.stores._sqlfiles import migrations
@@ -65,11 +65,7 @@ async def test_a_schema_at_version_6_gets_the_rate_tables(schema: str) -> None: 
                                 "WHERE table_schema = %(schema)s", {"schema": schema})
         assert {r["table_name"] for r in rows} >= RATE_TABLES
         assert await store.meter("ns", ["k"], [0.0], 0.0) == [5.0], "version 6's rows stay"
-        assert await store.slot_acquire("ns", "s", "h", 1, 10.0, 0.0) == SlotGrant(10.0)
-        assert (await store.window_add("ns", "w", 2, 60.0, 5, 0.0)).total == 2
-        assert await store.pause_until("ns", "p", 9.0) == 9.0
-        entry = SpendEntry("t", "r", "r", 0.5, "usd", 0.0)
-        assert (await store.counter_add("ns", ["c"], [0.5], [1.0], 0.0, entry)).totals == [0.5]
+        entry = await use_the_rate_tables(store)
         assert await store.ledger("ns", root_id="r") == [entry]
     finally:
         await store.close()
@@ -91,15 +87,7 @@ async def test_a_window_keeps_only_its_entries(schema: str) -> None:  # noqa: F8
 async def test_the_ledger_filters_by_tenant_and_root_together(schema: str) -> None:  # noqa: F811
     store = await _open(schema)
     try:
-        entries = [SpendEntry(t, f"r{i}", root, 1.0, "usd", float(i))
-                   for i, (t, root) in enumerate([("t1", "a"), ("t2", "a"), ("t1", "b"),
-                                                  ("t1", None), ("t1", "a")])]
-        for e in entries:
-            await store.counter_add("ns", [], [], [], e.at, e)
-        assert await store.ledger("ns", tenant="t1", root_id="a") == [entries[0], entries[4]]
-        assert await store.ledger("ns", tenant="t1", limit=2) == [entries[0], entries[2]]
-        assert await store.ledger("ns", root_id="a") == [entries[0], entries[1], entries[4]]
-        assert await store.ledger("ns") == entries
+        await check_the_ledger_filters(store)
     finally:
         await store.close()
 

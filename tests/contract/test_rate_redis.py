@@ -1,11 +1,7 @@
 """The rate-limit contract on Redis (one server) and on Redlock (three servers, the rate limits on
 the first), plus what only Redis has to show: which keys expire and which never do, floats that
-come back exactly, and the same answers as the memory reference over random calls.
-
-The single server is ``SHOAL_TEST_REDIS`` (default ``redis://127.0.0.1:6379``); each test uses a
-prefix of its own and deletes every key under it afterwards. Without a reachable server those
-tests skip with a message, except under ``CI``, where they fail. The Redlock tests start their
-own ``redis-server`` processes on free ports and kill them afterwards.
+come back exactly, and the same answers as the memory reference over random calls (servers,
+key prefixes, and the skip without a server or failure under ``CI``: ``redis_support.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +10,16 @@ import random
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from test_coord_redis import URL, _drop, _new_prefix, _require_redis, _Server, _sync
+from redis_support import (
+    URL,
+    Server,
+    opened,
+    own_prefix,
+    redlock,
+    running_servers,
+    server_prefix,
+    sync_client,
+)
 
 from shoal.coord.base import RateStore, SlotBusy, SlotGrant, SpendEntry, WindowResult
 from shoal.coord.redlock import Redlock
@@ -27,18 +32,14 @@ from shoal.testing.rate_contract import NS, T0, RateContract
 
 @pytest.fixture
 def prefix() -> Iterator[str]:
-    _require_redis()
-    name = _new_prefix()
-    yield name
-    _drop(URL, name)
+    with server_prefix() as name:
+        yield name
 
 
 @pytest.fixture
 async def store(prefix: str) -> AsyncIterator[RedisCoordStore]:
-    s = RedisCoordStore(URL, prefix=prefix)
-    await s.open()
-    yield s
-    await s.close()
+    async with opened(RedisCoordStore(URL, prefix=prefix)) as s:
+        yield s
 
 
 class TestRedisRateLimits(RateContract):
@@ -49,15 +50,13 @@ class TestRedisRateLimits(RateContract):
     @pytest.fixture
     async def other(self, prefix: str) -> AsyncIterator[RedisCoordStore]:
         """A second store object (its own connections) over the same keys."""
-        s = RedisCoordStore(URL, prefix=prefix)
-        await s.open()
-        yield s
-        await s.close()
+        async with opened(RedisCoordStore(URL, prefix=prefix)) as s:
+            yield s
 
 
 def _ttls(url: str, prefix: str) -> dict[str, int]:
     """Every key under ``prefix`` (without it) -> its PTTL."""
-    with _sync(url) as client:
+    with sync_client(url) as client:
         return {k.decode()[len(prefix) + 1:]: int(client.pttl(k))
                 for k in client.scan_iter(match=f"{prefix}:*")}
 
@@ -106,7 +105,7 @@ async def test_a_window_forgets_out_of_order_entries_and_keeps_the_order(
         await store.window_add(NS, "w", amount, 60, None, at)
     got = await store.window_add(NS, "w", 0, 60, None, T0 + 66)
     assert got.total == 5.5
-    with _sync(URL) as client:
+    with sync_client(URL) as client:
         rows = [(r.decode(), at) for r, at in
                 client.zrange(f"{prefix}:{NS}:rwz:w", 0, -1, withscores=True)]
         kept = client.hgetall(f"{prefix}:{NS}:rwt:w")
@@ -125,7 +124,7 @@ async def test_a_window_add_reads_only_the_entries_leaving(
     leaving are subtracted from it, and an empty window starts again from exactly 0."""
     for i in range(3000):
         await store.window_add(NS, "w", 0.1, 60, None, T0 + i / 100)
-    with _sync(URL) as client:
+    with sync_client(URL) as client:
         client.hset(f"{prefix}:{NS}:rwt:w", "total", "1000")
     got = await store.window_add(NS, "w", 0, 60, None, T0 + 60.005)    # the first entry leaves
     assert got.total == pytest.approx(999.9, rel=1e-12)
@@ -157,18 +156,18 @@ async def test_a_lost_total_is_summed_again_from_the_entries(
     the entries once, and new entries still get members of their own."""
     for amount in [1, 2, 4]:
         await store.window_add(NS, "w", amount, 60, None, T0)
-    with _sync(URL) as client:
+    with sync_client(URL) as client:
         client.delete(f"{prefix}:{NS}:rwt:w")
     assert (await store.window_add(NS, "w", 1, 60, None, T0)).total == 8
     assert (await store.window_add(NS, "w", 0, 60, None, T0 + 1)).total == 8
-    with _sync(URL) as client:
+    with sync_client(URL) as client:
         assert client.zcard(f"{prefix}:{NS}:rwz:w") == 4
 
 
 async def test_a_window_of_the_layout_before_counts_as_empty(
     store: RedisCoordStore, prefix: str
 ) -> None:
-    with _sync(URL) as client:
+    with sync_client(URL) as client:
         client.rpush(f"{prefix}:{NS}:rwin:w", f"{T0!r} 5")
     assert (await store.window_add(NS, "w", 1, 60, None, T0 + 1)).total == 1
 
@@ -322,49 +321,33 @@ async def test_windows_near_their_limits_match_the_reference(store: RedisCoordSt
 
 
 @pytest.fixture(scope="module")
-def trio() -> Iterator[list[_Server]]:
-    servers = [_Server() for _ in range(3)]
-    try:
-        for server in servers:
-            server.start()
+def trio() -> Iterator[list[Server]]:
+    with running_servers(3) as servers:
         yield servers
-    finally:
-        for server in servers:
-            server.cleanup()
 
 
 @pytest.fixture
-def rl_prefix(trio: list[_Server]) -> Iterator[str]:
-    name = _new_prefix()
-    yield name
-    for server in trio:
-        _drop(server.url, name)
-
-
-def _redlock(servers: list[_Server], prefix: str) -> Redlock:
-    return Redlock([RedisCoordStore(s.url, prefix=prefix) for s in servers])
+def rl_prefix(trio: list[Server]) -> Iterator[str]:
+    with own_prefix([server.url for server in trio]) as name:
+        yield name
 
 
 class TestRedlockRateLimits(RateContract):
     @pytest.fixture
-    async def rates(self, trio: list[_Server], rl_prefix: str) -> AsyncIterator[Redlock]:
-        r = _redlock(trio, rl_prefix)
-        await r.open()
-        yield r
-        await r.close()
+    async def rates(self, trio: list[Server], rl_prefix: str) -> AsyncIterator[Redlock]:
+        async with opened(redlock(trio, rl_prefix)) as r:
+            yield r
 
     @pytest.fixture
-    async def other(self, trio: list[_Server], rl_prefix: str) -> AsyncIterator[Redlock]:
-        r = _redlock(trio, rl_prefix)
-        await r.open()
-        yield r
-        await r.close()
+    async def other(self, trio: list[Server], rl_prefix: str) -> AsyncIterator[Redlock]:
+        async with opened(redlock(trio, rl_prefix)) as r:
+            yield r
 
 
 async def test_redlock_keeps_rate_limits_on_its_first_server(
-    trio: list[_Server], rl_prefix: str
+    trio: list[Server], rl_prefix: str
 ) -> None:
-    r = _redlock(trio, rl_prefix)
+    r = redlock(trio, rl_prefix)
     await r.open()
     try:
         assert isinstance(await r.slot_acquire(NS, "s", "a", 1, 60, T0), SlotGrant)

@@ -24,13 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import glob
 import json
 import os
 import pwd
 import random
-import secrets
 import shutil
 import socket
 import statistics
@@ -48,34 +46,15 @@ import proc_app
 import psycopg
 import pytest
 import test_sqlite_processes as sq  # make_plan, check_invariants
+from backends import postgres_schema, skip_or_fail
 from harness import Monkey, Processes, read_log, wait_until
-from psycopg import sql
-
-from shoal.stores import mask_url
 
 HERE = Path(__file__).resolve().parent
-URL = os.environ.get("SHOAL_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 PROC_APP = HERE / "proc_app.py"
 SLOTS = 8   # max_concurrent_runs of a worker (proc_app.make_app)
 
 
 NAMESPACE = proc_app.NAMESPACE
-
-
-def _skip_or_fail(message: str) -> None:
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
-
-
-@functools.cache
-def _unreachable() -> str | None:
-    try:
-        with psycopg.connect(URL, connect_timeout=3) as conn:
-            conn.execute("SELECT 1")
-    except psycopg.Error as e:
-        return " ".join(str(e).split()) or type(e).__name__
-    return None
 
 
 def _with_query(url: str, **options: str) -> str:
@@ -87,37 +66,8 @@ def _with_query(url: str, **options: str) -> str:
 @pytest.fixture
 def schema_url() -> Iterator[str]:
     """A store URL on the shared server with a schema of its own, dropped afterwards."""
-    reason = _unreachable()
-    if reason is not None:
-        _skip_or_fail(f"PostgreSQL at {mask_url(URL)} is not reachable ({reason}); set "
-                      f"SHOAL_TEST_POSTGRES to a server where the tests may create schemas")
-    name = f"shoal_p_{secrets.token_hex(6)}"
-    # should the test process be killed, a guard process drops the schema
-    guard = subprocess.Popen([sys.executable, "-c", _SCHEMA_GUARD, str(os.getpid()), URL, name],
-                             start_new_session=True, stdin=subprocess.DEVNULL,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        yield _with_query(URL, schema=name)
-    finally:
-        try:
-            with psycopg.connect(URL, autocommit=True) as conn:
-                conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
-                    sql.Identifier(name)))
-        finally:
-            guard.kill()
-            guard.wait(timeout=10)
-
-
-_SCHEMA_GUARD = """
-import os, sys, time
-import psycopg
-from psycopg import sql
-parent, url, name = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-while os.getppid() == parent:
-    time.sleep(0.5)
-with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
-    conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
-"""
+    with postgres_schema("shoal_p_") as url:
+        yield url
 
 
 async def wait_all_final(store: Any, expected: int, timeout: float) -> list[Any]:
@@ -288,7 +238,7 @@ class Cluster:
             try:
                 user = pwd.getpwnam("postgres")
             except KeyError:
-                _skip_or_fail("running as root and no 'postgres' user to run initdb/pg_ctl as")
+                skip_or_fail("running as root and no 'postgres' user to run initdb/pg_ctl as")
         self.base = Path(tempfile.mkdtemp(prefix="shoal-pg-"))
         self.data = self.base / "data"
         self.logfile = self.base / "server.log"
@@ -372,7 +322,7 @@ class Cluster:
 def cluster() -> Iterator[Cluster]:
     bindir = _pg_bin()
     if bindir is None:
-        _skip_or_fail("initdb/pg_ctl not found; set SHOAL_TEST_PG_BIN to PostgreSQL's bin "
+        skip_or_fail("initdb/pg_ctl not found; set SHOAL_TEST_PG_BIN to PostgreSQL's bin "
                       "directory to run the restart test")
     assert bindir is not None
     c = Cluster(bindir)

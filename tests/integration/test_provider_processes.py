@@ -45,29 +45,25 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import functools
 import itertools
 import os
 import random
-import secrets
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+import backends
 import provider_app
 import pytest
+from backends import Backend
 from harness import Processes, read_log, wait_until
 
 HERE = Path(__file__).resolve().parent
 PROVIDER_APP = HERE / "provider_app.py"
-PG_URL = os.environ.get("SHOAL_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
-REDIS_URL = os.environ.get("SHOAL_TEST_REDIS", "redis://127.0.0.1:6379")
 
 MAX_CONCURRENT = provider_app.MAX_CONCURRENT
 MINUTE = 60.0
@@ -81,115 +77,11 @@ WINDOW = 30.0        # breaker test: Breaker(window=…), longer than the test
 COOLDOWN = 2.5       # breaker test: Breaker(cooldown=…)
 
 
-def _skip_or_fail(message: str) -> None:
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
-
-
-# -- backends: a SQLite file, a PostgreSQL schema, a Redis prefix ---------------------------------
-
-
-@dataclass
-class Backend:
-    name: str
-    env: dict[str, str]   # PROV_STORE, and PROV_REDIS/PROV_REDIS_PREFIX for Redis
-
-
-@functools.cache
-def _postgres_unreachable() -> str | None:
-    try:
-        import psycopg
-    except ImportError as e:
-        return f"psycopg is not installed: {e}"
-    try:
-        with psycopg.connect(PG_URL, connect_timeout=3) as conn:
-            conn.execute("SELECT 1")
-    except psycopg.Error as e:
-        return " ".join(str(e).split()) or type(e).__name__
-    return None
-
-
-@functools.cache
-def _redis_unreachable() -> str | None:
-    try:
-        import redis
-    except ImportError as e:
-        return f"the redis client is not installed: {e}"
-    try:
-        with redis.Redis.from_url(REDIS_URL, socket_timeout=3, socket_connect_timeout=3) as r:
-            r.ping()
-    except redis.RedisError as e:
-        return str(e).strip() or type(e).__name__
-    return None
-
-
-_SCHEMA_GUARD = """
-import os, sys, time
-import psycopg
-from psycopg import sql
-parent, url, name = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-while os.getppid() == parent:
-    time.sleep(0.5)
-with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
-    conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
-"""
-
-
-def _drop_schema(name: str) -> None:
-    import psycopg
-    from psycopg import sql
-
-    with psycopg.connect(PG_URL, autocommit=True, connect_timeout=10) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
-
-
-def _drop_prefix(prefix: str) -> None:
-    import redis
-
-    with redis.Redis.from_url(REDIS_URL, socket_timeout=5, socket_connect_timeout=5) as r:
-        names = list(r.scan_iter(match=f"{prefix}:*", count=500))
-        if names:
-            r.delete(*names)
-
-
-@pytest.fixture(params=["sqlite", "postgres", "redis"])
+@pytest.fixture(params=backends.KINDS)
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
-    from shoal.stores import mask_url
-
-    if request.param == "sqlite":
-        yield Backend("sqlite", {"PROV_STORE": f"sqlite:///{tmp_path / 'provider.db'}"})
-    elif request.param == "postgres":
-        reason = _postgres_unreachable()
-        if reason is not None:
-            _skip_or_fail(f"PostgreSQL at {mask_url(PG_URL)} is not reachable ({reason}); set "
-                          f"SHOAL_TEST_POSTGRES to a server where the tests may create schemas")
-        name = f"shoal_p_{secrets.token_hex(6)}"
-        guard = subprocess.Popen([sys.executable, "-c", _SCHEMA_GUARD, str(os.getpid()), PG_URL,
-                                  name], start_new_session=True, stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        parts = urlsplit(PG_URL)
-        url = urlunsplit(parts._replace(
-            query=urlencode([*parse_qsl(parts.query), ("schema", name)])))
-        try:
-            yield Backend("postgres", {"PROV_STORE": url})
-        finally:
-            try:
-                _drop_schema(name)
-            finally:
-                guard.kill()
-                guard.wait(timeout=10)
-    else:
-        reason = _redis_unreachable()
-        if reason is not None:
-            _skip_or_fail(f"Redis at {mask_url(REDIS_URL)} is not reachable ({reason}); set "
-                          f"SHOAL_TEST_REDIS to a server where the tests may write keys")
-        prefix = f"shoal_p_{secrets.token_hex(6)}"
-        try:
-            yield Backend("redis", {"PROV_STORE": "memory://", "PROV_REDIS": REDIS_URL,
-                                    "PROV_REDIS_PREFIX": prefix})
-        finally:
-            _drop_prefix(prefix)
+    """A SQLite file, a PostgreSQL schema or a Redis prefix of the test's own."""
+    with backends.backend(request.param, tmp_path / "provider.db", "PROV", "shoal_p_") as b:
+        yield b
 
 
 def _settings(**env: Any) -> dict[str, str]:
