@@ -167,3 +167,19 @@ def redlock(servers: list[Server], prefix: str, timeout: float = 2.0) -> Redlock
     """A Redlock quorum over ``servers`` (``timeout``: each store's socket timeout)."""
     return Redlock([RedisCoordStore(s.url, prefix=prefix, socket_timeout=timeout)
                     for s in servers])
+
+
+class OnTheTrio:
+    """For a contract class (put first among the bases): ``quorum``, a Redlock over the module's
+    ``trio`` under the test's ``rl_prefix`` (fixtures of ``conftest.py``), and ``other``, a
+    second Redlock object (its own connections) over the same keys."""
+
+    @pytest.fixture
+    async def quorum(self, trio: list[Server], rl_prefix: str) -> AsyncIterator[Redlock]:
+        async with opened(redlock(trio, rl_prefix)) as r:
+            yield r
+
+    @pytest.fixture
+    async def other(self, trio: list[Server], rl_prefix: str) -> AsyncIterator[Redlock]:
+        async with opened(redlock(trio, rl_prefix)) as r:
+            yield r

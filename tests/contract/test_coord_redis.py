@@ -2,7 +2,8 @@
 have to show: a quorum that survives a stopped server, credentials kept out of addresses, and a
 store that starts while Redis is down and carries on once it is back. The servers (the test
 server, or ``redis-server`` processes of the test's own), key prefixes, and the skip without a
-server (a failure under ``CI``) are ``redis_support.py``'s.
+server (a failure under ``CI``) are ``redis_support.py``'s; the fixtures ``prefix``, ``trio``
+and ``rl_prefix`` are ``conftest.py``'s.
 """
 
 from __future__ import annotations
@@ -16,14 +17,13 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from redis_support import (
     URL,
+    OnTheTrio,
     Server,
     drop,
     new_prefix,
     opened,
-    own_prefix,
     redlock,
     running_servers,
-    server_prefix,
     sync_client,
 )
 
@@ -35,12 +35,6 @@ from shoal.stores.redis import RedisCoordStore
 from shoal.testing.coord_contract import LEASE, NS, T0, CoordContract, grant, queued
 
 # -- one server -------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def prefix() -> Iterator[str]:
-    with server_prefix() as name:
-        yield name
 
 
 class TestRedisCoordination(CoordContract):
@@ -208,27 +202,10 @@ async def test_a_restart_of_redis_wakes_every_watch_and_the_store_carries_on(
 # -- Redlock over three servers ---------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def trio() -> Iterator[list[Server]]:
-    with running_servers(3) as servers:
-        yield servers
-
-
-class TestRedlockCoordination(CoordContract):
+class TestRedlockCoordination(OnTheTrio, CoordContract):
     @pytest.fixture
-    def rl_prefix(self, trio: list[Server]) -> Iterator[str]:
-        with own_prefix([server.url for server in trio]) as name:
-            yield name
-
-    @pytest.fixture
-    async def coord(self, trio: list[Server], rl_prefix: str) -> AsyncIterator[CoordStore]:
-        async with opened(redlock(trio, rl_prefix)) as r:
-            yield r
-
-    @pytest.fixture
-    async def other(self, trio: list[Server], rl_prefix: str) -> AsyncIterator[CoordStore]:
-        async with opened(redlock(trio, rl_prefix)) as r:
-            yield r
+    def coord(self, quorum: Redlock) -> Redlock:
+        return quorum
 
 
 def test_redlock_takes_an_odd_number_of_servers() -> None:

@@ -1,25 +1,17 @@
 """The rate-limit contract on Redis (one server) and on Redlock (three servers, the rate limits on
 the first), plus what only Redis has to show: which keys expire and which never do, floats that
 come back exactly, and the same answers as the memory reference over random calls (servers,
-key prefixes, and the skip without a server or failure under ``CI``: ``redis_support.py``).
+key prefixes, and the skip without a server or failure under ``CI``: ``redis_support.py``; the
+fixtures ``prefix``, ``trio`` and ``rl_prefix``: ``conftest.py``).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
-from redis_support import (
-    URL,
-    Server,
-    opened,
-    own_prefix,
-    redlock,
-    running_servers,
-    server_prefix,
-    sync_client,
-)
+from redis_support import URL, OnTheTrio, Server, opened, redlock, sync_client
 
 from shoal.coord.base import RateStore, SlotBusy, SlotGrant, SpendEntry, WindowResult
 from shoal.coord.redlock import Redlock
@@ -28,12 +20,6 @@ from shoal.stores.redis import RedisCoordStore
 from shoal.testing.rate_contract import NS, T0, RateContract
 
 # -- one server -------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def prefix() -> Iterator[str]:
-    with server_prefix() as name:
-        yield name
 
 
 @pytest.fixture
@@ -320,28 +306,10 @@ async def test_windows_near_their_limits_match_the_reference(store: RedisCoordSt
 # -- Redlock: the first server ----------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def trio() -> Iterator[list[Server]]:
-    with running_servers(3) as servers:
-        yield servers
-
-
-@pytest.fixture
-def rl_prefix(trio: list[Server]) -> Iterator[str]:
-    with own_prefix([server.url for server in trio]) as name:
-        yield name
-
-
-class TestRedlockRateLimits(RateContract):
+class TestRedlockRateLimits(OnTheTrio, RateContract):
     @pytest.fixture
-    async def rates(self, trio: list[Server], rl_prefix: str) -> AsyncIterator[Redlock]:
-        async with opened(redlock(trio, rl_prefix)) as r:
-            yield r
-
-    @pytest.fixture
-    async def other(self, trio: list[Server], rl_prefix: str) -> AsyncIterator[Redlock]:
-        async with opened(redlock(trio, rl_prefix)) as r:
-            yield r
+    def rates(self, quorum: Redlock) -> Redlock:
+        return quorum
 
 
 async def test_redlock_keeps_rate_limits_on_its_first_server(
