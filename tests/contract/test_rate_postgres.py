@@ -1,13 +1,15 @@
 """The rate-limit contract on PostgreSQL: two stores, each with its own pool, on a schema of their
-own dropped after each test (test_postgres.py's fixture, server, skip and CI failure); the migration
-that brings a schema at version 6 up to the rate-limit tables; random calls that must get the
-memory reference's answers; and concurrent callers on several keys at once."""
+own dropped after each test (test_postgres.py's fixture, server, skip and CI failure); the
+migrations that bring a schema at version 6 up to the rate-limit tables and one at version 7 to
+the windows' running totals; a window_add that reads only the entries it needs; random calls that
+must get the memory reference's answers; and concurrent callers on several keys at once."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 from collections.abc import AsyncIterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -17,10 +19,11 @@ from psycopg import sql
 from sql_support import RATE_TABLES, check_the_ledger_filters, random_calls, use_the_rate_tables
 from test_postgres import URL, _open, schema  # noqa: F401 (a fixture)
 
-from shoal.coord.base import RateStore, SlotBusy, SlotGrant, SpendEntry
+from shoal.coord.base import RateStore, SlotBusy, SlotGrant, SpendEntry, WindowResult
 from shoal.stores._sqlfiles import migrations
 from shoal.stores.memory import MemoryStore
 from shoal.stores.postgres import PostgresStore
+from shoal.stores.postgres_rate import _Q
 from shoal.testing.rate_contract import RateContract
 
 
@@ -43,18 +46,28 @@ def test_the_postgres_store_is_a_rate_store() -> None:
     assert isinstance(PostgresStore("postgresql://localhost/x"), RateStore)
 
 
-async def test_a_schema_at_version_6_gets_the_rate_tables(schema: str) -> None:  # noqa: F811
-    with psycopg.connect(URL, autocommit=True) as conn:   # the schema as shoal left it at 6
-        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+def _schema_at(name: str, version: int, *statements: str) -> list[int]:
+    """Create the schema ``name`` as shoal left it at ``version``: its migrations up to that one
+    applied and recorded, then ``statements`` (rows it had). The numbers of the migrations
+    applied."""
+    old = [m for m in migrations("postgres") if m[0] <= version]
+    with psycopg.connect(URL, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(name)))
         conn.execute("CREATE TABLE shoal_migrations (version integer PRIMARY KEY, "
                      "name text NOT NULL, applied_at double precision NOT NULL)")
-        old = [m for m in migrations("postgres") if m[0] <= 6]
-        assert [number for number, _, _ in old] == [1, 2, 3, 4, 5, 6]
         for number, name, text in old:
             conn.execute(text.encode())
             conn.execute("INSERT INTO shoal_migrations VALUES (%s, %s, 0)", (number, name))
-        conn.execute("INSERT INTO meters VALUES ('ns', 'k', 5, 0)")
+        for statement in statements:
+            conn.execute(statement.encode())
+    return [number for number, _, _ in old]
+
+
+async def test_a_schema_at_version_6_gets_the_rate_tables(schema: str) -> None:  # noqa: F811
+    applied = _schema_at(schema, 6,    # the schema as shoal left it at 6
+                         "INSERT INTO meters VALUES ('ns', 'k', 5, 0)")
+    assert applied == [1, 2, 3, 4, 5, 6]
 
     store = await _open(schema)
     try:
@@ -67,6 +80,89 @@ async def test_a_schema_at_version_6_gets_the_rate_tables(schema: str) -> None: 
         assert await store.meter("ns", ["k"], [0.0], 0.0) == [5.0], "version 6's rows stay"
         entry = await use_the_rate_tables(store)
         assert await store.ledger("ns", root_id="r") == [entry]
+    finally:
+        await store.close()
+
+
+async def test_a_schema_at_version_7_gets_the_window_totals(schema: str) -> None:  # noqa: F811
+    """Migration 8 fills each window's running total from the entries there (even those that
+    have left the window since: the next add subtracts them as they leave), and numbers the
+    entries of the same time in some order."""
+    rows = [("ns", "w", 0.0, 2.0), ("ns", "w", 10.0, 3.0), ("ns", "w", 10.0, -0.5),
+            ("ns", "other", 5.0, 1.25), ("ns2", "w", 1.0, 4.0)]
+    applied = _schema_at(schema, 7, *(   # the schema as shoal left it at 7
+        "INSERT INTO rate_window_entries (namespace, key, at, amount) "
+        f"VALUES ('{ns}', '{key}', {at}, {amount})" for ns, key, at, amount in rows))
+    assert applied == [1, 2, 3, 4, 5, 6, 7]
+
+    store = await _open(schema)
+    try:
+        assert await store.migrate() >= 8
+        totals = {(r["namespace"], r["key"]): r["total"] for r in await store._all(
+            "SELECT namespace, key, total FROM rate_windows", {})}
+        assert totals == {("ns", "w"): 4.5, ("ns", "other"): 1.25, ("ns2", "w"): 4.0}
+        seqs = await store._all("SELECT seq FROM rate_window_entries", {})
+        assert len({r["seq"] for r in seqs}) == len(rows)
+        assert await store.window_add("ns", "w", 0, 60.0, None, 30.0) == WindowResult(True, 4.5)
+        assert await store.window_add("ns", "w", 0, 60.0, None, 65.0) == WindowResult(True, 2.5)
+        refused = await store.window_add("ns", "w", 3, 60.0, 5, 65.0)
+        assert refused == WindowResult(False, 2.5, 70.0)
+        assert await store.window_add("ns", "w", 3, 60.0, 5, 70.0) == WindowResult(True, 3.0)
+        assert (await store.window_add("ns", "other", 1, 60.0, 5, 64.0)).total == 2.25
+        assert (await store.window_add("ns2", "w", 0, 60.0, None, 61.0)).total == 0
+    finally:
+        await store.close()
+
+
+def _scans(plan: dict[str, Any]) -> list[tuple[str, int]]:
+    """The (node type, actual rows) of every read of rate_window_entries in an EXPLAIN (ANALYZE,
+    FORMAT JSON) plan."""
+    found = []
+    if plan.get("Relation Name") == "rate_window_entries" and "Scan" in plan["Node Type"]:
+        found.append((plan["Node Type"], plan["Actual Rows"]))
+    for child in plan.get("Plans", []):
+        found.extend(_scans(child))
+    return found
+
+
+async def test_a_window_costs_the_entries_leaving_not_the_window(
+    schema: str  # noqa: F811
+) -> None:
+    """On a window of 2,000 entries, an add reads through the index only the entries leaving
+    (and the newest, to know one is left), and a refused add only the entries it walks."""
+    store = await _open(schema)
+    try:
+        await store._all("INSERT INTO rate_window_entries (namespace, key, at, amount) "
+                         "SELECT 'ns', 'w', g / 100.0, 1 FROM generate_series(0, 1999) g",
+                         {}, fetch=False)
+        await store._all("INSERT INTO rate_windows VALUES ('ns', 'w', 2000)", {}, fetch=False)
+        await store._all("ANALYZE rate_window_entries", {}, fetch=False)
+        args: dict[str, Any] = {"namespace": "ns", "key": "w", "amount": 6.0, "window": 60.0,
+                                "limit": 2000.0, "now": 60.025, "cutoff": 0.025}
+        with psycopg.connect(URL, autocommit=True) as conn:
+            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+            scans = {}
+            with conn.transaction(force_rollback=True):
+                for name in ("rate_window_prune", "rate_window_add"):
+                    [[[explained]]] = conn.execute(
+                        ("EXPLAIN (ANALYZE, FORMAT JSON) " + _Q[name]).encode(), args
+                    ).fetchall()
+                    scans[name] = _scans(explained["Plan"])
+        assert all("Index" in kind for kind, _ in scans["rate_window_prune"] +
+                   scans["rate_window_add"]), scans
+        assert sorted(rows for _, rows in scans["rate_window_prune"]) == [1, 3], scans
+        # 3 left (0, 0.01, 0.02), 1,997 stay: 6 more fit once the next 3 have left too (the
+        # window function may read a row ahead), not one row more
+        [(_, walked)] = scans["rate_window_add"]
+        assert 3 <= walked <= 4, scans
+
+        got = await store.window_add("ns", "w", 6, 60.0, 2000, 60.025)
+        assert got == WindowResult(False, 1997.0, 0.05 + 60.0)
+        assert await store.window_add("ns", "w", 0, 60.0, None, 200.0) == WindowResult(True, 0)
+        await store.window_add("ns", "w", 1, 60.0, None, 200.0)
+        await store.window_clear("ns", "w")
+        assert await store._all("SELECT * FROM rate_windows", {}) == []
+        assert await store._all("SELECT * FROM rate_window_entries", {}) == []
     finally:
         await store.close()
 

@@ -1,6 +1,7 @@
 """The rate-limit contract on the SQLite store: two store objects (two connections) on one file,
-the migration that brings a file at version 6 up to the rate-limit tables, and random calls that
-must get the memory reference's answers."""
+the migrations that bring a file at version 6 up to the rate-limit tables and one at version 7 to
+the windows' running totals, a window_add that reads only the entries it needs, and random calls
+that must get the memory reference's answers."""
 
 from __future__ import annotations
 
@@ -18,10 +19,11 @@ from sql_support import (
     use_the_rate_tables,
 )
 
-from shoal.coord.base import RateStore
+from shoal.coord.base import RateStore, WindowResult
 from shoal.stores._sqlfiles import migrations
 from shoal.stores.memory import MemoryStore
 from shoal.stores.sqlite import SQLiteStore
+from shoal.stores.sqlite_rate import _Q
 from shoal.testing.rate_contract import RateContract
 
 
@@ -51,6 +53,55 @@ async def test_a_store_at_version_6_gets_the_rate_tables(tmp_path: Path) -> None
         assert (await store.lock_acquire("ns", ["k"], "h", 10.0, 0.0)).token == 42  # type: ignore[union-attr]
         entry = await use_the_rate_tables(store)
         assert await store.ledger("ns", tenant="t") == [entry]
+
+
+async def test_a_store_at_version_7_gets_the_window_totals(tmp_path: Path) -> None:
+    """Migration 8 fills each window's running total from the entries there (even those that
+    have left the window since: the next add subtracts them as they leave)."""
+    path = tmp_path / "old.db"
+    rows = [("ns", "w", 0.0, 2.0), ("ns", "w", 10.0, 3.0), ("ns", "w", 10.0, -0.5),
+            ("ns", "other", 5.0, 1.25), ("ns2", "w", 1.0, 4.0)]
+    applied = sqlite_file_at(path, 7, *(   # the file as shoal left it at version 7
+        "INSERT INTO rate_window_entries (namespace, key, at, amount) "
+        f"VALUES ('{ns}', '{key}', {at}, {amount})" for ns, key, at, amount in rows))
+    assert applied == [1, 2, 3, 4, 5, 6, 7]
+
+    async with sqlite_store(path) as store:
+        assert await store.migrate() >= 8
+        totals = {(ns, key): total for ns, key, total in store._db.execute(
+            "SELECT namespace, key, total FROM rate_windows")}
+        assert totals == {("ns", "w"): 4.5, ("ns", "other"): 1.25, ("ns2", "w"): 4.0}
+        assert await store.window_add("ns", "w", 0, 60.0, None, 30.0) == WindowResult(True, 4.5)
+        assert await store.window_add("ns", "w", 0, 60.0, None, 65.0) == WindowResult(True, 2.5)
+        assert await store.window_add("ns", "w", 3, 60.0, 5, 65.0) == WindowResult(False, 2.5, 70.0)
+        assert await store.window_add("ns", "w", 3, 60.0, 5, 70.0) == WindowResult(True, 3.0)
+        assert (await store.window_add("ns", "other", 1, 60.0, 5, 64.0)).total == 2.25
+        assert (await store.window_add("ns2", "w", 0, 60.0, None, 61.0)).total == 0
+
+
+async def test_a_window_costs_the_entries_leaving_not_the_window(tmp_path: Path) -> None:
+    """An add deletes the entries that left and keeps the running total; a refused add reads the
+    entries from the oldest only as far as it needs."""
+    async with sqlite_store(tmp_path / "shoal.db") as store:
+        for i in range(100):
+            await store.window_add("ns", "w", 1, 60.0, None, i / 10)
+        args = {"namespace": "ns", "key": "w", "cutoff": 0.5}
+        plans = {name: " ".join(r[3] for r in store._db.execute(
+                     "EXPLAIN QUERY PLAN " + _Q[name], args))
+                 for name in ("rate_window_leaving", "rate_window_prune", "rate_window_walk")}
+        for name, plan in plans.items():
+            assert "rate_window_entries_key" in plan, (name, plan)
+            assert "TEMP B-TREE" not in plan, (name, plan)     # read in index order, no sort
+        assert "at<?" in plans["rate_window_leaving"] and "at<?" in plans["rate_window_prune"]
+        got = await store.window_add("ns", "w", 2, 60.0, 100, 60.05)
+        assert got == WindowResult(False, 99.0, 60.1)     # the entry at 0 left: one more to go
+        total = store._db.execute("SELECT total FROM rate_windows WHERE key = 'w'").fetchone()
+        assert total[0] == 99.0
+        assert await store.window_add("ns", "w", 0, 60.0, None, 200.0) == WindowResult(True, 0)
+        assert store._db.execute("SELECT count(*) FROM rate_window_entries").fetchone()[0] == 0
+        await store.window_add("ns", "w", 1, 60.0, None, 200.0)
+        await store.window_clear("ns", "w")
+        assert store._db.execute("SELECT count(*) FROM rate_windows").fetchone()[0] == 0
 
 
 async def test_a_window_keeps_only_its_entries(tmp_path: Path) -> None:
