@@ -519,14 +519,23 @@ class App:
         breaker: Breaker | None = None,
         price_per_token: float | None = None,
         currency: str = "usd",
+        tenant_max_concurrent: int | None = None,
+        tenant_requests_per_minute: int | None = None,
+        tenant_tokens_per_minute: int | None = None,
     ) -> Provider:
         """A model provider's limits, shared by every replica of this app: at most
         ``max_concurrent`` calls at once, ``requests_per_minute`` and ``tokens_per_minute`` over
         any sliding minute, a 429's pause (``call.rate_limited``) and a circuit ``breaker``.
         ``price_per_token`` turns tokens into cost for the budgets. Use it as
-        ``async with provider.call(tokens=…) as call``."""
+        ``async with provider.call(tokens=…) as call``.
+
+        ``tenant_max_concurrent``, ``tenant_requests_per_minute`` and
+        ``tenant_tokens_per_minute`` cap each tenant on its own (the same caps for every tenant,
+        counted over all replicas under keys that carry the tenant), on top of the
+        provider-wide limits: a tenant at its cap waits without holding up other tenants."""
         check_provider_options(name, max_concurrent, requests_per_minute, tokens_per_minute,
-                               breaker, price_per_token)
+                               breaker, price_per_token, tenant_max_concurrent,
+                               tenant_requests_per_minute, tenant_tokens_per_minute)
         if name in self._providers:
             raise ConfigurationError(f"A provider named {name!r} is already defined; use "
                                      f"app.providers[{name!r}].")
@@ -534,7 +543,10 @@ class App:
             name=name, rates=self._rates, clock=self.clock, namespace=self.namespace,
             instance_id=self.instance_id, ledger=self._ledger, max_concurrent=max_concurrent,
             requests_per_minute=requests_per_minute, tokens_per_minute=tokens_per_minute,
-            breaker=breaker, price_per_token=price_per_token, currency=currency)
+            breaker=breaker, price_per_token=price_per_token, currency=currency,
+            tenant_max_concurrent=tenant_max_concurrent,
+            tenant_requests_per_minute=tenant_requests_per_minute,
+            tenant_tokens_per_minute=tenant_tokens_per_minute)
         self._providers[name] = provider
         return provider
 

@@ -807,3 +807,169 @@ def test_the_estimated_cost_is_a_finite_number(two: list[shoal.App]) -> None:
     for cost in bad:
         with pytest.raises(ValueError, match="cost"):
             a.call(cost=cost)
+
+
+# -- per-tenant limits ------------------------------------------------------------------------
+
+
+class TenantModel:
+    """Records concurrency and call times per tenant."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        self.clock = clock
+        self.running: dict[str, int] = {}
+        self.peak: dict[str, int] = {}
+        self.total_peak = 0
+        self.calls: dict[str, list[float]] = {}
+
+    async def __call__(self, tenant: str, hold: float = 0.0) -> None:
+        self.running[tenant] = self.running.get(tenant, 0) + 1
+        self.peak[tenant] = max(self.peak.get(tenant, 0), self.running[tenant])
+        self.total_peak = max(self.total_peak, sum(self.running.values()))
+        self.calls.setdefault(tenant, []).append(self.clock.now())
+        try:
+            if hold:
+                await self.clock.sleep(hold)
+        finally:
+            self.running[tenant] -= 1
+
+
+async def test_tenant_max_concurrent_holds_across_replicas_and_spares_other_tenants(
+    clock: VirtualClock, two: list[shoal.App]
+) -> None:
+    model = TenantModel(clock)
+    ps = providers(two, max_concurrent=4, tenant_max_concurrent=2)
+    start = clock.now()
+
+    async def one(i: int, tenant: str) -> None:
+        async with ps[i % 2].call(tenant=tenant):
+            await model(tenant, hold=5)
+
+    tasks = [asyncio.create_task(one(i, "big")) for i in range(8)]
+    await settle()
+    tasks += [asyncio.create_task(one(i, "small")) for i in range(2)]
+    await run_all(clock, tasks)
+    assert model.peak["big"] == 2 and len(model.calls["big"]) == 8
+    # "big" asked first for all 8, yet "small" had the provider's other 2 slots at once
+    assert model.peak["small"] == 2 and model.calls["small"] == [start] * 2
+    assert model.total_peak == 4
+    assert ps[0].tenant_keys("big")["slots"] == "provider:openai:tenant:big:slots"
+
+
+async def test_tenant_requests_per_minute_hold_across_replicas(
+    clock: VirtualClock, two: list[shoal.App]
+) -> None:
+    model = TenantModel(clock)
+    ps = providers(two, requests_per_minute=10, tenant_requests_per_minute=2)
+    start = clock.now()
+
+    async def one(i: int, tenant: str) -> None:
+        async with ps[i % 2].call(tenant=tenant):
+            await model(tenant)
+
+    tasks = [asyncio.create_task(one(i, "acme")) for i in range(6)]
+    tasks += [asyncio.create_task(one(i, "other")) for i in range(2)]
+    await run_all(clock, tasks)
+    acme = model.calls["acme"]
+    for t in acme:
+        assert sum(1 for u in acme if t - 60 < u <= t) <= 2, acme
+    assert sum(1 for u in acme if u < start + 60) == 2 and len(acme) == 6
+    assert model.calls["other"] == [start, start]
+
+
+async def test_tenant_tokens_per_minute_count_what_was_used(
+    clock: VirtualClock, two: list[shoal.App]
+) -> None:
+    a, b = providers(two, tokens_per_minute=10_000, tenant_tokens_per_minute=1000)
+    async with a.call(tokens=800, tenant="t") as call:
+        call.used(tokens=300)                        # the estimate was too high
+    assert await goes(b, tokens=700, tenant="t")     # fits: 300 + 700
+    assert not await goes(b, tokens=1, tenant="t")
+    assert await goes(b, tokens=1000, tenant="u")    # another tenant's window
+    with pytest.raises(ValueError, match="tenant_tokens_per_minute=1000"):
+        a.call(tokens=1001)
+    late = asyncio.create_task(a.call(tokens=1, tenant="t", timeout=5).__aenter__())
+    await run_all(clock, [asyncio.create_task(asyncio.wait([late]))])
+    with pytest.raises(shoal.RateLimitTimeoutError, match="tenant_tokens_per_minute=1000"):
+        late.result()
+
+
+
+async def test_a_store_error_during_admission_gives_back_the_tenant_caps(
+    clock: VirtualClock, two: list[shoal.App], store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = providers(two, tokens_per_minute=1000, tenant_max_concurrent=1,
+                     tenant_requests_per_minute=1, tenant_tokens_per_minute=100)
+    real = rates_of(store).window_add
+
+    async def blip(ns: str, key: str, amount: float, *rest: Any) -> Any:
+        if key == a.keys["tokens"] and amount > 0:
+            raise ConnectionError("store blip")      # after the tenant's slot, request, tokens
+        return await real(ns, key, amount, *rest)
+
+    monkeypatch.setattr(store, "window_add", blip)
+    with pytest.raises(ConnectionError):
+        async with a.call(tokens=100, tenant="t"):
+            pytest.fail("the call cannot go")
+    monkeypatch.setattr(store, "window_add", real)
+    # the tenant's slot, its request and its 100 tokens were given back: one call fits again
+    assert await goes(b, tokens=100, tenant="t")
+    assert not await goes(b, tenant="t")             # and only one a minute
+
+
+async def test_a_cancel_during_admission_gives_back_the_tenant_caps(
+    clock: VirtualClock, two: list[shoal.App], store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = providers(two, tenant_max_concurrent=1, tenant_requests_per_minute=1,
+                     tenant_tokens_per_minute=100)
+    real = rates_of(store).window_add
+    stuck = asyncio.Event()
+
+    async def hang(ns: str, key: str, *rest: Any) -> Any:
+        if key == a.tenant_keys("t")["tokens"]:
+            stuck.set()
+            await asyncio.Event().wait()             # a store that does not answer
+        return await real(ns, key, *rest)
+
+    monkeypatch.setattr(store, "window_add", hang)
+    task = asyncio.create_task(a.call(tokens=100, tenant="t").__aenter__())
+    await stuck.wait()                               # holds the tenant's slot and request
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    monkeypatch.setattr(store, "window_add", real)
+    assert await goes(b, tokens=100, tenant="t")     # the slot and the request are free
+
+
+async def test_a_capped_tenant_does_not_block_other_tenants_in_the_instance(
+    clock: VirtualClock, two: list[shoal.App]
+) -> None:
+    a, _ = providers(two, max_concurrent=10, tenant_max_concurrent=1,
+                     tenant_requests_per_minute=3)
+    held = a.call(tenant="big")
+    await held.__aenter__()
+    waiting = [asyncio.create_task(a.call(tenant="big").__aenter__()) for _ in range(3)]
+    await settle()                                   # they waited for the turn, then their cap
+    for _ in range(2):
+        small = asyncio.create_task(a.call(tenant="small").__aenter__())
+        await settle()                               # no time passes: "small" goes at once
+        assert small.done() and not any(t.done() for t in waiting)
+        await small.result().__aexit__(None, None, None)
+    # a capped caller still times out on its own cap, and the others still go in turn
+    late = asyncio.create_task(a.call(tenant="big", timeout=2).__aenter__())
+    await run_all(clock, [asyncio.create_task(asyncio.wait([late]))], step=0.25)
+    with pytest.raises(shoal.RateLimitTimeoutError, match="tenant_max_concurrent=1"):
+        late.result()
+    await held.__aexit__(None, None, None)
+    await run_all(clock, [waiting[0]], step=0.25)
+    await waiting[0].result().__aexit__(None, None, None)
+    await run_all(clock, [waiting[1]], step=0.25)
+    await waiting[1].result().__aexit__(None, None, None)
+    # "big" used its 3 requests of the minute: the last one waits for the window, still
+    # without holding the turn: "small" (its third request of the minute) goes at once
+    await settle()
+    assert not waiting[2].done()
+    assert await goes(a, tenant="small")
+    await run_all(clock, [waiting[2]], step=1)
+    assert clock.now() >= 1_767_225_600.0 + 60
+    await waiting[2].result().__aexit__(None, None, None)

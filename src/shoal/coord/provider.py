@@ -3,9 +3,12 @@
 ``app.provider(name, …)`` returns a :class:`Provider`; ``async with provider.call(tokens=…)``
 waits until the call may go: the provider's cooldown after a 429 has passed, its breaker is not
 open, a concurrency slot is free and the per-minute windows (requests, tokens) have room — all
-kept in the coordination store, so every replica counts the same calls. Within one instance,
-callers waiting for the same provider are served round robin by tenant; between instances, a
-freed slot or window room goes to whichever instance asks first.
+kept in the coordination store, so every replica counts the same calls. Optional per-tenant
+caps (``tenant_max_concurrent``, ``tenant_requests_per_minute``, ``tenant_tokens_per_minute``)
+are kept the same way under keys that carry the tenant (``provider:{name}:tenant:{T}:…``), on
+top of the provider-wide limits. Within one instance, callers waiting for the same provider are
+served round robin by tenant (a tenant waiting for its own cap steps out of the turns meanwhile);
+between instances, a freed slot or window room goes to whichever instance asks first.
 
 Budgets (``app.budget(…)``) are counters in the same store: a call reserves its estimated cost
 under every budget that applies (per run, per root, per tenant per UTC day) before it goes, all
@@ -238,11 +241,26 @@ class _Taken:
     would let the window admit more than its limit (one that was added and is not taken back only
     counts a call too many for a minute)."""
 
+    tenant: str = "default"             # whose call it is (the per-tenant keys carry it)
     trial: bool = False                 # the breaker's trial slot
     generation: float = 0.0             # the opening of the circuit the trial is for
     slot: bool = False                  # a concurrency slot
     request_at: float | None = None     # when the call's entry in the requests window was added
     tokens_at: float | None = None      # when its token estimate was added to the tokens window
+    tenant_slot: bool = False           # a slot under the tenant's own concurrency cap
+    tenant_request_at: float | None = None  # its entry in the tenant's requests window
+    tenant_tokens_at: float | None = None   # its estimate in the tenant's tokens window
+
+
+@dataclass(frozen=True)
+class _Capped:
+    """Admission found the call's tenant at its own cap (everything taken was given back): the
+    caller leaves the turn and looks again at ``until`` (earlier if ``freed`` and a call of this
+    instance frees a slot), within its deadline."""
+
+    until: float
+    why: str
+    freed: bool = False
 
 
 async def _shielded(work: Awaitable[None]) -> None:
@@ -298,7 +316,10 @@ class Provider:
     def __init__(self, *, name: str, rates: Callable[[], RateStore], clock: Clock,
                  namespace: str, instance_id: str, ledger: Ledger, max_concurrent: int | None,
                  requests_per_minute: int | None, tokens_per_minute: int | None,
-                 breaker: Breaker | None, price_per_token: float | None, currency: str) -> None:
+                 breaker: Breaker | None, price_per_token: float | None, currency: str,
+                 tenant_max_concurrent: int | None = None,
+                 tenant_requests_per_minute: int | None = None,
+                 tenant_tokens_per_minute: int | None = None) -> None:
         self.name = name
         self._rates = rates
         self.clock = clock
@@ -308,6 +329,9 @@ class Provider:
         self.max_concurrent = max_concurrent
         self.requests_per_minute = requests_per_minute
         self.tokens_per_minute = tokens_per_minute
+        self.tenant_max_concurrent = tenant_max_concurrent
+        self.tenant_requests_per_minute = tenant_requests_per_minute
+        self.tenant_tokens_per_minute = tenant_tokens_per_minute
         self.breaker = breaker
         self.price_per_token = price_per_token
         self.currency = currency
@@ -320,6 +344,11 @@ class Provider:
                      "failures": f"{k}:failures", "open": f"{k}:circuit-open",
                      "trial": f"{k}:circuit-trial", "opened": f"{k}:circuit-opened",
                      "closed": f"{k}:circuit-closed"}
+
+    def tenant_keys(self, tenant: str) -> dict[str, str]:
+        """The store keys of ``tenant``'s own caps on this provider."""
+        k = f"provider:{self.name}:tenant:{tenant}"
+        return {"slots": f"{k}:slots", "requests": f"{k}:requests", "tokens": f"{k}:tokens"}
 
     def __repr__(self) -> str:
         return f"<shoal.Provider {self.name!r}>"
@@ -334,10 +363,12 @@ class Provider:
         breaker is open, BudgetExceededError when a budget has no room for the estimate."""
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
             raise ValueError(f"provider.call(tokens=…) takes an int >= 0, not {tokens!r}.")
-        if self.tokens_per_minute is not None and tokens > self.tokens_per_minute:
-            raise ValueError(
-                f"A call estimated at {tokens} tokens can never fit {self.name!r}'s "
-                f"tokens_per_minute={self.tokens_per_minute}: split it or raise the limit.")
+        for option, limit in (("tokens_per_minute", self.tokens_per_minute),
+                              ("tenant_tokens_per_minute", self.tenant_tokens_per_minute)):
+            if limit is not None and tokens > limit:
+                raise ValueError(
+                    f"A call estimated at {tokens} tokens can never fit {self.name!r}'s "
+                    f"{option}={limit}: split it or raise the limit.")
         if timeout is not None and (isinstance(timeout, bool)
                                     or not isinstance(timeout, (int, float))
                                     or math.isnan(timeout) or timeout < 0):
@@ -362,9 +393,13 @@ class Provider:
     # -- what a call does -----------------------------------------------------------------
 
     async def _wait(self, until: float, deadline: float | None, why: str,
-                    freed: bool = False) -> None:
+                    freed: bool = False, turn: bool = True) -> None:
+        """Wait until ``until`` (or a freed slot, with ``freed``), or raise RateLimitTimeoutError
+        at ``deadline`` if ``until`` is later. ``turn``: the caller holds the turn (callers behind
+        it that time out say they waited for ``why``)."""
         now = self.clock.now()
-        self._waiting_for = why
+        if turn:
+            self._waiting_for = why
         if deadline is not None and until > deadline:
             if deadline > now:
                 await self.clock.sleep(deadline - now)
@@ -411,15 +446,31 @@ class Provider:
             raise CircuitOpenError(self.name, until)    # the caller gives the slot back
 
     async def _admit(self, holder: str, tokens: int, deadline: float | None,
-                     taken: _Taken) -> None:
+                     taken: _Taken) -> _Capped | None:
         """Wait until the call may go and take what it needs, marking it in ``taken`` (what is
-        marked there when this raises is for the caller to give back)."""
+        marked there when this raises is for the caller to give back). Returns None once taken,
+        or a :class:`_Capped` (nothing held) when the call's tenant is at one of its own caps:
+        then the caller gives up the turn while it waits (see :meth:`ProviderCall.__aenter__`).
+
+        Each tenant cap is asked before the matching provider-wide limit, so a capped tenant
+        never holds a provider-wide slot or window room while it is refused."""
         rates, ns, k = self._rates(), self.namespace, self.keys
+        tk = self.tenant_keys(taken.tenant)
         try:
             while True:
                 now = self.clock.now()
                 if self.breaker is not None:
                     await self._check_circuit(holder, taken, now)
+                if self.tenant_max_concurrent is not None:
+                    taken.tenant_slot = True
+                    slot = await rates.slot_acquire(ns, tk["slots"], holder,
+                                                    self.tenant_max_concurrent, SLOT_LEASE, now)
+                    if not isinstance(slot, SlotGrant):
+                        taken.tenant_slot = False
+                        await self._give_back(holder, taken)
+                        return _Capped(min(slot.retry_at, now + POLL),
+                                       f"tenant_max_concurrent={self.tenant_max_concurrent}",
+                                       freed=True)
                 if self.max_concurrent is not None:
                     taken.slot = True
                     slot = await rates.slot_acquire(ns, k["slots"], holder,
@@ -437,6 +488,14 @@ class Provider:
                     await self._give_back(holder, taken)
                     await self._wait(cooldown, deadline, "the pause after a 429")
                     continue
+                if self.tenant_requests_per_minute is not None:
+                    added = await rates.window_add(ns, tk["requests"], 1, MINUTE,
+                                                   self.tenant_requests_per_minute, now)
+                    if not added.added:
+                        await self._give_back(holder, taken)
+                        return _Capped(added.retry_at or now + POLL, "tenant_requests_per_minute="
+                                       f"{self.tenant_requests_per_minute}")
+                    taken.tenant_request_at = now
                 if self.requests_per_minute is not None:
                     added = await rates.window_add(ns, k["requests"], 1, MINUTE,
                                                    self.requests_per_minute, now)
@@ -446,16 +505,24 @@ class Provider:
                                          f"requests_per_minute={self.requests_per_minute}")
                         continue
                     taken.request_at = now
+                if self.tenant_tokens_per_minute is not None and tokens:
+                    added = await rates.window_add(ns, tk["tokens"], tokens, MINUTE,
+                                                   self.tenant_tokens_per_minute, now)
+                    if not added.added:
+                        await self._give_back(holder, taken, tokens)
+                        return _Capped(added.retry_at or now + POLL, "tenant_tokens_per_minute="
+                                       f"{self.tenant_tokens_per_minute}")
+                    taken.tenant_tokens_at = now
                 if self.tokens_per_minute is not None and tokens:
                     added = await rates.window_add(ns, k["tokens"], tokens, MINUTE,
                                                    self.tokens_per_minute, now)
                     if not added.added:
-                        await self._give_back(holder, taken)
+                        await self._give_back(holder, taken, tokens)
                         await self._wait(added.retry_at or now + POLL, deadline,
                                          f"tokens_per_minute={self.tokens_per_minute}")
                         continue
                     taken.tokens_at = now
-                return
+                return None
         finally:
             self._waiting_for = None
 
@@ -464,6 +531,7 @@ class Provider:
         step raises, what is left is still marked). Window entries are taken back at the time
         they were added, so the correction leaves the window with them."""
         rates, ns, k = self._rates(), self.namespace, self.keys
+        tk = self.tenant_keys(taken.tenant)
         if taken.trial:
             await rates.slot_release(ns, k["trial"], holder)
             taken.trial = False
@@ -471,27 +539,45 @@ class Provider:
             await rates.slot_release(ns, k["slots"], holder)
             taken.slot = False
             self._freed.set()
+        if taken.tenant_slot:
+            await rates.slot_release(ns, tk["slots"], holder)
+            taken.tenant_slot = False
+            self._freed.set()
         if taken.request_at is not None:
             await rates.window_add(ns, k["requests"], -1, MINUTE, None, taken.request_at)
             taken.request_at = None
+        if taken.tenant_request_at is not None:
+            await rates.window_add(ns, tk["requests"], -1, MINUTE, None, taken.tenant_request_at)
+            taken.tenant_request_at = None
         if taken.tokens_at is not None:
             if tokens:
                 await rates.window_add(ns, k["tokens"], -tokens, MINUTE, None, taken.tokens_at)
             taken.tokens_at = None
+        if taken.tenant_tokens_at is not None:
+            if tokens:
+                await rates.window_add(ns, tk["tokens"], -tokens, MINUTE, None,
+                                       taken.tenant_tokens_at)
+            taken.tenant_tokens_at = None
 
     async def _renew(self, holder: str, taken: _Taken) -> None:
-        """Renew the slots the call holds (concurrency, trial) while it runs. A slot whose
-        renewal is refused was lost (its lease ended: the process stalled, or the store lost
-        it): the call is already in flight, so it goes on, but another call may take the slot."""
+        """Renew the slots the call holds (concurrency, the tenant's concurrency, trial) while it
+        runs. A slot whose renewal is refused was lost (its lease ended: the process stalled, or
+        the store lost it): the call is already in flight, so it goes on, but another call may
+        take the slot."""
         lost: set[str] = set()
+        keys = {"slots": self.keys["slots"], "trial": self.keys["trial"],
+                "tenant": self.tenant_keys(taken.tenant)["slots"]}
+        names = {"slots": "concurrency", "trial": "breaker trial",
+                 "tenant": f"tenant {taken.tenant!r} concurrency"}
         while True:
             await self.clock.sleep(SLOT_LEASE / 3)
-            for which in ("slots", "trial"):
-                if which in lost or not (taken.slot if which == "slots" else taken.trial):
+            held = {"slots": taken.slot, "trial": taken.trial, "tenant": taken.tenant_slot}
+            for which in ("slots", "tenant", "trial"):
+                if which in lost or not held[which]:
                     continue
                 try:
                     renewed = await self._rates().slot_renew(
-                        self.namespace, self.keys[which], holder, SLOT_LEASE, self.clock.now())
+                        self.namespace, keys[which], holder, SLOT_LEASE, self.clock.now())
                 except Exception as e:
                     log.warning("provider.renew_failed: %s: %s: %s", self.name,
                                 type(e).__name__, e, extra={"event": "provider.renew_failed"})
@@ -500,8 +586,7 @@ class Provider:
                     lost.add(which)
                     log.warning("provider.slot_lost: %s: the %s slot of call %s ended before "
                                 "the call did; another call may take it", self.name,
-                                "concurrency" if which == "slots" else "breaker trial", holder,
-                                extra={"event": "provider.slot_lost"})
+                                names[which], holder, extra={"event": "provider.slot_lost"})
 
     async def _failed(self, taken: _Taken) -> None:
         """Count a failed call; open the circuit (see the class docstring) if it was the
@@ -618,13 +703,27 @@ class ProviderCall:
             if until is not None:
                 raise CircuitOpenError(p.name, until)
         self._scopes = await p.ledger.reserve(self.spender, self._estimate, p.currency)
+        self._taken.tenant = tenant
         try:
-            async with p._turns.turn(tenant, p.clock, deadline, p._turn_timed_out):
-                await p._admit(self._holder, self.tokens, deadline, self._taken)
+            while True:
+                async with p._turns.turn(tenant, p.clock, deadline, p._turn_timed_out):
+                    capped = await p._admit(self._holder, self.tokens, deadline, self._taken)
+                if capped is None:
+                    break
+                # The tenant is at its own cap (it holds nothing now). Waiting for it while
+                # holding the turn would stall every other tenant of this instance behind a cap
+                # that is not theirs, so the call leaves the turn, waits outside the round robin
+                # for its cap to have room (a call of this instance freeing a slot wakes it
+                # early), then queues again: by then its tenant was served recently, so tenants
+                # that waited meanwhile go first. Other callers of the capped tenant that get
+                # the turn meanwhile find the same cap and step out too; a provider-wide limit
+                # is still waited for holding the turn (it is every tenant's).
+                await p._wait(capped.until, deadline, capped.why, capped.freed, turn=False)
         except BaseException:
             await _shielded(self._undo())
             raise
-        if p.max_concurrent is not None or self._taken.trial:
+        if p.max_concurrent is not None or p.tenant_max_concurrent is not None \
+                or self._taken.trial:
             self._renewal = asyncio.create_task(p._renew(self._holder, self._taken))
         return self
 
@@ -672,11 +771,20 @@ class ProviderCall:
         elif isinstance(error, Exception) and not isinstance(error, BudgetExceededError):
             await self._step("count the failure", p._failed(taken))
         if self._used_tokens is not None and p.tokens_per_minute is not None:
-            await self._step("correct the tokens window", self._correct_tokens(now))
+            await self._step("correct the tokens window",
+                             self._correct_tokens(now, k["tokens"], taken.tokens_at))
+        if self._used_tokens is not None and p.tenant_tokens_per_minute is not None:
+            await self._step("correct the tenant's tokens window", self._correct_tokens(
+                now, p.tenant_keys(taken.tenant)["tokens"], taken.tenant_tokens_at))
         if taken.slot:
             await self._step("free the concurrency slot",
                              rates.slot_release(ns, k["slots"], self._holder))
             taken.slot = False
+            p._freed.set()
+        if taken.tenant_slot:
+            await self._step("free the tenant's concurrency slot", rates.slot_release(
+                ns, p.tenant_keys(taken.tenant)["slots"], self._holder))
+            taken.tenant_slot = False
             p._freed.set()
         if taken.trial:
             await self._step("free the breaker's trial slot",
@@ -697,26 +805,32 @@ class ProviderCall:
         log.warning("provider.rate_limited: %s paused until %s for every replica",
                     p.name, until, extra={"event": "provider.rate_limited"})
 
-    async def _correct_tokens(self, now: float) -> None:
+    async def _correct_tokens(self, now: float, key: str, counted_at: float | None) -> None:
+        """Correct the estimate in the tokens window ``key`` (the provider's or the tenant's),
+        where it was counted at ``counted_at`` (None: not counted), as :meth:`used` says."""
         p = self.provider
         assert self._used_tokens is not None
-        counted = self.tokens if self._taken.tokens_at is not None else 0
+        counted = self.tokens if counted_at is not None else 0
         extra = self._used_tokens - counted
         if extra > 0:
-            await p._rates().window_add(p.namespace, p.keys["tokens"], extra, MINUTE, None, now)
-        elif extra < 0 and self._taken.tokens_at is not None \
-                and now - self._taken.tokens_at < MINUTE:
-            await p._rates().window_add(p.namespace, p.keys["tokens"], extra, MINUTE, None,
-                                        self._taken.tokens_at)
+            await p._rates().window_add(p.namespace, key, extra, MINUTE, None, now)
+        elif extra < 0 and counted_at is not None and now - counted_at < MINUTE:
+            await p._rates().window_add(p.namespace, key, extra, MINUTE, None, counted_at)
 
 
 def check_provider_options(name: str, max_concurrent: Any, requests_per_minute: Any,
-                           tokens_per_minute: Any, breaker: Any, price_per_token: Any) -> None:
+                           tokens_per_minute: Any, breaker: Any, price_per_token: Any,
+                           tenant_max_concurrent: Any = None,
+                           tenant_requests_per_minute: Any = None,
+                           tenant_tokens_per_minute: Any = None) -> None:
     if not isinstance(name, str) or not name:
         raise ValueError(f"app.provider(name): a non-empty str, not {name!r}.")
     for option, value in (("max_concurrent", max_concurrent),
                           ("requests_per_minute", requests_per_minute),
-                          ("tokens_per_minute", tokens_per_minute)):
+                          ("tokens_per_minute", tokens_per_minute),
+                          ("tenant_max_concurrent", tenant_max_concurrent),
+                          ("tenant_requests_per_minute", tenant_requests_per_minute),
+                          ("tenant_tokens_per_minute", tenant_tokens_per_minute)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                   or value < 1):
             raise ValueError(f"app.provider({name!r}, {option}=…) takes None or an int >= 1, "
