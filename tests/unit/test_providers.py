@@ -973,3 +973,17 @@ async def test_a_capped_tenant_does_not_block_other_tenants_in_the_instance(
     await run_all(clock, [waiting[2]], step=1)
     assert clock.now() >= 1_767_225_600.0 + 60
     await waiting[2].result().__aexit__(None, None, None)
+
+
+async def test_a_long_call_keeps_its_tenant_slot_renewed(
+    clock: VirtualClock, two: list[shoal.App]
+) -> None:
+    a, b = providers(two, tenant_max_concurrent=1)
+    long = a.call(tenant="t")
+    await long.__aenter__()
+    for _ in range(150):                             # past the slot's first lease
+        await clock.advance(1)
+    assert not await goes(b, tenant="t")             # renewed: still held
+    assert await goes(b, tenant="u")
+    await long.__aexit__(None, None, None)
+    assert await goes(b, tenant="t")                 # freed when the call ended
