@@ -370,3 +370,20 @@ async def test_checkpoints_of_many_runs_at_once_are_each_fenced(schema: str) -> 
             assert (await s.get_run(c.id)).lease_expires_at == T0 + 32  # type: ignore[union-attr]
     finally:
         await s.close()
+
+
+async def test_a_schema_at_version_8_gets_the_tree_tenants(schema: str) -> None:
+    """Migration 9 gives each tree key its root's tenant ('default' without a root run): the
+    rows and checks of test_stores.py's SQLite test."""
+    # imported here: test_rate_postgres imports this module
+    from test_rate_postgres import _schema_at
+    from test_stores import TREE_ROWS_AT_8, check_the_tree_tenants_after_9
+
+    applied = _schema_at(schema, 8, *TREE_ROWS_AT_8)   # the schema as shoal left it at 8
+    assert applied == [1, 2, 3, 4, 5, 6, 7, 8]
+    store = await _open(schema)
+    try:
+        assert await store.migrate() >= 9
+        await check_the_tree_tenants_after_9(store)
+    finally:
+        await store.close()

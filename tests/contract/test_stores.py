@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from sql_support import sqlite_file_at, sqlite_store
 
 from shoal.stores.base import Store
 from shoal.stores.memory import MemoryStore
@@ -40,3 +41,38 @@ class TestSQLiteStore(StoreContract):
         await s.open()
         yield s
         await s.close()
+
+
+# A file at schema version 8: two roots of their own tenants with keys, and a key whose root run
+# is gone (shared with test_postgres.py's migration test: the same rows on both).
+TREE_ROWS_AT_8 = (
+    "INSERT INTO runs (id, namespace, tenant, workflow, input, status, created_at, max_attempts, "
+    "root_id) VALUES ('r1', 'ns', 'acme', 'wf', '{}', 'running', 0, 3, 'r1'), "
+    "('r2', 'ns', 'beta', 'wf', '{}', 'queued', 0, 3, 'r2')",
+    "INSERT INTO tree_keys (root_id, key, value, claimant, created_at) VALUES "
+    "('r1', 'b', '2', 's2', 0), ('r1', 'a', '1', 's1', 0), ('r2', 'a', '3', 's3', 0), "
+    "('gone', 'a', '4', 's4', 0)",
+)
+
+
+async def check_the_tree_tenants_after_9(store: Store) -> None:
+    """The keys of TREE_ROWS_AT_8 after migration 9: their root's tenant, 'default' without a
+    root; they keep their values and claimants, and a new key gets its root's tenant."""
+    assert await store.tree_keys("r1") == [("a", "acme"), ("b", "acme")]
+    assert await store.tree_keys("r2") == [("a", "beta")]
+    assert await store.tree_keys("gone") == [("a", "default")]
+    assert await store.get_tree_key("r1", "a") == 1
+    assert await store.save_tree_key("r1", "a", 9, "s1", 1.0)          # its claimant's again
+    assert not await store.save_tree_key("r2", "a", 9, "other", 1.0)
+    assert await store.save_tree_key("r2", "c", 5, "s5", 1.0)
+    assert await store.tree_keys("r2") == [("a", "beta"), ("c", "beta")]
+
+
+async def test_a_store_at_version_8_gets_the_tree_tenants(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    applied = sqlite_file_at(path, 8, *TREE_ROWS_AT_8)   # the file as shoal left it at 8
+    assert applied == [1, 2, 3, 4, 5, 6, 7, 8]
+
+    async with sqlite_store(path) as store:
+        assert await store.migrate() >= 9
+        await check_the_tree_tenants_after_9(store)

@@ -373,6 +373,10 @@ class Store(Protocol):
     async def get_tree_key(self, root_id: str, key: str) -> JSON:
         """The value under ``key`` of the tree ``root_id``, or None."""
 
+    async def tree_keys(self, root_id: str) -> list[tuple[str, str]]:
+        """``(key, tenant)`` of every key of the tree ``root_id``, in key order: each key carries
+        the tenant of the tree's root run, set when it was stored."""
+
     async def wait_child(self, fence: Fence, step: Step, child_id: str, now: float) -> Run | None:
         """Under ``fence``: if the child run has ended, record ``step`` finished with output
         ``{"status", "output", "error"}`` of the child; otherwise park the run waiting for it

@@ -56,7 +56,8 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
         self._workflows: dict[tuple[str, str], JSON] = {}
         self._pauses: dict[str, Pause] = {}
         self._outbox: dict[str, OutboxEntry] = {}
-        self._tree: dict[tuple[str, str], tuple[JSON, str]] = {}   # (root, key) -> value, claimant
+        # (root, key) -> value, claimant, tenant (the root run's)
+        self._tree: dict[tuple[str, str], tuple[JSON, str, str]] = {}
         self._notifying: dict[str, float] = {}   # pause id -> taken until
         self._waiters: list[asyncio.Future[None]] = []
 
@@ -439,13 +440,16 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
             root = self._runs.get(root_id)
             if root is None or root.status.final:   # no key may outlive its tree
                 return False
-            self._tree[(root_id, key)] = (copy.deepcopy(value), claimant)
+            self._tree[(root_id, key)] = (copy.deepcopy(value), claimant, root.tenant)
             return True
         return found[1] == claimant
 
     async def get_tree_key(self, root_id: str, key: str) -> JSON:
         found = self._tree.get((root_id, key))
         return None if found is None else copy.deepcopy(found[0])
+
+    async def tree_keys(self, root_id: str) -> list[tuple[str, str]]:
+        return sorted((k, found[2]) for (root, k), found in self._tree.items() if root == root_id)
 
     async def wait_child(self, fence: Fence, step: Step, child_id: str, now: float) -> Run | None:
         r = self._holds(fence)

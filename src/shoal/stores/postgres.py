@@ -667,6 +667,10 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
         row = await self._one(_Q["get_tree_key"], {"root_id": root_id, "key": key})
         return None if row is None else _json.loads(row["value"])
 
+    async def tree_keys(self, root_id: str) -> list[tuple[str, str]]:
+        rows = await self._all(_Q["list_tree_keys"], {"root_id": root_id})
+        return [(row["key"], row["tenant"]) for row in rows]
+
     async def wait_child(self, fence: Fence, step: Step, child_id: str, now: float) -> Run | None:
         return await self._retry(lambda: self._wait_child(fence, step, child_id, now))
 

@@ -535,6 +535,10 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
         row = self._one(_Q["get_tree_key"], {"root_id": root_id, "key": key})
         return None if row is None else _json.loads(row["value"])
 
+    async def tree_keys(self, root_id: str) -> list[tuple[str, str]]:
+        rows = self._db.execute(_Q["list_tree_keys"], {"root_id": root_id}).fetchall()
+        return [(row["key"], row["tenant"]) for row in rows]
+
     async def wait_child(self, fence: Fence, step: Step, child_id: str, now: float) -> Run | None:
         async with self._tx() as db:
             held = db.execute(_Q["fence_check"], {"run_id": fence.run_id, "owner": fence.owner,

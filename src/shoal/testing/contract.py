@@ -587,6 +587,26 @@ class StoreContract:
         assert await store.settle_run(fence(c), Settlement("succeeded"), T0 + 6)
         assert await store.get_tree_key(root.id, "subtopic:7") is None           # gone
 
+    async def test_a_tree_key_carries_its_roots_tenant(self, store: Store, other: Store) -> None:
+        """Each key carries the tenant of its tree's root run, whichever run of the tree stored
+        it; the keys of another tree carry theirs."""
+        acme = await add(store, tenant="acme")
+        plain = await add(store)
+        child, _ = await store.create_run(replace_parent(new_run(T0 + 1), acme),
+                                          max_queued=None, admission="reject")
+        assert child.tenant == "acme" and child.root_id == acme.id
+        assert await store.save_tree_key(acme.id, "paper:2", 1, "root-step", T0)
+        assert await other.save_tree_key(child.root_id, "paper:1", 2, "child-step", T0 + 1)
+        assert await store.save_tree_key(plain.id, "paper:1", 3, "s", T0)
+        assert not await store.save_tree_key(acme.id, "paper:1", 4, "late", T0 + 2)   # taken
+        assert await other.tree_keys(acme.id) == [("paper:1", "acme"), ("paper:2", "acme")]
+        assert await store.tree_keys(plain.id) == [("paper:1", "default")]
+        assert not await store.save_tree_key("no-such-root", "paper:1", 5, "s", T0)
+        assert await store.tree_keys("no-such-root") == []
+        await store.cancel_run(acme.id, T0 + 3)                          # the root ends
+        assert await store.tree_keys(acme.id) == []
+        assert await other.tree_keys(plain.id) == [("paper:1", "default")]
+
     async def test_a_child_ending_wakes_its_waiting_parent(self, store: Store) -> None:
         parent = await add(store)
         [p] = await claim(store, limit=1)

@@ -523,17 +523,22 @@ RETURNING id;
 -- name: insert_tree_key
 -- First wins: an insert racing another of the same key waits for it, then inserts nothing.
 -- Only while the root is unfinished (its row locked, so its end waits for this insert and then
--- removes the key with the rest): no key may outlive its tree.
-INSERT INTO tree_keys (root_id, key, value, claimant, created_at)
-SELECT %(root_id)s, %(key)s, %(value)s, %(claimant)s, %(now)s
-WHERE EXISTS (SELECT 1 FROM runs WHERE id = %(root_id)s
-              AND status NOT IN ('succeeded', 'failed', 'cancelled') FOR SHARE)
+-- removes the key with the rest): no key may outlive its tree. The key carries the root's
+-- tenant, read from that same locked row.
+INSERT INTO tree_keys (root_id, key, value, claimant, created_at, tenant)
+SELECT %(root_id)s, %(key)s, %(value)s, %(claimant)s, %(now)s, tenant FROM runs
+WHERE id = %(root_id)s AND status NOT IN ('succeeded', 'failed', 'cancelled')
+FOR SHARE
 ON CONFLICT (root_id, key) DO NOTHING
 RETURNING claimant;
 
 -- name: get_tree_key
 -- A statement of its own after insert_tree_key inserted nothing: its snapshot sees the winner.
 SELECT value, claimant FROM tree_keys WHERE root_id = %(root_id)s AND key = %(key)s;
+
+-- name: list_tree_keys
+-- In the order of the keys' bytes, as SQLite and the memory store sort them.
+SELECT key, tenant FROM tree_keys WHERE root_id = %(root_id)s ORDER BY key COLLATE "C";
 
 -- name: lock_child
 -- Taken by wait_child under the parent's fence_lock, before it decides to park: a statement ending

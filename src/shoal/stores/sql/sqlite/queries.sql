@@ -278,14 +278,17 @@ DELETE FROM pauses WHERE id IN (
 
 -- name: insert_tree_key
 -- Only while the root is unfinished: its end removes the tree's keys, none may come after.
-INSERT INTO tree_keys (root_id, key, value, claimant, created_at)
-SELECT :root_id, :key, :value, :claimant, :now
-WHERE EXISTS (SELECT 1 FROM runs WHERE id = :root_id
-              AND status NOT IN ('succeeded', 'failed', 'cancelled'))
+-- The key carries the root's tenant, read from the root's row by this same statement.
+INSERT INTO tree_keys (root_id, key, value, claimant, created_at, tenant)
+SELECT :root_id, :key, :value, :claimant, :now, tenant FROM runs
+WHERE id = :root_id AND status NOT IN ('succeeded', 'failed', 'cancelled')
 ON CONFLICT (root_id, key) DO NOTHING;
 
 -- name: get_tree_key
 SELECT value, claimant FROM tree_keys WHERE root_id = :root_id AND key = :key;
+
+-- name: list_tree_keys
+SELECT key, tenant FROM tree_keys WHERE root_id = :root_id ORDER BY key;
 
 -- name: cancel_tree_now
 UPDATE runs
