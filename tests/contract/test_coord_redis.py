@@ -34,6 +34,39 @@ from shoal.stores.memory import MemoryStore
 from shoal.stores.redis import RedisCoordStore
 from shoal.testing.coord_contract import LEASE, NS, T0, CoordContract, grant, queued
 
+# -- retention: Redis collects its keys by itself ----------------------------------------------
+#
+# The contract's prune tests do not apply here: prune_coordination deletes nothing on Redis (every
+# key it would concern carries a real-time cleanup expiry, and the fencing counters must stay).
+# The Redis classes override them with what Redis does instead.
+
+
+def _pttls(url: str, prefix: str) -> dict[str, int]:
+    """Every key under ``prefix`` (without it) -> its PTTL."""
+    with sync_client(url) as client:
+        return {k.decode()[len(prefix) + 1:]: int(client.pttl(k))
+                for k in client.scan_iter(match=f"{prefix}:*")}
+
+
+async def _prune_is_left_to_expiries(coord: CoordStore, url: str, prefix: str) -> None:
+    await coord.meter(NS, ["drained"], [1000], T0)          # empty from T0 + 1
+    await grant(coord, ["k"], "h1")
+    await queued(coord, ["k"], "gone", T0 + 1)              # its waiter lease ends T0 + 11
+    assert await coord.prune_coordination(NS, T0 + 20, 100) == 0
+    ttl = _pttls(url, prefix)
+    for row in ("meter:drained", "waiting:k", "queue:k"):
+        assert ttl[f"{NS}:{row}"] >= 3_600_000 - 60_000, (row, ttl)   # a cleanup expiry
+    assert ttl[f"{NS}:fence:k"] == -1, ttl                  # the fencing counter stays
+    assert await coord.meter(NS, ["drained"], [0], T0 + 20) == [0]
+    assert (await grant(coord, ["k"], "h2", T0 + 20)).token == 2
+
+
+async def _prune_deletes_nothing(coord: CoordStore) -> None:
+    await coord.meter(NS, [f"m{i}" for i in range(5)], [10] * 5, T0)
+    assert await coord.prune_coordination(NS, T0 + 1, 2) == 0
+    assert await coord.meter(NS, [f"m{i}" for i in range(5)], [0] * 5, T0 + 1) == [0] * 5
+
+
 # -- one server -------------------------------------------------------------------------------
 
 
@@ -48,6 +81,15 @@ class TestRedisCoordination(CoordContract):
         """A second store object (its own connections) over the same keys."""
         async with opened(RedisCoordStore(URL, prefix=prefix)) as s:
             yield s
+
+    # not applicable on Redis (see _prune_is_left_to_expiries): what Redis does instead
+    async def test_prune_deletes_drained_meters_and_ended_waiters(  # type: ignore[override]
+        self, coord: CoordStore, prefix: str
+    ) -> None:
+        await _prune_is_left_to_expiries(coord, URL, prefix)
+
+    async def test_prune_deletes_at_most_its_limit(self, coord: CoordStore) -> None:
+        await _prune_deletes_nothing(coord)
 
 
 async def test_fencing_and_ticket_counters_never_expire_and_rows_do(
@@ -206,6 +248,16 @@ class TestRedlockCoordination(OnTheTrio, CoordContract):
     @pytest.fixture
     def coord(self, quorum: Redlock) -> Redlock:
         return quorum
+
+    # not applicable on Redis (see _prune_is_left_to_expiries): what Redis does instead, on the
+    # first server (meters live there only; lock keys expire alike on every server)
+    async def test_prune_deletes_drained_meters_and_ended_waiters(  # type: ignore[override]
+        self, coord: CoordStore, trio: list[Server], rl_prefix: str
+    ) -> None:
+        await _prune_is_left_to_expiries(coord, trio[0].url, rl_prefix)
+
+    async def test_prune_deletes_at_most_its_limit(self, coord: CoordStore) -> None:
+        await _prune_deletes_nothing(coord)
 
 
 def test_redlock_takes_an_odd_number_of_servers() -> None:

@@ -39,6 +39,15 @@ class TestRedisRateLimits(RateContract):
         async with opened(RedisCoordStore(URL, prefix=prefix)) as s:
             yield s
 
+    # not applicable on Redis (see _prune_is_left_to_expiries): what Redis does instead
+    async def test_prune_deletes_what_can_no_longer_matter(  # type: ignore[override]
+        self, rates: RateStore, prefix: str
+    ) -> None:
+        await _prune_is_left_to_expiries(rates, URL, prefix)
+
+    async def test_prune_rates_deletes_at_most_its_limit(self, rates: RateStore) -> None:
+        await _prune_deletes_nothing(rates)
+
 
 def _ttls(url: str, prefix: str) -> dict[str, int]:
     """Every key under ``prefix`` (without it) -> its PTTL."""
@@ -311,6 +320,15 @@ class TestRedlockRateLimits(OnTheTrio, RateContract):
     def rates(self, quorum: Redlock) -> Redlock:
         return quorum
 
+    # not applicable on Redis (see _prune_is_left_to_expiries): the same, on the first server
+    async def test_prune_deletes_what_can_no_longer_matter(  # type: ignore[override]
+        self, rates: RateStore, trio: list[Server], rl_prefix: str
+    ) -> None:
+        await _prune_is_left_to_expiries(rates, trio[0].url, rl_prefix)
+
+    async def test_prune_rates_deletes_at_most_its_limit(self, rates: RateStore) -> None:
+        await _prune_deletes_nothing(rates)
+
 
 async def test_redlock_keeps_rate_limits_on_its_first_server(
     trio: list[Server], rl_prefix: str
@@ -336,3 +354,34 @@ async def test_redlock_keeps_rate_limits_on_its_first_server(
             f"{NS}:rpause:p", f"{NS}:rcount:c", f"{NS}:ledger"}
     finally:
         await r.close()
+
+
+# -- retention: Redis collects its keys by itself ----------------------------------------------
+#
+# The contract's prune tests do not apply here: prune_rates deletes nothing on Redis. Slots,
+# windows and pauses carry real-time cleanup expiries; counters (rcount:) are not pruned on Redis
+# (they never expire and no index of them by updated_at is kept); the ledger is kept everywhere.
+
+
+async def _prune_is_left_to_expiries(rates: RateStore, url: str, prefix: str) -> None:
+    await rates.slot_acquire(NS, "s", "ended", 5, 10, T0)            # lease ends T0 + 10
+    await rates.window_add(NS, "w", 1, 60, None, T0)
+    await rates.pause_until(NS, "p", T0 + 15)
+    await rates.counter_add(NS, ["old"], [1], [None], T0,
+                            SpendEntry("t", None, None, 1, "usd", T0))
+    assert await rates.prune_rates(NS, T0 + 20, 100) == 0
+    # a pause gets its cleanup expiry when it is read after it ended (none while in force)
+    assert await rates.paused_until(NS, "p", T0 + 20) is None
+    ttl = _ttls(url, prefix)
+    for row in ("rslots:s", "rwz:w", "rwt:w", "rpause:p"):
+        assert ttl[f"{NS}:{row}"] > 0, (row, ttl)                     # a cleanup expiry
+    assert ttl[f"{NS}:rcount:old"] == -1 and ttl[f"{NS}:ledger"] == -1, ttl
+    assert (await rates.counter_add(NS, ["old"], [0], [None], T0 + 20)).totals == [1]
+    assert len(await rates.ledger(NS)) == 1
+
+
+async def _prune_deletes_nothing(rates: RateStore) -> None:
+    for i in range(5):
+        await rates.window_add(NS, "w", 1, 60, None, T0 + i)
+    assert await rates.prune_rates(NS, T0 + 10, 2) == 0
+    assert (await rates.window_add(NS, "w", 0, 1000, None, T0 + 11)).total == 5

@@ -186,6 +186,11 @@ class Redlock:
     async def ping(self) -> None:
         await self.stores[0].ping()
 
+    async def prune_coordination(self, namespace: str, before: float, limit: int) -> int:
+        """The first server's (which holds meters and membership); the lock keys on every
+        server expire by themselves, as the first server's do."""
+        return await self.stores[0].prune_coordination(namespace, before, limit)
+
     # -- rate limits: the first server ---------------------------------------------------------
     #
     # Slots, windows, pauses, counters and the cost ledger live on the first server only, like
@@ -236,3 +241,6 @@ class Redlock:
         limit: int = 1000,
     ) -> list[SpendEntry]:
         return await self.stores[0].ledger(namespace, tenant, root_id, limit)
+
+    async def prune_rates(self, namespace: str, before: float, limit: int) -> int:
+        return await self.stores[0].prune_rates(namespace, before, limit)

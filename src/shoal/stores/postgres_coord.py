@@ -212,3 +212,14 @@ class PostgresCoordination:
                  (_Q["meter"], args)]
         rows = await self._retry(lambda: self._pipelined(steps))
         return [row["debt"] for row in rows]
+
+    # -- retention -----------------------------------------------------------------------------
+
+    async def prune_coordination(self, namespace: str, before: float, limit: int) -> int:
+        """Drained meters, then waiter rows whose lease ended, at most ``limit`` rows in all, in
+        one statement (lock rows stay: they keep the fencing counters)."""
+        args: dict[str, Any] = {"namespace": namespace, "before": float(before),
+                                "limit": int(limit)}
+        [row] = await self._retry(lambda: self._pipelined([(_Q["prune_coordination"], args)]))
+        deleted: int = row["deleted"]
+        return deleted

@@ -167,3 +167,25 @@ class PostgresRateLimits:
                                               "root_id": root_id, "limit": limit})])
         return [SpendEntry(r["tenant"], r["run_id"], r["root_id"], r["amount"], r["currency"],
                            r["at"]) for r in rows]
+
+    # -- retention -----------------------------------------------------------------------------
+
+    async def prune_rates(self, namespace: str, before: float, limit: int) -> int:
+        """Ended slots, window entries dated at or before ``before``, ended pauses, then idle
+        counters, at most ``limit`` rows in all, in one transaction; never the ledger.
+
+        Windows keep running totals that match their entries: the keys of the entries to go are
+        read first, then one pipeline takes their advisory locks (the ones window_add takes, in
+        key order) and deletes, taking each key's deleted sum from its total, or deleting the
+        total row when no entry is left. A key that got entries meanwhile is still correct (its
+        entries are read again under the lock); one that was not read waits for the next batch."""
+        args: dict[str, Any] = {"namespace": namespace, "before": float(before),
+                                "limit": int(limit)}
+        found = await self._rate_run([(_Q["prune_window_keys"], args)])
+        keys = sorted({r["key"] for r in found})
+        steps = [self._rate_lock("window", namespace, k) for k in keys]
+        steps.append((_Q["prune_rates"], {**args, "keys": keys}))
+        [row] = await self._rate_run(steps)
+        deleted: int = row["deleted"]
+        return deleted
+

@@ -535,6 +535,15 @@ class RedisCoordStore:
             [_num(now), _keep_ms(0.0), *(_num(d) for d in deltas)])
         return [float(_text(debt)) for debt in got]
 
+    # -- retention -----------------------------------------------------------------------------
+
+    async def prune_coordination(self, namespace: str, before: float, limit: int) -> int:
+        """Nothing to delete: Redis collects these keys by itself. Meters, holds, queues, waiter
+        rows and members carry a real-time cleanup expiry (an hour at least) that ends them once
+        nobody uses them. What never expires stays on purpose: the fencing counters (a key's
+        tokens must keep increasing), the namespace's ticket counter and its roster. Returns 0."""
+        return 0
+
     # -- rate limits: slots, windows, pauses, counters and the cost ledger (a RateStore) --------
     #
     # Keys, per namespace ({ns} encoded as above, {key} as given)::
@@ -659,6 +668,15 @@ class RedisCoordStore:
                 break
             start += page
         return rows[:limit]
+
+    async def prune_rates(self, namespace: str, before: float, limit: int) -> int:
+        """Nothing to delete: slots, windows (entries and total) and pauses carry a real-time
+        cleanup expiry (see the key table above) that ends them once nobody uses them (a pause
+        gets its expiry when it is read after it ended: one never read again stays). Counters
+        (``rcount:``) are not pruned on Redis: they never expire and no index of them by
+        ``updated_at`` is kept, so finding the idle ones would mean scanning the keyspace; the
+        ledger is kept on every store (it is the record of what was spent). Returns 0."""
+        return 0
 
     @staticmethod
     def _ledger_row(e: SpendEntry) -> str:

@@ -227,3 +227,17 @@ class SQLiteCoordination:
             db.execute(_Q["put_meters"], {"namespace": namespace, "meters": _json.dumps(
                 [[k, *state[k]] for k in dict.fromkeys(keys)])})
         return debts
+
+    # -- retention -----------------------------------------------------------------------------
+
+    async def prune_coordination(self, namespace: str, before: float, limit: int) -> int:
+        """Drained meters, then waiter rows whose lease ended, at most ``limit`` rows in all, in
+        one transaction (lock rows stay: they keep the fencing counters)."""
+        args: dict[str, Any] = {"namespace": namespace, "before": before, "limit": limit}
+        deleted = 0
+        async with self._tx() as db:
+            for name in ("prune_meters", "prune_lock_waiters"):
+                if deleted >= limit:
+                    break
+                deleted += db.execute(_Q[name], {**args, "limit": limit - deleted}).rowcount
+        return deleted

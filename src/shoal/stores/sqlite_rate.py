@@ -171,6 +171,26 @@ class SQLiteRateLimits:
                            r["at"]) for r in rows]
 
 
+    # -- retention -----------------------------------------------------------------------------
+
+    async def prune_rates(self, namespace: str, before: float, limit: int) -> int:
+        """Ended slots, window entries dated at or before ``before``, ended pauses, then idle
+        counters, at most ``limit`` rows in all, in one transaction; never the ledger. A window
+        whose entries go has their sum taken from its running total, oldest first as window_add
+        does, and its total row deleted when no entry is left."""
+        args: dict[str, Any] = {"namespace": namespace, "before": before}
+        deleted = 0
+        async with self._tx() as db:
+            deleted += db.execute(_Q["prune_rate_slots"], {**args, "limit": limit}).rowcount
+            if deleted < limit:
+                deleted += _prune_windows(db, namespace, before, limit - deleted)
+            for name in ("prune_rate_pauses", "prune_rate_counters"):
+                if deleted >= limit:
+                    break
+                deleted += db.execute(_Q[name], {**args, "limit": limit - deleted}).rowcount
+        return deleted
+
+
 def _retry_at(
     db: sqlite3.Connection, args: dict[str, Any], total: float, amount: float, window: float,
     limit: float,
@@ -189,3 +209,27 @@ def _retry_at(
     finally:
         cur.close()     # the rest of the window is never read
     return None
+
+
+def _prune_windows(db: sqlite3.Connection, namespace: str, before: float, limit: int) -> int:
+    """Delete up to ``limit`` window entries dated at or before ``before`` (oldest first) and
+    keep each key's running total the sum of its remaining entries (no row: no entry)."""
+    rows = db.execute(_Q["prune_window_entries_find"],
+                      {"namespace": namespace, "before": before, "limit": limit}).fetchall()
+    if not rows:
+        return 0
+    leaving: dict[str, list[float]] = {}
+    for _, key, amount in rows:
+        leaving.setdefault(key, []).append(amount)
+    db.execute(_Q["prune_window_entries"], {"rowids": _json.dumps([r[0] for r in rows])})
+    for key, amounts in leaving.items():
+        args = {"namespace": namespace, "key": key}
+        if not db.execute(_Q["rate_window_any"], args).fetchone()[0]:
+            db.execute(_Q["rate_window_clear_total"], args)
+            continue
+        row = db.execute(_Q["rate_window_total"], args).fetchone()
+        total = 0.0 if row is None else float(row[0])
+        for gone in amounts:     # oldest first, as window_add subtracts them
+            total -= gone
+        db.execute(_Q["rate_window_put"], {**args, "total": total})
+    return len(rows)

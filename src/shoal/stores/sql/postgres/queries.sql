@@ -789,7 +789,9 @@ INSERT INTO meters (namespace, key, debt, updated_at)
 SELECT %(namespace)s::text, d.k, 0, %(now)s::double precision
 FROM (SELECT DISTINCT k FROM unnest(%(keys)s::text[]) AS k) d
 ORDER BY d.k COLLATE "C"
-ON CONFLICT (namespace, key) DO NOTHING;
+-- An existing row is locked here already (the WHERE false updates nothing, but DO UPDATE locks the
+-- row): prune_coordination could otherwise delete it before meter_keys locks it.
+ON CONFLICT (namespace, key) DO UPDATE SET debt = meters.debt WHERE false;
 
 -- name: meter_keys
 SELECT key FROM meters
@@ -956,7 +958,8 @@ INSERT INTO rate_counters (namespace, key, total, updated_at)
 SELECT %(namespace)s::text, d.k, 0, %(now)s::double precision
 FROM (SELECT DISTINCT k FROM unnest(%(keys)s::text[]) AS k) d
 ORDER BY d.k COLLATE "C"
-ON CONFLICT (namespace, key) DO NOTHING;
+-- An existing row is locked here already, as in meter_keys_create (prune_rates deletes counters).
+ON CONFLICT (namespace, key) DO UPDATE SET total = rate_counters.total WHERE false;
 
 -- name: rate_counter_keys
 SELECT key FROM rate_counters
@@ -1021,3 +1024,101 @@ WHERE namespace = %(namespace)s AND root_id = %(root_id)s
   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
 ORDER BY id
 LIMIT %(limit)s;
+
+-- name: prune_coordination
+-- retention (prune_coordination, prune_rates): one statement each, deleting at most :limit rows
+-- in all (each table gets what the ones before it left). Rows are locked FOR UPDATE SKIP LOCKED
+-- before they go: a row an operation holds is left for a later batch, so a prune never waits
+-- (and never deadlocks) with an operation; the condition is checked again on the locked row.
+-- (This heading sits under the name line: text between blocks would end the block above.)
+--
+-- Meters fully drained by :before (a drained meter reads as a missing one: meter_keys_create
+-- locks a row before meter reads it, so one that is being charged is skipped), then lock waiter
+-- rows whose lease ended by :before (lock rows stay: they keep the fencing counters).
+WITH drained AS (
+    DELETE FROM meters m
+    USING (SELECT key FROM meters
+           WHERE namespace = %(namespace)s
+             AND updated_at + debt / 1000 <= %(before)s::double precision
+           LIMIT %(limit)s
+           FOR UPDATE SKIP LOCKED) d
+    WHERE m.namespace = %(namespace)s AND m.key = d.key
+    RETURNING 1
+), waiters AS (
+    DELETE FROM lock_waiters w
+    USING (SELECT key, holder FROM lock_waiters
+           WHERE namespace = %(namespace)s AND expires_at <= %(before)s::double precision
+           LIMIT greatest(0, %(limit)s - (SELECT count(*) FROM drained))
+           FOR UPDATE SKIP LOCKED) d
+    WHERE w.namespace = %(namespace)s AND w.key = d.key AND w.holder = d.holder
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM drained) + (SELECT count(*) FROM waiters) AS deleted;
+
+-- name: prune_window_keys
+-- Before prune_rates, outside its transaction: the window keys of the oldest :limit entries dated
+-- at or before :before (through rate_window_entries_at), whose advisory locks prune_rates takes.
+SELECT DISTINCT key FROM (
+    SELECT key FROM rate_window_entries
+    WHERE namespace = %(namespace)s AND at <= %(before)s::double precision
+    ORDER BY at, seq
+    LIMIT %(limit)s) e;
+
+-- name: prune_rates
+-- After the advisory locks of the window keys :keys (in key order). Ended slots, window entries of
+-- those keys dated at or before :before (oldest first), ended pauses, then counters idle since
+-- before :before; never the ledger. Each window whose entries go has their sum taken from its
+-- running total, or its total row deleted when no entry is left (this statement's snapshot still
+-- has the deleted entries: one is left if it is not among them). Counters are locked as the
+-- others: rate_counter_keys_create locks a row before counter_add reads it.
+WITH slots AS (
+    DELETE FROM rate_slots s
+    USING (SELECT key, holder FROM rate_slots
+           WHERE namespace = %(namespace)s AND expires_at <= %(before)s::double precision
+           LIMIT %(limit)s
+           FOR UPDATE SKIP LOCKED) d
+    WHERE s.namespace = %(namespace)s AND s.key = d.key AND s.holder = d.holder
+    RETURNING 1
+), gone AS (
+    DELETE FROM rate_window_entries e
+    USING (SELECT key, at, seq FROM rate_window_entries
+           WHERE namespace = %(namespace)s AND key = ANY(%(keys)s::text[])
+             AND at <= %(before)s::double precision
+           ORDER BY at, seq
+           LIMIT greatest(0, %(limit)s - (SELECT count(*) FROM slots))) d
+    WHERE e.namespace = %(namespace)s AND e.key = d.key AND e.at = d.at AND e.seq = d.seq
+    RETURNING e.key, e.seq, e.amount
+), sums AS (
+    SELECT g.key, sum(g.amount) AS amount,
+           EXISTS (SELECT 1 FROM rate_window_entries r
+                   WHERE r.namespace = %(namespace)s AND r.key = g.key
+                     AND r.seq NOT IN (SELECT seq FROM gone)) AS remains
+    FROM gone g GROUP BY g.key
+), totals AS (
+    INSERT INTO rate_windows AS w (namespace, key, total)
+    SELECT %(namespace)s::text, key, -amount FROM sums WHERE remains
+    ON CONFLICT (namespace, key) DO UPDATE SET total = w.total + excluded.total
+), emptied AS (
+    DELETE FROM rate_windows
+    WHERE namespace = %(namespace)s AND key IN (SELECT key FROM sums WHERE NOT remains)
+), pauses AS (
+    DELETE FROM rate_pauses p
+    USING (SELECT key FROM rate_pauses
+           WHERE namespace = %(namespace)s AND until <= %(before)s::double precision
+           LIMIT greatest(0, %(limit)s - (SELECT count(*) FROM slots)
+                             - (SELECT count(*) FROM gone))
+           FOR UPDATE SKIP LOCKED) d
+    WHERE p.namespace = %(namespace)s AND p.key = d.key
+    RETURNING 1
+), counters AS (
+    DELETE FROM rate_counters c
+    USING (SELECT key FROM rate_counters
+           WHERE namespace = %(namespace)s AND updated_at < %(before)s::double precision
+           LIMIT greatest(0, %(limit)s - (SELECT count(*) FROM slots)
+                             - (SELECT count(*) FROM gone) - (SELECT count(*) FROM pauses))
+           FOR UPDATE SKIP LOCKED) d
+    WHERE c.namespace = %(namespace)s AND c.key = d.key
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM slots) + (SELECT count(*) FROM gone)
+       + (SELECT count(*) FROM pauses) + (SELECT count(*) FROM counters) AS deleted;

@@ -585,3 +585,58 @@ FROM cost_ledger INDEXED BY cost_ledger_root
 WHERE namespace = :namespace AND root_id = :root_id AND (:tenant IS NULL OR tenant = :tenant)
 ORDER BY id
 LIMIT :limit;
+
+-- name: prune_meters
+-- retention (prune_coordination, prune_rates): each statement deletes at most :limit rows, what is
+-- left of the call's budget. (This heading sits under the name line: text between blocks would end
+-- the block above.)
+--
+-- Meters fully drained by :before (a drained meter reads as a missing one). The namespace's meters
+-- are walked through the primary key, the walk ending at :limit matches.
+DELETE FROM meters
+WHERE namespace = :namespace AND updated_at + debt / 1000.0 <= :before
+  AND key IN (SELECT key FROM meters
+              WHERE namespace = :namespace AND updated_at + debt / 1000.0 <= :before
+              LIMIT :limit);
+
+-- name: prune_lock_waiters
+-- Waiter rows whose lease ended by :before (the lock rows stay: they keep the fencing counters).
+DELETE FROM lock_waiters
+WHERE (namespace, key, holder) IN (
+    SELECT namespace, key, holder FROM lock_waiters
+    WHERE namespace = :namespace AND expires_at <= :before
+    LIMIT :limit);
+
+-- name: prune_rate_slots
+DELETE FROM rate_slots
+WHERE (namespace, key, holder) IN (
+    SELECT namespace, key, holder FROM rate_slots
+    WHERE namespace = :namespace AND expires_at <= :before
+    LIMIT :limit);
+
+-- name: prune_window_entries_find
+-- Window entries dated at or before :before, oldest first (ties in the order they were added),
+-- through rate_window_entries_at (migration 10).
+SELECT rowid, key, amount FROM rate_window_entries INDEXED BY rate_window_entries_at
+WHERE namespace = :namespace AND at <= :before
+ORDER BY at, rowid
+LIMIT :limit;
+
+-- name: prune_window_entries
+-- The rows prune_window_entries_find returned (:rowids, a JSON array).
+DELETE FROM rate_window_entries WHERE rowid IN (SELECT value FROM json_each(:rowids));
+
+-- name: prune_rate_pauses
+DELETE FROM rate_pauses
+WHERE (namespace, key) IN (
+    SELECT namespace, key FROM rate_pauses
+    WHERE namespace = :namespace AND until <= :before
+    LIMIT :limit);
+
+-- name: prune_rate_counters
+-- Counters last updated before :before, through rate_counters_updated (migration 10).
+DELETE FROM rate_counters
+WHERE (namespace, key) IN (
+    SELECT namespace, key FROM rate_counters INDEXED BY rate_counters_updated
+    WHERE namespace = :namespace AND updated_at < :before
+    LIMIT :limit);
