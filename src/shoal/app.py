@@ -29,6 +29,7 @@ from shoal.coord.provider import (
 from shoal.engine.context import RunContext
 from shoal.engine.cron import CronTrigger
 from shoal.engine.runner import (
+    PRUNE_BATCH,
     Engine,
     ErrorHandler,
     OutboxHandlerSpec,
@@ -342,7 +343,7 @@ class App:
             on_pause_notify=self._on_pause_notify, crons=list(self._crons.values()),
             dispatch_child=self._dispatch_child, outbox_handlers=self._outbox_handlers,
             version=self.version, observers=self._observers,
-            fire=self._fire_cron, spend=self._spend,
+            fire=self._fire_cron, spend=self._spend, prune_more=self._prune_coordination,
         )
         membership = self._membership_for() if self._coordinates() else None
         self._engine.start()
@@ -577,6 +578,16 @@ class App:
         budgets = Budgets(per_run, per_root, per_tenant_day, currency, dict(tenants or {}))
         self._ledger.budgets[currency] = budgets
         return budgets
+
+    async def _prune_coordination(self, before: float) -> None:
+        """Retention for coordination and rate-limit state, a bounded batch per poll (the
+        ledger is kept: it is the record of what was spent)."""
+        if not self._coordinates():
+            return
+        coord = self._coord()
+        await coord.prune_coordination(self.namespace, before, PRUNE_BATCH)
+        if isinstance(coord, RateStore):
+            await coord.prune_rates(self.namespace, before, PRUNE_BATCH)
 
     async def _spend(self, ctx: RunContext, amount: float, currency: str) -> None:
         await self._ledger.record(Spender(ctx.tenant, ctx.run_id, ctx.root_id), amount,

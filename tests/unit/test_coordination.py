@@ -572,3 +572,19 @@ async def test_metrics_hooks(clock: VirtualClock, store: Store) -> None:
     assert events[0] == ("acquired", ("report:daily",), "report", 0.0)
     assert events[1] == ("released", ("report:daily",), "report", 3.0, False)
     assert ("slots", shoal.Assignment(0, 1)) in events
+
+
+async def test_the_poll_prunes_coordination_state(clock: VirtualClock, store: Store) -> None:
+    assert isinstance(store, CoordStore)
+    app = shoal.App("coord", store=store, clock=clock, instance_id="p", lease=30.0,
+                    membership_interval=INTERVAL, run_retention=100.0)
+    async with app:
+        await app.meter(["drained"], [1000])
+        await clock.advance(50)
+        assert await store.prune_coordination("coord", clock.now() - 100, 10) == 0
+        await clock.advance(120)         # polls every 10 s: the drained meter goes
+        if isinstance(store, MemoryStore):
+            assert ("coord", "drained") not in store._meters
+        # nothing left for a prune to find: the poll already deleted it
+        assert await store.prune_coordination("coord", clock.now() - 100, 10) == 0
+        assert await app.meter(["drained"], [0]) == [0]

@@ -165,6 +165,13 @@ class CoordStore(Protocol):
         has debt 0."""
         ...
 
+    async def prune_coordination(self, namespace: str, before: float, limit: int) -> int:
+        """Delete at most ``limit`` rows that can no longer matter: meters fully drained by
+        ``before`` (``updated_at + debt / 1000 <= before``) and lock waiter rows whose lease
+        ended by ``before``. Lock rows stay (they keep the fencing counters). Returns how many
+        were deleted. A store whose keys expire by themselves (Redis) may delete nothing."""
+        ...
+
     async def open(self) -> None:
         """Connect (or prepare to); a Redis store never raises here for an unreachable server."""
         ...
@@ -310,4 +317,12 @@ class RateStore(Protocol):
         limit: int = 1000,
     ) -> list[SpendEntry]:
         """Ledger rows, oldest first, filtered by tenant and/or root when given."""
+        ...
+
+    async def prune_rates(self, namespace: str, before: float, limit: int) -> int:
+        """Delete at most ``limit`` rows that can no longer matter: slots whose lease ended by
+        ``before``, window entries dated at or before ``before`` (with their windows' totals
+        when nothing is left), pauses that ended by ``before``, counters last updated before
+        ``before``. The ledger stays (it is the record of what was spent). Returns how many
+        were deleted. A store whose keys expire by themselves (Redis) may delete nothing."""
         ...

@@ -125,9 +125,11 @@ class Engine:
         version: str | None = None,
         observers: list[Any] | None = None,
         spend: Callable[[RunContext, float, str], Awaitable[None]] | None = None,
+        prune_more: Callable[[float], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
         self.spend = spend
+        self._prune_more = prune_more
         self.clock = clock
         self.namespace = namespace
         self.instance_id = instance_id
@@ -257,6 +259,12 @@ class Engine:
         # retention, a bounded batch per poll: any instance may do it, the deletes are idempotent
         await self.store.prune_runs(self.namespace, now - self.run_retention, PRUNE_BATCH)
         await self.store.prune_pauses(self.namespace, now - self.pause_retention, PRUNE_BATCH)
+        if self._prune_more is not None:
+            try:     # coordination may live elsewhere (Redis): its outage is not the poll's
+                await self._prune_more(now - self.run_retention)
+            except Exception as e:
+                log.warning("prune.failed: %s: %s", type(e).__name__, e,
+                            extra={"event": "prune.failed"})
         self.last_poll_at = self.clock.now()
 
     async def tick(self) -> None:

@@ -160,3 +160,23 @@ class MemoryCoordination:
             self._meters[(namespace, key)] = (debt, max(at, now))
             debts.append(debt)
         return debts
+
+    # -- retention -----------------------------------------------------------------------------
+
+    async def prune_coordination(self, namespace: str, before: float, limit: int) -> int:
+        deleted = 0
+        for key, (debt, at) in list(self._meters.items()):
+            if deleted >= limit:
+                return deleted
+            if key[0] == namespace and at + debt / 1000.0 <= before:
+                del self._meters[key]
+                deleted += 1
+        for (ns, _), row in self._locks.items():
+            if ns != namespace:
+                continue
+            for waiter in [w for w, (_, until) in row.waiters.items() if until <= before]:
+                if deleted >= limit:
+                    return deleted
+                del row.waiters[waiter]
+                deleted += 1
+        return deleted

@@ -138,3 +138,40 @@ class MemoryRateLimits:
                 and (tenant is None or e.tenant == tenant)
                 and (root_id is None or e.root_id == root_id)]
         return rows[:limit]
+
+    # -- retention -----------------------------------------------------------------------------
+
+    async def prune_rates(self, namespace: str, before: float, limit: int) -> int:
+        deleted = 0
+        for (ns, _), slots in self._slots.items():
+            for holder in [h for h, until in slots.items() if ns == namespace and until <= before]:
+                if deleted >= limit:
+                    return deleted
+                del slots[holder]
+                deleted += 1
+        for key, w in list(self._windows.items()):
+            if key[0] != namespace:
+                continue
+            leaving = bisect.bisect_right(w.entries, before, key=_at)
+            leaving = min(leaving, limit - deleted)
+            for _, gone in w.entries[:leaving]:
+                w.total -= gone
+            del w.entries[:leaving]
+            deleted += leaving
+            if not w.entries:
+                del self._windows[key]
+            if deleted >= limit:
+                return deleted
+        for key, until in list(self._rate_pauses.items()):
+            if deleted >= limit:
+                return deleted
+            if key[0] == namespace and until <= before:
+                del self._rate_pauses[key]
+                deleted += 1
+        for key, (_, updated_at) in list(self._counters.items()):
+            if deleted >= limit:
+                return deleted
+            if key[0] == namespace and updated_at < before:
+                del self._counters[key]
+                deleted += 1
+        return deleted

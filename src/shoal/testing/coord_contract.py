@@ -305,3 +305,24 @@ class CoordContract:
 
     async def test_ping(self, coord: CoordStore) -> None:
         await coord.ping()
+
+    # -- retention -----------------------------------------------------------------------------
+
+    async def test_prune_deletes_drained_meters_and_ended_waiters(
+        self, coord: CoordStore
+    ) -> None:
+        await coord.meter(NS, ["drained"], [1000], T0)          # empty from T0 + 1
+        await coord.meter(NS, ["owed"], [100_000], T0)          # empty from T0 + 100
+        await coord.meter("elsewhere", ["drained"], [1000], T0)
+        await grant(coord, ["k"], "h1")
+        await queued(coord, ["k"], "gone", T0 + 1)              # its waiter lease ends T0 + 11
+        assert await coord.prune_coordination(NS, T0 + 20, 100) == 2
+        assert await coord.prune_coordination(NS, T0 + 20, 100) == 0
+        assert await coord.meter(NS, ["drained", "owed"], [0, 0], T0 + 20) == [0, 80_000]
+        assert (await grant(coord, ["k"], "h2", T0 + 20)).token == 2, "fencing counters stay"
+        assert await coord.meter("elsewhere", ["drained"], [0], T0) == [1000]
+
+    async def test_prune_deletes_at_most_its_limit(self, coord: CoordStore) -> None:
+        await coord.meter(NS, [f"m{i}" for i in range(5)], [10] * 5, T0)
+        assert await coord.prune_coordination(NS, T0 + 1, 2) == 2
+        assert await coord.prune_coordination(NS, T0 + 1, 10) == 3

@@ -191,3 +191,33 @@ class RateContract:
                                          [None] * 3, T0)
         assert totals.totals[0] == 9 and totals.totals[1] + totals.totals[2] == 9
         assert len(await rates.ledger(NS)) == 9
+
+    # -- retention -----------------------------------------------------------------------------
+
+    async def test_prune_deletes_what_can_no_longer_matter(self, rates: RateStore) -> None:
+        await rates.slot_acquire(NS, "s", "ended", 5, 10, T0)            # lease ends T0 + 10
+        await rates.slot_acquire(NS, "s", "live", 5, 1000, T0)
+        await rates.window_add(NS, "w", 1, 60, None, T0)
+        await rates.window_add(NS, "w", 1, 60, None, T0 + 30)
+        await rates.pause_until(NS, "p", T0 + 15)
+        await rates.counter_add(NS, ["old"], [1], [None], T0,
+                                SpendEntry("t", None, None, 1, "usd", T0))
+        await rates.counter_add(NS, ["new"], [1], [None], T0 + 30)
+        await rates.counter_add("elsewhere", ["old"], [1], [None], T0)
+        # slot "ended", the window's entry of T0, the pause, counter "old"
+        assert await rates.prune_rates(NS, T0 + 20, 100) == 4
+        assert await rates.prune_rates(NS, T0 + 20, 100) == 0
+        wide = await rates.window_add(NS, "w", 0, 1000, None, T0 + 31)
+        assert wide.total == 1, "the pruned entry no longer counts, even in a wider window"
+        assert await rates.slot_renew(NS, "s", "live", 1000, T0 + 31)
+        assert (await rates.counter_add(NS, ["old", "new"], [0, 0], [None, None],
+                                        T0 + 31)).totals == [0, 1]
+        assert (await rates.counter_add("elsewhere", ["old"], [0], [None], T0)).totals == [1]
+        assert len(await rates.ledger(NS)) == 1, "the ledger is kept"
+
+    async def test_prune_rates_deletes_at_most_its_limit(self, rates: RateStore) -> None:
+        for i in range(5):
+            await rates.window_add(NS, "w", 1, 60, None, T0 + i)
+        assert await rates.prune_rates(NS, T0 + 10, 2) == 2
+        assert await rates.prune_rates(NS, T0 + 10, 10) == 3
+        assert (await rates.window_add(NS, "w", 0, 1000, None, T0 + 11)).total == 0
