@@ -41,7 +41,7 @@ import asyncio
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,47 @@ class EventWatch:
     async def wait(self) -> None:
         await self.event.wait()
         self.event.clear()
+
+
+W = TypeVar("W", bound=EventWatch)
+
+
+class WatchRegistry(Generic[W]):
+    """A store object's lock watches by (namespace, key): what a release in this process wakes
+    at once, and what a notification from elsewhere (NOTIFY, a poll) is dispatched to."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[tuple[str, str], set[W]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._by_key)
+
+    def add(self, namespace: str, keys: Sequence[str], watch: W) -> None:
+        for k in keys:
+            self._by_key.setdefault((namespace, k), set()).add(watch)
+
+    def remove(self, namespace: str, keys: Sequence[str], watch: W) -> None:
+        for k in keys:
+            watchers = self._by_key.get((namespace, k))
+            if watchers is not None:
+                watchers.discard(watch)
+                if not watchers:
+                    del self._by_key[(namespace, k)]
+
+    def watched(self) -> list[tuple[str, str]]:
+        return list(self._by_key)
+
+    def every(self) -> set[W]:
+        return {w for watchers in self._by_key.values() for w in watchers}
+
+    def wake(self, namespace: str, keys: Sequence[str]) -> None:
+        for k in keys:
+            for watch in self._by_key.get((namespace, k), ()):
+                watch.event.set()
+
+    def wake_every(self) -> None:
+        for watch in self.every():
+            watch.event.set()
 
 
 @runtime_checkable

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-from shoal.coord.base import EventWatch, LockGrant, LockWait, MemberView
+from shoal.coord.base import EventWatch, LockGrant, LockWait, MemberView, WatchRegistry
 
 
 @dataclass
@@ -38,7 +38,7 @@ class MemoryCoordination:
         self._members: dict[str, dict[str, _Member]] = {}
         self._rosters: dict[str, tuple[int, tuple[str, ...]]] = {}
         self._meters: dict[tuple[str, str], tuple[float, float]] = {}
-        self._watches: dict[tuple[str, str], set[EventWatch]] = {}
+        self._watches: WatchRegistry[EventWatch] = WatchRegistry()
 
     # -- locks ---------------------------------------------------------------------------------
 
@@ -94,23 +94,16 @@ class MemoryCoordination:
             if row.holder == holder:
                 row.holder, row.expires_at = None, 0.0
             row.waiters.pop(holder, None)
-            for watch in self._watches.get((namespace, k), ()):
-                watch.event.set()
+        self._watches.wake(namespace, keys)
 
     @asynccontextmanager
     async def lock_watch(self, namespace: str, keys: Sequence[str]) -> AsyncIterator[EventWatch]:
         watch = EventWatch()
-        for k in keys:
-            self._watches.setdefault((namespace, k), set()).add(watch)
+        self._watches.add(namespace, keys, watch)
         try:
             yield watch
         finally:
-            for k in keys:
-                watchers = self._watches.get((namespace, k))
-                if watchers is not None:
-                    watchers.discard(watch)
-                    if not watchers:
-                        del self._watches[(namespace, k)]
+            self._watches.remove(namespace, keys, watch)
 
     # -- membership ----------------------------------------------------------------------------
 

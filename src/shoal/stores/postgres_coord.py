@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import psycopg
 from psycopg.rows import DictRow
 
-from shoal.coord.base import EventWatch, LockGrant, LockWait, MemberView
+from shoal.coord.base import EventWatch, LockGrant, LockWait, MemberView, WatchRegistry
 from shoal.stores._sqlfiles import queries
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ class PostgresCoordination:
         def _start_listener(self) -> None: ...
 
     def __init__(self) -> None:
-        self._lock_watches: dict[tuple[str, str], set[EventWatch]] = {}
+        self._lock_watches: WatchRegistry[EventWatch] = WatchRegistry()
         # in this store's notifications: their watches were woken at once, not again
         self._lock_origin = secrets.token_hex(8)
         self._lock_listened = False   # the LISTEN connection has been up at least once
@@ -123,17 +123,11 @@ class PostgresCoordination:
                 async with asyncio.timeout(self.pool_timeout):
                     await self._listening.wait()
         watch = EventWatch()
-        for k in keys:
-            self._lock_watches.setdefault((namespace, k), set()).add(watch)
+        self._lock_watches.add(namespace, keys, watch)
         try:
             yield watch
         finally:
-            for k in keys:
-                watchers = self._lock_watches.get((namespace, k))
-                if watchers is not None:
-                    watchers.discard(watch)
-                    if not watchers:
-                        del self._lock_watches[(namespace, k)]
+            self._lock_watches.remove(namespace, keys, watch)
 
     def _lock_payload(self, namespace: str, keys: Sequence[str]) -> str:
         payload = _LOCK + json.dumps([self._lock_origin, namespace, list(keys)],
@@ -141,14 +135,10 @@ class PostgresCoordination:
         return payload if len(payload.encode()) <= _PAYLOAD_MAX else _EVERY
 
     def _wake_locks(self, namespace: str, keys: Sequence[str]) -> None:
-        for k in keys:
-            for watch in self._lock_watches.get((namespace, k), ()):
-                watch.event.set()
+        self._lock_watches.wake(namespace, keys)
 
     def _wake_every_lock(self) -> None:
-        for watchers in self._lock_watches.values():
-            for watch in watchers:
-                watch.event.set()
+        self._lock_watches.wake_every()
 
     def _lock_listening(self) -> None:
         """The LISTEN connection is up (again): wake every watch, as a release may have been

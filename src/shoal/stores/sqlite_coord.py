@@ -17,7 +17,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from shoal import _json
-from shoal.coord.base import EventWatch, LockGrant, LockWait, MemberView
+from shoal.coord.base import EventWatch, LockGrant, LockWait, MemberView, WatchRegistry
 from shoal.stores._sqlfiles import queries
 
 _Q = queries("sqlite")
@@ -47,7 +47,7 @@ class SQLiteCoordination:
         def _tx(self) -> AbstractAsyncContextManager[sqlite3.Connection]: ...
 
     def __init__(self) -> None:
-        self._lock_watches: dict[tuple[str, str], set[_Watch]] = {}
+        self._lock_watches: WatchRegistry[_Watch] = WatchRegistry()
         self._lock_poller: asyncio.Task[None] | None = None
         # the connection and data_version the poller last compared at (wait_for_work keeps its
         # own data_version)
@@ -92,9 +92,7 @@ class SQLiteCoordination:
             db.execute(_Q["lock_release"], args)
             db.execute(_Q["lock_unqueue"], args)
         # this connection's commits do not change its data_version: wake this store's watches
-        for key in keys:
-            for watch in self._lock_watches.get((namespace, key), ()):
-                watch.event.set()
+        self._lock_watches.wake(namespace, keys)
 
     @asynccontextmanager
     async def lock_watch(self, namespace: str, keys: Sequence[str]) -> AsyncIterator[_Watch]:
@@ -104,19 +102,13 @@ class SQLiteCoordination:
             self._lock_seen = (self._db, self._data_version_now())
         seen = self._lock_states([(namespace, k) for k in keys])
         watch = _Watch(namespace, keys, {k: seen[(namespace, k)] for k in keys})
-        for k in keys:
-            self._lock_watches.setdefault((namespace, k), set()).add(watch)
+        self._lock_watches.add(namespace, keys, watch)
         if self._lock_poller is None:
             self._lock_poller = asyncio.create_task(self._poll_lock_watches())
         try:
             yield watch
         finally:
-            for k in keys:
-                watchers = self._lock_watches.get((namespace, k))
-                if watchers is not None:
-                    watchers.discard(watch)
-                    if not watchers:
-                        del self._lock_watches[(namespace, k)]
+            self._lock_watches.remove(namespace, keys, watch)
             if not self._lock_watches and self._lock_poller is not None:
                 self._lock_poller.cancel()
                 self._lock_poller = None
@@ -141,7 +133,7 @@ class SQLiteCoordination:
         (a spurious wake-up rather than a missed one)."""
         while self._lock_watches:
             await asyncio.sleep(_POLL)
-            watches = {w for ws in self._lock_watches.values() for w in ws}
+            watches = self._lock_watches.every()
             conn = self._conn
             if conn is None:
                 if self._lock_seen is not None:
@@ -154,7 +146,7 @@ class SQLiteCoordination:
                 # data_version only compares within one connection: after a reopen, look anyway
                 if self._lock_seen == (conn, version):
                     continue
-                states = self._lock_states(list(self._lock_watches))
+                states = self._lock_states(self._lock_watches.watched())
             except sqlite3.Error:
                 for watch in watches:
                     watch.event.set()
