@@ -46,13 +46,11 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
 import random
 import shutil
 import signal
 import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -62,6 +60,8 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from _common import filesystem_of, machine, pct, pg_one
 
 import shoal
 from shoal.coord.base import CoordStore, LockWait
@@ -262,11 +262,6 @@ async def handoff(enter: Enter, queued: Callable[[int], Awaitable[None]], n: int
 
     await all_of([side(0), side(1)], timeout=max(60.0, n * 0.5))
     return latencies
-
-
-def pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
 
 def watch_queue(store: Any) -> asyncio.Event:
@@ -695,10 +690,6 @@ async def bench_postgres(url: str, plan: Plan) -> Section:
     return section
 
 
-async def pg_one(conn: Any, sql: str, params: Any = None) -> Any:
-    return (await (await conn.execute(sql, params)).fetchone())[0]
-
-
 # -- SQLite ----------------------------------------------------------------------------------------
 
 
@@ -797,16 +788,6 @@ async def bench_sqlite(tmp: Path, plan: Plan) -> Section:
     return section
 
 
-def filesystem_of(path: Path) -> str:
-    best, kind = "", "unknown"
-    with contextlib.suppress(OSError), open("/proc/mounts") as mounts:
-        for line in mounts:
-            parts = line.split()
-            if len(parts) >= 3 and str(path).startswith(parts[1]) and len(parts[1]) > len(best):
-                best, kind = parts[1], parts[2]
-    return kind
-
-
 # -- output ----------------------------------------------------------------------------------------
 
 
@@ -856,17 +837,6 @@ def render(sections: list[Section], header: str) -> None:
         f"{CLIENTS} clients: {CLIENTS} App objects, each with its own store object and "
         "connections, one asyncio task each, one key. hand-off: the holder leaves its "
         "`async with` at t0 once the waiter is queued, the waiter's __aenter__ returns at t1.")
-
-
-def machine() -> str:
-    commit = "unknown"
-    with contextlib.suppress(Exception):
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, cwd=Path(__file__).parent, check=True).stdout.strip()
-    return (f"[bold]shoal coord bench[/]: {os.cpu_count()} cores "
-            f"({len(os.sched_getaffinity(0))} usable), Python {platform.python_version()}, "
-            f"{platform.platform()}, shoal {shoal.__version__} at {commit}, load average "
-            f"{os.getloadavg()[0]:.2f}")
 
 
 # -- main ------------------------------------------------------------------------------------------
@@ -959,7 +929,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, interrupted)
     signal.signal(signal.SIGTERM, interrupted)
     tmp = Path(tempfile.mkdtemp(prefix="shoal-coordbench-")).resolve()
-    header = machine()
+    header = machine("shoal coord bench")
     began = perf()
     try:
         sections = asyncio.run(run(args, plan, tmp))

@@ -55,11 +55,9 @@ import contextlib
 import json
 import logging
 import os
-import platform
 import shutil
 import signal
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
@@ -68,6 +66,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from _common import filesystem_of, machine, pct, pg_one
 
 import shoal
 from shoal.errors import StoreUnavailableError
@@ -119,13 +119,6 @@ class Measure:
     p99: float
     n: int
     cpu: float            # this process's CPU seconds per operation
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
 
 async def measure(op: Callable[[], Awaitable[Any]], tasks: int, plan: Plan) -> Measure:
@@ -463,10 +456,6 @@ async def bench_postgres(url: str, plan: Plan) -> Section:
     return section
 
 
-async def pg_one(conn: Any, sql: str) -> Any:
-    return (await (await conn.execute(sql)).fetchone())[0]
-
-
 # -- SQLite ----------------------------------------------------------------------------------------
 
 
@@ -514,16 +503,6 @@ async def bench_sqlite(tmp: Path, plan: Plan) -> Section:
     finally:
         conn.close()
     return section
-
-
-def filesystem_of(path: Path) -> str:
-    best, kind = "", "unknown"
-    with contextlib.suppress(OSError), open("/proc/mounts") as mounts:
-        for line in mounts:
-            parts = line.split()
-            if len(parts) >= 3 and str(path).startswith(parts[1]) and len(parts[1]) > len(best):
-                best, kind = parts[1], parts[2]
-    return kind
 
 
 # -- output ----------------------------------------------------------------------------------------
@@ -585,17 +564,6 @@ def render(sections: list[Section], header: str) -> None:
         "window: the requests window's entries at the end of the measure (one per call of the "
         "last minute; a window_add touches only those leaving it). Limits never bind: every call "
         "goes at once.", highlight=False)
-
-
-def machine() -> str:
-    commit = "unknown"
-    with contextlib.suppress(Exception):
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, cwd=Path(__file__).parent, check=True).stdout.strip()
-    return (f"[bold]shoal providers bench[/]: {os.cpu_count()} cores "
-            f"({len(os.sched_getaffinity(0))} usable), Python {platform.python_version()}, "
-            f"{platform.platform()}, shoal {shoal.__version__} at {commit}, load average "
-            f"{os.getloadavg()[0]:.2f} at the start")
 
 
 # -- main ------------------------------------------------------------------------------------------
@@ -673,7 +641,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, interrupted)
     signal.signal(signal.SIGTERM, interrupted)
     tmp = Path(tempfile.mkdtemp(prefix="shoal-providerbench-")).resolve()
-    header = machine()
+    header = machine("shoal providers bench")
     began = perf()
     try:
         sections = asyncio.run(run(args, plan, tmp))
