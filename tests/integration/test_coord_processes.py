@@ -224,7 +224,9 @@ class LockChaos(threading.Thread):
 async def test_lock_one_holder_at_a_time_under_kill_9(backend: Backend, tmp_path: Path) -> None:
     rng = random.Random(_seed())
     await _prepare(backend.env)
-    run_for = 8.0
+    # about one grant per 0.6 s, less while a killed holder's lease runs out: 14 s gives 15 or
+    # more hand-offs on an idle machine, and still well above the floor below on a loaded one
+    run_for = 14.0
     until = time.time() + 1.0 + run_for
     procs = _processes(tmp_path, backend, "lock", COORD_LEASE=str(LEASE), COORD_UNTIL=str(until))
     log = tmp_path / "log.jsonl"
@@ -249,7 +251,7 @@ async def test_lock_one_holder_at_a_time_under_kill_9(backend: Backend, tmp_path
         print(backend.name, stats)
         _fail(problems, stats, procs)
         assert set(stats["per_slot"]) == set("ABCD"), f"a process never got the lock: {stats}"
-        assert stats["handoffs"] >= 8 and stats["renewals"] >= 2, \
+        assert stats["handoffs"] >= 6 and stats["renewals"] >= 2, \
             f"too few hand-offs or renewals to show anything: {stats}"
         assert stats["kills"] >= 3 and stats["killed_holding"] >= 1, \
             f"the chaos did not kill enough holders: {stats}"
