@@ -164,3 +164,37 @@ async def test_another_namespace_cannot_answer_or_cancel() -> None:
                 await other.cancel(run.id)
         assert [p.id for p in await a.pending_pauses()] == [pause.id]
         assert (await a.get_run(run.id)).status == "waiting"
+
+
+
+class _Pauses:
+    """An observer counting, per instance, the times a run parked."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def on_run_pause(self, run: shoal.Run) -> None:
+        self.count += 1
+
+
+async def test_a_stray_signal_named_after_the_pause_parks_the_run_again() -> None:
+    clock = VirtualClock()
+    async with cluster(make, instances=2, clock=clock) as (a, b):
+        parks = [a.observe(_Pauses()), b.observe(_Pauses())]
+        run = await a.dispatch("refund", {"customer": "c1", "amount": 40})
+        await until(status_is(a, run.id, "waiting"))
+        assert sum(p.count for p in parks) == 1
+        [pause] = await a.pending_pauses()
+        # delivers the run while its pause is pending: it must park again, not go on
+        await b.signal(run.id, f"shoal.pause:{pause.id}", None)
+
+        async def parked_twice() -> bool:
+            return sum(p.count for p in parks) == 2
+
+        await until(parked_twice)
+        assert (await a.get_run(run.id)).status == "waiting"
+        assert [p.id for p in await b.pending_pauses()] == [pause.id]
+        await b.resume(pause.id, approved=True, by="ana")
+        out = await a.result(run.id)
+        assert out["refunded"] is True and out["by"] == "ana"
+        assert (await a.get_run(run.id)).attempts == 1

@@ -384,7 +384,17 @@ class RunContext:
         pause_id = recorded.output["pause_id"]
         found = await engine.store.get_pause(pause_id)
         if found is not None and found.status == "pending":
-            await self._park_again(recorded, pause_id)
+            # delivered while its pause is pending (a stray signal named after the pause): park
+            # again, in one operation that parks only if it is still pending
+            self._x.finishing = True
+            got = await self._write(engine.store.wait_pause(self._x.fence, recorded, pause_id,
+                                                            now))
+            if got is None:
+                self._lost()
+            if got.parked:
+                raise self._suspend("waiting", None)
+            self._x.finishing = False
+            found = got.pause
         if found is None or found.decision is None:
             # resolved pauses are pruned after pause_retention: a run delivered that late
             # finds none, and takes it as expired
@@ -398,22 +408,6 @@ class RunContext:
             self._lost()
         self._x.steps[seq] = done
         return Decision(**decision)
-
-    async def _park_again(self, recorded: Step, pause_id: str) -> NoReturn:
-        """Delivered while its pause is still pending (a stray signal named after the pause):
-        park again. A resolution landing between the read and the park would find the run
-        running and wake nothing, so the run then nudges itself awake once more."""
-        engine = self._engine
-        wait_for = f"shoal.pause:{pause_id}"
-        self._x.finishing = True
-        if not await self._write(engine.store.suspend_run(
-                self._x.fence, recorded, "waiting", None, wait_for, engine.clock.now())):
-            self._lost()
-        again = await engine.store.get_pause(pause_id)
-        if again is None or again.status != "pending":
-            now = engine.clock.now()
-            await engine.store.send_signal(self.run_id, wait_for, None, new_id(now), now)
-        raise self._suspend("waiting", None)
 
     async def start_child(self, workflow: Any, input: Any = None, **options: Any) -> ChildRun:
         """Start a run of ``workflow`` (a registered workflow or its name) in this run's tree:

@@ -189,6 +189,15 @@ class SignalWait:
     parked: bool = False
 
 
+@dataclass(frozen=True)
+class PauseWait:
+    """Result of ``wait_pause``: the pause as found (None when unknown or pruned), and whether
+    the run was parked waiting for it (only while it is pending)."""
+
+    pause: Pause | None
+    parked: bool
+
+
 @runtime_checkable
 class Store(Protocol):
     """What a backend implements. ``shoal.testing.contract`` is the behaviour to match."""
@@ -334,6 +343,15 @@ class Store(Protocol):
 
     async def get_pause(self, pause_id: str) -> Pause | None:
         """The pause, or None."""
+
+    async def wait_pause(
+        self, fence: Fence, step: Step, pause_id: str, now: float
+    ) -> PauseWait | None:
+        """Under ``fence``, in one transaction: if the pause is pending, park the run waiting
+        for it (as ``create_pause`` does, ``step`` unfinished, the claim dropped); otherwise
+        change nothing. Returns the pause as read with the run held, so a resolution either
+        came before (and is returned) or finds the run parked and wakes it: never a run left
+        waiting on a resolved pause. None when the fence no longer holds."""
 
     async def resolve_pause(
         self, pause_id: str, decision: JSON, now: float

@@ -20,6 +20,7 @@ from shoal.stores.base import (
     NewRun,
     OutboxEntry,
     Pause,
+    PauseWait,
     Renewal,
     Run,
     RunStatus,
@@ -480,6 +481,19 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
 
     async def get_pause(self, pause_id: str) -> Pause | None:
         return copy.deepcopy(self._pauses.get(pause_id))
+
+    async def wait_pause(
+        self, fence: Fence, step: Step, pause_id: str, now: float
+    ) -> PauseWait | None:
+        r = self._holds(fence)
+        if r is None:
+            return None
+        p = self._pauses.get(pause_id)
+        if p is None or p.status != "pending":
+            return PauseWait(copy.deepcopy(p), parked=False)
+        self._suspend(r, RunStatus.WAITING, None, f"shoal.pause:{pause_id}")
+        self._put_step(fence, step)
+        return PauseWait(copy.deepcopy(p), parked=True)
 
     def _resolve(self, p: Pause, decision: JSON, now: float) -> Pause:
         p = replace(p, status="resolved", decision=copy.deepcopy(decision), resolved_at=now)

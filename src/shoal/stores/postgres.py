@@ -40,6 +40,7 @@ from shoal.stores.base import (
     NewRun,
     OutboxEntry,
     Pause,
+    PauseWait,
     Renewal,
     Run,
     RunStatus,
@@ -713,6 +714,31 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
     async def get_pause(self, pause_id: str) -> Pause | None:
         row = await self._one(_Q["get_pause"], {"id": pause_id})
         return None if row is None else _pause(row)
+
+    async def wait_pause(
+        self, fence: Fence, step: Step, pause_id: str, now: float
+    ) -> PauseWait | None:
+        return await self._retry(lambda: self._wait_pause(fence, step, pause_id, now))
+
+    async def _wait_pause(
+        self, fence: Fence, step: Step, pause_id: str, now: float
+    ) -> PauseWait | None:
+        async with self._connection() as conn, conn.transaction():
+            fenced = {"run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch}
+            if await (await conn.execute(_Q["fence_lock"], fenced)).fetchone() is None:
+                return None
+            # The run row is locked until the park commits. resolve_pause locks it before the
+            # pause, so it resolves either before this read (seen here) or after the park; an
+            # expiry resolving the pause meanwhile updates the run last, waiting for this
+            # commit, and then finds it parked: either way the run is woken, never left behind.
+            row = await (await conn.execute(_Q["get_pause"], {"id": pause_id})).fetchone()
+            pause = None if row is None else _pause(row)
+            if pause is None or pause.status != "pending":
+                return PauseWait(pause, parked=False)
+            await conn.execute(_Q["suspend"], {
+                **self._step_args(fence, step, now), "status": "waiting", "run_at": None,
+                "wait_for": _pause_wait(pause_id)})
+            return PauseWait(pause, parked=True)
 
     async def resolve_pause(
         self, pause_id: str, decision: JSON, now: float

@@ -29,6 +29,7 @@ from shoal.stores.base import (
     NewRun,
     OutboxEntry,
     Pause,
+    PauseWait,
     Renewal,
     Run,
     RunStatus,
@@ -583,6 +584,24 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
     async def get_pause(self, pause_id: str) -> Pause | None:
         row = self._one(_Q["get_pause"], {"id": pause_id})
         return None if row is None else _pause(row)
+
+    async def wait_pause(
+        self, fence: Fence, step: Step, pause_id: str, now: float
+    ) -> PauseWait | None:
+        async with self._tx() as db:
+            held = db.execute(_Q["fence_check"], {"run_id": fence.run_id, "owner": fence.owner,
+                                                  "epoch": fence.epoch}).fetchone()
+            if held is None:
+                return None
+            row = db.execute(_Q["get_pause"], {"id": pause_id}).fetchone()
+            pause = None if row is None else _pause(row)
+            if pause is None or pause.status != "pending":
+                return PauseWait(pause, parked=False)
+            db.execute(_Q["suspend"], {
+                "status": "waiting", "run_at": None, "wait_for": f"shoal.pause:{pause_id}",
+                "run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch})
+            self._put_step(db, fence, step, now)
+            return PauseWait(pause, parked=True)
 
     def _resolve(self, db: sqlite3.Connection, pause_id: str, decision: JSON,
                  now: float) -> Pause | None:

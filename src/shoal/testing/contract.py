@@ -23,6 +23,7 @@ from shoal.stores.base import (
     NewRun,
     OutboxEntry,
     Pause,
+    PauseWait,
     Run,
     RunStatus,
     Settlement,
@@ -515,6 +516,60 @@ class StoreContract:
         assert blocked.id != again.id
         assert await store.resolve_pause("missing", APPROVED, T0) == (None, False)
         assert not await store.create_pause(fence(c), step, new_pause(c), T0 + 3)  # old claim
+
+    async def test_wait_pause_parks_only_while_the_pause_is_pending(
+        self, store: Store, other: Store
+    ) -> None:
+        run = await add(store)
+        [c] = await claim(store)
+        pause = new_pause(c)
+        step = Step(1, "shoal.approval:refund", {"pause_id": pause.id}, False, 0)
+        assert await store.create_pause(fence(c), step, pause, T0)
+        # a stray signal named after the pause delivers the run while the pause is pending
+        await other.send_signal(run.id, f"shoal.pause:{pause.id}", None, "stray", T0 + 1)
+        [c] = await claim(store, now=T0 + 1)
+        assert c.id == run.id
+        got = await store.wait_pause(fence(c), step, pause.id, T0 + 2)
+        assert got is not None and got.parked
+        assert got.pause is not None and got.pause.status == "pending"
+        r = await store.get_run(run.id)
+        assert r is not None and r.status == RunStatus.WAITING and r.owner is None
+        assert await claim(store, now=T0 + 3) == []
+        assert await store.wait_pause(fence(c), step, pause.id, T0 + 3) is None   # old claim
+        _, won = await other.resolve_pause(pause.id, APPROVED, T0 + 4)
+        assert won
+        [c] = await claim(store, now=T0 + 4)          # the resolution found it parked
+        got = await store.wait_pause(fence(c), step, pause.id, T0 + 5)
+        assert got is not None and not got.parked
+        assert got.pause is not None and got.pause.decision == APPROVED
+        r = await store.get_run(run.id)
+        assert r is not None and r.status == RunStatus.RUNNING and r.owner == c.owner
+        assert await store.prune_pauses(NS, T0 + 5, 10) == 1
+        assert await store.wait_pause(fence(c), step, pause.id, T0 + 6) == PauseWait(None, False)
+
+    async def test_wait_pause_racing_a_resolution_never_strands_the_run(
+        self, store: Store, other: Store
+    ) -> None:
+        for i in range(5):
+            now = T0 + 100 * i
+            run = await add(store, now)
+            [c] = await claim(store, now=now)
+            pause = new_pause(c, now)
+            step = Step(1, "shoal.approval:refund", {"pause_id": pause.id}, False, 0)
+            assert await store.create_pause(fence(c), step, pause, now)
+            await other.send_signal(run.id, f"shoal.pause:{pause.id}", None, f"s{i}", now + 1)
+            [c] = await claim(store, now=now + 1)
+            got, (_, won) = await asyncio.gather(
+                store.wait_pause(fence(c), step, pause.id, now + 2),
+                other.resolve_pause(pause.id, APPROVED, now + 2))
+            assert won and got is not None
+            if got.parked:       # parked first: the resolution woke it
+                [again] = await claim(store, now=now + 2)
+                assert again.id == run.id
+                c = again
+            else:                # resolved first: seen, and the run still held
+                assert got.pause is not None and got.pause.status == "resolved"
+            assert await store.settle_run(fence(c), Settlement("succeeded"), now + 3)
 
     async def test_pauses_expire_and_are_pruned(self, store: Store) -> None:
         run = await add(store)
