@@ -105,15 +105,18 @@ def _tenant_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., An
 
 @asynccontextmanager
 async def _opened_store(url: str, *, create: bool = False) -> AsyncIterator[Store]:
-    """The store at ``url``, opened (which migrates it). A SQLite file that does not exist is
-    refused unless ``create``: a typo in a path must not look like an empty store."""
+    """The store at ``url``, opened (which migrates it). A SQLite file or a PostgreSQL schema
+    that does not exist is refused unless ``create``: a typo in a path or a schema name must
+    not look like an empty store, nor create one."""
     store = open_store(url)
-    path = getattr(store, "path", None)
-    if (not create and isinstance(path, str) and path != ":memory:"
-            and not Path(path).exists()):
+    exists = getattr(store, "exists", None)
+    if not create and exists is not None and not await exists():
+        path, schema = getattr(store, "path", None), getattr(store, "schema", None)
+        what = (f"the file {path!r} does not exist" if isinstance(path, str)
+                else f"the schema {schema!r} holds no shoal store")
         raise click.ClickException(
-            f"No shoal store at {mask_url(url)!r}: the file {path!r} does not exist. Give "
-            f"--store or set SHOAL_STORE (shoal migrate creates a new store).")
+            f"No shoal store at {mask_url(url)!r}: {what}. Give --store or set SHOAL_STORE "
+            f"(shoal migrate creates a new store).")
     await store.open()
     try:
         yield store

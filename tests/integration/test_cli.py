@@ -17,7 +17,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
+import backends
 import pytest
 from click.testing import CliRunner, Result
 
@@ -203,6 +205,25 @@ def test_stores_that_cannot_be_opened(tmp_path: Path) -> None:
     leaky = shoal_cli("runs", store="redis://admin:s3cret@cache:6379/0")
     assert_fails(leaky, "Unknown store URL", "admin:***@cache")
     assert "s3cret" not in leaky.output
+
+
+def test_a_read_never_creates_a_postgres_schema() -> None:
+    import psycopg
+
+    with backends.postgres_schema("shoal_cli_") as url:
+        schema = dict(parse_qsl(urlsplit(url).query))["schema"]
+        # the schema named does not exist yet: a mistyped name is an error, not an empty list
+        for args in (["-n", "shop", "runs"], ["-n", "shop", "pauses"], ["run", "show", "x"],
+                     ["-n", "shop", "ledger"]):
+            assert_fails(shoal_cli(*args, store=url), "No shoal store",
+                         f"the schema {schema!r} holds no shoal store")
+        with psycopg.connect(backends.PG_URL) as conn:
+            found = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s",
+                                 (schema,)).fetchone()
+        assert found is None
+        assert shoal_cli("migrate", store=url).exit_code == 0
+        listed = shoal_cli("-n", "shop", "runs", store=url)
+        assert listed.exit_code == 0, listed.output
 
 
 def test_worker_refuses_what_is_not_an_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

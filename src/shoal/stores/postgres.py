@@ -203,6 +203,23 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
         except (psycopg.Error, TimeoutError) as e:
             raise self._unavailable(e) from None
 
+    async def exists(self) -> bool:
+        """Whether the schema holds a shoal store (its migrations table), read on one connection
+        without creating anything: a command that only reads must not make a store out of a
+        mistyped schema name."""
+        try:
+            async with asyncio.timeout(self.open_timeout):
+                conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
+                try:
+                    cur = await conn.execute("SELECT to_regclass(%(table)s) IS NOT NULL",
+                                             {"table": f'"{self.schema}".shoal_migrations'})
+                    row = await cur.fetchone()
+                finally:
+                    await conn.close()
+        except (psycopg.Error, TimeoutError) as e:
+            raise self._unavailable(e) from None
+        return bool(row and row[0])
+
     def _unavailable(self, e: BaseException) -> StoreUnavailableError:
         reason = self._reason(e) if not isinstance(e, TimeoutError) else "no answer"
         if not reason.endswith((".", "?", "!")):

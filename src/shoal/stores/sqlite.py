@@ -91,6 +91,10 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
 
     # -- connection and schema -------------------------------------------------------------
 
+    async def exists(self) -> bool:
+        """Whether the file is there (an in-memory database always is), without creating it."""
+        return self.path == ":memory:" or Path(self.path).exists()
+
     async def open(self) -> None:
         if self._conn is not None:
             return
