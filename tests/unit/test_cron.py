@@ -63,7 +63,9 @@ async def test_catch_up_fires_only_the_latest_missed_tick_within_the_window() ->
 
 async def test_time_zone() -> None:
     clock = VirtualClock(start=datetime(2026, 3, 28, 8, 30, tzinfo=ZoneInfo("UTC")).timestamp())
-    app = shoal.App("cron", store="memory://", clock=clock)
+    # a long lease and membership interval: fewer wake-ups while two virtual days pass
+    app = shoal.App("cron", store="memory://", clock=clock, lease=3600.0,
+                    membership_interval=3600.0)
 
     @app.cron("0 9 * * *", name="paris-morning", tz="Europe/Paris")
     async def morning(ctx: shoal.RunContext, input: Any) -> None:
