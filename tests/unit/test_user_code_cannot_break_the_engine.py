@@ -158,6 +158,56 @@ async def test_a_stopping_instance_waits_for_its_step_thread_before_releasing_th
     assert (a, b) == ("stopping", "other") and b_start >= a_end   # never side by side
 
 
+async def test_a_step_thread_outliving_the_stop_leaves_the_run_to_its_lease() -> None:
+    """Half a lease after the drain, the thread still runs: the run is not released (another
+    instance would run the step beside it at once) but left to lapse, and taken over as a crash
+    only after its lease."""
+    import threading
+
+    store, clock = MemoryStore(), VirtualClock()
+    release = threading.Event()
+    lease = 1.0                     # half of it is the real time waited for the thread
+
+    def make(name: str) -> shoal.App:
+        app = shoal.App("threads", store=store, clock=clock, instance_id=name, lease=lease)
+
+        @app.workflow(name="wf")
+        async def wf(ctx: shoal.RunContext, input: Any) -> str:
+            def charge() -> str:
+                if name == "stopping":
+                    release.wait(10)
+                return name
+
+            return str(await ctx.step("charge", charge))
+
+        return app
+
+    stopping, other = make("stopping"), make("other")
+    await stopping.start()
+    run = await stopping.dispatch("wf")
+    await until(lambda: _running(stopping, run.id))
+    try:
+        async with other:
+            closing = asyncio.create_task(stopping.close(timeout=0.1))
+            await clock.advance(0.1)                # the drain is over: the run is interrupted
+            await asyncio.wait_for(closing, 5)      # half a lease later, it stops anyway
+            left = await other.get_run(run.id)
+            assert left.status == "running" and left.owner == "stopping"   # not released
+            await clock.advance(0.2)
+            assert (await other.get_run(run.id)).status == "running"        # still its lease
+            release.set()
+            for _ in range(200):                    # lapsed: taken over as a crash
+                await clock.advance(lease / 2)
+                await asyncio.sleep(0.01)           # the new owner's step thread
+                done = await other.get_run(run.id)
+                if done.status == "succeeded":
+                    break
+            assert done.status == "succeeded" and done.output == "other"
+            assert done.attempts == 2
+    finally:
+        release.set()
+
+
 async def _running(app: shoal.App, run_id: str) -> bool:
     await asyncio.sleep(0.01)      # the step runs in a thread: let it start
     return (await app.get_run(run_id)).status == "running"

@@ -152,6 +152,9 @@ class Execution:
     suspended: Suspended | None = None   # set once the run durably yielded
     task: asyncio.Task[None] | None = None
     context: RunContext | None = None
+    # A step's thread still runs after the run was interrupted: the claim is not released, so
+    # no other instance runs the step beside it before the lease lapses
+    thread_running: bool = False
 
 
 class RunContext:
@@ -261,8 +264,9 @@ class RunContext:
     async def _in_thread(self, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         """Run a plain function in a thread. A thread cannot be stopped: when the run is
         cancelled or its instance stops meanwhile, wait for it (up to half a lease, the lease
-        still renewed) before the run is released, so the next owner does not run the same
-        step beside it."""
+        still renewed) before the run ends or is released. A cancelled run then ends anyway
+        (nobody runs it again); an interrupted one is not released but left to its lease, so
+        another instance runs the step again only a lease later, not beside the thread."""
         work = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
         try:
             return await asyncio.shield(work)
@@ -270,8 +274,11 @@ class RunContext:
             if not work.done() and self._x.abort in ("interrupt", "cancel"):
                 await asyncio.wait({work}, timeout=self._engine.lease / 2)
                 if not work.done():
-                    log.warning("step.thread_running: run %s was released while its step "
-                                "%r still runs in a thread", self.run_id, self.step_key,
+                    self._x.thread_running = self._x.abort == "interrupt"
+                    what = ("left to its lease" if self._x.thread_running
+                            else "ended (cancelled)")
+                    log.warning("step.thread_running: run %s was %s while its step %r still "
+                                "runs in a thread", self.run_id, what, self.step_key,
                                 extra={"event": "step.thread_running", "run_id": self.run_id})
             raise
 

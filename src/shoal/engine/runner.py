@@ -584,6 +584,8 @@ class Engine:
             await self._settle(x, Settlement("cancelled", error="cancelled"))
         elif x.abort == "interrupt":
             x.finishing = True
+            if x.thread_running:   # not released: see Execution.thread_running
+                return
             await self.store.release_run(x.fence, self.clock.now())
             log.info("run.interrupted: %s", x.run.id, extra={"event": "run.interrupted"})
         elif x.abort == "lost":
