@@ -15,10 +15,12 @@ from typing import Any
 import pytest
 from redis_support import URL, OnTheTrio, Server, opened, redlock, sync_client
 
+import shoal
 from shoal.coord.base import RateStore, SlotBusy, SlotGrant, SpendEntry, WindowResult
 from shoal.coord.redlock import Redlock
 from shoal.stores.memory import MemoryStore
 from shoal.stores.redis import RedisCoordStore
+from shoal.testing import VirtualClock
 from shoal.testing.rate_contract import NS, T0, RateContract, increasing, unwritten
 
 # -- one server -------------------------------------------------------------------------------
@@ -121,6 +123,30 @@ async def test_idle_counters_go_with_their_index_entries(
     with sync_client(URL) as client:
         assert client.zcard(f"{prefix}:{NS}:rcounters") == 0
     assert not [k for k in _ttls(URL, prefix) if "rcount" in k]
+
+
+async def test_the_poll_prunes_idle_budget_counters_by_the_apps_clock(prefix: str) -> None:
+    """Over Redis, a poll deletes the budget counters idle for run_retention on the app's
+    (virtual) clock, as on the SQL stores; the ledger stays."""
+    clock = VirtualClock()
+    app = shoal.App("budgets", store="memory://", clock=clock, instance_id="p",
+                    coordination=RedisCoordStore(URL, prefix=prefix), run_retention=100.0)
+
+    def counters() -> list[str]:
+        return sorted(k.split(":rcount:", 1)[1] for k in _ttls(URL, prefix) if ":rcount:" in k)
+
+    async with app:
+        await app.spend(1.0, tenant="acme")
+        await clock.advance(50)
+        await app.spend(2.0, tenant="globex")
+        day = "2026-01-01"
+        assert counters() == [f"spend:tenant:acme:{day}:usd", f"spend:tenant:globex:{day}:usd"]
+        await clock.advance(70)          # acme's idle for 120 s, globex's for 70 s
+        await app.poll()
+        assert counters() == [f"spend:tenant:globex:{day}:usd"]
+        assert [r.tenant for r in await app.ledger()] == ["acme", "globex"]
+        assert await app.spent(tenant="acme") == {
+            f"the daily budget of tenant 'acme' ({day} UTC)": 0.0}
 
 
 async def test_a_window_forgets_out_of_order_entries_and_keeps_the_order(
