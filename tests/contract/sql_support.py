@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -94,6 +94,28 @@ async def check_the_ledger_filters(store: RateStore) -> None:
     assert await store.ledger("ns", root_id="a") == [rows[0], rows[1], rows[4]]
     assert await store.ledger("ns", root_id="a", after=rows[1].id) == [rows[4]]
     assert await store.ledger("ns", run_id="r3", tenant="t1") == [rows[3]]
+
+
+async def trim_the_exported_ledger(store: RateStore, delete: Callable[[int], object]) -> None:
+    """Rows exported, then deleted up to the last id exported (``delete(last_id)``, what the
+    docs say to do): the pages go on from there and new rows get larger ids, even once every
+    row was deleted."""
+    for i in range(5):
+        await store.counter_add("ns", [], [], [], float(i), SpendEntry("t", None, None, i, "usd",
+                                                                       float(i)))
+    exported = await store.ledger("ns", limit=3)
+    last = exported[-1].id
+    assert last is not None
+    delete(last)
+    rest = await store.ledger("ns")
+    assert [r.amount for r in rest] == [3, 4] and rest == await store.ledger("ns", after=last)
+    final = rest[-1].id
+    assert final is not None
+    delete(final)
+    assert await store.ledger("ns") == []
+    await store.counter_add("ns", [], [], [], 9.0, SpendEntry("t", None, None, 9, "usd", 9.0))
+    [new] = await store.ledger("ns", after=final)
+    assert new.id is not None and new.id > final and new.amount == 9
 
 
 async def random_calls(rnd: random.Random, memory: MemoryStore, store: RateStore) -> None:

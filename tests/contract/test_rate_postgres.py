@@ -17,7 +17,13 @@ import pytest
 from psycopg import sql
 
 # pytest puts this directory on sys.path (rootdir-relative "prepend" imports, no __init__.py)
-from sql_support import RATE_TABLES, check_the_ledger_filters, random_calls, use_the_rate_tables
+from sql_support import (
+    RATE_TABLES,
+    check_the_ledger_filters,
+    random_calls,
+    trim_the_exported_ledger,
+    use_the_rate_tables,
+)
 from test_postgres import URL, _open, schema  # noqa: F401 (a fixture)
 
 from shoal.coord.base import RateStore, SlotBusy, SlotGrant, SpendEntry, WindowResult
@@ -334,5 +340,16 @@ async def test_a_schema_at_version_10_gets_the_ledger_indexes(schema: str) -> No
         entry = SpendEntry("t", "r9", None, 1, "usd", 9)
         await store.counter_add("ns", [], [], [], 9, entry)
         assert [unwritten(r) for r in await store.ledger("ns", after=rows[2].id)] == [entry]
+    finally:
+        await store.close()
+
+
+async def test_an_exported_ledger_is_trimmed_and_ids_go_on(schema: str) -> None:  # noqa: F811
+    store = await _open(schema)
+    try:
+        with psycopg.connect(URL, autocommit=True) as conn:
+            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+            await trim_the_exported_ledger(store, lambda last: conn.execute(
+                "DELETE FROM cost_ledger WHERE namespace = 'ns' AND id <= %s", (last,)))
     finally:
         await store.close()

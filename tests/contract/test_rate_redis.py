@@ -310,6 +310,28 @@ async def test_a_long_ledger_is_read_in_pages(
     assert reads == [10], "without a filter, a page reads its rows only"
 
 
+async def test_an_exported_ledger_is_trimmed_and_ids_go_on(
+    store: RedisCoordStore, prefix: str
+) -> None:
+    """What the docs say to do with an exported prefix: XTRIM MINID past the last id exported;
+    pages go on from there and new rows never reuse an id, even once every row was trimmed."""
+    for i in range(5):
+        await store.counter_add(NS, [], [], [], T0, SpendEntry("t", None, None, i, "usd", T0))
+    exported = await store.ledger(NS, limit=3)
+    last = exported[-1].id
+    assert last == 3
+    with sync_client(URL) as client:
+        client.xtrim(f"{prefix}:{NS}:ledger_rows", minid=last + 1, approximate=False)
+    rest = await store.ledger(NS)
+    assert [r.amount for r in rest] == [3, 4] and rest == await store.ledger(NS, after=last)
+    with sync_client(URL) as client:
+        client.xtrim(f"{prefix}:{NS}:ledger_rows", minid=6, approximate=False)
+    assert await store.ledger(NS) == []
+    await store.counter_add(NS, [], [], [], T0, SpendEntry("t", None, None, 9, "usd", T0))
+    [new] = await store.ledger(NS, after=5)
+    assert new.id == 6 and new.amount == 9
+
+
 def test_redis_stores_and_redlock_are_rate_stores() -> None:
     stores = [RedisCoordStore(f"redis://127.0.0.1:{6379 + i}") for i in range(3)]
     assert isinstance(stores[0], RateStore) and isinstance(Redlock(stores), RateStore)

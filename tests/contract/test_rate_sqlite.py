@@ -16,6 +16,7 @@ from sql_support import (
     random_calls,
     sqlite_file_at,
     sqlite_store,
+    trim_the_exported_ledger,
     use_the_rate_tables,
 )
 
@@ -161,3 +162,12 @@ async def test_a_store_at_version_10_gets_the_ledger_indexes(tmp_path: Path) -> 
         entry = SpendEntry("t", "r9", None, 1, "usd", 9)
         await store.counter_add("ns", [], [], [], 9, entry)
         assert [unwritten(r) for r in await store.ledger("ns", after=rows[2].id)] == [entry]
+
+
+async def test_an_exported_ledger_is_trimmed_and_ids_go_on(tmp_path: Path) -> None:
+    """What the docs say to do with an exported prefix: delete it by id; new rows never reuse
+    an id, even when every row was deleted."""
+    async with sqlite_store(tmp_path / "shoal.db") as store:
+        await trim_the_exported_ledger(
+            store, lambda last: store._db.execute(
+                "DELETE FROM cost_ledger WHERE namespace = 'ns' AND id <= ?", (last,)))
