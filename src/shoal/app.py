@@ -614,11 +614,22 @@ class App:
         return await self._ledger.spent(Spender(tenant, run_id, root_id), currency)
 
     async def ledger(self, *, tenant: str | None = None, root_id: str | None = None,
+                     run_id: str | None = None, after: int | None = None,
+                     since: float | None = None, until: float | None = None,
                      limit: int = 1000) -> list[SpendEntry]:
-        """The cost ledger of this namespace, oldest first."""
+        """A page of this namespace's cost ledger: at most ``limit`` rows with ``id > after``,
+        oldest (lowest id) first, that match every filter given (``since <= at < until``, on
+        the app's clock). Read the next page with ``after=rows[-1].id``: no row is skipped or
+        repeated, rows written meanwhile included. Raises ValueError for a negative limit."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ValueError(f"app.ledger(limit=…) takes an int >= 0, not {limit!r}.")
+        if after is not None and (isinstance(after, bool) or not isinstance(after, int)):
+            raise ValueError(f"app.ledger(after=…) takes None or a row's id (an int), not "
+                             f"{after!r}.")
         await self._open_store()
         return await self._rates().ledger(self.namespace, tenant=tenant, root_id=root_id,
-                                          limit=limit)
+                                          limit=limit, after=after, run_id=run_id,
+                                          since=since, until=until)
 
     # -- health ----------------------------------------------------------------------------
 

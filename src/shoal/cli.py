@@ -549,6 +549,10 @@ def _coordination_addresses(value: str | None) -> str | list[str] | None:
 @click.option("--tenant", default=None, metavar="NAME", help="Only what this tenant spent.")
 @click.option("--root", "root_id", default=None, metavar="RUN_ID",
               help="Only what this root run and its child runs spent.")
+@click.option("--run", "run_id", default=None, metavar="RUN_ID",
+              help="Only what this run spent.")
+@click.option("--after", default=None, type=click.IntRange(min=0), metavar="ID",
+              help="Only rows after this id: the next page starts after the last id shown.")
 @click.option("--limit", default=1000, show_default=True, type=click.IntRange(min=1),
               help="At most this many rows, oldest first.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
@@ -558,29 +562,32 @@ def _coordination_addresses(value: str | None) -> str | list[str] | None:
                    "[env SHOAL_COORDINATION].")
 @_target_options
 @click.pass_context
-def ledger(ctx: click.Context, tenant: str | None, root_id: str | None, limit: int,
-           as_json: bool, coordination: str | None, store_override: str | None,
-           namespace_override: str | None) -> None:
+def ledger(ctx: click.Context, tenant: str | None, root_id: str | None, run_id: str | None,
+           after: int | None, limit: int, as_json: bool, coordination: str | None,
+           store_override: str | None, namespace_override: str | None) -> None:
     """The cost ledger of a namespace (ctx.spend, app.spend, priced provider calls), oldest
-    first, with the total per currency. Without --namespace, the run given to --root names it."""
+    first, a page of --limit rows after --after, with the page's total per currency. Without
+    --namespace, the run given to --root (or --run) names it."""
     target = _target(ctx, store_override, namespace_override)
     coord = _coordination_addresses(coordination)
 
     async def read() -> tuple[str, list[SpendEntry]]:
         async with _opened_store(target.store) as store:
             namespace = target.namespace
-            if namespace is None and root_id is not None:
-                root = await store.get_run(root_id)
-                # another tenant's root names nothing, like one that does not exist
-                if root is not None and (tenant is None or root.tenant == tenant):
-                    namespace = root.namespace
+            named = root_id if root_id is not None else run_id
+            if namespace is None and named is not None:
+                run = await store.get_run(named)
+                # another tenant's run names nothing, like one that does not exist
+                if run is not None and (tenant is None or run.tenant == tenant):
+                    namespace = run.namespace
             if namespace is None:
                 raise click.ClickException(
                     "Which namespace? Give --namespace/-n NAME (or set SHOAL_NAMESPACE), or "
-                    "--root with the id of an existing root run.")
+                    "--root (or --run) with the id of an existing run.")
             app = App(namespace, store=store, coordination=coord)
             async with app.open():
-                return namespace, await app.ledger(tenant=tenant, root_id=root_id, limit=limit)
+                return namespace, await app.ledger(tenant=tenant, root_id=root_id,
+                                                   run_id=run_id, after=after, limit=limit)
 
     namespace, rows = _run_async(read())
     if as_json:
@@ -593,10 +600,15 @@ def ledger(ctx: click.Context, tenant: str | None, root_id: str | None, limit: i
         where += f", tenant {tenant!r}"
     if root_id is not None:
         where += f", root run {root_id}"
+    if run_id is not None:
+        where += f", run {run_id}"
+    if after is not None:
+        where += f", after id {after}"
     if not rows:
         console.print(f"No spending recorded for {escape(where)}.")
         return
     table = Table(title=f"cost ledger of {escape(where)}", title_justify="left")
+    table.add_column("id", justify="right", no_wrap=True)
     table.add_column("when", no_wrap=True)
     table.add_column("tenant")
     table.add_column("run", no_wrap=True)
@@ -606,19 +618,20 @@ def ledger(ctx: click.Context, tenant: str | None, root_id: str | None, limit: i
     totals: dict[str, list[float]] = {}
     for entry in rows:
         totals.setdefault(entry.currency, []).append(entry.amount)
-        table.add_row(_when(entry.at), escape(entry.tenant), entry.run_id or "[dim]-[/]",
+        table.add_row(str(entry.id), _when(entry.at), escape(entry.tenant),
+                      entry.run_id or "[dim]-[/]",
                       entry.root_id or "[dim]-[/]", _amount(entry.amount),
                       escape(entry.currency))
     table.add_section()
     for currency in sorted(totals):
         amounts = totals[currency]
         count = f"{len(amounts)} row{'' if len(amounts) == 1 else 's'}"
-        table.add_row("[bold]total[/]", "", f"[dim]{count}[/]", "",
+        table.add_row("", "[bold]total[/]", "", f"[dim]{count}[/]", "",
                       f"[bold]{_amount(math.fsum(amounts))}[/]", escape(currency))
     console.print(table)
     if len(rows) == limit:
-        console.print(f"[dim]Only the first {limit} rows (oldest first) are shown and added "
-                      f"up; raise --limit to see more.[/]")
+        console.print(f"[dim]A page of {limit} rows (oldest first) is shown and added up; the "
+                      f"next one: --after {rows[-1].id}[/]")
 
 
 # -- migrate ---------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ must get the memory reference's answers; and concurrent callers on several keys 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,7 +17,13 @@ import pytest
 from psycopg import sql
 
 # pytest puts this directory on sys.path (rootdir-relative "prepend" imports, no __init__.py)
-from sql_support import RATE_TABLES, check_the_ledger_filters, random_calls, use_the_rate_tables
+from sql_support import (
+    RATE_TABLES,
+    check_the_ledger_filters,
+    random_calls,
+    trim_the_exported_ledger,
+    use_the_rate_tables,
+)
 from test_postgres import URL, _open, schema  # noqa: F401 (a fixture)
 
 from shoal.coord.base import RateStore, SlotBusy, SlotGrant, SpendEntry, WindowResult
@@ -24,7 +31,7 @@ from shoal.stores._sqlfiles import migrations
 from shoal.stores.memory import MemoryStore
 from shoal.stores.postgres import PostgresStore
 from shoal.stores.postgres_rate import _Q
-from shoal.testing.rate_contract import RateContract
+from shoal.testing.rate_contract import RateContract, increasing, unwritten
 
 
 class TestPostgresRateLimits(RateContract):
@@ -79,7 +86,7 @@ async def test_a_schema_at_version_6_gets_the_rate_tables(schema: str) -> None: 
         assert {r["table_name"] for r in rows} >= RATE_TABLES
         assert await store.meter("ns", ["k"], [0.0], 0.0) == [5.0], "version 6's rows stay"
         entry = await use_the_rate_tables(store)
-        assert await store.ledger("ns", root_id="r") == [entry]
+        assert [unwritten(r) for r in await store.ledger("ns", root_id="r")] == [entry]
     finally:
         await store.close()
 
@@ -237,5 +244,112 @@ async def test_the_same_answers_as_the_memory_reference(
     store = await _open(schema)
     try:
         await random_calls(random.Random(seed), MemoryStore(), store)
+    finally:
+        await store.close()
+
+
+async def test_a_spend_waits_for_the_one_before_it_to_commit(schema: str) -> None:  # noqa: F811
+    """A spend whose row would take a larger id while an earlier one has not committed waits
+    for it (the ledger's advisory lock), so a reader never sees the later row without the
+    earlier one, and paging by id skips nothing."""
+    store = await _open(schema)
+    key = json.dumps(["shoal-rate", schema, "ledger", "ns", ""])
+    try:
+        with psycopg.connect(URL) as conn:      # a spend in flight: its lock taken, row written
+            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+            conn.execute(_Q["advisory_xact_lock"].encode(), {"key": key})
+            conn.execute("INSERT INTO cost_ledger (namespace, tenant, amount, currency, at) "
+                         "VALUES ('ns', 'first', 1, 'usd', 0)")
+            later = asyncio.create_task(store.counter_add(
+                "ns", ["c"], [1], [None], 0.0, SpendEntry("second", None, None, 1, "usd", 0.0)))
+            await asyncio.sleep(0.3)
+            assert not later.done(), "the later spend waits for the earlier one's commit"
+            assert await store.ledger("ns") == []
+            conn.commit()
+        assert (await asyncio.wait_for(later, 10)).added
+        rows = await store.ledger("ns")
+        assert [r.tenant for r in rows] == ["first", "second"] and increasing(rows)
+        # a spend in another namespace never waits for this one's ledger
+        with psycopg.connect(URL) as conn:
+            conn.execute(_Q["advisory_xact_lock"].encode(), {"key": key})
+            other = await asyncio.wait_for(store.counter_add(
+                "elsewhere", [], [], [], 0.0, SpendEntry("t", None, None, 1, "usd", 0.0)), 5)
+            assert other.added
+            conn.rollback()
+    finally:
+        await store.close()
+
+
+async def test_a_ledger_page_reads_through_an_index(schema: str) -> None:  # noqa: F811
+    """Each filter's page walks the index of its narrowest filter from `after`, not the
+    ledger: on 20,000 rows, 1,000 of them in the namespace read, a page of 10 reads 10 rows."""
+    store = await _open(schema)
+    try:
+        await store._all(
+            "INSERT INTO cost_ledger (namespace, tenant, run_id, root_id, amount, currency, at) "
+            "SELECT CASE WHEN g %% 20 = 0 THEN 'ns' ELSE 'other' END, 't' || (g / 20 %% 5), "
+            "'r' || (g / 20 %% 50), 'root' || (g / 20 %% 20), 1, 'usd', g "
+            "FROM generate_series(1, 20000) g", {}, fetch=False)
+        await store._all("ANALYZE cost_ledger", {}, fetch=False)
+        base: dict[str, Any] = {"namespace": "ns", "tenant": None, "root_id": None,
+                                "run_id": None, "after": 5000, "limit": 10, "since": None,
+                                "until": None}
+        cases = {"cost_ledger": {}, "cost_ledger_of_tenant": {"tenant": "t4"},
+                 "cost_ledger_of_root": {"root_id": "root8"},
+                 "cost_ledger_of_run": {"run_id": "r6"}}
+        with psycopg.connect(URL, autocommit=True) as conn:
+            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+            for name, extra in cases.items():
+                [[[explained]]] = conn.execute(
+                    ("EXPLAIN (ANALYZE, FORMAT JSON) " + _Q[name]).encode(), {**base, **extra}
+                ).fetchall()
+                plan = json.dumps(explained["Plan"])
+                assert "Index" in plan and "Seq Scan" not in plan and "Sort" not in plan, (
+                    name, plan)
+                found = _ledger_reads(explained["Plan"])
+                assert found and all(rows <= 10 for rows in found), (name, found)
+        rows = await store.ledger("ns", run_id="r6", after=5000, limit=10)
+        assert len(rows) == 10 and all(r.run_id == "r6" and r.id > 5000 for r in rows)
+    finally:
+        await store.close()
+
+
+def _ledger_reads(plan: dict[str, Any]) -> list[int]:
+    """The actual rows of every read of cost_ledger in an EXPLAIN (ANALYZE, FORMAT JSON)
+    plan."""
+    found = []
+    if plan.get("Relation Name") == "cost_ledger":
+        found.append(plan["Actual Rows"] + plan.get("Rows Removed by Filter", 0))
+    for child in plan.get("Plans", []):
+        found.extend(_ledger_reads(child))
+    return found
+
+
+async def test_a_schema_at_version_10_gets_the_ledger_indexes(schema: str) -> None:  # noqa: F811
+    applied = _schema_at(schema, 10, *(   # the schema as shoal left it at 10
+        "INSERT INTO cost_ledger (namespace, tenant, run_id, root_id, amount, currency, at) "
+        f"VALUES ('ns', 't', 'r{i}', NULL, {i}, 'usd', {i})" for i in range(3)))
+    assert applied == list(range(1, 11))
+    store = await _open(schema)
+    try:
+        assert await store.migrate() >= 11
+        rows = await store.ledger("ns")
+        assert [r.run_id for r in rows] == ["r0", "r1", "r2"] and increasing(rows)
+        assert await store.ledger("ns", run_id="r1") == [rows[1]]
+        assert await store.ledger("ns", after=rows[0].id, limit=1) == [rows[1]]
+        entry = SpendEntry("t", "r9", None, 1, "usd", 9)
+        await store.counter_add("ns", [], [], [], 9, entry)
+        assert [unwritten(r) for r in await store.ledger("ns", after=rows[2].id)] == [entry]
+    finally:
+        await store.close()
+
+
+async def test_an_exported_ledger_is_trimmed_and_ids_go_on(schema: str) -> None:  # noqa: F811
+    store = await _open(schema)
+    try:
+        with psycopg.connect(URL, autocommit=True) as conn:
+            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+            await trim_the_exported_ledger(store, lambda last: conn.execute(
+                "DELETE FROM cost_ledger WHERE namespace = 'ns' AND id <= %s", (last,)))
     finally:
         await store.close()

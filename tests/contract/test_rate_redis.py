@@ -1,6 +1,7 @@
 """The rate-limit contract on Redis (one server) and on Redlock (three servers, the rate limits on
-the first), plus what only Redis has to show: which keys expire and which never do, floats that
-come back exactly, and the same answers as the memory reference over random calls (servers,
+the first), plus what only Redis has to show: which keys expire, which are pruned and which never
+go, the ledger as a stream read in pages, floats that come back exactly, and the same answers as
+the memory reference over random calls (servers,
 key prefixes, and the skip without a server or failure under ``CI``: ``redis_support.py``; the
 fixtures ``prefix``, ``trio`` and ``rl_prefix``: ``conftest.py``).
 """
@@ -9,15 +10,18 @@ from __future__ import annotations
 
 import random
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from redis_support import URL, OnTheTrio, Server, opened, redlock, sync_client
 
+import shoal
 from shoal.coord.base import RateStore, SlotBusy, SlotGrant, SpendEntry, WindowResult
 from shoal.coord.redlock import Redlock
 from shoal.stores.memory import MemoryStore
 from shoal.stores.redis import RedisCoordStore
-from shoal.testing.rate_contract import NS, T0, RateContract
+from shoal.testing import VirtualClock
+from shoal.testing.rate_contract import NS, T0, RateContract, increasing, unwritten
 
 # -- one server -------------------------------------------------------------------------------
 
@@ -40,13 +44,13 @@ class TestRedisRateLimits(RateContract):
             yield s
 
     # not applicable on Redis (see _prune_is_left_to_expiries): what Redis does instead
-    async def test_prune_deletes_what_can_no_longer_matter(  # type: ignore[override]
+    async def test_prune_deletes_ended_slots_windows_and_pauses(  # type: ignore[override]
         self, rates: RateStore, prefix: str
     ) -> None:
         await _prune_is_left_to_expiries(rates, URL, prefix)
 
     async def test_prune_rates_deletes_at_most_its_limit(self, rates: RateStore) -> None:
-        await _prune_deletes_nothing(rates)
+        await _prune_leaves_windows(rates)
 
 
 def _ttls(url: str, prefix: str) -> dict[str, int]:
@@ -56,7 +60,7 @@ def _ttls(url: str, prefix: str) -> dict[str, int]:
                 for k in client.scan_iter(match=f"{prefix}:*")}
 
 
-async def test_counters_and_the_ledger_never_expire_and_the_rest_is_collected(
+async def test_what_expires_what_is_pruned_and_what_stays(
     store: RedisCoordStore, prefix: str
 ) -> None:
     hour = 3_600_000
@@ -65,22 +69,26 @@ async def test_counters_and_the_ledger_never_expire_and_the_rest_is_collected(
     await store.slot_acquire(NS, "long", "b", 2, 1, T0)       # a short lease keeps the long keep
     await store.window_add(NS, "w", 1, 7200, None, T0)
     await store.counter_add(NS, ["c"], [1], [None], T0, SpendEntry("t", None, None, 1, "usd", T0))
-    await store.pause_until(NS, "p", T0 + 30)
-    assert await store.paused_until(NS, "p", T0) == T0 + 30
+    assert await store.pause_until(NS, "p", T0 + 30, T0) == T0 + 30
     ttl = _ttls(URL, prefix)
-    assert ttl[f"{NS}:rcount:c"] == -1 and ttl[f"{NS}:ledger"] == -1, ttl
-    assert ttl[f"{NS}:rpause:p"] == -1, "no expiry while the pause may be in force"
+    for kept in ("rcount:c", "rcounters", "ledger_rows", "ledger_id"):
+        assert ttl[f"{NS}:{kept}"] == -1, (kept, ttl)        # pruned through the index, or kept
+    assert hour + 30_000 - 60_000 <= ttl[f"{NS}:rpause:p"] <= hour + 30_000, \
+        "a pause expires an hour after it ends, read or not"
     assert hour - 60_000 <= ttl[f"{NS}:rslots:s"] <= hour, ttl
     assert ttl[f"{NS}:rslots:long"] >= 10_000_000 - 60_000, ttl
     assert ttl[f"{NS}:rwz:w"] >= 14_400_000 - 60_000, ttl
     assert ttl[f"{NS}:rwt:w"] >= 14_400_000 - 60_000, ttl
-    # an ended pause is collected an hour later; a new pause is kept again
+    # an ended pause read keeps its expiry; an earlier pause changes nothing; a later one is kept
+    # with its own, longer expiry
     assert await store.paused_until(NS, "p", T0 + 30) is None
-    assert hour - 60_000 <= _ttls(URL, prefix)[f"{NS}:rpause:p"] <= hour
-    assert await store.pause_until(NS, "p", T0 + 10) == T0 + 30, "the ended pause still answers"
-    assert _ttls(URL, prefix)[f"{NS}:rpause:p"] > 0
-    assert await store.pause_until(NS, "p", T0 + 90) == T0 + 90
-    assert _ttls(URL, prefix)[f"{NS}:rpause:p"] == -1
+    assert hour + 30_000 - 60_000 <= _ttls(URL, prefix)[f"{NS}:rpause:p"] <= hour + 30_000
+    assert await store.pause_until(NS, "p", T0 + 10, T0 + 40) == T0 + 30, "it still answers"
+    assert _ttls(URL, prefix)[f"{NS}:rpause:p"] <= hour + 30_000
+    assert await store.pause_until(NS, "p", T0 + 7200, T0 + 40) == T0 + 7200
+    assert _ttls(URL, prefix)[f"{NS}:rpause:p"] >= hour + (7200 - 40) * 1000 - 60_000
+    assert await store.pause_until(NS, "ended", T0, T0 + 5) == T0      # set after its end
+    assert hour - 60_000 <= _ttls(URL, prefix)[f"{NS}:rpause:ended"] <= hour
     # a window whose entries all left, and a slot hash whose slots all ended, are deleted
     await store.window_add(NS, "w", 0, 7200, None, T0 + 7200)
     await store.slot_acquire(NS, "s", "b", 1, 60, T0 + 120)
@@ -88,6 +96,57 @@ async def test_counters_and_the_ledger_never_expire_and_the_rest_is_collected(
     ttl = _ttls(URL, prefix)
     assert f"{NS}:rwz:w" not in ttl and f"{NS}:rwt:w" not in ttl, ttl
     assert f"{NS}:rslots:s" not in ttl, ttl
+
+
+async def test_idle_counters_go_with_their_index_entries(
+    store: RedisCoordStore, prefix: str
+) -> None:
+    """prune_rates deletes a counter and its entry in the index; a counter a spend touched
+    after the index was read is checked again and stays."""
+    for i in range(3):
+        await store.counter_add(NS, [f"c{i}"], [1], [None], T0 + i)
+    with sync_client(URL) as client:
+        index = {k.decode(): v for k, v in
+                 client.zrange(f"{prefix}:{NS}:rcounters", 0, -1, withscores=True)}
+    assert index == {"c0": T0, "c1": T0 + 1, "c2": T0 + 2}
+    assert await store.prune_rates(NS, T0 + 1, 10) == 1
+    ttl = _ttls(URL, prefix)
+    assert f"{NS}:rcount:c0" not in ttl and f"{NS}:rcount:c1" in ttl, ttl
+    # the index said c1 was idle before T0 + 5; a spend touched it since
+    await store.counter_add(NS, ["c1"], [1], [None], T0 + 10)
+    got = await store._script("rate_prune_counters",
+                              [f"{prefix}:{NS}:rcounters", f"{prefix}:{NS}:rcount:c1"],
+                              [repr(T0 + 5), "c1"])
+    assert got == 0
+    assert (await store.counter_add(NS, ["c1"], [0], [None], T0 + 10)).totals == [2]
+    assert await store.prune_rates(NS, T0 + 20, 10) == 2
+    with sync_client(URL) as client:
+        assert client.zcard(f"{prefix}:{NS}:rcounters") == 0
+    assert not [k for k in _ttls(URL, prefix) if "rcount" in k]
+
+
+async def test_the_poll_prunes_idle_budget_counters_by_the_apps_clock(prefix: str) -> None:
+    """Over Redis, a poll deletes the budget counters idle for run_retention on the app's
+    (virtual) clock, as on the SQL stores; the ledger stays."""
+    clock = VirtualClock()
+    app = shoal.App("budgets", store="memory://", clock=clock, instance_id="p",
+                    coordination=RedisCoordStore(URL, prefix=prefix), run_retention=100.0)
+
+    def counters() -> list[str]:
+        return sorted(k.split(":rcount:", 1)[1] for k in _ttls(URL, prefix) if ":rcount:" in k)
+
+    async with app:
+        await app.spend(1.0, tenant="acme")
+        await clock.advance(50)
+        await app.spend(2.0, tenant="globex")
+        day = "2026-01-01"
+        assert counters() == [f"spend:tenant:acme:{day}:usd", f"spend:tenant:globex:{day}:usd"]
+        await clock.advance(70)          # acme's idle for 120 s, globex's for 70 s
+        await app.poll()
+        assert counters() == [f"spend:tenant:globex:{day}:usd"]
+        assert [r.tenant for r in await app.ledger()] == ["acme", "globex"]
+        assert await app.spent(tenant="acme") == {
+            f"the daily budget of tenant 'acme' ({day} UTC)": 0.0}
 
 
 async def test_a_window_forgets_out_of_order_entries_and_keeps_the_order(
@@ -173,7 +232,7 @@ async def test_floats_come_back_exactly(store: RedisCoordStore) -> None:
     for s in (store, ref):
         assert await s.slot_acquire(NS, "k", "a", 1, lease, now) == SlotGrant(now + lease)
         assert await s.slot_acquire(NS, "k", "b", 1, lease, now) == SlotBusy(now + lease)
-        assert await s.pause_until(NS, "p", now + lease) == now + lease
+        assert await s.pause_until(NS, "p", now + lease, now) == now + lease
         assert await s.paused_until(NS, "p", now) == now + lease
     amounts = [0.1, 0.2, 0.3, 1 / 3, 1e-9, 2, 7e15, -0.1]
     for i, amount in enumerate(amounts):
@@ -184,7 +243,7 @@ async def test_floats_come_back_exactly(store: RedisCoordStore) -> None:
         assert got_c == await ref.counter_add(NS, ["c", "c"], [amount, 1 / 7], [None, 7e15], at)
     row = SpendEntry("t", "r", None, 0.1 + 0.2, "usd", T0 + 1 / 3)
     await store.counter_add(NS, [], [], [], T0, row)
-    assert await store.ledger(NS) == [row]
+    assert [unwritten(r) for r in await store.ledger(NS)] == [row]
 
 
 async def test_namespaces_with_separators_never_meet(store: RedisCoordStore) -> None:
@@ -207,18 +266,70 @@ async def test_no_slot_to_give_is_refused_like_the_reference(store: RedisCoordSt
         await store.counter_add(NS, ["a", "b"], [1], [None, None], T0)
 
 
-async def test_a_long_ledger_is_read_in_pages(store: RedisCoordStore) -> None:
-    entries = [SpendEntry(f"t{i % 3}", f"r{i}", f"root{i % 5}", i / 10, "usd", T0 + i)
-               for i in range(1234)]
+async def test_a_long_ledger_is_read_in_pages(
+    store: RedisCoordStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pages of a ledger longer than a chunk (1,000 rows): filtered or not, pages after the last
+    id join into the whole; a filtered page reads chunks until it has its rows, no further."""
+    entries = [SpendEntry(f"t{i % 3}", f"r{i % 7}", f"root{i % 5}", i / 10, "usd", T0 + i)
+               for i in range(2345)]
     for e in entries:
         assert (await store.counter_add(NS, ["spend"], [e.amount], [None], e.at, e)).added
-    assert await store.ledger(NS, limit=5000) == entries
-    assert await store.ledger(NS) == entries[:1000]
+    whole = await store.ledger(NS, limit=5000)
+    assert [unwritten(r) for r in whole] == entries and increasing(whole)
+    assert [r.id for r in whole] == list(range(1, 2346))
+    assert await store.ledger(NS) == whole[:1000]
+    assert await store.ledger(NS, after=1500, limit=1000) == whole[1500:2345]
     assert await store.ledger(NS, tenant="t1", limit=300) == \
-        [e for e in entries if e.tenant == "t1"][:300]
-    assert await store.ledger(NS, tenant="t2", root_id="root4", limit=-1) == \
-        [e for e in entries if e.tenant == "t2" and e.root_id == "root4"][:-1]
+        [r for r in whole if r.tenant == "t1"][:300]
+    pages: list[SpendEntry] = []
+    after = None
+    while page := await store.ledger(NS, tenant="t2", root_id="root4", limit=40, after=after):
+        pages += page
+        after = page[-1].id
+    assert pages == [r for r in whole if r.tenant == "t2" and r.root_id == "root4"]
+    assert await store.ledger(NS, run_id="r3", since=T0 + 100, until=T0 + 140) == \
+        [r for r in whole if r.run_id == "r3" and T0 + 100 <= r.at < T0 + 140]
     assert await store.ledger(NS, limit=0) == []
+    client = store._redis()
+    reads: list[int] = []
+    xrange = client.xrange
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        reads.append(kwargs["count"])
+        return await xrange(*args, **kwargs)
+
+    monkeypatch.setattr(client, "xrange", counted)
+    assert len(await store.ledger(NS, tenant="t0", limit=5)) == 5
+    assert reads == [1000], "one chunk holds the page's rows"
+    reads.clear()
+    assert len(await store.ledger(NS, root_id="root1", limit=300)) == 300    # rows 1..1496
+    assert reads == [1000, 1000]
+    reads.clear()
+    assert await store.ledger(NS, after=2300, limit=10) == whole[2300:2310]
+    assert reads == [10], "without a filter, a page reads its rows only"
+
+
+async def test_an_exported_ledger_is_trimmed_and_ids_go_on(
+    store: RedisCoordStore, prefix: str
+) -> None:
+    """What the docs say to do with an exported prefix: XTRIM MINID past the last id exported;
+    pages go on from there and new rows never reuse an id, even once every row was trimmed."""
+    for i in range(5):
+        await store.counter_add(NS, [], [], [], T0, SpendEntry("t", None, None, i, "usd", T0))
+    exported = await store.ledger(NS, limit=3)
+    last = exported[-1].id
+    assert last == 3
+    with sync_client(URL) as client:
+        client.xtrim(f"{prefix}:{NS}:ledger_rows", minid=last + 1, approximate=False)
+    rest = await store.ledger(NS)
+    assert [r.amount for r in rest] == [3, 4] and rest == await store.ledger(NS, after=last)
+    with sync_client(URL) as client:
+        client.xtrim(f"{prefix}:{NS}:ledger_rows", minid=6, approximate=False)
+    assert await store.ledger(NS) == []
+    await store.counter_add(NS, [], [], [], T0, SpendEntry("t", None, None, 9, "usd", T0))
+    [new] = await store.ledger(NS, after=5)
+    assert new.id == 6 and new.amount == 9
 
 
 def test_redis_stores_and_redlock_are_rate_stores() -> None:
@@ -273,7 +384,7 @@ async def test_matches_the_memory_reference_on_random_operations(
             calls = [st.window_clear(NS, key) for st in (store, ref)]
         elif op == "pause":
             until = now + rng.choice([-1.0, 0.0, 0.5, 10.0, 30.0, 10 / 3])
-            calls = [st.pause_until(NS, key, until) for st in (store, ref)]
+            calls = [st.pause_until(NS, key, until, now) for st in (store, ref)]
         elif op == "paused":
             calls = [st.paused_until(NS, key, now) for st in (store, ref)]
         elif op == "counter":
@@ -288,7 +399,9 @@ async def test_matches_the_memory_reference_on_random_operations(
         else:
             tenant, root, top = rng.choice([None, *tenants]), rng.choice(roots), \
                 rng.choice([1000, 3, 0])
-            calls = [st.ledger(NS, tenant, root, top) for st in (store, ref)]
+            run, after = rng.choice([None, "run1"]), rng.choice([None, 0, 3, step // 20])
+            calls = [st.ledger(NS, tenant, root, top, after=after, run_id=run)
+                     for st in (store, ref)]
         got, expected = await calls[0], await calls[1]
         assert _same(got, expected), (step, op, key, got, expected)
     assert await store.ledger(NS, limit=10_000) == await ref.ledger(NS, limit=10_000)
@@ -321,13 +434,13 @@ class TestRedlockRateLimits(OnTheTrio, RateContract):
         return quorum
 
     # not applicable on Redis (see _prune_is_left_to_expiries): the same, on the first server
-    async def test_prune_deletes_what_can_no_longer_matter(  # type: ignore[override]
+    async def test_prune_deletes_ended_slots_windows_and_pauses(  # type: ignore[override]
         self, rates: RateStore, trio: list[Server], rl_prefix: str
     ) -> None:
         await _prune_is_left_to_expiries(rates, trio[0].url, rl_prefix)
 
     async def test_prune_rates_deletes_at_most_its_limit(self, rates: RateStore) -> None:
-        await _prune_deletes_nothing(rates)
+        await _prune_leaves_windows(rates)
 
 
 async def test_redlock_keeps_rate_limits_on_its_first_server(
@@ -339,48 +452,51 @@ async def test_redlock_keeps_rate_limits_on_its_first_server(
         assert isinstance(await r.slot_acquire(NS, "s", "a", 1, 60, T0), SlotGrant)
         assert await r.slot_renew(NS, "s", "a", 60, T0 + 1)
         assert (await r.window_add(NS, "w", 1, 60, None, T0)).added
-        assert await r.pause_until(NS, "p", T0 + 5) == T0 + 5
+        assert await r.pause_until(NS, "p", T0 + 5, T0) == T0 + 5
         assert await r.paused_until(NS, "p", T0) == T0 + 5
         row = SpendEntry("t", "r", "r", 1.5, "usd", T0)
         assert (await r.counter_add(NS, ["c"], [1.5], [2.0], T0, row)).added
-        assert await r.ledger(NS, tenant="t", root_id="r", limit=10) == [row]
+        [written] = await r.ledger(NS, tenant="t", root_id="r", limit=10, after=0)
+        assert unwritten(written) == row and written.id == 1
+        assert await r.ledger(NS, run_id="r", after=1) == []
         first = set(_ttls(trio[0].url, rl_prefix))
         assert first == {f"{NS}:rslots:s", f"{NS}:rwz:w", f"{NS}:rwt:w", f"{NS}:rpause:p",
-                         f"{NS}:rcount:c", f"{NS}:ledger"}, first
+                         f"{NS}:rcount:c", f"{NS}:rcounters", f"{NS}:ledger_rows",
+                         f"{NS}:ledger_id"}, first
         assert not _ttls(trio[1].url, rl_prefix) and not _ttls(trio[2].url, rl_prefix)
         await r.slot_release(NS, "s", "a")
         await r.window_clear(NS, "w")
+        assert await r.prune_rates(NS, T0 + 1, 10) == 1
         assert set(_ttls(trio[0].url, rl_prefix)) == {
-            f"{NS}:rpause:p", f"{NS}:rcount:c", f"{NS}:ledger"}
+            f"{NS}:rpause:p", f"{NS}:ledger_rows", f"{NS}:ledger_id"}
     finally:
         await r.close()
 
 
-# -- retention: Redis collects its keys by itself ----------------------------------------------
+# -- retention: Redis collects slots, windows and pauses by itself ------------------------------
 #
-# The contract's prune tests do not apply here: prune_rates deletes nothing on Redis. Slots,
-# windows and pauses carry real-time cleanup expiries; counters (rcount:) are not pruned on Redis
-# (they never expire and no index of them by updated_at is kept); the ledger is kept everywhere.
+# The contract's prune tests of slots, windows and pauses do not apply here: they carry real-time
+# cleanup expiries (a pause from the moment it is set), and prune_rates leaves them to those.
+# Counters are pruned exactly, through their index (the contract's counter tests run as they
+# are); the ledger is kept everywhere.
 
 
 async def _prune_is_left_to_expiries(rates: RateStore, url: str, prefix: str) -> None:
     await rates.slot_acquire(NS, "s", "ended", 5, 10, T0)            # lease ends T0 + 10
     await rates.window_add(NS, "w", 1, 60, None, T0)
-    await rates.pause_until(NS, "p", T0 + 15)
+    await rates.pause_until(NS, "p", T0 + 15, T0)
     await rates.counter_add(NS, ["old"], [1], [None], T0,
                             SpendEntry("t", None, None, 1, "usd", T0))
-    assert await rates.prune_rates(NS, T0 + 20, 100) == 0
-    # a pause gets its cleanup expiry when it is read after it ended (none while in force)
-    assert await rates.paused_until(NS, "p", T0 + 20) is None
+    assert await rates.prune_rates(NS, T0 + 20, 100) == 1, "the idle counter only"
     ttl = _ttls(url, prefix)
     for row in ("rslots:s", "rwz:w", "rwt:w", "rpause:p"):
         assert ttl[f"{NS}:{row}"] > 0, (row, ttl)                     # a cleanup expiry
-    assert ttl[f"{NS}:rcount:old"] == -1 and ttl[f"{NS}:ledger"] == -1, ttl
-    assert (await rates.counter_add(NS, ["old"], [0], [None], T0 + 20)).totals == [1]
+    assert f"{NS}:rcount:old" not in ttl and ttl[f"{NS}:ledger_rows"] == -1, ttl
+    assert (await rates.counter_add(NS, ["old"], [0], [None], T0 + 20)).totals == [0]
     assert len(await rates.ledger(NS)) == 1
 
 
-async def _prune_deletes_nothing(rates: RateStore) -> None:
+async def _prune_leaves_windows(rates: RateStore) -> None:
     for i in range(5):
         await rates.window_add(NS, "w", 1, 60, None, T0 + i)
     assert await rates.prune_rates(NS, T0 + 10, 2) == 0

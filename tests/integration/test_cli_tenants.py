@@ -244,7 +244,8 @@ def test_ledger_json_lists_rows_oldest_first_filtered_by_tenant_and_root(books: 
     assert [(r["tenant"], r["amount"], r["currency"]) for r in rows] == [
         ("acme", 0.1, "usd"), ("globex", 3.0, "eur"), ("acme", 1.25, "usd"),
         ("acme", 0.5, "eur"), ("acme", 0.2, "usd")]
-    assert set(rows[0]) == {"tenant", "run_id", "root_id", "amount", "currency", "at"}
+    assert set(rows[0]) == {"tenant", "run_id", "root_id", "amount", "currency", "at", "id"}
+    assert [r["id"] for r in rows] == sorted({r["id"] for r in rows})
     assert rows[0]["run_id"] is None and rows[0]["root_id"] is None
     assert rows[2]["run_id"] == rows[2]["root_id"] == books.root
     assert rows[3]["root_id"] == books.root and rows[3]["run_id"] not in (None, books.root)
@@ -266,6 +267,17 @@ def test_ledger_json_lists_rows_oldest_first_filtered_by_tenant_and_root(books: 
 
     assert [r["amount"] for r in ledger_rows(books.url, "-n", "billing", "--limit", "2")] == [
         0.1, 3.0]
+    # pages: --after the last id shown
+    paged, after = [], []
+    while page := ledger_rows(books.url, "-n", "billing", "--limit", "2", *after):
+        paged += page
+        after = ["--after", str(page[-1]["id"])]
+    assert paged == rows
+    assert ledger_rows(books.url, "-n", "billing", "--tenant", "acme", "--after",
+                       str(rows[2]["id"])) == [rows[3], rows[4]]
+    # one run's spending; the run names the namespace
+    assert ledger_rows(books.url, "--run", rows[3]["run_id"]) == [rows[3]]
+    assert ledger_rows(books.url, "-n", "billing", "--run", books.root) == [rows[2]]
     assert [(r["tenant"], r["amount"]) for r in ledger_rows(books.url, "-n", "other")] == [
         ("acme", 99.0)]
 
@@ -274,7 +286,7 @@ def test_ledger_table_has_every_row_and_a_total_per_currency(books: Books) -> No
     result = shoal_cli(books.url, "-n", "billing", "ledger")
     assert result.exit_code == 0, result.output
     out = result.stdout
-    for heading in ("when", "tenant", "run", "root", "amount", "currency"):
+    for heading in ("id", "when", "tenant", "run", "root", "amount", "currency"):
         assert heading in out
     assert books.root in out and "globex" in out and "1.25" in out
     totals = [line for line in out.splitlines() if "total" in line]
@@ -293,7 +305,11 @@ def test_ledger_table_has_every_row_and_a_total_per_currency(books: Books) -> No
 
     short = shoal_cli(books.url, "-n", "billing", "ledger", "--limit", "2")
     assert short.exit_code == 0
-    assert "Only the first 2 rows" in short.stdout
+    ids = [r["id"] for r in ledger_rows(books.url, "-n", "billing")]
+    assert "A page of 2 rows" in short.stdout and f"--after {ids[1]}" in short.stdout
+    after = shoal_cli(books.url, "-n", "billing", "ledger", "--after", str(ids[1]))
+    assert after.exit_code == 0 and f"after id {ids[1]}" in after.stdout
+    assert "0.1" not in after.stdout and "1.25" in after.stdout
 
     empty = shoal_cli(books.url, "-n", "billing", "ledger", "--tenant", "initech")
     assert empty.exit_code == 0
@@ -312,6 +328,8 @@ def test_ledger_needs_a_namespace_and_a_store_that_exists(books: Books, tmp_path
     assert missing.exit_code == 1 and "does not exist" in missing.stderr
     bad_limit = shoal_cli(books.url, "-n", "billing", "ledger", "--limit", "0")
     assert bad_limit.exit_code == 2
+    bad_after = shoal_cli(books.url, "-n", "billing", "ledger", "--after", "-1")
+    assert bad_after.exit_code == 2
     bad_coordination = shoal_cli(books.url, "-n", "billing", "ledger",
                                  "--coordination", "http://nowhere")
     assert bad_coordination.exit_code == 1

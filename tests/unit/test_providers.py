@@ -298,6 +298,28 @@ async def test_ctx_spend_is_recorded_and_shared(clock: VirtualClock, two: list[s
         await b.spend(-1)
 
 
+async def test_the_ledger_reads_on_page_by_page(clock: VirtualClock, two: list[shoal.App]) -> None:
+    """Two replicas spend, many rows at one time; a reader paging with after=the last id gets
+    every row once, in the order written, rows written between pages included."""
+    a, b = two
+    for i in range(7):
+        await (a, b)[i % 2].spend(0.5, tenant=f"t{i % 2}")
+    first = await b.ledger(limit=3)
+    await a.spend(9.0, tenant="late")
+    rows = list(first)
+    while page := await a.ledger(after=rows[-1].id, limit=3):
+        rows += page
+    assert [r.amount for r in rows] == [0.5] * 7 + [9.0]
+    assert [r.id for r in rows] == sorted({r.id for r in rows})
+    assert {r.at for r in rows} == {clock.now()}
+    assert await b.ledger(tenant="t1", after=rows[0].id) == [r for r in rows if r.tenant == "t1"]
+    assert await b.ledger(since=clock.now() + 1) == []
+    assert await b.ledger(until=clock.now()) == []
+    for bad in ({"limit": -1}, {"limit": 1.5}, {"after": "3"}, {"after": True}):
+        with pytest.raises(ValueError, match=r"app\.ledger"):
+            await b.ledger(**bad)  # type: ignore[arg-type]
+
+
 # -- tenants ----------------------------------------------------------------------------------
 
 

@@ -265,7 +265,11 @@ class CounterResult:
 
 @dataclass(frozen=True)
 class SpendEntry:
-    """One row of the cost ledger: who spent what, where, when."""
+    """One row of the cost ledger: who spent what, where, when (``at``: the app's clock).
+
+    ``id`` is given by the store when the row is written (None on an entry not written yet):
+    strictly increasing within a namespace, in the order rows become visible to readers, never
+    reused, so ``ledger(after=rows[-1].id)`` reads on without a gap or a repeat."""
 
     tenant: str
     run_id: str | None
@@ -273,6 +277,7 @@ class SpendEntry:
     amount: float
     currency: str
     at: float
+    id: int | None = None
 
 
 @runtime_checkable
@@ -328,9 +333,10 @@ class RateStore(Protocol):
         """Forget every entry of ``key``."""
         ...
 
-    async def pause_until(self, namespace: str, key: str, until: float) -> float:
+    async def pause_until(self, namespace: str, key: str, until: float, now: float) -> float:
         """Pause ``key`` until ``until`` unless it is already paused until later; return the
-        pause in force."""
+        pause in force. ``now`` is when the pause is set (a store whose keys expire by themselves
+        gives the pause a cleanup expiry from it, so a pause never read again still goes)."""
         ...
 
     async def paused_until(self, namespace: str, key: str, now: float) -> float | None:
@@ -349,15 +355,22 @@ class RateStore(Protocol):
         """Add ``amounts[i]`` to counter ``keys[i]`` (a new counter starts at 0) for every i,
         all or nothing: refused (nothing added, ``entry`` not written) if some positive amount
         would take its counter above ``limits[i]`` (None: no limit). When added, ``entry`` (if
-        any) is appended to the cost ledger in the same operation. ``now`` is the counters'
-        ``updated_at`` (for pruning). A read passes amounts of 0."""
+        any) is appended to the cost ledger in the same operation, with the next id of the
+        namespace (its own ``id`` is ignored). ``now`` is the counters' ``updated_at`` (for
+        pruning). A read passes amounts of 0."""
         ...
 
     async def ledger(
         self, namespace: str, tenant: str | None = None, root_id: str | None = None,
-        limit: int = 1000,
+        limit: int = 1000, *, after: int | None = None, run_id: str | None = None,
+        since: float | None = None, until: float | None = None,
     ) -> list[SpendEntry]:
-        """Ledger rows, oldest first, filtered by tenant and/or root when given."""
+        """At most ``limit`` ledger rows with ``id > after`` (every row when None), in id order
+        (oldest first), that match every filter given: ``tenant``, ``root_id``, ``run_id``
+        (equal) and ``since <= at < until``. Each row has its ``id``; the next page is
+        ``after=rows[-1].id``. A store reads by an index for tenant, root and run; ``at`` is
+        each writer's clock, not in id order, so ``since``/``until`` filter the rows read in
+        id order (a page reads until it has ``limit`` rows or reaches the end)."""
         ...
 
     async def prune_rates(self, namespace: str, before: float, limit: int) -> int:
@@ -365,5 +378,6 @@ class RateStore(Protocol):
         ``before``, window entries dated at or before ``before`` (with their windows' totals
         when nothing is left), pauses that ended by ``before``, counters last updated before
         ``before``. The ledger stays (it is the record of what was spent). Returns how many
-        were deleted. A store whose keys expire by themselves (Redis) may delete nothing."""
+        were deleted. A store whose keys expire by themselves (Redis) may leave slots, windows
+        and pauses to their expiries, and counts only what it deleted."""
         ...

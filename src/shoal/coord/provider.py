@@ -600,13 +600,13 @@ class Provider:
         opened, closed = await self._circuit(now)
         if opened > closed:     # tripped: only the trial of this opening decides
             if taken.trial and taken.generation == opened:
-                until = await rates.pause_until(ns, k["open"], now + self.breaker.cooldown)
+                until = await rates.pause_until(ns, k["open"], now + self.breaker.cooldown, now)
                 log.warning("provider.circuit_open: %s: the trial call failed; until %s",
                             self.name, until, extra={"event": "provider.circuit_open"})
             return
         if failures.total < self.breaker.failures:
             return      # a trial of an opening that a later trial already closed
-        until = await rates.pause_until(ns, k["open"], now + self.breaker.cooldown)
+        until = await rates.pause_until(ns, k["open"], now + self.breaker.cooldown, now)
         await rates.counter_add(ns, [k["opened"]], [1.0], [closed + 1], now)
         log.warning("provider.circuit_open: %s after %g failures in %g s; until %s",
                     self.name, failures.total, self.breaker.window, until,
@@ -801,7 +801,7 @@ class ProviderCall:
         p = self.provider
         assert self._retry_after is not None
         until = await p._rates().pause_until(p.namespace, p.keys["cooldown"],
-                                             now + self._retry_after)
+                                             now + self._retry_after, now)
         log.warning("provider.rate_limited: %s paused until %s for every replica",
                     p.name, until, extra={"event": "provider.rate_limited"})
 

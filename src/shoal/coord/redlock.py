@@ -219,8 +219,8 @@ class Redlock:
     async def window_clear(self, namespace: str, key: str) -> None:
         await self.stores[0].window_clear(namespace, key)
 
-    async def pause_until(self, namespace: str, key: str, until: float) -> float:
-        return await self.stores[0].pause_until(namespace, key, until)
+    async def pause_until(self, namespace: str, key: str, until: float, now: float) -> float:
+        return await self.stores[0].pause_until(namespace, key, until, now)
 
     async def paused_until(self, namespace: str, key: str, now: float) -> float | None:
         return await self.stores[0].paused_until(namespace, key, now)
@@ -238,9 +238,11 @@ class Redlock:
 
     async def ledger(
         self, namespace: str, tenant: str | None = None, root_id: str | None = None,
-        limit: int = 1000,
+        limit: int = 1000, *, after: int | None = None, run_id: str | None = None,
+        since: float | None = None, until: float | None = None,
     ) -> list[SpendEntry]:
-        return await self.stores[0].ledger(namespace, tenant, root_id, limit)
+        return await self.stores[0].ledger(namespace, tenant, root_id, limit, after=after,
+                                           run_id=run_id, since=since, until=until)
 
     async def prune_rates(self, namespace: str, before: float, limit: int) -> int:
         return await self.stores[0].prune_rates(namespace, before, limit)

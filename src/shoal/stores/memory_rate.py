@@ -7,6 +7,7 @@ loop. :class:`~shoal.stores.memory.MemoryStore` inherits it.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -25,6 +26,11 @@ def _at(entry: tuple[float, float]) -> float:
     return entry[0]
 
 
+def _id(entry: SpendEntry) -> int:
+    assert entry.id is not None
+    return entry.id
+
+
 class MemoryRateLimits:
     """Slots, windows, pauses, counters and the cost ledger in this process's memory."""
 
@@ -33,7 +39,7 @@ class MemoryRateLimits:
         self._windows: dict[tuple[str, str], _Window] = {}
         self._rate_pauses: dict[tuple[str, str], float] = {}
         self._counters: dict[tuple[str, str], tuple[float, float]] = {}  # total, updated_at
-        self._ledger: list[tuple[str, SpendEntry]] = []
+        self._ledger: dict[str, list[SpendEntry]] = {}                  # in id order
 
     # -- slots ---------------------------------------------------------------------------------
 
@@ -95,7 +101,7 @@ class MemoryRateLimits:
 
     # -- pauses --------------------------------------------------------------------------------
 
-    async def pause_until(self, namespace: str, key: str, until: float) -> float:
+    async def pause_until(self, namespace: str, key: str, until: float, now: float) -> float:
         kept = max(self._rate_pauses.get((namespace, key), until), until)
         self._rate_pauses[(namespace, key)] = kept
         return kept
@@ -127,17 +133,28 @@ class MemoryRateLimits:
         for key, total in running.items():
             self._counters[(namespace, key)] = (total, now)
         if entry is not None:
-            self._ledger.append((namespace, entry))
+            rows = self._ledger.setdefault(namespace, [])
+            rows.append(dataclasses.replace(entry, id=_id(rows[-1]) + 1 if rows else 1))
         return CounterResult(True, after)
 
     async def ledger(
         self, namespace: str, tenant: str | None = None, root_id: str | None = None,
-        limit: int = 1000,
+        limit: int = 1000, *, after: int | None = None, run_id: str | None = None,
+        since: float | None = None, until: float | None = None,
     ) -> list[SpendEntry]:
-        rows = [e for ns, e in self._ledger if ns == namespace
-                and (tenant is None or e.tenant == tenant)
-                and (root_id is None or e.root_id == root_id)]
-        return rows[:limit]
+        rows = self._ledger.get(namespace, [])
+        start = 0 if after is None else bisect.bisect_right(rows, after, key=_id)
+        found: list[SpendEntry] = []
+        for e in rows[start:]:
+            if len(found) >= limit:
+                break
+            if ((tenant is None or e.tenant == tenant)
+                    and (root_id is None or e.root_id == root_id)
+                    and (run_id is None or e.run_id == run_id)
+                    and (since is None or e.at >= since)
+                    and (until is None or e.at < until)):
+                found.append(e)
+        return found
 
     # -- retention -----------------------------------------------------------------------------
 

@@ -13,7 +13,11 @@ they are held, read and write (a window: the entries leaving, then the add):
   whose hashes collide only wait for each other);
 - counters: their rows, created at 0 if missing, locked in "C" order of their keys, as the
   meters are (so two spends sharing counters never wait for each other in a cycle);
-- a pause: one upsert, which locks its row itself.
+- a pause: one upsert, which locks its row itself;
+- the cost ledger: a spend's row takes its id under an advisory transaction lock of the
+  namespace's ledger, taken after the counters' row locks and held until the commit, so a
+  namespace's rows commit in id order and a reader paging with ``after`` never passes a row that
+  commits later with a smaller id (the spends of one namespace commit one at a time).
 
 ``queries.sql`` (under ``-- rate limits``) explains each statement.
 """
@@ -114,7 +118,7 @@ class PostgresRateLimits:
 
     # -- pauses --------------------------------------------------------------------------------
 
-    async def pause_until(self, namespace: str, key: str, until: float) -> float:
+    async def pause_until(self, namespace: str, key: str, until: float, now: float) -> float:
         [row] = await self._rate_run([(_Q["rate_pause_until"], {
             "namespace": namespace, "key": key, "until": float(until)})])
         kept: float = row["until"]
@@ -147,9 +151,11 @@ class PostgresRateLimits:
         if entry is not None:
             args.update(tenant=entry.tenant, run_id=entry.run_id, root_id=entry.root_id,
                         amount=float(entry.amount), currency=entry.currency, at=float(entry.at))
-        rows = await self._rate_run([(_Q["rate_counter_keys_create"], args),
-                                     (_Q["rate_counter_keys"], args),
-                                     (_Q["rate_counter_add"], args)])
+        steps = [(_Q["rate_counter_keys_create"], args), (_Q["rate_counter_keys"], args)]
+        if entry is not None:   # after the counters' locks, as every spend takes them
+            steps.append(self._rate_lock("ledger", namespace, ""))
+        steps.append((_Q["rate_counter_add"], args))
+        rows = await self._rate_run(steps)
         over = rows[0]["over"] if rows else None
         if over is not None:
             return CounterResult(False, [r["before"] for r in rows], over - 1)   # 1-based
@@ -157,16 +163,21 @@ class PostgresRateLimits:
 
     async def ledger(
         self, namespace: str, tenant: str | None = None, root_id: str | None = None,
-        limit: int = 1000,
+        limit: int = 1000, *, after: int | None = None, run_id: str | None = None,
+        since: float | None = None, until: float | None = None,
     ) -> list[SpendEntry]:
-        # one statement per filter, each with its index (a root is the narrower of the two)
-        query = (_Q["cost_ledger_of_root"] if root_id is not None
+        # one statement per narrowest filter, each walking its index from `after`
+        query = (_Q["cost_ledger_of_run"] if run_id is not None
+                 else _Q["cost_ledger_of_root"] if root_id is not None
                  else _Q["cost_ledger_of_tenant"] if tenant is not None
                  else _Q["cost_ledger"])
-        rows = await self._rate_run([(query, {"namespace": namespace, "tenant": tenant,
-                                              "root_id": root_id, "limit": limit})])
+        rows = await self._rate_run([(query, {
+            "namespace": namespace, "tenant": tenant, "root_id": root_id, "run_id": run_id,
+            "after": 0 if after is None else int(after), "limit": int(limit),
+            "since": None if since is None else float(since),
+            "until": None if until is None else float(until)})])
         return [SpendEntry(r["tenant"], r["run_id"], r["root_id"], r["amount"], r["currency"],
-                           r["at"]) for r in rows]
+                           r["at"], r["id"]) for r in rows]
 
     # -- retention -----------------------------------------------------------------------------
 

@@ -65,7 +65,7 @@ T = TypeVar("T")
 
 _SCRIPTS = ("lock_acquire", "lock_renew", "lock_release", "raise_fence", "heartbeat", "meter",
             "rate_slot_acquire", "rate_slot_renew", "rate_window_add", "rate_pause_until",
-            "rate_paused_until", "rate_counter_add")
+            "rate_paused_until", "rate_counter_add", "rate_prune_counters")
 _UNREACHABLE = (
     RedisConnectionError, RedisTimeoutError, ReadOnlyError, OutOfMemoryError, OSError, TimeoutError
 )
@@ -552,10 +552,26 @@ class RedisCoordStore:
     #                                                                     lease, an hour at least)
     #   {prefix}:{ns}:rwz:{key}      zset    '<seq> <amount>' by at       cleanup expiry (>= 2 x
     #   {prefix}:{ns}:rwt:{key}      hash    total, seq                   window, an hour at least)
-    #   {prefix}:{ns}:rpause:{key}   string  the end of the pause         cleanup expiry of an
-    #                                                                     hour once it has ended
-    #   {prefix}:{ns}:rcount:{key}   hash    total, updated_at            never expires
-    #   {prefix}:{ns}:ledger         list    JSON rows, oldest first      never expires
+    #   {prefix}:{ns}:rpause:{key}   string  the end of the pause         cleanup expiry: the
+    #                                                                     pause, then an hour
+    #   {prefix}:{ns}:rcount:{key}   hash    total, updated_at            pruned (prune_rates)
+    #   {prefix}:{ns}:rcounters      zset    counter key -> updated_at    its entries pruned
+    #   {prefix}:{ns}:ledger_rows    stream  '<id>-0' -> row (JSON)       never expires
+    #   {prefix}:{ns}:ledger_id      string  the last ledger id           never expires
+    #
+    # Counters are pruned exactly, by the app's clock, as the SQL stores prune them: each spend
+    # writes its counters' updated_at into the namespace's index (rcounters) in the same script,
+    # and prune_rates reads the idlest from the index (a range by score, O(log n + batch)) and
+    # deletes those still idle in one script. A real-time expiry would need the app's retention
+    # in the store and would not follow a VirtualClock.
+    #
+    # The ledger is a stream whose entry ids are the ledger ids ('<id>-0', the id from the
+    # INCR of ledger_id in the script that writes the row), so a page after an id is one XRANGE
+    # from 'after + 1' (O(log n + page)), rows are stored compactly, and an exported prefix can be
+    # trimmed with XTRIM MINID or XDEL; ids keep increasing after a trim (ledger_id stays). A
+    # filtered page reads the stream in chunks from 'after' on the client, until it has 'limit'
+    # matches or reaches the end: Redis keeps no index by tenant, root or run. The ledger of the
+    # layout before (a list under 'ledger') is not read.
     #
     # A window is a sorted set of its entries by time beside a running total (the memory
     # reference's layout): the entries leaving are a range by score, read, subtracted and removed,
@@ -613,9 +629,10 @@ class RedisCoordStore:
 
         await self._call(run)
 
-    async def pause_until(self, namespace: str, key: str, until: float) -> float:
+    async def pause_until(self, namespace: str, key: str, until: float, now: float) -> float:
         got = await self._script(
-            "rate_pause_until", [f"{self._base(namespace)}:rpause:{key}"], [_num(until)])
+            "rate_pause_until", [f"{self._base(namespace)}:rpause:{key}"],
+            [_num(until), _num(now), _keep_ms(0.0)])
         return float(_text(got))
 
     async def paused_until(self, namespace: str, key: str, now: float) -> float | None:
@@ -637,46 +654,73 @@ class RedisCoordStore:
             raise ValueError(f"counter_add: {len(keys)} keys, {len(amounts)} amounts and "
                              f"{len(limits)} limits; one of each per position")
         base = self._base(namespace)
-        args = [_num(now), "" if entry is None else self._ledger_row(entry)]
+        counter = f"{base}:rcount:"
+        args = [_num(now), "" if entry is None else self._ledger_row(entry),
+                str(len(counter.encode()))]
         for amount, limit in zip(amounts, limits, strict=True):
             args += [_num(amount), "-" if limit is None else _num(limit)]
         got = await self._script(
-            "rate_counter_add", [f"{base}:ledger", *(f"{base}:rcount:{k}" for k in keys)], args)
+            "rate_counter_add", [f"{base}:ledger_rows", f"{base}:ledger_id", f"{base}:rcounters",
+                                 *(counter + k for k in keys)], args)
         added, over, *totals = got
         return CounterResult(bool(int(added)), [float(_text(t)) for t in totals],
-                             None if int(over) < 0 else int(over))
+                             None if int(added) else int(over))
 
     async def ledger(
         self, namespace: str, tenant: str | None = None, root_id: str | None = None,
-        limit: int = 1000,
+        limit: int = 1000, *, after: int | None = None, run_id: str | None = None,
+        since: float | None = None, until: float | None = None,
     ) -> list[SpendEntry]:
-        name = f"{self._base(namespace)}:ledger"
+        """Reads the stream from ``after`` in chunks (one XRANGE each) until ``limit`` rows
+        match or the stream ends: a filter is checked here, on every row read."""
+        name = f"{self._base(namespace)}:ledger_rows"
+        filtered = any(f is not None for f in (tenant, root_id, run_id, since, until))
         rows: list[SpendEntry] = []
-        start, page = 0, 500
-        while limit < 0 or len(rows) < limit:
+        start = 0 if after is None else int(after)
+        while len(rows) < limit:
+            count = min(limit - len(rows), 1000) if not filtered else 1000
 
-            async def run(client: Redis, start: int = start) -> list[Any]:
-                return list(await client.lrange(name, start, start + page - 1))
+            async def run(client: Redis, first: int = start + 1, count: int = count) -> Any:
+                return await client.xrange(name, f"{first}-0", "+", count=count)
 
             chunk = await self._call(run)
-            for raw in chunk:
-                e = self._ledger_entry(_text(raw))
-                if (tenant is None or e.tenant == tenant) and (
-                        root_id is None or e.root_id == root_id):
+            for stream_id, fields in chunk:
+                start = int(_text(stream_id).split("-", 1)[0])
+                e = self._ledger_entry(_text(fields["row"]), start)
+                if ((tenant is None or e.tenant == tenant)
+                        and (root_id is None or e.root_id == root_id)
+                        and (run_id is None or e.run_id == run_id)
+                        and (since is None or e.at >= since)
+                        and (until is None or e.at < until)):
                     rows.append(e)
-            if len(chunk) < page:
+                    if len(rows) == limit:
+                        break
+            if len(chunk) < count:
                 break
-            start += page
-        return rows[:limit]
+        return rows
 
     async def prune_rates(self, namespace: str, before: float, limit: int) -> int:
-        """Nothing to delete: slots, windows (entries and total) and pauses carry a real-time
-        cleanup expiry (see the key table above) that ends them once nobody uses them (a pause
-        gets its expiry when it is read after it ended: one never read again stays). Counters
-        (``rcount:``) are not pruned on Redis: they never expire and no index of them by
-        ``updated_at`` is kept, so finding the idle ones would mean scanning the keyspace; the
-        ledger is kept on every store (it is the record of what was spent). Returns 0."""
-        return 0
+        """Counters last updated before ``before``, at most ``limit``, found through the
+        namespace's index (see the key table above) and checked again as they are deleted.
+        Slots, windows (entries and total) and pauses are left to their real-time cleanup
+        expiries; the ledger is kept on every store (it is the record of what was spent).
+        Returns how many counters were deleted."""
+        if limit <= 0:
+            return 0
+        base = self._base(namespace)
+        index = f"{base}:rcounters"
+
+        async def idle(client: Redis) -> list[Any]:
+            return list(await client.zrangebyscore(index, "-inf", f"({_num(before)}",
+                                                   start=0, num=limit))
+
+        found = [_text(k) for k in await self._call(idle)]
+        if not found:
+            return 0
+        got = await self._script("rate_prune_counters",
+                                 [index, *(f"{base}:rcount:{k}" for k in found)],
+                                 [_num(before), *found])
+        return int(got)
 
     @staticmethod
     def _ledger_row(e: SpendEntry) -> str:
@@ -685,6 +729,6 @@ class RedisCoordStore:
                           separators=(",", ":"))
 
     @staticmethod
-    def _ledger_entry(row: str) -> SpendEntry:
+    def _ledger_entry(row: str, id: int) -> SpendEntry:
         tenant, run_id, root_id, amount, currency, at = json.loads(row)
-        return SpendEntry(tenant, run_id, root_id, amount, currency, at)
+        return SpendEntry(tenant, run_id, root_id, amount, currency, at, id)

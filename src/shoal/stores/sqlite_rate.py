@@ -104,7 +104,7 @@ class SQLiteRateLimits:
 
     # -- pauses --------------------------------------------------------------------------------
 
-    async def pause_until(self, namespace: str, key: str, until: float) -> float:
+    async def pause_until(self, namespace: str, key: str, until: float, now: float) -> float:
         async with self._tx() as db:
             kept: float = db.execute(_Q["rate_pause_until"], {
                 "namespace": namespace, "key": key, "until": until}).fetchone()[0]
@@ -158,18 +158,24 @@ class SQLiteRateLimits:
 
     async def ledger(
         self, namespace: str, tenant: str | None = None, root_id: str | None = None,
-        limit: int = 1000,
+        limit: int = 1000, *, after: int | None = None, run_id: str | None = None,
+        since: float | None = None, until: float | None = None,
     ) -> list[SpendEntry]:
-        # one statement per filter, each with its index (a root is the narrower of the two)
-        query = (_Q["cost_ledger_of_root"] if root_id is not None
+        # one statement per narrowest filter, each walking its index from `after`
+        query = (_Q["cost_ledger_of_run"] if run_id is not None
+                 else _Q["cost_ledger_of_root"] if root_id is not None
                  else _Q["cost_ledger_of_tenant"] if tenant is not None
                  else _Q["cost_ledger"])
         args: dict[str, Any] = {"namespace": namespace, "tenant": tenant, "root_id": root_id,
-                                "limit": limit}
-        rows = self._db.execute(query, args).fetchall()
+                                "run_id": run_id, "since": since, "until": until,
+                                "after": 0 if after is None else int(after), "limit": limit}
+        cur = self._db.execute(query, args)
+        try:
+            rows = cur.fetchall()
+        finally:
+            cur.close()     # no read snapshot left open
         return [SpendEntry(r["tenant"], r["run_id"], r["root_id"], r["amount"], r["currency"],
-                           r["at"]) for r in rows]
-
+                           r["at"], r["id"]) for r in rows]
 
     # -- retention -----------------------------------------------------------------------------
 

@@ -3,12 +3,19 @@
 Subclass :class:`RateContract` in a pytest module and provide two async fixtures: ``rates``, an
 opened, empty store, and ``other``, a second opened handle to the *same* data (for an in-process
 store, the same object). Times are passed as ``now``; the suite needs no clock.
+
+A store whose slots, windows and pauses expire by themselves (Redis) overrides the two tests
+that prune them (``test_prune_deletes_ended_slots_windows_and_pauses`` and
+``test_prune_rates_deletes_at_most_its_limit``) with what it does instead; every store prunes
+idle counters exactly, by ``now``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
+from typing import Any
 
 import pytest
 
@@ -136,11 +143,11 @@ class RateContract:
 
     async def test_a_later_pause_is_kept(self, rates: RateStore, other: RateStore) -> None:
         assert await rates.paused_until(NS, "p:cooldown", T0) is None
-        assert await rates.pause_until(NS, "p:cooldown", T0 + 30) == T0 + 30
-        assert await other.pause_until(NS, "p:cooldown", T0 + 10) == T0 + 30
+        assert await rates.pause_until(NS, "p:cooldown", T0 + 30, T0) == T0 + 30
+        assert await other.pause_until(NS, "p:cooldown", T0 + 10, T0 + 1) == T0 + 30
         assert await other.paused_until(NS, "p:cooldown", T0 + 29) == T0 + 30
         assert await rates.paused_until(NS, "p:cooldown", T0 + 30) is None
-        assert await rates.pause_until(NS, "p:cooldown", T0 + 90) == T0 + 90
+        assert await rates.pause_until(NS, "p:cooldown", T0 + 90, T0 + 31) == T0 + 90
         assert await rates.paused_until("elsewhere", "p:cooldown", T0) is None
 
     # -- counters and the ledger ---------------------------------------------------------------
@@ -173,10 +180,95 @@ class RateContract:
         refused = await rates.counter_add(NS, ["a"], [5], [1], T0 + 2,
                                           SpendEntry("t1", "r1", "r1", 5, "usd", T0 + 2))
         assert not refused.added
-        assert await rates.ledger(NS) == [e1, e2]
-        assert await other.ledger(NS, tenant="t2") == [e2]
-        assert await other.ledger(NS, root_id="r1") == [e1]
+        rows = await rates.ledger(NS)
+        assert [unwritten(r) for r in rows] == [e1, e2]
+        assert rows[0].id is not None and rows[1].id is not None and rows[0].id < rows[1].id
+        assert await other.ledger(NS, tenant="t2") == [rows[1]]
+        assert await other.ledger(NS, root_id="r1") == [rows[0]]
+        assert await other.ledger(NS, run_id="r2") == [rows[1]]
         assert await rates.ledger("elsewhere") == []
+
+    async def test_the_ledger_pages_by_id_without_gaps_or_repeats(
+        self, rates: RateStore, other: RateStore
+    ) -> None:
+        """Rows written through two handles, many at the same time, several in one call each:
+        ids strictly increase in the order written; pages after the last id read seen join
+        into the whole ledger, rows written between two pages included."""
+        written = [SpendEntry(f"t{i % 2}", f"r{i % 3}", f"root{i % 4}", i / 4, "usd",
+                              T0 + i // 5) for i in range(23)]
+        for i, e in enumerate(written[:17]):
+            await (rates, other)[i % 2].counter_add(NS, ["c"], [e.amount], [None], e.at, e)
+        whole = await rates.ledger(NS)
+        assert [unwritten(r) for r in whole] == written[:17]
+        assert increasing(whole)
+        pages: list[list[SpendEntry]] = []
+        after = None
+        while True:
+            page = await (rates, other)[len(pages) % 2].ledger(NS, limit=5, after=after)
+            assert len(page) <= 5
+            if not page:
+                break
+            pages.append(page)
+            after = page[-1].id
+            if len(pages) == 2:      # rows written while the ledger is being read
+                for e in written[17:]:
+                    await rates.counter_add(NS, ["c"], [e.amount], [None], e.at, e)
+        assert [unwritten(r) for page in pages for r in page] == written
+        assert [len(p) for p in pages] == [5, 5, 5, 5, 3]
+        assert await rates.ledger(NS, after=after) == []
+        assert await rates.ledger(NS, after=0) == await rates.ledger(NS)
+        assert await rates.ledger(NS, limit=0) == []
+        assert await rates.ledger("elsewhere", after=0) == []
+
+    async def test_ledger_filters_page_too(self, rates: RateStore) -> None:
+        written = [SpendEntry(f"t{i % 2}", f"r{i % 3}", f"root{i % 4}" if i % 5 else None,
+                              1.0, "usd", T0 + i // 3) for i in range(40)]
+        for e in written:
+            await rates.counter_add(NS, [], [], [], e.at, e)
+        whole = await rates.ledger(NS)
+        filters: list[dict[str, Any]] = [
+            {"tenant": "t1"}, {"root_id": "root2"}, {"run_id": "r0"},
+            {"tenant": "t0", "root_id": "root2"}, {"tenant": "t1", "run_id": "r2"},
+            {"run_id": "r1", "root_id": "root3"}, {"since": T0 + 4}, {"until": T0 + 7},
+            {"since": T0 + 2, "until": T0 + 9, "tenant": "t0"},
+            {"since": T0 + 5, "until": T0 + 5}, {"tenant": "nobody"}]
+        for f in filters:
+            expected = [r for r in whole if _matches(r, **f)]
+            assert await rates.ledger(NS, limit=1000, **f) == expected, f
+            pages: list[SpendEntry] = []
+            after = None
+            while page := await rates.ledger(NS, limit=3, after=after, **f):
+                assert len(page) <= 3
+                pages += page
+                after = page[-1].id
+            assert pages == expected, f
+
+    async def test_concurrent_spends_get_ids_in_the_order_readers_see(
+        self, rates: RateStore, other: RateStore
+    ) -> None:
+        """Spends on unrelated counters from two handles at once, read while they are written:
+        a reader paging from the last id it saw ends with every row, each once."""
+        seen: list[SpendEntry] = []
+        after: int | None = None
+        reading = asyncio.Lock()     # one reader, reading on from where it stopped
+
+        async def read() -> None:
+            nonlocal after
+            async with reading:
+                while page := await rates.ledger(NS, limit=4, after=after):
+                    seen.extend(page)
+                    after = page[-1].id
+
+        async def spend(i: int) -> None:
+            store = (rates, other)[i % 2]
+            await store.counter_add(NS, [f"own{i}"], [1], [None], T0,
+                                    SpendEntry(f"t{i % 3}", f"r{i}", None, 1, "usd", T0))
+            await read()
+
+        await asyncio.gather(*(spend(i) for i in range(24)))
+        await read()
+        assert sorted(e.run_id or "" for e in seen) == sorted(f"r{i}" for i in range(24))
+        assert increasing(seen)
 
     async def test_concurrent_spends_never_pass_a_limit(
         self, rates: RateStore, other: RateStore
@@ -194,26 +286,46 @@ class RateContract:
 
     # -- retention -----------------------------------------------------------------------------
 
-    async def test_prune_deletes_what_can_no_longer_matter(self, rates: RateStore) -> None:
+    async def test_prune_deletes_idle_counters(self, rates: RateStore, other: RateStore) -> None:
+        """Counters last updated (a spend or a read) before ``before`` go, by the app's clock;
+        a counter pruned counts again from 0; the ledger stays."""
+        await rates.counter_add(NS, ["old", "read"], [1, 1], [None, None], T0,
+                                SpendEntry("t", None, None, 1, "usd", T0))
+        await other.counter_add(NS, ["new"], [1], [None], T0 + 30)
+        await rates.counter_add(NS, ["read"], [0], [None], T0 + 25)     # a read keeps it
+        await rates.counter_add("elsewhere", ["old"], [1], [None], T0)
+        assert await other.prune_rates(NS, T0, 100) == 0, "updated at T0 is not before T0"
+        assert await rates.prune_rates(NS, T0 + 20, 100) == 1
+        assert await other.prune_rates(NS, T0 + 20, 100) == 0
+        got = await rates.counter_add(NS, ["old", "new", "read"], [0, 0, 0], [None] * 3, T0 + 31)
+        assert got.totals == [0, 1, 1]
+        assert (await rates.counter_add("elsewhere", ["old"], [0], [None], T0)).totals == [1]
+        assert len(await rates.ledger(NS)) == 1, "the ledger is kept"
+
+    async def test_prune_deletes_at_most_its_limit_of_counters(self, rates: RateStore) -> None:
+        for i in range(5):
+            await rates.counter_add(NS, [f"c{i}"], [1], [None], T0 + i)
+        await rates.counter_add(NS, ["live"], [1], [None], T0 + 100)
+        assert await rates.prune_rates(NS, T0 + 10, 2) == 2
+        assert await rates.prune_rates(NS, T0 + 10, 10) == 3
+        assert await rates.prune_rates(NS, T0 + 10, 10) == 0
+        got = await rates.counter_add(NS, ["c0", "c4", "live"], [0, 0, 0], [None] * 3, T0 + 101)
+        assert got.totals == [0, 0, 1]
+
+    async def test_prune_deletes_ended_slots_windows_and_pauses(self, rates: RateStore) -> None:
         await rates.slot_acquire(NS, "s", "ended", 5, 10, T0)            # lease ends T0 + 10
         await rates.slot_acquire(NS, "s", "live", 5, 1000, T0)
         await rates.window_add(NS, "w", 1, 60, None, T0)
         await rates.window_add(NS, "w", 1, 60, None, T0 + 30)
-        await rates.pause_until(NS, "p", T0 + 15)
-        await rates.counter_add(NS, ["old"], [1], [None], T0,
-                                SpendEntry("t", None, None, 1, "usd", T0))
+        await rates.pause_until(NS, "p", T0 + 15, T0)
         await rates.counter_add(NS, ["new"], [1], [None], T0 + 30)
-        await rates.counter_add("elsewhere", ["old"], [1], [None], T0)
-        # slot "ended", the window's entry of T0, the pause, counter "old"
-        assert await rates.prune_rates(NS, T0 + 20, 100) == 4
+        # slot "ended", the window's entry of T0, the pause
+        assert await rates.prune_rates(NS, T0 + 20, 100) == 3
         assert await rates.prune_rates(NS, T0 + 20, 100) == 0
         wide = await rates.window_add(NS, "w", 0, 1000, None, T0 + 31)
         assert wide.total == 1, "the pruned entry no longer counts, even in a wider window"
         assert await rates.slot_renew(NS, "s", "live", 1000, T0 + 31)
-        assert (await rates.counter_add(NS, ["old", "new"], [0, 0], [None, None],
-                                        T0 + 31)).totals == [0, 1]
-        assert (await rates.counter_add("elsewhere", ["old"], [0], [None], T0)).totals == [1]
-        assert len(await rates.ledger(NS)) == 1, "the ledger is kept"
+        assert await rates.paused_until(NS, "p", T0) is None, "the pause is gone"
 
     async def test_prune_rates_deletes_at_most_its_limit(self, rates: RateStore) -> None:
         for i in range(5):
@@ -221,3 +333,25 @@ class RateContract:
         assert await rates.prune_rates(NS, T0 + 10, 2) == 2
         assert await rates.prune_rates(NS, T0 + 10, 10) == 3
         assert (await rates.window_add(NS, "w", 0, 1000, None, T0 + 11)).total == 0
+
+
+def unwritten(row: SpendEntry) -> SpendEntry:
+    """A ledger row as it was before the store gave it its id."""
+    return dataclasses.replace(row, id=None)
+
+
+def increasing(rows: list[SpendEntry]) -> bool:
+    """Whether every row has an id, each larger than the one before."""
+    ids = [r.id for r in rows]
+    return all(isinstance(i, int) for i in ids) and all(
+        a < b for a, b in itertools.pairwise(i for i in ids if i is not None))
+
+
+def _matches(row: SpendEntry, tenant: str | None = None, root_id: str | None = None,
+             run_id: str | None = None, since: float | None = None,
+             until: float | None = None) -> bool:
+    return ((tenant is None or row.tenant == tenant)
+            and (root_id is None or row.root_id == root_id)
+            and (run_id is None or row.run_id == run_id)
+            and (since is None or row.at >= since)
+            and (until is None or row.at < until))

@@ -1,5 +1,6 @@
--- rate_paused_until: the end of a key's pause if it is after now; once it is not, the pause key
--- gets a cleanup expiry.
+-- rate_paused_until: the end of a key's pause if it is after now; once it is not, a pause key
+-- without a cleanup expiry gets one (rate_pause_until gives one to every pause it sets; this
+-- covers a key written without it).
 --
 -- KEYS[1]  {prefix}:{ns}:rpause:{key}   string, the end of the pause ('%.17g' seconds, the app's
 --                                       clock)
@@ -10,7 +11,8 @@
 --                    tell, and it would answer that earlier, also ended, time
 --
 -- Returns the stored end as a '%.17g' string when it is after now, else nil (and, if the key
--- has no expiry yet, it expires after keep; a later pause_until that stores a new end drops it).
+-- has no expiry yet, it expires after keep; a later pause_until that stores a new end sets its
+-- own).
 
 local now = tonumber(ARGV[1])
 local stored = redis.call('GET', KEYS[1])

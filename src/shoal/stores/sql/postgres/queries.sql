@@ -972,7 +972,8 @@ FOR UPDATE;
 -- twice counted twice: each key's amounts are added in order (the recursion), as the memory
 -- reference adds them. "over" is the first position whose positive amount takes its counter above
 -- its limit; with none, each key's last total is stored (updated_at now) and the spend, if any,
--- goes to the ledger. One row per position: the counter after that position, and before the call.
+-- goes to the ledger (after the ledger's advisory lock, when there is a spend: its id is taken
+-- under the lock, which is held until the commit, so the namespace's rows commit in id order). One row per position: the counter after that position, and before the call.
 WITH RECURSIVE step AS (
     SELECT c.key, c.amount, c.lim, c.i, row_number() OVER (PARTITION BY c.key ORDER BY c.i) AS n
     FROM unnest(%(keys)s::text[], %(amounts)s::double precision[],
@@ -1005,23 +1006,42 @@ CROSS JOIN verdict
 ORDER BY c.i;
 
 -- name: cost_ledger
--- Oldest first.
-SELECT tenant, run_id, root_id, amount, currency, at FROM cost_ledger
-WHERE namespace = %(namespace)s
+-- A page of the ledger (shoal.coord.base.RateStore.ledger): rows with id > :after in id order, the
+-- walk of the namespace's rows through cost_ledger_namespace (migration 11) ending at :limit
+-- matches. The other cost_ledger_of_* statements are the same, each walking the index of its
+-- narrowest filter (a run, then a root, then a tenant) from :after; the other filters, and
+-- :since/:until on at (the writer's clock, not in id order), are checked on the rows walked.
+SELECT id, tenant, run_id, root_id, amount, currency, at FROM cost_ledger
+WHERE namespace = %(namespace)s AND id > %(after)s
+  AND (%(since)s::double precision IS NULL OR at >= %(since)s)
+  AND (%(until)s::double precision IS NULL OR at < %(until)s)
 ORDER BY id
 LIMIT %(limit)s;
 
 -- name: cost_ledger_of_tenant
-SELECT tenant, run_id, root_id, amount, currency, at FROM cost_ledger
-WHERE namespace = %(namespace)s AND tenant = %(tenant)s
-  AND (%(root_id)s::text IS NULL OR root_id = %(root_id)s)
+SELECT id, tenant, run_id, root_id, amount, currency, at FROM cost_ledger
+WHERE namespace = %(namespace)s AND tenant = %(tenant)s AND id > %(after)s
+  AND (%(since)s::double precision IS NULL OR at >= %(since)s)
+  AND (%(until)s::double precision IS NULL OR at < %(until)s)
 ORDER BY id
 LIMIT %(limit)s;
 
 -- name: cost_ledger_of_root
-SELECT tenant, run_id, root_id, amount, currency, at FROM cost_ledger
-WHERE namespace = %(namespace)s AND root_id = %(root_id)s
+SELECT id, tenant, run_id, root_id, amount, currency, at FROM cost_ledger
+WHERE namespace = %(namespace)s AND root_id = %(root_id)s AND id > %(after)s
   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
+  AND (%(since)s::double precision IS NULL OR at >= %(since)s)
+  AND (%(until)s::double precision IS NULL OR at < %(until)s)
+ORDER BY id
+LIMIT %(limit)s;
+
+-- name: cost_ledger_of_run
+SELECT id, tenant, run_id, root_id, amount, currency, at FROM cost_ledger
+WHERE namespace = %(namespace)s AND run_id = %(run_id)s AND id > %(after)s
+  AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
+  AND (%(root_id)s::text IS NULL OR root_id = %(root_id)s)
+  AND (%(since)s::double precision IS NULL OR at >= %(since)s)
+  AND (%(until)s::double precision IS NULL OR at < %(until)s)
 ORDER BY id
 LIMIT %(limit)s;
 

@@ -566,23 +566,41 @@ INSERT INTO cost_ledger (namespace, tenant, run_id, root_id, amount, currency, a
 VALUES (:namespace, :tenant, :run_id, :root_id, :amount, :currency, :at);
 
 -- name: cost_ledger
--- Oldest first (ids only grow: AUTOINCREMENT never reuses one).
-SELECT tenant, run_id, root_id, amount, currency, at FROM cost_ledger
-WHERE namespace = :namespace
+-- A page of the ledger (shoal.coord.base.RateStore.ledger): rows with id > :after in id order, the
+-- walk of the namespace's rows through cost_ledger_namespace (migration 11) ending at :limit
+-- matches. The other cost_ledger_of_* statements are the same, each walking the index of its
+-- narrowest filter (a run, then a root, then a tenant) from :after; the other filters, and
+-- :since/:until on at (the writer's clock, not in id order), are checked on the rows walked.
+SELECT id, tenant, run_id, root_id, amount, currency, at
+FROM cost_ledger INDEXED BY cost_ledger_namespace
+WHERE namespace = :namespace AND id > :after
+  AND (:since IS NULL OR at >= :since) AND (:until IS NULL OR at < :until)
 ORDER BY id
 LIMIT :limit;
 
 -- name: cost_ledger_of_tenant
-SELECT tenant, run_id, root_id, amount, currency, at
+SELECT id, tenant, run_id, root_id, amount, currency, at
 FROM cost_ledger INDEXED BY cost_ledger_tenant
-WHERE namespace = :namespace AND tenant = :tenant AND (:root_id IS NULL OR root_id = :root_id)
+WHERE namespace = :namespace AND tenant = :tenant AND id > :after
+  AND (:since IS NULL OR at >= :since) AND (:until IS NULL OR at < :until)
 ORDER BY id
 LIMIT :limit;
 
 -- name: cost_ledger_of_root
-SELECT tenant, run_id, root_id, amount, currency, at
+SELECT id, tenant, run_id, root_id, amount, currency, at
 FROM cost_ledger INDEXED BY cost_ledger_root
-WHERE namespace = :namespace AND root_id = :root_id AND (:tenant IS NULL OR tenant = :tenant)
+WHERE namespace = :namespace AND root_id = :root_id AND id > :after
+  AND (:tenant IS NULL OR tenant = :tenant)
+  AND (:since IS NULL OR at >= :since) AND (:until IS NULL OR at < :until)
+ORDER BY id
+LIMIT :limit;
+
+-- name: cost_ledger_of_run
+SELECT id, tenant, run_id, root_id, amount, currency, at
+FROM cost_ledger INDEXED BY cost_ledger_run
+WHERE namespace = :namespace AND run_id = :run_id AND id > :after
+  AND (:tenant IS NULL OR tenant = :tenant) AND (:root_id IS NULL OR root_id = :root_id)
+  AND (:since IS NULL OR at >= :since) AND (:until IS NULL OR at < :until)
 ORDER BY id
 LIMIT :limit;
 
