@@ -191,7 +191,7 @@ async def test_a_store_opens_while_redis_is_down_and_works_once_it_is_back(
                 await op()
             assert time.monotonic() - started < 1.5
             assert f"127.0.0.1:{down_port.port}" in str(e.value)
-        async with s.lock_watch(NS, ["k"]) as watch:       # a watch does not raise either
+        async with s.lock_watch(NS, ["k"], "h1") as watch:  # a watch does not raise either
             down_port.start()
             await asyncio.wait_for(watch.wait(), 5.0)     # the connection woke it
             g = await s.lock_acquire(NS, ["k"], "h1", LEASE, T0)
@@ -218,7 +218,7 @@ async def test_a_restart_of_redis_wakes_every_watch_and_the_store_carries_on(
     s = RedisCoordStore(down_port.url, socket_timeout=0.5, prefix=new_prefix())
     await s.open()
     try:
-        async with s.lock_watch(NS, ["k"]) as watch:
+        async with s.lock_watch(NS, ["k"], "h2") as watch:
             waiting = asyncio.ensure_future(watch.wait())
             await asyncio.sleep(0.05)
             assert not waiting.done()
@@ -226,6 +226,7 @@ async def test_a_restart_of_redis_wakes_every_watch_and_the_store_carries_on(
             down_port.start()
             await asyncio.wait_for(waiting, 5.0)
             await grant(s, ["k"], "h1")
+            await queued(s, ["k"], "h2")
             # and the new pub/sub connection hears another handle's release
             other = RedisCoordStore(down_port.url, prefix=s.prefix)
             await other.open()
@@ -288,7 +289,7 @@ async def test_redlock_holds_with_one_server_of_three_stopped(own_trio: list[Ser
         await r.lock_release(NS, ["k"], "h1")
         g2 = await grant(r, ["k"], "h2", T0 + 7)
         assert g2.token > g1.token
-        async with r.lock_watch(NS, ["k"]) as watch:
+        async with r.lock_watch(NS, ["k"], "h3") as watch:
             await queued(r, ["k"], "h3", T0 + 8)
             await r.lock_release(NS, ["k"], "h2")
             await asyncio.wait_for(watch.wait(), 3.0)
@@ -359,7 +360,7 @@ async def test_redlock_split_votes_resolve(trio: list[Server]) -> None:
         tokens: list[int] = []
 
         async def contender(r: Redlock, name: str) -> None:
-            async with r.lock_watch(NS, ["k"]) as watch:
+            async with r.lock_watch(NS, ["k"], name) as watch:
                 while True:
                     got = await r.lock_acquire(NS, ["k"], name, LEASE, T0)
                     if isinstance(got, LockGrant):

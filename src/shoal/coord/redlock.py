@@ -68,7 +68,7 @@ class Redlock:
       then reports the lock lost).
     - ``lock_renew`` is True only when a majority renewed, False when a majority refused;
       ``lock_release`` releases on every
-      server it can reach; ``lock_watch`` wakes on a change announced by any server.
+      server it can reach; ``lock_watch`` wakes when any server names the waiter as next in line.
     - ``heartbeat``, ``leave``, ``meter``, ``ping`` and the rate limits (a
       :class:`~shoal.coord.base.RateStore`) use the first server only (slots, meters and rate
       limits are not replicated).
@@ -156,10 +156,13 @@ class Redlock:
         await self._each(self.stores, lambda s: s.lock_release(namespace, keys, holder))
 
     @asynccontextmanager
-    async def lock_watch(self, namespace: str, keys: Sequence[str]) -> AsyncIterator[LockWatch]:
+    async def lock_watch(
+        self, namespace: str, keys: Sequence[str], holder: str
+    ) -> AsyncIterator[LockWatch]:
         async with AsyncExitStack() as stack:
-            watches = await asyncio.gather(
-                *(stack.enter_async_context(s.lock_watch(namespace, keys)) for s in self.stores))
+            watches = await asyncio.gather(*(
+                stack.enter_async_context(s.lock_watch(namespace, keys, holder))
+                for s in self.stores))
             yield _AnyWatch(watches)
 
     # -- membership and meters: the first server -----------------------------------------------
