@@ -246,6 +246,10 @@ async def test_a_restart_of_redis_wakes_every_watch_and_the_store_carries_on(
 
 
 class TestRedlockCoordination(OnTheTrio, CoordContract):
+    # FIFO is best effort across three queues: a split vote costs a few asks (about 1 per
+    # acquisition mostly, up to ~2 seen; 7-24 when every waiter was woken)
+    refused_per_handoff = 4.0
+
     @pytest.fixture
     def coord(self, quorum: Redlock) -> Redlock:
         return quorum

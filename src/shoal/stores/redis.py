@@ -168,6 +168,7 @@ class RedisCoordStore:
         self._inbox = f"{prefix}:_inbox:{secrets.token_hex(8)}"
         self._watches: WatchRegistry[EventWatch] = WatchRegistry()
         self._subscribed = asyncio.Event()     # the inbox is subscribed on a live connection
+        self._down = asyncio.Event()           # the last connection failed, none succeeded since
         self._pubsub: PubSub | None = None
         self._listener: asyncio.Task[None] | None = None
         self._wake_on_connect = False
@@ -193,6 +194,7 @@ class RedisCoordStore:
             with contextlib.suppress(BaseException):
                 await listener
         self._drop_pubsub()
+        self._down.clear()
         if self._tasks:                   # pub/sub connections closing in the background
             await asyncio.wait(list(self._tasks), timeout=self._timeout)
         for task in list(self._tasks):
@@ -325,14 +327,22 @@ class RedisCoordStore:
             if not self._subscribed.is_set():
                 if self._listener is None and not self._closed:
                     self._listener = asyncio.get_running_loop().create_task(self._listen())
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self._timeout):
-                        await self._subscribed.wait()
+                if not self._down.is_set():
+                    # connecting: wait for it (a watch made while Redis is down does not)
+                    settled = [asyncio.ensure_future(e.wait())
+                               for e in (self._subscribed, self._down)]
+                    try:
+                        await asyncio.wait(settled, timeout=self._timeout,
+                                           return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        for task in settled:
+                            task.cancel()
                 if not self._subscribed.is_set():
                     # a release may name this holder before the inbox is subscribed, and that
-                    # message is lost: look once now, and again once it is subscribed
+                    # message is lost: the subscription, once confirmed, wakes every watch
                     self._wake_on_connect = True
-                    watch.event.set()
+                    if not self._down.is_set():
+                        watch.event.set()     # slow to confirm, not down: look once now too
             yield watch
         finally:
             self._watches.remove(watch)
@@ -374,6 +384,7 @@ class RedisCoordStore:
                 if self._pubsub is not pubsub:
                     self._spawn(self._close_pubsub(pubsub))
                 self._wake_on_connect = True
+                self._down.set()
                 self._drop_pubsub()
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
@@ -401,6 +412,7 @@ class RedisCoordStore:
                     self._watches.wake_every()
             elif kind == "subscribe" and _text(message.get("channel")) == self._inbox:
                 self._subscribed.set()
+                self._down.clear()
                 if self._wake_on_connect:
                     # anything published while there was no subscription is covered by this
                     self._wake_on_connect = False
