@@ -32,15 +32,15 @@ for i = 0, #KEYS / 4 - 1 do
   redis.call('ZREM', queue, holder)
   redis.call('HDEL', waiting, holder)
   redis.call('HDEL', inboxes, holder)
-  if (held == holder or (not held and first == holder)) then
-    local next = redis.call('ZRANGE', queue, 0, 0)[1]
-    if next and not told[next] then
-      told[next] = true
-      local inbox = redis.call('HGET', inboxes, next)
+  if held == holder or (not held and first == holder) then
+    local head = redis.call('ZRANGE', queue, 0, 0)[1]
+    if head and not told[head] then
+      told[head] = true
+      local inbox = redis.call('HGET', inboxes, head)
       if inbox == own then
-        mine[#mine + 1] = next
+        mine[#mine + 1] = head
       elseif inbox then
-        redis.call('PUBLISH', inbox, cjson.encode({namespace, next}))
+        redis.call('PUBLISH', inbox, cjson.encode({namespace, head}))
       end
     end
   end
