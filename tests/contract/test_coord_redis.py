@@ -303,6 +303,32 @@ async def test_redlock_holds_with_one_server_of_three_stopped(own_trio: list[Ser
         await r.close()
 
 
+async def test_redlock_hands_off_at_once_with_one_server_of_three_stopped(
+    own_trio: list[Server],
+) -> None:
+    """A watch made while a server is known to be down does not wait for that server's
+    subscription, and the next waiter is woken by the two others."""
+    r = redlock(own_trio, new_prefix(), timeout=1.0)
+    await r.open()
+    try:
+        async with r.lock_watch(NS, ["k"], "h0"):       # the pub/sub connections are up
+            pass
+        own_trio[1].stop()
+        await asyncio.sleep(0.3)                         # the listener has seen it drop
+        await grant(r, ["k"], "h1")
+        started = time.monotonic()
+        async with r.lock_watch(NS, ["k"], "h2") as watch:
+            assert time.monotonic() - started < 0.5, "it waited for the stopped server"
+            await queued(r, ["k"], "h2", T0 + 1)
+            await r.lock_release(NS, ["k"], "h1")
+            started = time.monotonic()
+            await asyncio.wait_for(watch.wait(), 3.0)
+            assert time.monotonic() - started < 0.5
+        await grant(r, ["k"], "h2", T0 + 1)
+    finally:
+        await r.close()
+
+
 async def test_redlock_grants_nothing_without_a_majority_and_a_holder_loses_it(
     own_trio: list[Server],
 ) -> None:
