@@ -15,7 +15,7 @@ import pytest
 from test_postgres import _listening, _open, _terminate, schema  # noqa: F401 (a fixture)
 
 from shoal.stores.postgres import PostgresStore
-from shoal.testing.coord_contract import NS, CoordContract, grant
+from shoal.testing.coord_contract import NS, CoordContract, grant, queued
 
 
 class TestPostgresCoordination(CoordContract):
@@ -37,13 +37,14 @@ async def test_watches_wake_when_the_listener_reconnects(schema: str) -> None:  
     """A release may have been announced while the LISTEN connection was down."""
     a, b = await _open(schema), await _open(schema)
     try:
-        async with b.lock_watch(NS, ["k"]) as watch:
+        async with b.lock_watch(NS, ["k"], "h2") as watch:
             waiting = asyncio.ensure_future(watch.wait())
             await asyncio.sleep(0.05)
             assert not waiting.done()
             assert await _terminate(a, f"shoal-listen {schema}") == 1
             await asyncio.wait_for(waiting, 5.0)
             await grant(a, ["k"], "h1")
+            await queued(b, ["k"], "h2")
             waiting = asyncio.ensure_future(watch.wait())
             await asyncio.sleep(0.05)
             assert not waiting.done()
@@ -58,8 +59,9 @@ async def test_a_release_wakes_lock_watches_not_the_dispatcher(schema: str) -> N
     a, b = await _open(schema), await _open(schema)
     try:
         await _listening(b)
-        async with b.lock_watch(NS, ["k"]) as watch:
+        async with b.lock_watch(NS, ["k"], "h2") as watch:
             await grant(a, ["k"], "h1")
+            await queued(b, ["k"], "h2")
             started = time.monotonic()
             work = asyncio.create_task(b.wait_for_work(0.5))
             await a.lock_release(NS, ["k"], "h1")
@@ -71,17 +73,20 @@ async def test_a_release_wakes_lock_watches_not_the_dispatcher(schema: str) -> N
         await b.close()
 
 
-async def test_keys_too_long_for_a_notification_wake_every_watch(
+async def test_waiters_too_many_for_a_notification_wake_every_watch(
     schema: str,  # noqa: F811
 ) -> None:
-    keys = [f"{i:03d}" + "x" * 200 for i in range(50)]    # 10 kB: a payload is under 8000 bytes
+    keys = [f"k{i:02d}" for i in range(50)]
+    waiters = [f"{i:03d}" + "x" * 200 for i in range(50)]   # 10 kB: a payload is under 8000 bytes
     a, b = await _open(schema), await _open(schema)
     try:
-        async with b.lock_watch(NS, keys[-1:]) as watch:
+        async with b.lock_watch(NS, keys[-1:], waiters[-1]) as watch:
             await grant(a, keys, "h1")
+            for key, waiter in zip(keys, waiters, strict=True):
+                await queued(a, [key], waiter)
             await a.lock_release(NS, keys, "h1")
             await asyncio.wait_for(watch.wait(), 5.0)
-        await grant(b, keys, "h2")
+        await grant(b, keys[-1:], waiters[-1])
     finally:
         await a.close()
         await b.close()

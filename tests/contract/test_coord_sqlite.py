@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from sql_support import OnOneSQLiteFile, sqlite_file_at, sqlite_store
 
-from shoal.coord.base import CoordStore, LockGrant, MemberView
+from shoal.coord.base import CoordStore, LockGrant, LockWait, MemberView
 from shoal.stores._sqlfiles import migrations
 from shoal.stores.memory import MemoryStore
 from shoal.stores.sqlite import SQLiteStore
@@ -47,26 +47,39 @@ async def test_a_store_made_before_coordination_gets_its_tables(tmp_path: Path) 
 
 async def test_a_watch_ends_its_poller_with_the_last_watch(tmp_path: Path) -> None:
     async with sqlite_store(tmp_path / "shoal.db") as store:
-        async with store.lock_watch("ns", ["a"]), store.lock_watch("ns", ["a", "b"]):
+        async with store.lock_watch("ns", ["a"], "h1"), store.lock_watch("ns", ["a", "b"], "h2"):
             poller = store._lock_poller
             assert poller is not None and not poller.done()
         assert store._lock_poller is None and not store._lock_watches
 
 
-async def test_a_commit_elsewhere_wakes_only_the_watches_of_changed_keys(tmp_path: Path) -> None:
+async def test_a_commit_elsewhere_wakes_only_the_waiter_it_makes_next(tmp_path: Path) -> None:
     one, two = SQLiteStore(str(tmp_path / "shoal.db")), SQLiteStore(str(tmp_path / "shoal.db"))
     await one.open()
     await two.open()
     try:
         await two.lock_acquire("ns", ["k"], "h1", 10.0, 0.0)
-        async with one.lock_watch("ns", ["k"]) as watch:
+        async with one.lock_watch("ns", ["k"], "h2") as watch, \
+                one.lock_watch("ns", ["k"], "h3") as behind:
+            assert isinstance(await one.lock_acquire("ns", ["k"], "h2", 10.0, 0.0), LockWait)
+            assert isinstance(await one.lock_acquire("ns", ["k"], "h3", 10.0, 0.0), LockWait)
             waiting = asyncio.ensure_future(watch.wait())
+            later = asyncio.ensure_future(behind.wait())
             await two.meter("ns", ["m"], [1.0], 0.0)              # another table
-            await two.lock_acquire("ns", ["other"], "h2", 10.0, 0.0)  # another key
+            await two.lock_acquire("ns", ["other"], "h4", 10.0, 0.0)  # another key
+            await two.lock_acquire("ns", ["k"], "h5", 10.0, 0.0)   # another waiter behind
             await asyncio.sleep(0.1)
-            assert not waiting.done()
+            assert not waiting.done() and not later.done()
             await two.lock_release("ns", ["k"], "h1")
             await asyncio.wait_for(waiting, 3.0)
+            await asyncio.sleep(0.1)
+            assert not later.done(), "h3 is not next: h2 is"
+            assert isinstance(await one.lock_acquire("ns", ["k"], "h2", 10.0, 0.0), LockGrant)
+            await asyncio.sleep(0.1)
+            assert not later.done(), "h3 is next, but h2 holds the lock"
+            await two.lock_release("ns", ["k"], "h2")
+            await asyncio.wait_for(later, 3.0)
+            later.result()
     finally:
         await one.close()
         await two.close()
@@ -75,7 +88,7 @@ async def test_a_commit_elsewhere_wakes_only_the_watches_of_changed_keys(tmp_pat
 async def test_closing_the_store_wakes_its_watches(tmp_path: Path) -> None:
     store = SQLiteStore(str(tmp_path / "shoal.db"))
     await store.open()
-    async with store.lock_watch("ns", ["k"]) as watch:
+    async with store.lock_watch("ns", ["k"], "h1") as watch:
         waiting = asyncio.ensure_future(watch.wait())
         await asyncio.sleep(0.02)
         assert not waiting.done()

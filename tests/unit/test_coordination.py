@@ -292,6 +292,83 @@ async def test_a_cancelled_waiter_leaves_the_queue(two: list[shoal.App]) -> None
     await a._locks.release(patient.result())
 
 
+async def test_a_dead_holder_is_noticed_by_the_first_waiter_alone(
+    clock: VirtualClock, two: list[shoal.App], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight waiters behind a holder that died: when its lease ends, the first waiter asks and
+    takes the lock; the seven others do not ask then (each is due when the one ahead of it is)."""
+    a, b = two
+    store = a.store
+    assert isinstance(store, CoordStore)
+    start = clock.now()
+    dead = await store.lock_acquire("coord", ["k"], "dead-process", LEASE, start)
+    assert isinstance(dead, LockGrant)
+    await clock.advance(5)      # their re-asks to keep their places fall at 15, 25, 35 …
+    asks: list[float] = []
+    real = store.lock_acquire
+
+    async def counted(*args: Any) -> Any:
+        asks.append(clock.now() - start)
+        return await real(*args)
+
+    monkeypatch.setattr(store, "lock_acquire", counted)
+    waiters = [asyncio.create_task(app.lock("k").__aenter__()) for app in [a, b] * 4]
+    await settle()
+    await clock.advance(LEASE - 5 - 1)
+    assert not any(w.done() for w in waiters)
+    before = len(asks)
+    await clock.advance(2)
+    await until(lambda: _done(waiters[0]))
+    assert [t for t in asks[before:] if t < LEASE + 1] == [LEASE], "only the first asked"
+    lock = waiters[0].result()
+    assert lock.token == dead.token + 1 and not any(w.done() for w in waiters[1:])
+    for w in waiters[1:]:
+        w.cancel()
+    await asyncio.gather(*waiters[1:], return_exceptions=True)
+    await a._locks.release(lock)
+
+
+async def test_a_waiter_that_died_first_in_line_holds_up_the_next_for_its_lease_at_most(
+    clock: VirtualClock, two: list[shoal.App]
+) -> None:
+    a, b = two
+    store = a.store
+    assert isinstance(store, CoordStore)
+    held = await a.lock("k").__aenter__()
+    await clock.advance(1)
+    # a waiter that never asks again: a process killed while it was first in line
+    assert not isinstance(await store.lock_acquire("coord", ["k"], "dead", LEASE, clock.now()),
+                          LockGrant)
+    await clock.advance(1)
+    patient = asyncio.create_task(b.lock("k").__aenter__())
+    await settle()
+    await clock.advance(3)
+    await a._locks.release(held)        # names the dead waiter: nobody hears it
+    await clock.advance(LEASE - 6)      # the dead waiter's row lives until 1 + LEASE
+    assert not patient.done()
+    await clock.advance(2)
+    await until(lambda: _done(patient))
+    await b._locks.release(patient.result())
+
+
+async def test_a_waiter_cancelled_as_it_is_woken_passes_the_lock_on(
+    two: list[shoal.App],
+) -> None:
+    """No timer is involved: the cancelled waiter's leaving wakes the next one."""
+    a, b = two
+    held = await a.lock("k").__aenter__()
+    woken = asyncio.create_task(b.lock("k").__aenter__())
+    await settle()
+    patient = asyncio.create_task(a.lock("k").__aenter__())
+    await settle()
+    await a._locks.release(held)         # wakes `woken` alone …
+    woken.cancel()                       # … which is cancelled before it asks
+    with pytest.raises(asyncio.CancelledError):
+        await woken
+    await until(lambda: _done(patient))  # the clock never moves
+    await a._locks.release(patient.result())
+
+
 async def test_lock_keys_are_checked(two: list[shoal.App]) -> None:
     a, _ = two
     for bad in ([], "", [""], [1], None):

@@ -15,6 +15,10 @@ Locks (invariant 7: a key has at most one holder with a live lease; tokens stric
   asking (a dead process) leaves the queue when it ends, so it cannot block the queue for ever.
 - A grant of several keys is atomic (all or nothing); tickets are ordered across keys, so the
   oldest waiter anywhere is never blocked by younger ones (no deadlock, no starvation).
+- Wake-ups go to one waiter, not to the queue: a release wakes the first waiter of each key it
+  leaves free (the next in line, the only one that can be granted); a waiter's ``retry_at`` is
+  the lease end of what it alone waits for (the waiter right ahead of it, or the holder when it
+  is first), so a dead holder or waiter is noticed by the one behind it, and the others sleep.
 - The fencing token of a grant is ``max(last token of each key) + 1`` and becomes the last token of
   every key granted: strictly increasing per key, and one token guards all the keys of a grant.
 
@@ -38,7 +42,7 @@ Meters (invariant 9: concurrent charges are never lost)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar, runtime_checkable
@@ -55,8 +59,10 @@ class LockGrant:
 @dataclass(frozen=True)
 class LockWait:
     """The caller is queued (its waiter row lives until ``now + lease``). ``ticket`` is its place.
-    ``retry_at`` is the earliest time something ahead of it ends by itself (a holder's or an
-    earlier waiter's lease) — when to ask again even if no release is announced."""
+    ``retry_at`` is when to ask again even if no wake-up comes: the earliest end, among its keys,
+    of the lease of the live waiter right ahead of it or, on a key where it is first, of the live
+    holder's (``now + lease`` if there is none). Waiters further back are not due then: the one
+    right ahead of them asks first, or a release names them."""
 
     ticket: int
     retry_at: float
@@ -73,20 +79,25 @@ class MemberView:
 
 
 class LockWatch(Protocol):
-    """Wake-ups for lock waiters: created before asking, so no release can slip in between."""
+    """Wake-ups for one lock waiter (a ``holder``): created before it first asks, so that no
+    wake-up meant for it can come before the watch exists."""
 
     async def wait(self) -> None:
-        """Return once a lock of the watched keys may have changed since the watch was created
-        or since ``wait`` last returned (at once if one already did). Never raises on timeout:
-        the caller races it with its own clock."""
+        """Return once the holder may have become grantable since the watch was created or since
+        ``wait`` last returned (at once if it already did). Never raises on timeout: the caller
+        races it with its own clock."""
         ...
 
 
 class EventWatch:
-    """The usual :class:`LockWatch`: an event that whoever sees a change sets (a release in this
-    process, a NOTIFY, a pub/sub message, a reconnection); ``wait`` consumes it."""
+    """The usual :class:`LockWatch`: an event that whoever learns the holder may be granted sets
+    (a release in this process, a NOTIFY, a pub/sub message; a reconnection or an error sets
+    every watch, a spurious wake-up rather than a lost one); ``wait`` consumes it."""
 
-    def __init__(self) -> None:
+    def __init__(self, namespace: str, keys: Sequence[str], holder: str) -> None:
+        self.namespace = namespace
+        self.keys = tuple(keys)
+        self.holder = holder
         self.event = asyncio.Event()
 
     async def wait(self) -> None:
@@ -98,36 +109,40 @@ W = TypeVar("W", bound=EventWatch)
 
 
 class WatchRegistry(Generic[W]):
-    """A store object's lock watches by (namespace, key): what a release in this process wakes
-    at once, and what a notification from elsewhere (NOTIFY, a poll) is dispatched to."""
+    """A store object's lock watches by (namespace, holder): what a release in this process wakes
+    at once, and what a notification from elsewhere (NOTIFY, pub/sub, a poll) is dispatched to."""
 
     def __init__(self) -> None:
-        self._by_key: dict[tuple[str, str], set[W]] = {}
+        self._by_holder: dict[tuple[str, str], set[W]] = {}
 
     def __bool__(self) -> bool:
-        return bool(self._by_key)
+        return bool(self._by_holder)
 
-    def add(self, namespace: str, keys: Sequence[str], watch: W) -> None:
-        for k in keys:
-            self._by_key.setdefault((namespace, k), set()).add(watch)
+    def add(self, watch: W) -> None:
+        self._by_holder.setdefault((watch.namespace, watch.holder), set()).add(watch)
 
-    def remove(self, namespace: str, keys: Sequence[str], watch: W) -> None:
-        for k in keys:
-            watchers = self._by_key.get((namespace, k))
-            if watchers is not None:
-                watchers.discard(watch)
-                if not watchers:
-                    del self._by_key[(namespace, k)]
-
-    def watched(self) -> list[tuple[str, str]]:
-        return list(self._by_key)
+    def remove(self, watch: W) -> None:
+        watches = self._by_holder.get((watch.namespace, watch.holder))
+        if watches is not None:
+            watches.discard(watch)
+            if not watches:
+                del self._by_holder[(watch.namespace, watch.holder)]
 
     def every(self) -> set[W]:
-        return {w for watchers in self._by_key.values() for w in watchers}
+        return {w for watches in self._by_holder.values() for w in watches}
 
-    def wake(self, namespace: str, keys: Sequence[str]) -> None:
-        for k in keys:
-            for watch in self._by_key.get((namespace, k), ()):
+    def wake(self, namespace: str, holders: Iterable[str]) -> None:
+        """Wake the watches of these holders (the waiters a release named)."""
+        for holder in holders:
+            for watch in self._by_holder.get((namespace, holder), ()):
+                watch.event.set()
+
+    def wake_keys(self, namespace: str, keys: Sequence[str]) -> None:
+        """Wake every watch of these keys: when who is next cannot be known (a release whose
+        answer was lost)."""
+        wanted = set(keys)
+        for watch in self.every():
+            if watch.namespace == namespace and wanted.intersection(watch.keys):
                 watch.event.set()
 
     def wake_every(self) -> None:
@@ -158,14 +173,18 @@ class CoordStore(Protocol):
 
     async def lock_release(self, namespace: str, keys: Sequence[str], holder: str) -> None:
         """Delete whatever ``holder`` has on these keys: its hold (the fencing counter stays) and
-        its waiter rows (a waiter that gives up). Announce the change to watchers of the keys."""
+        its waiter rows (a waiter that gives up). On each key where it held the lock (even with
+        an ended lease) or was the first waiter, and which now has no holder, wake the watch of
+        the new first waiter (smallest ticket; a waiter row whose lease ended counts, and its
+        successor finds out by ``retry_at``): one wake-up per key, never the whole queue."""
         ...
 
     def lock_watch(
-        self, namespace: str, keys: Sequence[str]
+        self, namespace: str, keys: Sequence[str], holder: str
     ) -> AbstractAsyncContextManager[LockWatch]:
-        """A watch on these keys (see :class:`LockWatch`): in-process and, where the store can,
-        across processes (NOTIFY, pub/sub; SQLite polls ``data_version``)."""
+        """The wake-ups of ``holder`` waiting for these keys (see :class:`LockWatch`): from a
+        release in this process and, where the store can, across processes (NOTIFY, pub/sub;
+        SQLite polls ``data_version``)."""
         ...
 
     async def heartbeat(

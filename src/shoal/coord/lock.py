@@ -1,7 +1,10 @@
 """``app.lock``: one holder at a time per key, across replicas, with a fencing token.
 
-A request queues in the store (FIFO by ticket) and waits for a release announced by the store
-(NOTIFY, pub/sub, an in-process event) or for the moment something ahead of it ends by itself.
+A request queues in the store (FIFO by ticket) and waits until the store names it as the next in
+line (a release wakes the new first waiter only: NOTIFY, pub/sub, an in-process event), or until
+what it waits for ends by itself (the lease of the holder, or of the waiter right ahead of it),
+or a third of its lease has passed (it asks again to keep its place; a lost wake-up costs at most
+that).
 Once held, the lock is renewed every lease/3; :attr:`Lock.signal` is set as soon as it is lost:
 a renewal refused, or no renewal confirmed before the lease ran out (store unreachable, a pause).
 """
@@ -124,7 +127,7 @@ class LockManager:
         started = self.clock.now()
         granted: LockGrant | None = None
         try:
-            async with coord.lock_watch(self.namespace, keys) as watch:
+            async with coord.lock_watch(self.namespace, keys, holder) as watch:
                 failing = False
                 while granted is None:
                     sent = self.clock.now()

@@ -32,16 +32,32 @@ from shoal.stores.redis import RedisCoordStore
 T = TypeVar("T")
 
 
-class _AnyWatch:
-    """Woken when any server's watch is."""
+_QUORUM_GRACE = 0.05   # seconds a woken waiter waits for a majority of servers to name it
 
-    def __init__(self, watches: Sequence[LockWatch]) -> None:
+
+class _QuorumWatch:
+    """Woken when a majority of the servers' watches are, or a moment after the first one is.
+
+    One release reaches every server at about the same time, and each server names its own next
+    waiter: asking as soon as the first server did could find the others not released yet, and
+    a grant from a minority is a split vote (given back, asked again after a random delay, the
+    place in that server's queue lost). A waiter that only some servers name (their queues are
+    in different orders) asks after the grace all the same."""
+
+    def __init__(self, watches: Sequence[LockWatch], quorum: int) -> None:
         self._watches = watches
+        self._quorum = quorum
 
     async def wait(self) -> None:
         tasks = [asyncio.ensure_future(w.wait()) for w in self._watches]
         try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            loop = asyncio.get_running_loop()
+            until = loop.time() + _QUORUM_GRACE
+            while len(done) < min(self._quorum, len(tasks)) and loop.time() < until:
+                await asyncio.wait(tasks, timeout=until - loop.time(),
+                                   return_when=asyncio.FIRST_COMPLETED)
+                done = {t for t in tasks if t.done()}
         finally:
             # a wait cancelled after its event was set leaves the event set: the change is
             # then seen by the next wait, never lost
@@ -68,7 +84,8 @@ class Redlock:
       then reports the lock lost).
     - ``lock_renew`` is True only when a majority renewed, False when a majority refused;
       ``lock_release`` releases on every
-      server it can reach; ``lock_watch`` wakes on a change announced by any server.
+      server it can reach; ``lock_watch`` wakes when a majority of the servers named the waiter
+      as next in line, or a moment (50 ms) after the first one did.
     - ``heartbeat``, ``leave``, ``meter``, ``ping`` and the rate limits (a
       :class:`~shoal.coord.base.RateStore`) use the first server only (slots, meters and rate
       limits are not replicated).
@@ -156,11 +173,14 @@ class Redlock:
         await self._each(self.stores, lambda s: s.lock_release(namespace, keys, holder))
 
     @asynccontextmanager
-    async def lock_watch(self, namespace: str, keys: Sequence[str]) -> AsyncIterator[LockWatch]:
+    async def lock_watch(
+        self, namespace: str, keys: Sequence[str], holder: str
+    ) -> AsyncIterator[LockWatch]:
         async with AsyncExitStack() as stack:
-            watches = await asyncio.gather(
-                *(stack.enter_async_context(s.lock_watch(namespace, keys)) for s in self.stores))
-            yield _AnyWatch(watches)
+            watches = await asyncio.gather(*(
+                stack.enter_async_context(s.lock_watch(namespace, keys, holder))
+                for s in self.stores))
+            yield _QuorumWatch(watches, self.quorum)
 
     # -- membership and meters: the first server -----------------------------------------------
 

@@ -71,8 +71,14 @@ class MemoryCoordination:
             self._tickets[namespace] = ticket
         for row in rows:
             row.waiters[holder] = (ticket, now + lease)
-        ahead = [row.expires_at for row in rows if row.holder is not None and row.expires_at > now]
-        ahead += [u for row in rows for t, u in row.waiters.values() if t < ticket]
+        # what this waiter alone waits for, per key: the waiter right ahead, or the holder
+        ahead = []
+        for row in rows:
+            before = [(t, u) for t, u in row.waiters.values() if t < ticket]
+            if before:
+                ahead.append(max(before)[1])
+            elif row.holder is not None and row.expires_at > now:
+                ahead.append(row.expires_at)
         return LockWait(ticket, min(ahead, default=now + lease))
 
     async def lock_renew(
@@ -87,23 +93,30 @@ class MemoryCoordination:
         return True
 
     async def lock_release(self, namespace: str, keys: Sequence[str], holder: str) -> None:
+        woken = []
         for k in keys:
             row = self._locks.get((namespace, k))
             if row is None:
                 continue
-            if row.holder == holder:
+            first = min(row.waiters, key=lambda w: row.waiters[w][0], default=None)
+            freed = row.holder == holder
+            if freed:
                 row.holder, row.expires_at = None, 0.0
             row.waiters.pop(holder, None)
-        self._watches.wake(namespace, keys)
+            if (freed or first == holder) and row.holder is None and row.waiters:
+                woken.append(min(row.waiters, key=lambda w: row.waiters[w][0]))
+        self._watches.wake(namespace, woken)
 
     @asynccontextmanager
-    async def lock_watch(self, namespace: str, keys: Sequence[str]) -> AsyncIterator[EventWatch]:
-        watch = EventWatch()
-        self._watches.add(namespace, keys, watch)
+    async def lock_watch(
+        self, namespace: str, keys: Sequence[str], holder: str
+    ) -> AsyncIterator[EventWatch]:
+        watch = EventWatch(namespace, keys, holder)
+        self._watches.add(watch)
         try:
             yield watch
         finally:
-            self._watches.remove(namespace, keys, watch)
+            self._watches.remove(watch)
 
     # -- membership ----------------------------------------------------------------------------
 

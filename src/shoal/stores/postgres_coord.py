@@ -9,8 +9,9 @@ advisory lock — and the last one, whose READ COMMITTED snapshot is taken once 
 reads and writes. ``queries.sql`` (under ``-- coordination``) explains each statement.
 
 A release ``NOTIFY``s the store's channel in its transaction with a payload ``lock <json>``
-naming the keys; the store's LISTEN connection hands those to :meth:`_lock_notified`, which wakes
-the watches of the keys. A release through this store object wakes its watches at once itself.
+naming the waiters it wakes (the new first waiter of each key it left free); the store's LISTEN
+connection hands those to :meth:`_lock_notified`, which wakes the watches of those waiters only.
+A release through this store object wakes its own watches at once itself.
 """
 
 from __future__ import annotations
@@ -36,8 +37,7 @@ _Q = queries("postgres")
 _Conn = psycopg.AsyncConnection[DictRow]
 _T = TypeVar("_T")
 _LOCK = "lock "          # the payload prefix of lock notifications on the store's channel
-_EVERY = _LOCK + "*"     # every watch: the keys do not fit in a payload
-_PAYLOAD_MAX = 7999      # bytes: a NOTIFY payload is shorter than 8000
+# a payload of "lock *" (the waiters do not fit in 8000 bytes: queries.sql) wakes every watch
 
 
 class PostgresCoordination:
@@ -103,17 +103,21 @@ class PostgresCoordination:
             return
         args: dict[str, Any] = {
             "namespace": namespace, "keys": list(keys), "holder": holder,
-            "channel": self.channel, "payload": self._lock_payload(namespace, keys)}
+            "channel": self.channel, "origin": self._lock_origin}
         steps = [(_Q["lock_keys"], args), (_Q["lock_release"], args)]
         try:
-            await self._retry(lambda: self._pipelined(steps))
-        finally:
-            # even after an error: the release may have committed, and a spurious wake-up
-            # only makes a waiter ask again
-            self._wake_locks(namespace, keys)
+            rows = await self._retry(lambda: self._pipelined(steps))
+        except BaseException:
+            # it may have committed: whoever is next here must not wait for its timer
+            self._lock_watches.wake_keys(namespace, keys)
+            raise
+        for row in rows:
+            self._lock_watches.wake(namespace, row["heads"])
 
     @asynccontextmanager
-    async def lock_watch(self, namespace: str, keys: Sequence[str]) -> AsyncIterator[EventWatch]:
+    async def lock_watch(
+        self, namespace: str, keys: Sequence[str], holder: str
+    ) -> AsyncIterator[EventWatch]:
         self._start_listener()
         if self._pool is not None and not self._lock_listened and not self._listening.is_set():
             # The listener wakes every watch whenever it connects (a release may have been
@@ -122,40 +126,30 @@ class PostgresCoordination:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.pool_timeout):
                     await self._listening.wait()
-        watch = EventWatch()
-        self._lock_watches.add(namespace, keys, watch)
+        watch = EventWatch(namespace, keys, holder)
+        self._lock_watches.add(watch)
         try:
             yield watch
         finally:
-            self._lock_watches.remove(namespace, keys, watch)
-
-    def _lock_payload(self, namespace: str, keys: Sequence[str]) -> str:
-        payload = _LOCK + json.dumps([self._lock_origin, namespace, list(keys)],
-                                     separators=(",", ":"))
-        return payload if len(payload.encode()) <= _PAYLOAD_MAX else _EVERY
-
-    def _wake_locks(self, namespace: str, keys: Sequence[str]) -> None:
-        self._lock_watches.wake(namespace, keys)
-
-    def _wake_every_lock(self) -> None:
-        self._lock_watches.wake_every()
+            self._lock_watches.remove(watch)
 
     def _lock_listening(self) -> None:
         """The LISTEN connection is up (again): wake every watch, as a release may have been
         announced while it was down."""
         self._lock_listened = True
-        self._wake_every_lock()
+        self._lock_watches.wake_every()
 
     def _lock_notified(self, payload: str) -> bool:
-        """Wake the watches named by a lock notification; False if ``payload`` is not one."""
+        """Wake the watches of the waiters a lock notification names; False if ``payload`` is
+        not one."""
         if not payload.startswith(_LOCK):
             return False
         try:
-            origin, namespace, keys = json.loads(payload[len(_LOCK):])
+            origin, namespace, heads = json.loads(payload[len(_LOCK):])
             if origin != self._lock_origin:
-                self._wake_locks(namespace, keys)
-        except (ValueError, TypeError):    # _EVERY, or a payload not ours to read
-            self._wake_every_lock()
+                self._lock_watches.wake(namespace, heads)
+        except (ValueError, TypeError):    # "lock *", or a payload not ours to read
+            self._lock_watches.wake_every()
         return True
 
     # -- membership ----------------------------------------------------------------------------

@@ -13,12 +13,15 @@ namespace can never reach into another's keys; ``{key}`` is the lock or meter ke
     {prefix}:{ns}:lock:{key}       hash    holder, expires_at                      cleanup expiry
     {prefix}:{ns}:queue:{key}      zset    waiting holder -> ticket                cleanup expiry
     {prefix}:{ns}:waiting:{key}    hash    waiting holder -> expires_at            cleanup expiry
+    {prefix}:{ns}:inbox:{key}      hash    waiting holder -> its store's channel   cleanup expiry
     {prefix}:{ns}:members          hash    member -> "joined_at expires_at held"   cleanup expiry
     {prefix}:{ns}:roster           hash    generation, members (JSON array)        never expires
     {prefix}:{ns}:meter:{key}      hash    debt (ms), updated_at                   cleanup expiry
 
-and the pub/sub channel ``{prefix}:{ns}:changed:{key}``, which receives ``released`` when a hold
-or a waiter row of the key is deleted. A "cleanup expiry" is a real-time ``PEXPIRE`` far longer
+and, per store object, the pub/sub channel ``{prefix}:_inbox:{random}``: a release that makes one
+of its waiters the next in line publishes ``[namespace, waiter]`` there, so a hand-off wakes that
+waiter and no other (the key's other waiters, in this process or elsewhere, hear nothing). A
+"cleanup expiry" is a real-time ``PEXPIRE`` far longer
 than any lease (at least an hour): it only collects rows nobody uses any more; correctness rests
 on the ``expires_at`` compared with ``now`` inside the scripts.
 
@@ -32,11 +35,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections import deque
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from importlib import resources
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from redis.asyncio import Redis
@@ -57,6 +60,7 @@ from shoal.coord.base import (
     SlotBusy,
     SlotGrant,
     SpendEntry,
+    WatchRegistry,
     WindowResult,
 )
 from shoal.errors import ConfigurationError, StoreUnavailableError
@@ -71,8 +75,6 @@ _UNREACHABLE = (
 )
 _KEEP = 3600.0          # seconds: the least real time a garbage-collectable row outlives its use
 _IDLE_PING = 15.0       # seconds of silence on the pub/sub connection before it is pinged
-_LINGER = 30.0          # seconds a channel stays subscribed after its last watch (a hot key's
-_LINGERING = 256        # next watch then needs no SUBSCRIBE round trip), for so many channels
 
 
 def _load(name: str) -> str:
@@ -141,7 +143,8 @@ class RedisCoordStore:
     ``url`` is ``redis://host:port/db`` or ``rediss://…`` and carries no credentials (a user or
     password in it raises ConfigurationError); the password is passed as ``password``. Keys live
     under ``prefix``. Operations raise StoreUnavailableError within about ``socket_timeout`` while
-    Redis cannot be reached. One pub/sub connection per store object serves every lock watch.
+    Redis cannot be reached. One pub/sub connection per store object, subscribed to the store
+    object's own channel (its inbox), serves every lock watch.
     """
 
     def __init__(
@@ -160,13 +163,12 @@ class RedisCoordStore:
         self._timeout = socket_timeout
         self._client: Redis | None = None
         self._scripts: dict[str, AsyncScript] = {}
-        # pub/sub: one listener task and connection for every watch of this store
-        self._control = f"{prefix}:_"            # always subscribed: confirms a (re)connection
-        self._watches: dict[str, set[EventWatch]] = {}        # channel -> its watches
-        self._idle: dict[str, float] = {}      # subscribed channels without watches, since when
-        self._ready: dict[str, asyncio.Future[None]] = {}  # channel -> subscription confirmed
-        self._confirming: dict[str, deque[asyncio.Future[None]]] = {}  # per SUBSCRIBE sent
-        self._state: Literal["idle", "connecting", "live", "down"] = "idle"
+        # pub/sub: one listener task and connection, subscribed to this store object's inbox,
+        # for every watch of this store
+        self._inbox = f"{prefix}:_inbox:{secrets.token_hex(8)}"
+        self._watches: WatchRegistry[EventWatch] = WatchRegistry()
+        self._subscribed = asyncio.Event()     # the inbox is subscribed on a live connection
+        self._down = asyncio.Event()           # the last connection failed, none succeeded since
         self._pubsub: PubSub | None = None
         self._listener: asyncio.Task[None] | None = None
         self._wake_on_connect = False
@@ -192,13 +194,13 @@ class RedisCoordStore:
             with contextlib.suppress(BaseException):
                 await listener
         self._drop_pubsub()
-        if self._tasks:                   # subscribe, unsubscribe and pub/sub closes in flight
+        self._down.clear()
+        if self._tasks:                   # pub/sub connections closing in the background
             await asyncio.wait(list(self._tasks), timeout=self._timeout)
         for task in list(self._tasks):
             task.cancel()
         client, self._client = self._client, None
         self._scripts = {}
-        self._state = "idle"
         if client is not None:
             with contextlib.suppress(*_UNREACHABLE):
                 await client.aclose()
@@ -271,9 +273,10 @@ class RedisCoordStore:
         names = [f"{base}:tickets"]
         for k in keys:
             names += [f"{base}:lock:{k}", f"{base}:queue:{k}", f"{base}:waiting:{k}",
-                      f"{base}:fence:{k}"]
+                      f"{base}:fence:{k}", f"{base}:inbox:{k}"]
         got = await self._script(
-            "lock_acquire", names, [holder, _num(lease), _num(now), _keep_ms(lease)])
+            "lock_acquire", names,
+            [holder, _num(lease), _num(now), _keep_ms(lease), self._inbox])
         granted, number, at = got
         if int(granted):
             return LockGrant(int(number), float(_text(at)))
@@ -292,11 +295,16 @@ class RedisCoordStore:
         base = self._base(namespace)
         names: list[str] = []
         for k in keys:
-            names += [f"{base}:lock:{k}", f"{base}:queue:{k}", f"{base}:waiting:{k}"]
-        channels = [self._channel(namespace, k) for k in keys]
-        await self._script("lock_release", names, [holder, *channels])
-        for channel in channels:                 # this process's watches need no round trip
-            self._wake(channel)
+            names += [f"{base}:lock:{k}", f"{base}:queue:{k}", f"{base}:waiting:{k}",
+                      f"{base}:inbox:{k}"]
+        try:
+            mine = await self._script("lock_release", names, [holder, namespace, self._inbox])
+        except BaseException:
+            # it may have run: whoever is next here must not wait for its timer
+            self._watches.wake_keys(namespace, keys)
+            raise
+        # the script publishes to other store objects' inboxes; this one's waiters need no trip
+        self._watches.wake(namespace, [_text(h) for h in mine])
 
     async def raise_fence(self, namespace: str, keys: Sequence[str], token: int) -> None:
         """Raise the fencing counter of every key to at least ``token`` (for Redlock: the next
@@ -305,147 +313,69 @@ class RedisCoordStore:
         await self._script("raise_fence", [f"{base}:fence:{k}" for k in keys], [str(int(token))])
 
     @asynccontextmanager
-    async def lock_watch(self, namespace: str, keys: Sequence[str]) -> AsyncIterator[EventWatch]:
-        """A watch woken by a release on these keys from any process (pub/sub), at once by a
-        release through this store object, and by a reconnection of the pub/sub connection
-        (a message may have been missed). Entering waits until Redis confirmed the subscription
-        (at most ``socket_timeout``); it does not raise while Redis is unreachable."""
-        watch = EventWatch()
-        channels = list(dict.fromkeys(self._channel(namespace, k) for k in keys))
-        pending = [self._add(channel, watch) for channel in channels]
+    async def lock_watch(
+        self, namespace: str, keys: Sequence[str], holder: str
+    ) -> AsyncIterator[EventWatch]:
+        """A watch woken when a release names ``holder`` as the next in line: through this
+        store object's inbox (pub/sub) from any process, at once by a release through this store
+        object, and by a reconnection of the pub/sub connection (a message may have been
+        missed). Entering waits until Redis confirmed the inbox subscription (the first time,
+        at most ``socket_timeout``); it does not raise while Redis is unreachable."""
+        watch = EventWatch(namespace, keys, holder)
+        self._watches.add(watch)
         try:
-            waits = [f for f in pending if f is not None and not f.done()]
-            if waits:
-                _, late = await asyncio.wait(waits, timeout=self._timeout)
-                if late:            # not confirmed in time: a change may slip by, so wake once
-                    watch.event.set()
+            if not self._subscribed.is_set():
+                if self._listener is None and not self._closed:
+                    self._listener = asyncio.get_running_loop().create_task(self._listen())
+                if not self._down.is_set():
+                    # connecting: wait for it (a watch made while Redis is down does not)
+                    settled = [asyncio.ensure_future(e.wait())
+                               for e in (self._subscribed, self._down)]
+                    try:
+                        await asyncio.wait(settled, timeout=self._timeout,
+                                           return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        for task in settled:
+                            task.cancel()
+                if not self._subscribed.is_set():
+                    # a release may name this holder before the inbox is subscribed, and that
+                    # message is lost: the subscription, once confirmed, wakes every watch
+                    self._wake_on_connect = True
+                    if not self._down.is_set():
+                        watch.event.set()     # slow to confirm, not down: look once now too
             yield watch
         finally:
-            for channel in channels:
-                self._remove(channel, watch)
+            self._watches.remove(watch)
 
     # -- pub/sub -------------------------------------------------------------------------------
 
-    def _wake(self, channel: str) -> None:
-        for watch in self._watches.get(channel, ()):
-            watch.event.set()
-
-    def _wake_all(self) -> None:
-        for watches in self._watches.values():
-            for watch in watches:
-                watch.event.set()
-
-    def _add(self, channel: str, watch: EventWatch) -> asyncio.Future[None] | None:
-        """Register ``watch`` on ``channel``; the future is done once Redis confirmed the
-        subscription (None when no confirmation is to be waited for)."""
-        watches = self._watches.get(channel)
-        if watches is not None:
-            watches.add(watch)
-            self._idle.pop(channel, None)
-            if self._state == "down":
-                self._wake_on_connect = True
-            return self._ready.get(channel)
-        self._watches[channel] = {watch}
-        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._ready[channel] = ready
-        if self._listener is None and not self._closed:
-            self._state = "connecting"
-            self._listener = asyncio.get_running_loop().create_task(self._listen())
-        if self._state == "live" and self._pubsub is not None:
-            self._confirming.setdefault(channel, deque()).append(ready)
-            self._spawn(self._send(self._pubsub, "subscribe", channel))
-        elif self._state == "connecting":
-            pass                          # the listener subscribes every channel it knows of
-        else:
-            ready.set_result(None)        # Redis is down: the reconnection wakes every watch
-            self._wake_on_connect = True
-        return ready
-
-    def _remove(self, channel: str, watch: EventWatch) -> None:
-        watches = self._watches.get(channel)
-        if watches is None:
-            return
-        watches.discard(watch)
-        if watches:
-            return
-        self._idle[channel] = asyncio.get_running_loop().time()
-        self._sweep()
-
-    def _sweep(self) -> None:
-        """Unsubscribe the channels that lingered long enough without a watch."""
-        now = asyncio.get_running_loop().time()
-        while self._idle:
-            channel, since = next(iter(self._idle.items()))
-            if len(self._idle) <= _LINGERING and now - since < _LINGER:
-                break
-            del self._idle[channel]
-            del self._watches[channel]
-            self._ready.pop(channel, None)
-            if self._state == "live" and self._pubsub is not None:
-                self._spawn(self._send(self._pubsub, "unsubscribe", channel))
+    def _drop_pubsub(self) -> None:
+        """Forget the pub/sub connection (closed in the background)."""
+        pubsub, self._pubsub = self._pubsub, None
+        self._subscribed.clear()
+        if pubsub is not None:
+            self._spawn(self._close_pubsub(pubsub))
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _send(self, pubsub: PubSub, command: str, channel: str) -> None:
-        try:
-            if command == "subscribe":
-                await pubsub.subscribe(channel)
-            else:
-                await pubsub.unsubscribe(channel)
-        except Exception:
-            # the listener's read fails on the same connection and reconnects; until then,
-            # whoever waits for this subscription goes on, and the reconnection wakes it
-            self._wake_on_connect = True
-            for waiting in self._confirming.get(channel, ()):
-                if not waiting.done():
-                    waiting.set_result(None)
-
-    def _drop_pubsub(self) -> None:
-        """Forget the pub/sub connection: every pending confirmation is given up (its watch is
-        woken when a new connection is confirmed)."""
-        pubsub, self._pubsub = self._pubsub, None
-        for channel in self._idle:        # not subscribed on the next connection: forget them
-            del self._watches[channel]
-            self._ready.pop(channel, None)
-        self._idle.clear()
-        for waiting in self._confirming.values():
-            for future in waiting:
-                if not future.done():
-                    future.set_result(None)
-        self._confirming.clear()
-        for future in self._ready.values():
-            if not future.done():
-                future.set_result(None)
-        if pubsub is not None:
-            self._spawn(self._close_pubsub(pubsub))
-
     async def _close_pubsub(self, pubsub: PubSub) -> None:
         with contextlib.suppress(Exception):
             await pubsub.aclose()  # type: ignore[no-untyped-call]
 
     async def _listen(self) -> None:
-        """Keep one subscribed pub/sub connection and dispatch its messages to the watches;
-        reconnect (with a short backoff) whenever it fails."""
+        """Keep one pub/sub connection subscribed to this store object's inbox and wake the
+        watches its messages name; reconnect (with a short backoff) whenever it fails."""
         delay = 0.05
         while not self._closed:
             pubsub = self._redis().pubsub()
-            self._state = "connecting"
             try:
                 async with asyncio.timeout(self._timeout):
                     await pubsub.connect()  # type: ignore[no-untyped-call]
-                # from here on, a new channel sends its own SUBSCRIBE on this connection
-                self._state, self._pubsub = "live", pubsub
-                channels = list(self._watches)
-                for channel in channels:
-                    ready = self._ready.get(channel)
-                    if ready is None or ready.done():
-                        ready = asyncio.get_running_loop().create_future()
-                        self._ready[channel] = ready
-                    self._confirming.setdefault(channel, deque()).append(ready)
-                await pubsub.subscribe(*channels, self._control)
+                self._pubsub = pubsub
+                await pubsub.subscribe(self._inbox)
                 delay = 0.05
                 await self._read(pubsub)
             except Exception:
@@ -453,8 +383,8 @@ class RedisCoordStore:
             finally:
                 if self._pubsub is not pubsub:
                     self._spawn(self._close_pubsub(pubsub))
-                self._state = "down"
                 self._wake_on_connect = True
+                self._down.set()
                 self._drop_pubsub()
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
@@ -466,7 +396,6 @@ class RedisCoordStore:
             message = await pubsub.get_message(timeout=self._timeout)
             if message is None:
                 idle += self._timeout
-                self._sweep()
                 if idle >= _IDLE_PING + 2 * self._timeout and pinged:
                     raise RedisTimeoutError("the pub/sub connection stopped answering")
                 if idle >= _IDLE_PING and not pinged:
@@ -475,22 +404,19 @@ class RedisCoordStore:
                 continue
             idle, pinged = 0.0, False
             kind = _text(message.get("type"))
-            channel = _text(message.get("channel"))
             if kind == "message":
-                self._wake(channel)
-            elif kind == "subscribe":
-                waiting = self._confirming.get(channel)
-                if waiting:
-                    future = waiting.popleft()
-                    if not future.done():
-                        future.set_result(None)
-                    if not waiting:
-                        del self._confirming[channel]
-                if channel == self._control and self._wake_on_connect:
-                    # every channel of this connection is confirmed (Redis confirms in order):
-                    # anything announced while the connection was down is covered by this wake
+                try:
+                    namespace, holder = json.loads(_text(message.get("data")))
+                    self._watches.wake(str(namespace), [str(holder)])
+                except (ValueError, TypeError):     # not ours to read: look anyway
+                    self._watches.wake_every()
+            elif kind == "subscribe" and _text(message.get("channel")) == self._inbox:
+                self._subscribed.set()
+                self._down.clear()
+                if self._wake_on_connect:
+                    # anything published while there was no subscription is covered by this
                     self._wake_on_connect = False
-                    self._wake_all()
+                    self._watches.wake_every()
 
     # -- membership ----------------------------------------------------------------------------
 

@@ -2,10 +2,11 @@
 
 Each method is one ``BEGIN IMMEDIATE`` transaction of the store (``_tx``), so it is atomic across
 the processes sharing the file; its semantics are those of the memory reference
-(:mod:`shoal.stores.memory_coord`). Lock waiters are woken at once by a release through the same
-store object, and within milliseconds by a commit of another connection: one poller task per store
-reads ``PRAGMA data_version`` while anything is watched and, when it changed, compares what the
-watched keys look like with what each watch saw last.
+(:mod:`shoal.stores.memory_coord`). A release wakes the waiter it names (the new first waiter of
+a key it left free) at once when that waiter's watch is on the same store object, and within
+milliseconds when it is on another connection: one poller task per store reads ``PRAGMA
+data_version`` while anything is watched and, when it changed, looks at where each watched
+waiter stands, waking it when it has just become the first waiter of a free key.
 """
 
 from __future__ import annotations
@@ -23,16 +24,15 @@ from shoal.stores._sqlfiles import queries
 _Q = queries("sqlite")
 _POLL = 0.005   # seconds between two reads of data_version while a lock is watched
 
-# What a waiter may be waiting for on one key: (holder, last token, queue size, sum of tickets).
-_KeyState = tuple[Any, ...]
+# Where a watched waiter stands on one key: its ticket there, and whether it is first on a free key.
+_KeyState = tuple[Any, bool]
 
 
 class _Watch(EventWatch):
-    def __init__(self, namespace: str, keys: Sequence[str], seen: dict[str, _KeyState]) -> None:
-        super().__init__()
-        self.namespace = namespace
-        self.keys = tuple(keys)
-        self.seen = seen          # the state of each key when this watch last looked
+    def __init__(self, namespace: str, keys: Sequence[str], holder: str,
+                 seen: dict[str, _KeyState]) -> None:
+        super().__init__(namespace, keys, holder)
+        self.seen = seen          # where it stood on each key when the poller last looked
 
 
 class SQLiteCoordination:
@@ -88,27 +88,37 @@ class SQLiteCoordination:
 
     async def lock_release(self, namespace: str, keys: Sequence[str], holder: str) -> None:
         args = {"namespace": namespace, "keys": _json.dumps(list(keys)), "holder": holder}
-        async with self._tx() as db:
-            db.execute(_Q["lock_release"], args)
-            db.execute(_Q["lock_unqueue"], args)
-        # this connection's commits do not change its data_version: wake this store's watches
-        self._lock_watches.wake(namespace, keys)
+        try:
+            async with self._tx() as db:
+                heads = [r[0] for r in db.execute(_Q["lock_release_heads"], args).fetchall()
+                         if r[0] is not None]
+                db.execute(_Q["lock_release"], args)
+                db.execute(_Q["lock_unqueue"], args)
+        except BaseException:
+            # it may have committed: whoever is next here must not wait for its timer
+            self._lock_watches.wake_keys(namespace, keys)
+            raise
+        # this connection's commits do not change its data_version: the poller would not see
+        # this one, so the waiter named is woken here (one in another process by its poller)
+        self._lock_watches.wake(namespace, heads)
 
     @asynccontextmanager
-    async def lock_watch(self, namespace: str, keys: Sequence[str]) -> AsyncIterator[_Watch]:
-        # The poller's data_version is read before the watch's first look at its keys, so a
-        # commit after that look is one the poller sees as a change.
+    async def lock_watch(
+        self, namespace: str, keys: Sequence[str], holder: str
+    ) -> AsyncIterator[_Watch]:
+        # The poller's data_version is read before the watch's first look, so a commit after
+        # that look is one the poller sees as a change.
         if self._lock_poller is None:
             self._lock_seen = (self._db, self._data_version_now())
-        seen = self._lock_states([(namespace, k) for k in keys])
-        watch = _Watch(namespace, keys, {k: seen[(namespace, k)] for k in keys})
-        self._lock_watches.add(namespace, keys, watch)
+        seen = self._lock_states([(namespace, k, holder) for k in keys])
+        watch = _Watch(namespace, keys, holder, {k: seen[(namespace, k, holder)] for k in keys})
+        self._lock_watches.add(watch)
         if self._lock_poller is None:
             self._lock_poller = asyncio.create_task(self._poll_lock_watches())
         try:
             yield watch
         finally:
-            self._lock_watches.remove(namespace, keys, watch)
+            self._lock_watches.remove(watch)
             if not self._lock_watches and self._lock_poller is not None:
                 self._lock_poller.cancel()
                 self._lock_poller = None
@@ -121,16 +131,20 @@ class SQLiteCoordination:
         finally:
             cur.close()
 
-    def _lock_states(self, watched: Sequence[tuple[str, str]]) -> dict[tuple[str, str], _KeyState]:
+    def _lock_states(
+        self, watched: Sequence[tuple[str, str, str]]
+    ) -> dict[tuple[str, str, str], _KeyState]:
         rows = self._db.execute(_Q["lock_watch_state"],
                                 {"watched": _json.dumps([list(w) for w in watched])}).fetchall()
-        return {(r["namespace"], r["key"]): (r["holder"], r["token"], r["waiters"], r["tickets"])
+        return {(r["namespace"], r["key"], r["holder"]): (r["ticket"], bool(r["first"] and
+                                                                         r["free"]))
                 for r in rows}
 
     async def _poll_lock_watches(self) -> None:
-        """While anything is watched: when another connection committed, wake the watches whose
-        keys changed since they last looked. A failed read or a closed store wakes every watch
-        (a spurious wake-up rather than a missed one)."""
+        """While anything is watched: when another connection committed, wake each watched
+        waiter that has just become the first waiter of a free key (as the release that made it
+        so would have, had it run here). A failed read or a closed store wakes every watch (a
+        spurious wake-up rather than a missed one)."""
         while self._lock_watches:
             await asyncio.sleep(_POLL)
             watches = self._lock_watches.every()
@@ -146,17 +160,21 @@ class SQLiteCoordination:
                 # data_version only compares within one connection: after a reopen, look anyway
                 if self._lock_seen == (conn, version):
                     continue
-                states = self._lock_states(self._lock_watches.watched())
+                states = self._lock_states(
+                    [(w.namespace, k, w.holder) for w in watches for k in w.keys])
             except sqlite3.Error:
                 for watch in watches:
                     watch.event.set()
                 continue
             self._lock_seen = (conn, version)
             for watch in watches:
-                now = {k: states[(watch.namespace, k)] for k in watch.keys}
-                if now != watch.seen:
-                    watch.seen = now
+                now = {k: states[(watch.namespace, k, watch.holder)] for k in watch.keys}
+                # first on a free key, and it was not so when last seen (or with another ticket:
+                # it was requeued meanwhile)
+                if any(ready and watch.seen[k] != (ticket, ready)
+                       for k, (ticket, ready) in now.items()):
                     watch.event.set()
+                watch.seen = now
         if self._lock_poller is asyncio.current_task():
             self._lock_poller = None
 

@@ -24,6 +24,12 @@ TTL = 15.0
 WARMUP = 10.0
 
 
+def exactly(t: float) -> Any:
+    """``t`` to the millisecond (``pytest.approx`` alone allows a relative error of 1e-6: half an
+    hour at these times)."""
+    return pytest.approx(t, rel=0, abs=1e-3)
+
+
 async def grant(coord: CoordStore, keys: list[str], holder: str, now: float = T0,
                 lease: float = LEASE, ns: str = NS) -> LockGrant:
     got = await coord.lock_acquire(ns, keys, holder, lease, now)
@@ -40,6 +46,10 @@ async def queued(coord: CoordStore, keys: list[str], holder: str, now: float = T
 
 class CoordContract:
     """Every CoordStore behaves like this. Provide the ``coord`` and ``other`` fixtures."""
+
+    # test_lock_managers_ask_once_per_hand_off: the most refused asks per acquisition (a store
+    # whose FIFO is best effort, as Redlock's, may allow more)
+    refused_per_handoff = 1.6
 
     # -- locks ---------------------------------------------------------------------------------
 
@@ -155,7 +165,7 @@ class CoordContract:
         self, coord: CoordStore, other: CoordStore
     ) -> None:
         await grant(coord, ["k"], "h1")
-        async with other.lock_watch(NS, ["k"]) as watch:
+        async with other.lock_watch(NS, ["k"], "h2") as watch:
             await queued(other, ["k"], "h2", T0 + 1)
             waiting = asyncio.ensure_future(watch.wait())
             await asyncio.sleep(0.05)
@@ -168,7 +178,7 @@ class CoordContract:
         self, coord: CoordStore, other: CoordStore
     ) -> None:
         await grant(coord, ["k"], "h1")
-        async with other.lock_watch(NS, ["k"]) as watch:
+        async with other.lock_watch(NS, ["k"], "h2") as watch:
             await queued(other, ["k"], "h2", T0 + 1)
             await coord.lock_release(NS, ["k"], "h1")
             await asyncio.sleep(0.2)
@@ -181,7 +191,7 @@ class CoordContract:
         log: list[tuple[str, int]] = []
 
         async def contender(store: CoordStore, name: str) -> None:
-            async with store.lock_watch(NS, ["k"]) as watch:
+            async with store.lock_watch(NS, ["k"], name) as watch:
                 while True:
                     got = await store.lock_acquire(NS, ["k"], name, LEASE, T0)
                     if isinstance(got, LockGrant):
@@ -200,6 +210,137 @@ class CoordContract:
         assert sorted(n for n, _ in log) == sorted(f"c{i}" for i in range(12))
         tokens = [t for _, t in log]
         assert tokens == sorted(tokens) and len(set(tokens)) == 12
+
+    # -- hand-offs: one wake-up, for the waiter that is next -------------------------------------
+
+    async def test_a_release_wakes_the_next_waiter_and_no_other(
+        self, coord: CoordStore, other: CoordStore
+    ) -> None:
+        """Eight waiters on one key: each release wakes the one that is now first, and none of
+        the others (the first seven hand-offs wake 1, not 8, 7, 6, … waiters)."""
+        names = [f"w{i}" for i in range(8)]
+        await grant(coord, ["k"], "h")
+        async with contextlib.AsyncExitStack() as stack:
+            watches = [await stack.enter_async_context(other.lock_watch(NS, ["k"], n))
+                       for n in names]
+            for i, n in enumerate(names):
+                await queued(other, ["k"], n, T0 + 1 + i * 0.01)
+            woke = [asyncio.ensure_future(w.wait()) for w in watches]
+            try:
+                await asyncio.sleep(0.1)
+                assert not any(w.done() for w in woke), "nothing was released yet"
+                holder = "h"
+                for i, n in enumerate(names):
+                    await coord.lock_release(NS, ["k"], holder)
+                    await asyncio.wait_for(asyncio.shield(woke[i]), 3.0)
+                    await asyncio.sleep(0.1)      # a wake-up for another would have come by now
+                    early = [names[j] for j in range(i + 1, len(names)) if woke[j].done()]
+                    assert not early, f"releasing {holder} woke {early} besides {n}"
+                    await grant(other, ["k"], n, T0 + 2)
+                    holder = n
+            finally:
+                for w in woke:
+                    w.cancel()
+
+    async def test_the_first_waiter_giving_up_wakes_the_next(
+        self, coord: CoordStore, other: CoordStore
+    ) -> None:
+        """A waiter woken (or about to be) that leaves the queue instead of taking the lock
+        passes the wake-up on; one that leaves from further back, or while the key is held,
+        wakes nobody."""
+        await grant(coord, ["k"], "h")
+        async with other.lock_watch(NS, ["k"], "w1") as w1, \
+                other.lock_watch(NS, ["k"], "w2") as w2, \
+                other.lock_watch(NS, ["k"], "w3") as w3:
+            for n in ("w1", "quitter", "w2", "w3"):
+                await queued(other, ["k"], n, T0 + 1)
+            woke = {n: asyncio.ensure_future(w.wait())
+                    for n, w in (("w1", w1), ("w2", w2), ("w3", w3))}
+            try:
+                await coord.lock_release(NS, ["k"], "quitter")     # from the middle
+                await other.lock_release(NS, ["k"], "nobody")      # holds and waits for nothing
+                await asyncio.sleep(0.2)
+                assert not any(t.done() for t in woke.values())
+                await coord.lock_release(NS, ["k"], "h")
+                await asyncio.wait_for(asyncio.shield(woke["w1"]), 3.0)
+                await other.lock_release(NS, ["k"], "w1")          # cancelled once woken
+                await asyncio.wait_for(asyncio.shield(woke["w2"]), 3.0)
+                await asyncio.sleep(0.2)
+                assert not woke["w3"].done()
+                await grant(other, ["k"], "w2", T0 + 2)
+            finally:
+                for t in woke.values():
+                    t.cancel()
+
+    async def test_retry_at_is_what_the_waiter_alone_waits_for(self, coord: CoordStore) -> None:
+        """The first waiter is due when the holder's lease ends, each other one when the lease
+        of the waiter right ahead of it does: a dead holder or a dead waiter is noticed by the
+        one waiter behind it, the others sleep on."""
+        await grant(coord, ["k"], "h")                                   # until T0 + 10
+        assert (await queued(coord, ["k"], "w1", T0 + 1)).retry_at == exactly(T0 + LEASE)
+        assert (await queued(coord, ["k"], "w2", T0 + 2)).retry_at == exactly(T0 + 11)
+        assert (await queued(coord, ["k"], "w3", T0 + 3)).retry_at == exactly(T0 + 12)
+        # w1 dies at the head; the holder too. w2, due at T0 + 11, takes over; w3 sleeps on.
+        assert (await queued(coord, ["k"], "w3", T0 + 4)).retry_at == exactly(T0 + 12)
+        await grant(coord, ["k"], "w2", T0 + 11)
+        w3 = await queued(coord, ["k"], "w3", T0 + 12)
+        assert w3.retry_at == exactly(T0 + 11 + LEASE), "first now: the holder's end"
+        # several keys: the earliest of what it alone waits for on each
+        await grant(coord, ["c"], "hc", T0 + 12)                         # until T0 + 22
+        await queued(coord, ["c"], "y", T0 + 13)                         # until T0 + 23
+        await grant(coord, ["a"], "ha", T0 + 14)                         # until T0 + 24
+        x = await queued(coord, ["a", "c"], "x", T0 + 15)
+        assert x.retry_at == exactly(T0 + 23), "y's end on c, before ha's on a"
+
+    async def test_lock_managers_ask_once_per_hand_off(
+        self, coord: CoordStore, other: CoordStore
+    ) -> None:
+        """Eight app.lock callers (on two handles) take one key in turns: each acquisition
+        costs at most about one refused ask besides the grant, not one per waiter woken."""
+        from shoal.clock import SystemClock
+        from shoal.coord.lock import LockManager
+
+        refused = [0]
+
+        class Counting:
+            def __init__(self, store: CoordStore) -> None:
+                self._store = store
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self._store, name)
+
+            async def lock_acquire(self, *args: Any) -> LockGrant | LockWait:
+                got = await self._store.lock_acquire(*args)
+                refused[0] += isinstance(got, LockWait)
+                return got
+
+        clock = SystemClock()
+        stores = [Counting(coord), Counting(other)]
+        managers = [LockManager(lambda s=stores[i % 2]: s, clock,  # type: ignore[misc]
+                                "handoffs", f"m{i}", 30.0, []) for i in range(8)]
+        rounds = 6
+        holding: list[int] = []
+        tokens: list[int] = []
+
+        async def loop(i: int) -> None:
+            # one after the other at first: contenders that queue at the same instant may be
+            # queued in different orders on Redlock's servers (its FIFO is best effort)
+            await asyncio.sleep(0.005 * i)
+            for _ in range(rounds):
+                lock = await managers[i].acquire(("k",))
+                holding.append(i)
+                assert holding == [i], holding
+                tokens.append(lock.token)
+                await asyncio.sleep(0.01)
+                holding.remove(i)
+                await managers[i].release(lock)
+
+        await asyncio.wait_for(asyncio.gather(*(loop(i) for i in range(8))), 60)
+        assert tokens == sorted(tokens) and len(set(tokens)) == 8 * rounds
+        per = refused[0] / (8 * rounds)
+        # an acquisition queues once (1) and is woken when it is next; the old wake-everyone
+        # hand-off cost about one refused ask per waiter still queued (~4.5 here)
+        assert per <= self.refused_per_handoff, f"{per:.2f} refused asks per acquisition"
 
     # -- membership ----------------------------------------------------------------------------
 

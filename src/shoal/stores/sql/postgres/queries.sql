@@ -643,7 +643,8 @@ FOR UPDATE;
 -- has a live holder and, on each key, the smallest live ticket is its own (no queue, no ticket:
 -- first too): the token is one above each key's last, and its waiter rows go. Else it queues on
 -- every key with its ticket (a new one, from the namespace's counter, if it had none) and learns
--- the earliest end of a lease ahead of it: a live holder's, or a live earlier waiter's.
+-- when to ask again by itself: the earliest, among its keys, of the lease end of the live waiter
+-- right ahead of it or, on a key where it is first, of the live holder's.
 WITH purged AS (
     DELETE FROM lock_waiters
     WHERE namespace = %(namespace)s AND key = ANY(%(keys)s::text[]) AND holder <> %(holder)s
@@ -687,12 +688,13 @@ WITH purged AS (
     SET ticket = excluded.ticket, expires_at = excluded.expires_at
 )
 SELECT verdict.granted, verdict.token, place.ticket,
-       coalesce((SELECT min(a.until) FROM (
-                     SELECT expires_at AS until FROM keyrows
-                     WHERE holder IS NOT NULL AND expires_at > %(now)s
-                     UNION ALL
-                     SELECT expires_at FROM live
-                     WHERE holder <> %(holder)s AND ticket < place.ticket) a),
+       coalesce((SELECT min(coalesce(
+                     (SELECT a.expires_at FROM live AS a
+                      WHERE a.key = k AND a.holder <> %(holder)s AND a.ticket < place.ticket
+                      ORDER BY a.ticket DESC LIMIT 1),
+                     (SELECT r.expires_at FROM keyrows AS r
+                      WHERE r.key = k AND r.holder IS NOT NULL AND r.expires_at > %(now)s)))
+                 FROM unnest(%(keys)s::text[]) AS k),
                 %(until)s) AS retry_at
 FROM verdict LEFT JOIN place ON true;
 
@@ -715,15 +717,40 @@ SELECT count(*) AS renewed FROM renewed;
 
 -- name: lock_release
 -- After lock_keys. The hold goes (the fencing counter stays), so do the caller's waiter rows (a
--- waiter that gives up); the watchers of the keys are told when the transaction commits.
-WITH freed AS (
+-- waiter that gives up). On each key where the caller held the lock (even with an ended lease)
+-- or was the first waiter, and that no one else holds, the new first waiter (smallest ticket, a
+-- row whose lease ended counting) is named in a notification sent when the transaction commits
+-- (the payload names the waiters, or is 'lock *' when they do not fit: every watch wakes), and
+-- returned, for the watches of this store. The snapshot is the one before the changes below.
+WITH before AS (
+    SELECT k AS key, l.holder,
+           (SELECT q.holder FROM lock_waiters AS q
+            WHERE q.namespace = %(namespace)s AND q.key = k
+            ORDER BY q.ticket LIMIT 1) AS first,
+           (SELECT q.holder FROM lock_waiters AS q
+            WHERE q.namespace = %(namespace)s AND q.key = k AND q.holder <> %(holder)s
+            ORDER BY q.ticket LIMIT 1) AS next
+    FROM unnest(%(keys)s::text[]) AS k
+    LEFT JOIN locks AS l ON l.namespace = %(namespace)s AND l.key = k
+), freed AS (
     UPDATE locks SET holder = NULL, expires_at = 0
     WHERE namespace = %(namespace)s AND key = ANY(%(keys)s::text[]) AND holder = %(holder)s
 ), gave_up AS (
     DELETE FROM lock_waiters
     WHERE namespace = %(namespace)s AND key = ANY(%(keys)s::text[]) AND holder = %(holder)s
+), named AS (
+    SELECT array_agg(DISTINCT next) AS heads FROM before
+    WHERE next IS NOT NULL AND (holder IS NULL OR holder = %(holder)s)
+      AND (holder = %(holder)s OR first = %(holder)s)
+), payload AS (
+    SELECT heads, 'lock ' || json_build_array(%(origin)s::text, %(namespace)s::text, heads)::text
+                  AS text
+    FROM named WHERE heads IS NOT NULL
 )
-SELECT pg_notify(%(channel)s, %(payload)s) AS notified;
+SELECT heads,
+       pg_notify(%(channel)s, CASE WHEN octet_length(text) <= 7999 THEN text ELSE 'lock *' END)
+       AS notified
+FROM payload;
 
 -- name: heartbeat
 -- After advisory_xact_lock on the namespace's membership. Members whose row ended are deleted;

@@ -390,16 +390,18 @@ ON CONFLICT (namespace, key, holder) DO UPDATE
 SET ticket = excluded.ticket, expires_at = excluded.expires_at;
 
 -- name: lock_retry_at
--- The earliest end of something ahead of the caller: a live holder or an earlier live waiter.
-SELECT min(until) FROM (
-    SELECT expires_at AS until FROM locks
-    WHERE namespace = :namespace AND key IN (SELECT value FROM json_each(:keys))
-      AND holder IS NOT NULL AND expires_at > :now
-    UNION ALL
-    SELECT expires_at FROM lock_waiters
-    WHERE namespace = :namespace AND key IN (SELECT value FROM json_each(:keys))
-      AND ticket < :ticket
-);
+-- When the caller is to ask again by itself: the earliest, among its keys, of the lease end of the
+-- live waiter right ahead of it (largest smaller ticket) or, on a key where it is first, of the
+-- live holder's. (Waiters were purged first: every row left is live. Whoever is further back is
+-- not due: the waiter ahead of it asks first, or a release names it.)
+SELECT min(coalesce(
+    (SELECT q.expires_at FROM lock_waiters AS q
+     WHERE q.namespace = :namespace AND q.key = wanted.value AND q.ticket < :ticket
+     ORDER BY q.ticket DESC LIMIT 1),
+    (SELECT l.expires_at FROM locks AS l
+     WHERE l.namespace = :namespace AND l.key = wanted.value
+       AND l.holder IS NOT NULL AND l.expires_at > :now)))
+FROM json_each(:keys) AS wanted;
 
 -- name: lock_held
 SELECT count(*) FROM locks
@@ -411,6 +413,22 @@ UPDATE locks SET expires_at = :expires_at
 WHERE namespace = :namespace AND key IN (SELECT value FROM json_each(:keys))
   AND holder = :holder;
 
+-- name: lock_release_heads
+-- Before lock_release and lock_unqueue: whom the release is to wake. On each key where the caller
+-- holds the lock (even with an ended lease) or is the first waiter, and that no one else holds,
+-- the first waiter but the caller (smallest ticket; a row whose lease ended counts).
+SELECT DISTINCT
+    (SELECT q.holder FROM lock_waiters AS q
+     WHERE q.namespace = :namespace AND q.key = wanted.value AND q.holder <> :holder
+     ORDER BY q.ticket LIMIT 1) AS head
+FROM json_each(:keys) AS wanted
+LEFT JOIN locks AS l ON l.namespace = :namespace AND l.key = wanted.value
+WHERE (l.holder IS NULL OR l.holder = :holder)
+  AND (l.holder = :holder
+       OR (SELECT q.holder FROM lock_waiters AS q
+           WHERE q.namespace = :namespace AND q.key = wanted.value
+           ORDER BY q.ticket LIMIT 1) = :holder);
+
 -- name: lock_release
 -- The row stays: it keeps the key's fencing counter.
 UPDATE locks SET holder = NULL, expires_at = 0
@@ -418,18 +436,23 @@ WHERE namespace = :namespace AND key IN (SELECT value FROM json_each(:keys))
   AND holder = :holder;
 
 -- name: lock_watch_state
--- What a lock waiter may be waiting for, per watched [namespace, key]: the holder, the last token,
--- and the queue (its size and the sum of its tickets: tickets only grow, so any change of the
--- queue but a waiter extending its lease changes one of them).
-WITH watched (namespace, key) AS (
-    SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(:watched))
-SELECT w.namespace, w.key, l.holder, l.token,
-       (SELECT count(*) FROM lock_waiters AS q
-        WHERE q.namespace = w.namespace AND q.key = w.key) AS waiters,
-       (SELECT sum(q.ticket) FROM lock_waiters AS q
-        WHERE q.namespace = w.namespace AND q.key = w.key) AS tickets
-FROM watched AS w
-LEFT JOIN locks AS l ON l.namespace = w.namespace AND l.key = w.key;
+-- For the lock watches of another connection's commits, per watched [namespace, key, holder]:
+-- the holder's ticket on the key (NULL: not queued there), whether it is the first waiter there
+-- (smallest ticket, a row whose lease ended counting), and whether the key has no holder (one
+-- whose lease ended still counts: the first waiter's retry_at is its end).
+WITH watched (namespace, key, holder) AS (
+    SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]')
+    FROM json_each(:watched))
+SELECT w.namespace, w.key, w.holder,
+       (SELECT q.ticket FROM lock_waiters AS q
+        WHERE q.namespace = w.namespace AND q.key = w.key AND q.holder = w.holder) AS ticket,
+       coalesce((SELECT q.holder FROM lock_waiters AS q
+                 WHERE q.namespace = w.namespace AND q.key = w.key
+                 ORDER BY q.ticket LIMIT 1) = w.holder, 0) AS first,
+       NOT EXISTS (SELECT 1 FROM locks AS l
+                   WHERE l.namespace = w.namespace AND l.key = w.key
+                     AND l.holder IS NOT NULL) AS free
+FROM watched AS w;
 
 -- name: members_purge
 DELETE FROM members WHERE namespace = :namespace AND expires_at <= :now;
