@@ -24,7 +24,10 @@ import pytest
 from shoal.stores import mask_url
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-TIMEOUT = 30.0
+# a guard against a hung example, not a speed check: cron.md's two virtual days on SQLite
+# take ~22 s under load in the suite and 30 s alone with two busy loops and other work on a
+# 2-core machine (6 s of CPU: ~860k event-loop turns of VirtualClock.advance, each a syscall)
+TIMEOUT = 120.0
 FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([\w+-]*)\s*$")
 LANGUAGES = {"python", "python-norun", "bash", "text"}
 POSTGRES = os.environ.get("SHOAL_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")

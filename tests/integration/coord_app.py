@@ -13,7 +13,9 @@ process on the machine.
 ``slots``   start the app, log every change the ``on_assigned`` listener hears and
           ``app.slots(COORD_TOTAL)`` every interval/10, until SIGTERM (then ``app.close()``)
 ``meter``   once the file ``COORD_GO`` exists, charge the meters ``COORD_CALLS`` times (two tasks)
-          with a frozen clock; write every call and its answer to ``COORD_OUT`` (JSON)
+          with a frozen clock, logging ``halfway`` after half of them, then on while fewer
+          than ``COORD_PEERS`` workers have logged ``halfway`` (20 s at most); write every call
+          and its answer to ``COORD_OUT`` (JSON)
 
 Configured by environment variables: ``COORD_STORE`` (the run store URL: ``sqlite:///…``,
 ``postgresql://…?schema=…``, ``memory://``), ``COORD_REDIS`` and ``COORD_REDIS_PREFIX`` (when set,
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -33,6 +36,7 @@ import random
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import harness
@@ -179,10 +183,18 @@ def meter_plan(index: int, calls: int) -> list[tuple[list[str], list[float]]]:
     return plan
 
 
+def _all_halfway(peers: int) -> bool:
+    return sum(1 for r in harness.read_log(Path(os.environ["COORD_LOG"]))
+               if r.get("ev") == "halfway") >= peers
+
+
 async def meter_worker() -> dict[str, Any]:
     app = make_app(clock=FrozenClock())
     index = int(os.environ["COORD_INDEX"])
-    plan = meter_plan(index, int(os.environ.get("COORD_CALLS", "200")))
+    calls = int(os.environ.get("COORD_CALLS", "200"))
+    peers = int(os.environ.get("COORD_PEERS", "1"))
+    # the first ``calls`` of this plan always, then more while a peer is not halfway yet
+    plan = meter_plan(index, calls * 20)
     answers: list[list[float] | None] = [None] * len(plan)
     async with app.open():
         await app.meter(["m:warm"], [0])   # connected before the start
@@ -190,15 +202,26 @@ async def meter_worker() -> dict[str, Any]:
         while not os.path.exists(os.environ["COORD_GO"]):   # noqa: ASYNC110 (another process)
             await asyncio.sleep(0.005)
         began = time.time()
+        numbers = itertools.count()
+        used = len(plan)
 
-        async def charge(part: int) -> None:
-            for n in range(part, len(plan), 2):
+        async def charge() -> None:
+            nonlocal used
+            # the draws are in order and, once one stops, every later one does: the calls
+            # made are plan[:used]
+            while (n := next(numbers)) < used:
+                if n >= calls and (_all_halfway(peers) or time.time() > began + 20.0):
+                    used = min(used, n)
+                    return
                 keys, deltas = plan[n]
                 answers[n] = await app.meter(keys, deltas)
+                if n == calls // 2:
+                    emit({**_base(), "ev": "halfway", "t": time.time()})
 
-        await asyncio.gather(charge(0), charge(1))
+        await asyncio.gather(charge(), charge())
         ended = time.time()
-    return {"index": index, "plan": plan, "answers": answers, "began": began, "ended": ended}
+    return {"index": index, "plan": plan[:used], "answers": answers[:used], "began": began,
+            "ended": ended}
 
 
 def main() -> None:

@@ -239,6 +239,18 @@ class Monkey(threading.Thread):
                 self.procs.live.pop(slot)
                 self.procs.start_worker(slot)
 
+    async def reached(self, kills: int, freezes: int, timeout: float) -> None:
+        """Wait (``timeout`` seconds at most, without failing: the test checks the counts) until
+        the chaos has made ``kills`` kills and ``freezes`` freezes, or can make no more. A test
+        holds back its last dispatches on this, so that runs still flow after that much chaos
+        however fast the machine runs them."""
+        async def done() -> bool:
+            what = [c.what for c in self.chaos]
+            return (what.count("kill") >= kills and what.count("freeze") >= freezes) \
+                or not self.is_alive()
+        with contextlib.suppress(AssertionError):
+            await wait_until(done, timeout, "enough chaos", step=0.1)
+
     def stop(self) -> None:
         self.halt.set()
         self.join(timeout=30)

@@ -18,9 +18,11 @@ times this test recorded for its kills, and each is shown to fail on a log that 
    (see ``ownership_runs`` for why the bounds used are sound); once churn stops, all 16 slots are
    owned again, as ``i, i+n, …`` by the n live processes, within 8 intervals, and stay put.
 3. Meter (invariant 9): 4 processes with a frozen clock (nothing drains) charge one key and a
-   pair of keys (one named twice per call) concurrently, 200 calls each; the final read equals
-   the exact sum, the answers of all calls form one serial order per key (each answer is the one
-   before plus its own delta), and the multi-key calls are ordered alike on both keys.
+   pair of keys (one named twice per call) concurrently, 200 calls each (more while another is
+   not halfway through its own, so all four charge at once however late one starts); the final
+   read equals the exact sum, the answers of all calls form one serial order per key (each
+   answer is the one before plus its own delta), and the multi-key calls are ordered alike on
+   both keys.
 
 Servers: PostgreSQL ``SHOAL_TEST_POSTGRES`` (default ``postgresql://postgres@127.0.0.1:5432/test``),
 a schema per test, dropped afterwards (a guard process drops it should the test process die);
@@ -489,7 +491,10 @@ async def test_slots_never_owned_twice_through_churn(backend: Backend, tmp_path:
                      settled_at - stable_from, 3), "final": sorted(final)}
         print(backend.name, stats)
         _fail(problems, stats, procs)
-        assert len(owners) >= 4 and moves >= 3 * TOTAL, \
+        # the churn's 8 membership changes move each slot about 4-5 times (65..81 moves seen,
+        # idle or loaded): fewer on a loaded machine, where a change can come before the one
+        # before it settled; twice per slot still shows the slots changing hands throughout
+        assert len(owners) >= 4 and moves >= 2 * TOTAL, \
             f"the churn moved too few slots to show anything: {stats}"
     finally:
         procs.cleanup()
@@ -551,7 +556,11 @@ def meter_problems(outputs: list[dict[str, Any]], final: dict[str, float]) -> tu
 @pytest.mark.slow
 async def test_meter_sums_concurrent_charges_exactly(backend: Backend, tmp_path: Path) -> None:
     await _prepare(backend.env)
-    procs = _processes(tmp_path, backend, "meter", COORD_CALLS=str(CALLS),
+    # each worker makes its CALLS calls, then goes on until all four are halfway through theirs:
+    # on a loaded machine one may begin late (its 5 ms poll of the GO file not scheduled), after
+    # a fast one is done (Redis: 200 calls in ~0.3 s, the four began within 5 ms of each other
+    # but overlapped by 0.1-0.2 s only), and "not one after the other" needs them all at once
+    procs = _processes(tmp_path, backend, "meter", COORD_CALLS=str(CALLS), COORD_PEERS="4",
                        COORD_GO=str(tmp_path / "go"))
     log = tmp_path / "log.jsonl"
     try:
@@ -578,6 +587,9 @@ async def test_meter_sums_concurrent_charges_exactly(backend: Backend, tmp_path:
         # the four were charging at the same time, not one after the other
         overlap = min(o["ended"] for o in outputs) - max(o["began"] for o in outputs)
         stats["overlap"] = round(overlap, 3)
+        stats["began_within"] = round(max(o["began"] for o in outputs)
+                                      - min(o["began"] for o in outputs), 3)
+        stats["calls"] = [len(o["plan"]) for o in outputs]
         print(backend.name, stats, final)
         _fail(problems, stats, procs)
         assert overlap > 0 and stats["switches"] >= 20, \

@@ -395,15 +395,26 @@ async def test_breaker_opens_for_every_process(backend: Backend, tmp_path: Path)
             **{f"W{i}": {"PROV_ROLE": "watcher", "PROV_TASKS": "2", "PROV_SEED": str(i + 2)}
                for i in range(2)},
         }
-        # past one cooldown, so a trial goes and opens the circuit again
-        records = await _run(procs, tmp_path, workers, COOLDOWN + 1.5, exit_within=TIMEOUT + 10)
+        # past one cooldown, so a trial goes and opens the circuit again: the first failure
+        # comes ~0.2 s after the start, the trial when its cooldown is out, 2.7 s after the start
+        # (1.2 s before the end with 1.5 s past the cooldown, idle or loaded); 2.5 s past it
+        # leave 2.2 s for a late start on a loaded machine, still too short for a second
+        # trial (which waits for a cooldown after the first one failed)
+        records = await _run(procs, tmp_path, workers, COOLDOWN + 2.5, exit_within=TIMEOUT + 10)
         calls, problems = calls_of(records)
         more, stats = concurrency_problems(calls, MAX_CONCURRENT)
         problems += more
         more, breaker_stats = breaker_problems(records, calls, FAILURES, COOLDOWN, MARGIN)
         problems += more
         problems += readiness_problems(records, ["W0", "W1"])
-        stats.update(breaker_stats, calls=len(calls), wall=round(time.time() - began, 1))
+        # how long before the end of the calls the first trial went (it must go before then)
+        until = float((tmp_path / "go").read_text())
+        first_fail = min((c["finish"] for c in calls), default=until)
+        first_trial = min((c["start"] for c in calls if c["start"] >= first_fail + COOLDOWN),
+                          default=None)
+        stats.update(breaker_stats, calls=len(calls), wall=round(time.time() - began, 1),
+                     trial_before_end=None if first_trial is None
+                     else round(until - first_trial, 3))
         print(backend.name, stats)
         _fail(problems, stats, procs)
         assert set(breaker_stats["open_errors"]) == set(workers), \
