@@ -134,7 +134,9 @@ def backend(kind: str, db: Path, app: str, tag: str) -> Iterator[Backend]:
     from shoal.stores import mask_url
 
     if kind == "sqlite":
-        yield Backend("sqlite", {f"{app}_STORE": f"sqlite:///{db}"})
+        # four processes writing as fast as they can on a loaded machine: SQLite's write lock is
+        # not fair, and one of them may wait its turn for more than the default 5 s
+        yield Backend("sqlite", {f"{app}_STORE": f"sqlite:///{db}?busy_timeout=30"})
     elif kind == "postgres":
         with postgres_schema(tag) as url:
             yield Backend("postgres", {f"{app}_STORE": url})
