@@ -137,7 +137,17 @@ def check_invariants(
     # end of the last step the store accepted. An execution whose checkpoint was refused (its
     # instance was frozen or stalled past its lease) may still finish its side effect late: the
     # store cannot fence that, the step's lease_epoch/step_key are there for it; so such ends do
-    # not extend the span. Its start came after its own claim, so it still counts.
+    # not extend the span. Its start came after its own claim, so it still counts, unless it
+    # came after a later claim of the run had begun: then the process was frozen between the
+    # engine's last look at its lease and the step's first line (a SIGSTOP can fall anywhere),
+    # and its start is as late as such an end, refused alike.
+    later_claim: dict[tuple[str, int], float] = {}
+    for rec in records:
+        if rec["kind"] in ("start", "end") and rec["run"] in by_id:
+            t = rec["t"] if rec["kind"] == "start" else rec["start"]
+            for epoch in range(rec["epoch"]):
+                key = (rec["run"], epoch)
+                later_claim[key] = min(later_claim.get(key, t), t)
     spans: dict[str, list[float]] = {}
     for rec in records:
         if rec["kind"] not in ("start", "end") or rec["run"] not in by_id:
@@ -145,6 +155,10 @@ def check_invariants(
         begin = rec["t"] if rec["kind"] == "start" else rec["start"]
         cp = checkpoint.get((rec["run"], int(rec["step"].rpartition(":")[2])))
         accepted = cp is not None and cp.epoch == rec["epoch"]
+        if not accepted and begin > later_claim.get((rec["run"], rec["epoch"]), begin):
+            if rec["kind"] == "start":
+                stats["starts after a later claim (frozen, refused)"] += 1
+            continue
         end = rec["end"] if rec["kind"] == "end" and accepted else begin
         span = spans.setdefault(rec["run"], [begin, end])
         span[0], span[1] = min(span[0], begin), max(span[1], end)
@@ -239,6 +253,17 @@ def test_the_checks_catch_violations() -> None:
     zombie = {**lines[6], "epoch": 0}
     zombie_end = {**lines[7], "epoch": 0, "end": 12.0}
     assert problems(lines=[*lines, zombie, zombie_end]) == []
+    # ...nor a zombie's step starting late, after a later claim of its run began (the process
+    # was frozen between the engine's look at its lease and the step's first line)
+    frozen = {**lines[6], "epoch": 0, "t": 12.0}
+    assert problems(lines=[*lines, frozen]) == []
+    assert check_invariants(runs, steps, [*lines, frozen])[1][
+        "starts after a later claim (frozen, refused)"] == 1
+    # but a refused start before any later claim of its run still holds the key
+    steps_a2, lines_a2 = fake_history("a", "k", 20.0, epoch=2)
+    early_zombie = {**lines[6], "epoch": 1, "t": 11.0}
+    assert any("held the key" in p for p in problems(
+        steps={**steps, "a": steps_a2}, lines=[*lines_a2, early_zombie, *lines[8:]]))
     # one idempotency key, two runs
     twin = fake_run("d", None, "i1")
     steps_d, lines_d = fake_history("d", None, 0.0)
