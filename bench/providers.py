@@ -77,8 +77,8 @@ TASKS = 16
 TOKENS = 100
 PRICE = 1e-6                      # per token: a call reserves and records 0.0001 usd
 HIGH = 10**12                     # limits that never bind
-RATE_METHODS = ("slot_acquire", "slot_renew", "slot_release", "window_add", "window_clear",
-                "pause_until", "paused_until", "counter_add")
+RATE_METHODS = ("admit", "slot_acquire", "slot_renew", "slot_release", "window_add",
+                "window_clear", "pause_until", "paused_until", "counter_add")
 perf = time.perf_counter
 
 
