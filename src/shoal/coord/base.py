@@ -404,9 +404,11 @@ class RateStore(Protocol):
         amount counted at ``now``, and the circuit's trial slot taken if the circuit is tripped
         (:class:`Admitted`). Each need is met or refused exactly as its own operation
         (``slot_acquire``, ``paused_until``, ``window_add``) would meet or refuse it at that
-        point; the circuit's counters are read as ``counter_add`` of 0 reads them (a counter
-        never counted is 0). Ended slots and entries that left a window may be forgotten either
-        way. Raises ValueError for the requests :func:`check_needs` refuses."""
+        point; once the circuit's pause is found not in force, its counters are read as
+        ``counter_add`` of 0 reads them (a counter never counted is 0; both are marked used at
+        ``now``, which retention sees, whatever the answer). Ended slots and entries that left a
+        window may be forgotten either way.
+        Raises ValueError for the requests :func:`check_needs` refuses."""
         ...
 
     async def window_add(

@@ -111,6 +111,9 @@ class MemoryRateLimits:
         return kept
 
     async def paused_until(self, namespace: str, key: str, now: float) -> float | None:
+        return self._paused(namespace, key, now)
+
+    def _paused(self, namespace: str, key: str, now: float) -> float | None:
         until = self._rate_pauses.get((namespace, key))
         return until if until is not None and until > now else None
 
@@ -127,7 +130,7 @@ class MemoryRateLimits:
                 if busy is not None:
                     return Refused(i, busy)
             elif isinstance(need, PauseNeed):
-                until = await self.paused_until(namespace, need.key, now)
+                until = self._paused(namespace, need.key, now)
                 if until is not None:
                     return Refused(i, until)
             elif isinstance(need, WindowNeed):
@@ -135,11 +138,14 @@ class MemoryRateLimits:
                 if need.limit is not None and w.total + need.amount > need.limit:
                     return Refused(i, _fits_at(w, need.amount, need.window, need.limit))
             else:
-                until = await self.paused_until(namespace, need.open, now)
+                until = self._paused(namespace, need.open, now)
                 if until is not None:
                     return Refused(i, until)
                 opened, closed = (self._counters.get((namespace, k), (0.0, now))[0]
                                   for k in (need.opened, need.closed))
+                # read as counter_add reads: used now (so retention keeps a circuit in use)
+                for key, total in ((need.opened, opened), (need.closed, closed)):
+                    self._counters[(namespace, key)] = (total, now)
                 if opened > closed:
                     if self._slot_busy(namespace, need.trial, holder, 1, now) is not None:
                         return Refused(i, None)

@@ -147,8 +147,9 @@ class PostgresRateLimits:
         """One pipeline: the advisory locks of every slot key (the circuit's trial slot among
         them) and every window key, in one order for every caller (slots then windows, each by
         key: prune_rates takes window keys in that order too, and the other operations take one
-        lock each), so two admissions never wait for each other in a cycle; then each window's
-        rate_window_prune; then rate_admit, which decides and writes."""
+        lock each), so two admissions never wait for each other in a cycle; then the circuit's
+        counter rows, in "C" order; then each window's rate_window_prune; then rate_admit,
+        which decides and writes."""
         check_needs(needs)
         args: dict[str, Any] = {
             "namespace": namespace, "holder": holder, "now": float(now),
@@ -185,6 +186,14 @@ class PostgresRateLimits:
                 locks.add(("slot", need.trial))
         args["slot_keys_all"] = [key for kind, key in locks if kind == "slot"]
         steps = [self._rate_lock(kind, namespace, key) for kind, key in sorted(locks)]
+        if args["circuit_pos"] is not None:
+            # the circuit's counters, created at 0 if missing and locked in "C" order as
+            # counter_add locks them (it holds no advisory lock: no cycle), so that rate_admit
+            # marks them used now as counter_add's read does
+            counters = {"namespace": namespace, "now": float(now),
+                        "keys": [args["opened"], args["closed"]]}
+            steps += [(_Q["rate_counter_keys_create"], counters),
+                      (_Q["rate_counter_keys"], counters)]
         steps += prunes
         steps.append((_Q["rate_admit"], args))
         [row] = await self._rate_run(steps)

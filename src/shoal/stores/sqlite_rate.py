@@ -164,7 +164,12 @@ class SQLiteRateLimits:
                         _Q["rate_counters_get"], {"namespace": namespace, "keys": _json.dumps(
                             [need.opened, need.closed])})}
                     opened = totals.get(need.opened, 0.0)
-                    if opened > totals.get(need.closed, 0.0):
+                    closed = totals.get(need.closed, 0.0)
+                    # read as counter_add reads: used now (so retention keeps a circuit in use)
+                    db.executemany(_Q["rate_counter_put"], [
+                        {"namespace": namespace, "key": key, "total": total, "now": now}
+                        for key, total in ((need.opened, opened), (need.closed, closed))])
+                    if opened > closed:
                         if _slot_busy(db, {**ns, "key": need.trial}, 1) is not None:
                             return Refused(i, None)
                         trial = opened

@@ -307,6 +307,17 @@ class RateContract:
         await rates.counter_add(NS, ["c:closed"], [1], [1], T0 + 33)
         assert await rates.admit(NS, "d", [circuit], T0 + 33) == Admitted(None)
 
+    async def test_admit_keeps_the_counters_of_a_circuit_in_use(self, rates: RateStore) -> None:
+        """Looking at the circuit marks its counters used, as counter_add's read does: retention
+        never prunes the counters of a breaker in use (pruning "closed" alone would trip it)."""
+        circuit = CircuitNeed("c:open", "c:opened", "c:closed", "c:trial", 60)
+        await rates.counter_add(NS, ["c:opened", "c:closed"], [2, 2], [None, None], T0)
+        assert await rates.admit(NS, "a", [circuit], T0 + 100) == Admitted(None)
+        await rates.prune_rates(NS, T0 + 50, 100)
+        totals = await rates.counter_add(NS, ["c:opened", "c:closed"], [0, 0], [None, None],
+                                         T0 + 100)
+        assert totals.totals == [2, 2]
+
     async def test_admit_refuses_a_key_named_twice(self, rates: RateStore) -> None:
         wrong: list[list[Need]] = [
             [SlotNeed("s", 1, 60), SlotNeed("s", 2, 60)],

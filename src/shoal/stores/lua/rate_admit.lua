@@ -13,8 +13,8 @@
 --   a window:   {prefix}:{ns}:rwz:{key}         sorted set of entries (rate_window_add)
 --               {prefix}:{ns}:rwt:{key}         hash total, seq (rate_window_add)
 --   a circuit:  {prefix}:{ns}:rpause:{open}     its cooldown, a pause
---               {prefix}:{ns}:rcount:{opened}   counter hash, field total (rate_counter_add);
---               {prefix}:{ns}:rcount:{closed}   only read here
+--               {prefix}:{ns}:rcount:{opened}   counter hashes total, updated_at
+--               {prefix}:{ns}:rcount:{closed}   (rate_counter_add): read, as it reads them
 --               {prefix}:{ns}:rslots:{trial}    its trial slot, of one place
 --
 -- ARGV[1]  holder
@@ -29,7 +29,7 @@
 --
 -- Steps, for each need in order (what each step forgets or writes before a refusal is what its
 -- own script would also write: ended slots and window entries that left, a window's total, a
--- cleanup expiry; never a slot taken or an amount counted):
+-- cleanup expiry, a counter's updated_at; never a slot taken or an amount counted):
 --   slot:    delete the rows with expires_at <= now; refused (retry_at: the first live row's
 --            end) unless holder has a live row or fewer than max_slots are live;
 --   pause:   refused (retry_at: its end) if the stored end is after now; else an ended pause
@@ -38,9 +38,10 @@
 --            exactly 0 once empty; a lost total summed again from the entries); refused if limit
 --            is given and total + amount > limit, with retry_at as rate_window_add walks it (''
 --            when amount > limit);
---   circuit: refused (retry_at: the end of its cooldown) if its pause is in force; else, if
---            opened > closed (a counter never counted is 0), refused (retry_at '') unless the
---            trial slot is free or holder's, as a slot of max_slots 1.
+--   circuit: refused (retry_at: the end of its cooldown) if its pause is in force; else its
+--            counters are read as rate_counter_add reads them (a counter never counted is 0;
+--            each stored again with updated_at now), and if opened > closed, refused
+--            (retry_at '') unless the trial slot is free or holder's, as a slot of max_slots 1.
 -- All met: each slot (and the trial slot, if the circuit was tripped) is set to now + lease;
 -- each window gets the entry (now, amount) and its total grows by amount.
 -- Returns {1, trial} when admitted (trial: the opened counter when the trial slot was taken,
@@ -179,6 +180,9 @@ while a <= #ARGV do
     if until_ ~= nil then return {0, part, fmt(until_)} end
     local opened = tonumber(redis.call('HGET', KEYS[k + 1], 'total') or '') or 0
     local closed = tonumber(redis.call('HGET', KEYS[k + 2], 'total') or '') or 0
+    -- read as rate_counter_add reads them: stored again, updated_at now
+    redis.call('HSET', KEYS[k + 1], 'total', fmt(opened), 'updated_at', fmt(now))
+    redis.call('HSET', KEYS[k + 2], 'total', fmt(closed), 'updated_at', fmt(now))
     if opened > closed then
       if slot_busy(KEYS[k + 3], 1) ~= nil then return {0, part, ''} end
       trial = opened

@@ -954,15 +954,18 @@ WHERE namespace = %(namespace)s AND key = %(key)s AND until > %(now)s;
 -- name: rate_admit
 -- After the advisory locks of every slot key (the circuit's trial slot among them) and every
 -- window key of the request, taken in one order (slots then windows, each by key, as prune_rates
--- takes the window keys), and after rate_window_prune of each window (every entry is in its
--- window). A call's admission, all or nothing (shoal.coord.base.RateStore.admit): each need's
--- verdict as its own operation gives it (rate_slot_acquire, rate_paused_until, rate_window_add;
--- the circuit: its pause, then, while "opened" is above "closed", its trial slot of one place),
--- the first need refused by position (:*_pos, 0-based), and only with none refused the slots
--- taken (the trial's too) and the window amounts counted at :now. Pauses and counters are read,
--- never locked. Ended slots of the keys leave either way (the caller's own, when it is taken, is
--- overwritten instead: one statement never changes a row twice). A refused window that fits its
--- limit on its own says when, walking its entries as rate_window_add does.
+-- takes the window keys), then the circuit's counter rows (rate_counter_keys_create,
+-- rate_counter_keys), and after rate_window_prune of each window (every entry is in its window).
+-- A call's admission, all or nothing (shoal.coord.base.RateStore.admit): each need's verdict as
+-- its own operation gives it (rate_slot_acquire, rate_paused_until, rate_window_add; the circuit:
+-- its pause, then, while "opened" is above "closed", its trial slot of one place), the first need
+-- refused by position (:*_pos, 0-based), and only with none refused the slots taken (the trial's
+-- too) and the window amounts counted at :now. Pauses are read, never locked; the circuit's
+-- counters, once looked at (no need before it refused, its pause not in force), are marked used
+-- at :now whatever the answer, as counter_add's read marks them. Ended slots of
+-- the keys leave either way (the caller's own, when it is taken, is overwritten instead: one
+-- statement never changes a row twice). A refused window that fits its limit on its own says
+-- when, walking its entries as rate_window_add does.
 WITH slot AS (
     SELECT s.pos, s.key, s.max_slots, s.until,
            EXISTS (SELECT 1 FROM rate_slots r
@@ -1040,6 +1043,11 @@ WITH slot AS (
     SELECT %(namespace)s::text, w.key, w.total + w.amount FROM win w, verdict v
     WHERE v.refused IS NULL
     ON CONFLICT (namespace, key) DO UPDATE SET total = excluded.total
+), used AS (
+    UPDATE rate_counters SET updated_at = %(now)s
+    WHERE namespace = %(namespace)s AND key IN (%(opened)s, %(closed)s)
+      AND EXISTS (SELECT 1 FROM circuit c WHERE c.open_until IS NULL
+                  AND NOT EXISTS (SELECT 1 FROM refusals r WHERE r.pos < c.pos))
 )
 SELECT v.refused,
        CASE WHEN w.pos IS NULL THEN v.retry_at
