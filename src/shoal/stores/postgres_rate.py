@@ -149,7 +149,7 @@ class PostgresRateLimits:
         key: prune_rates takes window keys in that order too, and the other operations take one
         lock each), so two admissions never wait for each other in a cycle; then the circuit's
         counter rows, in "C" order; then each window's rate_window_prune; then rate_admit,
-        which decides and writes."""
+        which decides and writes, with its generic plan (rate_admit_generic_plan)."""
         check_needs(needs)
         args: dict[str, Any] = {
             "namespace": namespace, "holder": holder, "now": float(now),
@@ -195,6 +195,7 @@ class PostgresRateLimits:
             steps += [(_Q["rate_counter_keys_create"], counters),
                       (_Q["rate_counter_keys"], counters)]
         steps += prunes
+        steps.append((_Q["rate_admit_generic_plan"], {}))
         steps.append((_Q["rate_admit"], args))
         [row] = await self._rate_run(steps)
         if row["refused"] is None:
