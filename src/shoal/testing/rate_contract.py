@@ -32,6 +32,58 @@ T0 = 1_767_225_600.0
 NS = "contract"
 
 
+async def _stepwise(
+    rates: RateStore, namespace: str, holder: str, needs: Sequence[Need], now: float
+) -> Admitted | Refused:
+    """:meth:`RateStore.admit` made of the other operations (not atomic): each need asked in
+    order; a refusal gives back the slots taken; window amounts are counted once all are met
+    (a refused window_add counts nothing)."""
+    taken: list[str] = []
+    trial: float | None = None
+
+    async def refuse(i: int, retry_at: float | None) -> Refused:
+        for key in taken:
+            await rates.slot_release(namespace, key, holder)
+        return Refused(i, retry_at)
+
+    for i, need in enumerate(needs):
+        if isinstance(need, SlotNeed):
+            got = await rates.slot_acquire(namespace, need.key, holder, need.max_slots,
+                                           need.lease, now)
+            if isinstance(got, SlotBusy):
+                return await refuse(i, got.retry_at)
+            taken.append(need.key)
+        elif isinstance(need, PauseNeed):
+            until = await rates.paused_until(namespace, need.key, now)
+            if until is not None:
+                return await refuse(i, until)
+        elif isinstance(need, WindowNeed):
+            read = await rates.window_add(namespace, need.key, 0, need.window, None, now)
+            if need.limit is not None and read.total + need.amount > need.limit:
+                refused = await rates.window_add(namespace, need.key, need.amount, need.window,
+                                                 need.limit, now)
+                assert not refused.added
+                return await refuse(i, refused.retry_at)
+        else:
+            until = await rates.paused_until(namespace, need.open, now)
+            if until is not None:
+                return await refuse(i, until)
+            opened, closed = (await rates.counter_add(
+                namespace, [need.opened, need.closed], [0, 0], [None, None], now)).totals
+            if opened > closed:
+                got = await rates.slot_acquire(namespace, need.trial, holder, 1, need.lease, now)
+                if isinstance(got, SlotBusy):
+                    return await refuse(i, None)
+                taken.append(need.trial)
+                trial = opened
+    for need in needs:
+        if isinstance(need, WindowNeed):
+            added = await rates.window_add(namespace, need.key, need.amount, need.window, None,
+                                           now)
+            assert added.added
+    return Admitted(trial)
+
+
 class RateContract:
     """Every RateStore behaves like this. Provide the ``rates`` and ``other`` fixtures."""
 
@@ -156,85 +208,6 @@ class RateContract:
         assert await rates.paused_until(NS, "p:cooldown", T0 + 30) is None
         assert await rates.pause_until(NS, "p:cooldown", T0 + 90) == T0 + 90
         assert await rates.paused_until("elsewhere", "p:cooldown", T0) is None
-
-    # -- counters and the ledger ---------------------------------------------------------------
-
-    async def test_counters_add_all_or_nothing_under_limits(self, rates: RateStore) -> None:
-        keys = ["run:r1:usd", "root:r1:usd", "tenant:t1:2026-01-01:usd"]
-        got = await rates.counter_add(NS, keys, [0.5, 0.5, 0.5], [1.0, None, 2.0], T0)
-        assert got.added and got.totals == [0.5, 0.5, 0.5]
-        refused = await rates.counter_add(NS, keys, [0.6, 0.6, 0.6], [1.0, None, 2.0], T0)
-        assert not refused.added and refused.over == 0 and refused.totals == [0.5, 0.5, 0.5]
-        read = await rates.counter_add(NS, keys, [0, 0, 0], [None, None, None], T0)
-        assert read.added and read.totals == [0.5, 0.5, 0.5]
-        corrected = await rates.counter_add(NS, keys, [-0.25, 0.25, 0], [1.0, None, 2.0], T0)
-        assert corrected.totals == [0.25, 0.75, 0.5]
-
-    async def test_a_counter_named_twice_counts_twice(self, rates: RateStore) -> None:
-        got = await rates.counter_add(NS, ["k", "k"], [1, 2], [None, 3], T0)
-        assert got.added and got.totals == [1, 3]
-        refused = await rates.counter_add(NS, ["k", "k"], [1, 1], [None, 4], T0)
-        assert not refused.added and refused.over == 1
-        assert (await rates.counter_add(NS, ["k"], [0], [None], T0)).totals == [3]
-
-    async def test_the_ledger_keeps_every_added_spend(
-        self, rates: RateStore, other: RateStore
-    ) -> None:
-        e1 = SpendEntry("t1", "r1", "r1", 0.25, "usd", T0)
-        e2 = SpendEntry("t2", "r2", "r9", 1.5, "eur", T0 + 1)
-        await rates.counter_add(NS, ["a"], [0.25], [None], T0, e1)
-        await other.counter_add(NS, ["b"], [1.5], [None], T0 + 1, e2)
-        refused = await rates.counter_add(NS, ["a"], [5], [1], T0 + 2,
-                                          SpendEntry("t1", "r1", "r1", 5, "usd", T0 + 2))
-        assert not refused.added
-        assert await rates.ledger(NS) == [e1, e2]
-        assert await other.ledger(NS, tenant="t2") == [e2]
-        assert await other.ledger(NS, root_id="r1") == [e1]
-        assert await rates.ledger("elsewhere") == []
-
-    async def test_concurrent_spends_never_pass_a_limit(
-        self, rates: RateStore, other: RateStore
-    ) -> None:
-        stores = itertools.cycle([rates, other])
-        got = await asyncio.gather(*(
-            s.counter_add(NS, ["budget", f"own{i % 2}"], [1, 1], [9, None], T0,
-                          SpendEntry("t", f"r{i}", None, 1, "usd", T0))
-            for i, s in zip(range(30), stores, strict=False)))
-        assert sum(g.added for g in got) == 9
-        totals = await rates.counter_add(NS, ["budget", "own0", "own1"], [0, 0, 0],
-                                         [None] * 3, T0)
-        assert totals.totals[0] == 9 and totals.totals[1] + totals.totals[2] == 9
-        assert len(await rates.ledger(NS)) == 9
-
-    # -- retention -----------------------------------------------------------------------------
-
-    async def test_prune_deletes_what_can_no_longer_matter(self, rates: RateStore) -> None:
-        await rates.slot_acquire(NS, "s", "ended", 5, 10, T0)            # lease ends T0 + 10
-        await rates.slot_acquire(NS, "s", "live", 5, 1000, T0)
-        await rates.window_add(NS, "w", 1, 60, None, T0)
-        await rates.window_add(NS, "w", 1, 60, None, T0 + 30)
-        await rates.pause_until(NS, "p", T0 + 15)
-        await rates.counter_add(NS, ["old"], [1], [None], T0,
-                                SpendEntry("t", None, None, 1, "usd", T0))
-        await rates.counter_add(NS, ["new"], [1], [None], T0 + 30)
-        await rates.counter_add("elsewhere", ["old"], [1], [None], T0)
-        # slot "ended", the window's entry of T0, the pause, counter "old"
-        assert await rates.prune_rates(NS, T0 + 20, 100) == 4
-        assert await rates.prune_rates(NS, T0 + 20, 100) == 0
-        wide = await rates.window_add(NS, "w", 0, 1000, None, T0 + 31)
-        assert wide.total == 1, "the pruned entry no longer counts, even in a wider window"
-        assert await rates.slot_renew(NS, "s", "live", 1000, T0 + 31)
-        assert (await rates.counter_add(NS, ["old", "new"], [0, 0], [None, None],
-                                        T0 + 31)).totals == [0, 1]
-        assert (await rates.counter_add("elsewhere", ["old"], [0], [None], T0)).totals == [1]
-        assert len(await rates.ledger(NS)) == 1, "the ledger is kept"
-
-    async def test_prune_rates_deletes_at_most_its_limit(self, rates: RateStore) -> None:
-        for i in range(5):
-            await rates.window_add(NS, "w", 1, 60, None, T0 + i)
-        assert await rates.prune_rates(NS, T0 + 10, 2) == 2
-        assert await rates.prune_rates(NS, T0 + 10, 10) == 3
-        assert (await rates.window_add(NS, "w", 0, 1000, None, T0 + 11)).total == 0
 
     # -- admission: every need of a call at once ------------------------------------------------
 
@@ -395,54 +368,81 @@ class RateContract:
                       for ns in ("one", "two")]
             assert totals[0] == totals[1], (key, totals)
 
+    # -- counters and the ledger ---------------------------------------------------------------
 
-async def _stepwise(
-    rates: RateStore, namespace: str, holder: str, needs: Sequence[Need], now: float
-) -> Admitted | Refused:
-    """:meth:`RateStore.admit` made of the other operations (not atomic): each need asked in
-    order; a refusal gives back the slots taken; window amounts are counted once all are met
-    (a refused window_add counts nothing)."""
-    taken: list[str] = []
-    trial: float | None = None
+    async def test_counters_add_all_or_nothing_under_limits(self, rates: RateStore) -> None:
+        keys = ["run:r1:usd", "root:r1:usd", "tenant:t1:2026-01-01:usd"]
+        got = await rates.counter_add(NS, keys, [0.5, 0.5, 0.5], [1.0, None, 2.0], T0)
+        assert got.added and got.totals == [0.5, 0.5, 0.5]
+        refused = await rates.counter_add(NS, keys, [0.6, 0.6, 0.6], [1.0, None, 2.0], T0)
+        assert not refused.added and refused.over == 0 and refused.totals == [0.5, 0.5, 0.5]
+        read = await rates.counter_add(NS, keys, [0, 0, 0], [None, None, None], T0)
+        assert read.added and read.totals == [0.5, 0.5, 0.5]
+        corrected = await rates.counter_add(NS, keys, [-0.25, 0.25, 0], [1.0, None, 2.0], T0)
+        assert corrected.totals == [0.25, 0.75, 0.5]
 
-    async def refuse(i: int, retry_at: float | None) -> Refused:
-        for key in taken:
-            await rates.slot_release(namespace, key, holder)
-        return Refused(i, retry_at)
+    async def test_a_counter_named_twice_counts_twice(self, rates: RateStore) -> None:
+        got = await rates.counter_add(NS, ["k", "k"], [1, 2], [None, 3], T0)
+        assert got.added and got.totals == [1, 3]
+        refused = await rates.counter_add(NS, ["k", "k"], [1, 1], [None, 4], T0)
+        assert not refused.added and refused.over == 1
+        assert (await rates.counter_add(NS, ["k"], [0], [None], T0)).totals == [3]
 
-    for i, need in enumerate(needs):
-        if isinstance(need, SlotNeed):
-            got = await rates.slot_acquire(namespace, need.key, holder, need.max_slots,
-                                           need.lease, now)
-            if isinstance(got, SlotBusy):
-                return await refuse(i, got.retry_at)
-            taken.append(need.key)
-        elif isinstance(need, PauseNeed):
-            until = await rates.paused_until(namespace, need.key, now)
-            if until is not None:
-                return await refuse(i, until)
-        elif isinstance(need, WindowNeed):
-            read = await rates.window_add(namespace, need.key, 0, need.window, None, now)
-            if need.limit is not None and read.total + need.amount > need.limit:
-                refused = await rates.window_add(namespace, need.key, need.amount, need.window,
-                                                 need.limit, now)
-                assert not refused.added
-                return await refuse(i, refused.retry_at)
-        else:
-            until = await rates.paused_until(namespace, need.open, now)
-            if until is not None:
-                return await refuse(i, until)
-            opened, closed = (await rates.counter_add(
-                namespace, [need.opened, need.closed], [0, 0], [None, None], now)).totals
-            if opened > closed:
-                got = await rates.slot_acquire(namespace, need.trial, holder, 1, need.lease, now)
-                if isinstance(got, SlotBusy):
-                    return await refuse(i, None)
-                taken.append(need.trial)
-                trial = opened
-    for need in needs:
-        if isinstance(need, WindowNeed):
-            added = await rates.window_add(namespace, need.key, need.amount, need.window, None,
-                                           now)
-            assert added.added
-    return Admitted(trial)
+    async def test_the_ledger_keeps_every_added_spend(
+        self, rates: RateStore, other: RateStore
+    ) -> None:
+        e1 = SpendEntry("t1", "r1", "r1", 0.25, "usd", T0)
+        e2 = SpendEntry("t2", "r2", "r9", 1.5, "eur", T0 + 1)
+        await rates.counter_add(NS, ["a"], [0.25], [None], T0, e1)
+        await other.counter_add(NS, ["b"], [1.5], [None], T0 + 1, e2)
+        refused = await rates.counter_add(NS, ["a"], [5], [1], T0 + 2,
+                                          SpendEntry("t1", "r1", "r1", 5, "usd", T0 + 2))
+        assert not refused.added
+        assert await rates.ledger(NS) == [e1, e2]
+        assert await other.ledger(NS, tenant="t2") == [e2]
+        assert await other.ledger(NS, root_id="r1") == [e1]
+        assert await rates.ledger("elsewhere") == []
+
+    async def test_concurrent_spends_never_pass_a_limit(
+        self, rates: RateStore, other: RateStore
+    ) -> None:
+        stores = itertools.cycle([rates, other])
+        got = await asyncio.gather(*(
+            s.counter_add(NS, ["budget", f"own{i % 2}"], [1, 1], [9, None], T0,
+                          SpendEntry("t", f"r{i}", None, 1, "usd", T0))
+            for i, s in zip(range(30), stores, strict=False)))
+        assert sum(g.added for g in got) == 9
+        totals = await rates.counter_add(NS, ["budget", "own0", "own1"], [0, 0, 0],
+                                         [None] * 3, T0)
+        assert totals.totals[0] == 9 and totals.totals[1] + totals.totals[2] == 9
+        assert len(await rates.ledger(NS)) == 9
+
+    # -- retention -----------------------------------------------------------------------------
+
+    async def test_prune_deletes_what_can_no_longer_matter(self, rates: RateStore) -> None:
+        await rates.slot_acquire(NS, "s", "ended", 5, 10, T0)            # lease ends T0 + 10
+        await rates.slot_acquire(NS, "s", "live", 5, 1000, T0)
+        await rates.window_add(NS, "w", 1, 60, None, T0)
+        await rates.window_add(NS, "w", 1, 60, None, T0 + 30)
+        await rates.pause_until(NS, "p", T0 + 15)
+        await rates.counter_add(NS, ["old"], [1], [None], T0,
+                                SpendEntry("t", None, None, 1, "usd", T0))
+        await rates.counter_add(NS, ["new"], [1], [None], T0 + 30)
+        await rates.counter_add("elsewhere", ["old"], [1], [None], T0)
+        # slot "ended", the window's entry of T0, the pause, counter "old"
+        assert await rates.prune_rates(NS, T0 + 20, 100) == 4
+        assert await rates.prune_rates(NS, T0 + 20, 100) == 0
+        wide = await rates.window_add(NS, "w", 0, 1000, None, T0 + 31)
+        assert wide.total == 1, "the pruned entry no longer counts, even in a wider window"
+        assert await rates.slot_renew(NS, "s", "live", 1000, T0 + 31)
+        assert (await rates.counter_add(NS, ["old", "new"], [0, 0], [None, None],
+                                        T0 + 31)).totals == [0, 1]
+        assert (await rates.counter_add("elsewhere", ["old"], [0], [None], T0)).totals == [1]
+        assert len(await rates.ledger(NS)) == 1, "the ledger is kept"
+
+    async def test_prune_rates_deletes_at_most_its_limit(self, rates: RateStore) -> None:
+        for i in range(5):
+            await rates.window_add(NS, "w", 1, 60, None, T0 + i)
+        assert await rates.prune_rates(NS, T0 + 10, 2) == 2
+        assert await rates.prune_rates(NS, T0 + 10, 10) == 3
+        assert (await rates.window_add(NS, "w", 0, 1000, None, T0 + 11)).total == 0
