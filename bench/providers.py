@@ -19,8 +19,8 @@ per second and the p50/p99 latency of ``async with provider.call(tokens=100): pa
 nothing, so the whole latency is what the call adds), with one task, and with 16 tasks on one
 ``App`` calling the same provider, for five providers:
 
-- (a) no limits: the machinery alone (the budget reserve before and the record after, and the
-  cooldown check);
+- (a) no limits: the machinery alone (the budget reserve before, the admission, which is one
+  store operation however many limits it checks, and the record after);
 - (b) ``max_concurrent`` only (64, so it never binds at 16 tasks): a slot taken, renewed by a task
   and released;
 - (c) (b) + ``requests_per_minute`` + ``tokens_per_minute`` (so high they never bind);
@@ -77,8 +77,8 @@ TASKS = 16
 TOKENS = 100
 PRICE = 1e-6                      # per token: a call reserves and records 0.0001 usd
 HIGH = 10**12                     # limits that never bind
-RATE_METHODS = ("admit", "slot_acquire", "slot_renew", "slot_release", "window_add", "window_clear",
-                "pause_until", "paused_until", "counter_add")
+RATE_METHODS = ("admit", "slot_acquire", "slot_renew", "slot_release", "window_add",
+                "window_clear", "pause_until", "paused_until", "counter_add")
 perf = time.perf_counter
 
 

@@ -3,7 +3,7 @@
 ``conftest.py`` has pytest rewrite the asserts here as in a test file): an open SQLite store, the
 two stores on one file a contract wants, a SQLite file as an older shoal left it, the checks of
 a store just migrated to the rate-limit tables and of the ledger's filters, and random calls
-that must get the memory reference's answers."""
+that must get the memory reference's answers (admissions among them)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from shoal.coord.base import RateStore, SlotGrant, SpendEntry, WindowResult
+from shoal.coord.base import (
+    CircuitNeed,
+    Need,
+    PauseNeed,
+    RateStore,
+    SlotGrant,
+    SlotNeed,
+    SpendEntry,
+    WindowNeed,
+    WindowResult,
+)
 from shoal.stores._sqlfiles import migrations
 from shoal.stores.memory import MemoryStore
 from shoal.stores.sqlite import SQLiteStore, _statements
@@ -118,6 +128,26 @@ async def trim_the_exported_ledger(store: RateStore, delete: Callable[[int], obj
     assert new.id is not None and new.id > final and new.amount == 9
 
 
+def random_needs(rnd: random.Random) -> list[Need]:
+    """What an admission among :func:`random_calls` asks for, in a random order: maybe a
+    circuit (its pause "a" or "b", counters "x" and "y", trial slot "c"), slots "a" and "b",
+    pauses, and room in windows "a" and "b" (the lengths and limits random_calls gives them)."""
+    needs: list[Need] = []
+    if rnd.random() < 0.2:
+        needs.append(CircuitNeed(rnd.choice(["a", "b"]), "x", "y", "c", 10.0))
+    for key in rnd.sample(["a", "b"], rnd.randint(0, 2)):
+        needs.append(SlotNeed(key, rnd.choice([1, 2, 3]), rnd.choice([5.0, 30.0])))
+    opens = {n.open for n in needs if isinstance(n, CircuitNeed)}
+    needs.extend(PauseNeed(key) for key in rnd.sample(["a", "b"], rnd.randint(0, 1))
+                 if key not in opens)
+    for key in rnd.sample(["a", "b"], rnd.randint(0, 2)):
+        limit = {"a": 6, "b": 10}[key] if rnd.random() < 0.85 else None
+        needs.append(WindowNeed(key, rnd.choice([1, 2, 0.25, 12]), {"a": 10.0, "b": 60.0}[key],
+                                limit))
+    rnd.shuffle(needs)
+    return needs
+
+
 async def random_calls(rnd: random.Random, memory: MemoryStore, store: RateStore) -> None:
     """250 random calls on both stores, answer for answer. The amounts of limited windows and of
     counters are small multiples of 1/4, so that every sum, and so every verdict and retry time,
@@ -145,6 +175,10 @@ async def random_calls(rnd: random.Random, memory: MemoryStore, store: RateStore
         now += rnd.choice([0, 0, 0, 0.25, 0.5, 1]) if rnd.random() < 0.98 else 40
         ns, op = rnd.choice(["n1", "n2"]), rnd.random()
         key = rnd.choice(["a", "b"])
+        if rnd.random() < 0.15:
+            await both("admit", ns, rnd.choice([f"h{i}" for i in range(5)]),
+                       random_needs(rnd), now)
+            continue
         if op < 0.2:
             holder = rnd.choice([f"h{i}" for i in range(5)])
             await both("slot_acquire", ns, key, holder, rnd.choice([1, 2, 3]),

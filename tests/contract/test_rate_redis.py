@@ -16,7 +16,18 @@ import pytest
 from redis_support import URL, OnTheTrio, Server, opened, redlock, sync_client
 
 import shoal
-from shoal.coord.base import RateStore, SlotBusy, SlotGrant, SpendEntry, WindowResult
+from shoal.coord.base import (
+    CircuitNeed,
+    Need,
+    PauseNeed,
+    RateStore,
+    SlotBusy,
+    SlotGrant,
+    SlotNeed,
+    SpendEntry,
+    WindowNeed,
+    WindowResult,
+)
 from shoal.coord.redlock import Redlock
 from shoal.stores.memory import MemoryStore
 from shoal.stores.redis import RedisCoordStore
@@ -352,9 +363,9 @@ def _same(got: object, expected: object) -> bool:
 async def test_matches_the_memory_reference_on_random_operations(
     store: RedisCoordStore,
 ) -> None:
-    """The same random sequence of slot, window, pause, counter and ledger calls on Redis and on
-    the memory store (the reference) gets the same answers, call for call, with replicas' clocks
-    a little apart, amounts that are ints and floats, and keys named twice."""
+    """The same random sequence of slot, window, pause, counter, ledger and admit calls on Redis
+    and on the memory store (the reference) gets the same answers, call for call, with replicas'
+    clocks a little apart, amounts that are ints and floats, and keys named twice."""
     rng = random.Random(20261129)
     ref = MemoryStore()
     clock = T0
@@ -365,7 +376,8 @@ async def test_matches_the_memory_reference_on_random_operations(
         now = clock + rng.choice([0.0, 0.0, -0.3, 0.2, -2.0])          # skewed replicas
         key = rng.choice(keys)
         op = rng.choice(["slot", "slot", "renew", "release", "window", "window", "window",
-                         "clear", "pause", "paused", "counter", "counter", "ledger"])
+                         "clear", "pause", "paused", "counter", "counter", "ledger",
+                         "admit", "admit"])
         if op == "slot":
             holder, top, lease = rng.choice(holders), rng.randint(1, 3), rng.choice([5.0, 12.5])
             calls = [st.slot_acquire(NS, key, holder, top, lease, now) for st in (store, ref)]
@@ -396,6 +408,10 @@ async def test_matches_the_memory_reference_on_random_operations(
                 rng.choice([0.1, 1 / 3, 2]), rng.choice(["usd", "eur"]), now)
             calls = [st.counter_add(NS, named, amounts, limits, now, entry)
                      for st in (store, ref)]
+        elif op == "admit":
+            needs = _random_needs(rng, keys)
+            holder = rng.choice(holders)
+            calls = [st.admit(NS, holder, needs, now) for st in (store, ref)]
         else:
             tenant, root, top = rng.choice([None, *tenants]), rng.choice(roots), \
                 rng.choice([1000, 3, 0])
@@ -405,6 +421,27 @@ async def test_matches_the_memory_reference_on_random_operations(
         got, expected = await calls[0], await calls[1]
         assert _same(got, expected), (step, op, key, got, expected)
     assert await store.ledger(NS, limit=10_000) == await ref.ledger(NS, limit=10_000)
+
+
+def _random_needs(rng: random.Random, keys: list[str]) -> list[Need]:
+    """An admission's needs over the random test's keys: maybe a circuit (its pause, two of the
+    counters, its trial slot), slots, pauses and windows (amounts > 0), in a random order."""
+    needs: list[Need] = []
+    named = {"slot": rng.sample(keys, rng.randint(0, 2)),
+             "pause": rng.sample(keys, rng.randint(0, 1)),
+             "window": rng.sample(keys, rng.randint(0, 2))}
+    if rng.random() < 0.25:
+        opened, closed = rng.sample(keys, 2)
+        free = [k for k in keys if k not in named["slot"] and k not in named["pause"]]
+        if len(free) >= 2:
+            needs.append(CircuitNeed(free[0], opened, closed, free[1], rng.choice([5.0, 12.5])))
+    needs += [SlotNeed(k, rng.randint(1, 3), rng.choice([5.0, 12.5])) for k in named["slot"]]
+    needs += [PauseNeed(k) for k in named["pause"]]
+    needs += [WindowNeed(k, rng.choice([1, 2, 0.1, 1 / 3, 0.7, 2.5, 7, 12]),
+                         rng.choice([10.0, 30.0, 60.0]), rng.choice([None, 5, 10.5, 100 / 3]))
+              for k in named["window"]]
+    rng.shuffle(needs)
+    return needs
 
 
 async def test_windows_near_their_limits_match_the_reference(store: RedisCoordStore) -> None:

@@ -272,6 +272,93 @@ class WindowResult:
 
 
 @dataclass(frozen=True)
+class SlotNeed:
+    """Admission needs one of ``key``'s slots (at most ``max_slots`` live holders), held until
+    ``now + lease``, as :meth:`RateStore.slot_acquire` gives it."""
+
+    key: str
+    max_slots: int
+    lease: float
+
+
+@dataclass(frozen=True)
+class PauseNeed:
+    """Admission needs ``key`` not paused at ``now`` (see :meth:`RateStore.paused_until`)."""
+
+    key: str
+
+
+@dataclass(frozen=True)
+class WindowNeed:
+    """Admission needs room for ``amount`` (> 0) in the window ``key`` of ``window`` seconds
+    under ``limit``, counted at ``now``, as :meth:`RateStore.window_add` counts it."""
+
+    key: str
+    amount: float
+    window: float
+    limit: float | None
+
+
+@dataclass(frozen=True)
+class CircuitNeed:
+    """Admission needs a breaker's circuit to let the call go: the pause ``open`` (the cooldown
+    after an opening) not in force, and, while the circuit is tripped (counter ``opened`` above
+    counter ``closed``), the one place of the trial slot ``trial``, held until ``now + lease``."""
+
+    open: str
+    opened: str
+    closed: str
+    trial: str
+    lease: float
+
+
+Need = SlotNeed | PauseNeed | WindowNeed | CircuitNeed
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """Every need was met: the slots are held until ``now + lease``, the window amounts were
+    counted at ``now``. ``trial``: the circuit was tripped and the caller holds its trial slot,
+    for the opening ``trial`` (the ``opened`` counter's value); None when the circuit was closed
+    (or no circuit was asked about)."""
+
+    trial: float | None = None
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Need ``part`` (its index in the request) was not met, and nothing was taken. ``retry_at``:
+    when it may be met: the first slot's end, the pause's end, when the window has room (None
+    if the amount can never fit), the circuit's cooldown end (None while a trial call holds
+    the trial slot)."""
+
+    part: int
+    retry_at: float | None
+
+
+def check_needs(needs: Sequence[Need]) -> None:
+    """Raise ValueError unless no key of a kind (slot, pause, window) is named twice in
+    ``needs`` (a circuit's keys count as a pause and a slot) and every window amount is > 0."""
+    seen: set[tuple[str, str]] = set()
+    for need in needs:
+        if isinstance(need, SlotNeed):
+            named = [("slot", need.key)]
+        elif isinstance(need, PauseNeed):
+            named = [("pause", need.key)]
+        elif isinstance(need, WindowNeed):
+            if not need.amount > 0:
+                raise ValueError(f"admit: window {need.key!r} needs an amount > 0, not "
+                                 f"{need.amount!r}")
+            named = [("window", need.key)]
+        else:
+            named = [("pause", need.open), ("slot", need.trial)]
+        for kind_key in named:
+            if kind_key in seen:
+                raise ValueError(f"admit: the {kind_key[0]} {kind_key[1]!r} is named twice")
+            seen.add(kind_key)
+
+
+@dataclass(frozen=True)
 class CounterResult:
     """``added``: every amount was counted (all or nothing). ``totals``: per position, the
     counter after that position's amount (a key named twice shows both steps); when refused,
@@ -329,6 +416,23 @@ class RateStore(Protocol):
 
     async def slot_release(self, namespace: str, key: str, holder: str) -> None:
         """Free ``holder``'s slot of ``key`` (nothing if it holds none)."""
+        ...
+
+    async def admit(
+        self, namespace: str, holder: str, needs: Sequence[Need], now: float
+    ) -> Admitted | Refused:
+        """Meet every need of ``needs`` for ``holder``, in one atomic operation, all or nothing.
+        The needs are looked at in order; the first that cannot be met is refused
+        (:class:`Refused` names it) and nothing is taken or counted. Otherwise every slot is
+        taken (or, if ``holder`` holds it already, extended) to ``now + lease``, every window
+        amount counted at ``now``, and the circuit's trial slot taken if the circuit is tripped
+        (:class:`Admitted`). Each need is met or refused exactly as its own operation
+        (``slot_acquire``, ``paused_until``, ``window_add``) would meet or refuse it at that
+        point; once the circuit's pause is found not in force, its counters are read as
+        ``counter_add`` of 0 reads them (a counter never counted is 0; both are marked used at
+        ``now``, which retention sees, whatever the answer). Ended slots and entries that left a
+        window may be forgotten either way.
+        Raises ValueError for the requests :func:`check_needs` refuses."""
         ...
 
     async def window_add(

@@ -3,7 +3,9 @@
 ``app.provider(name, …)`` returns a :class:`Provider`; ``async with provider.call(tokens=…)``
 waits until the call may go: the provider's cooldown after a 429 has passed, its breaker is not
 open, a concurrency slot is free and the per-minute windows (requests, tokens) have room — all
-kept in the coordination store, so every replica counts the same calls. Optional per-tenant
+kept in the coordination store, so every replica counts the same calls. Each attempt to go is
+one atomic store operation (``RateStore.admit``), whatever the number of limits: it takes every
+slot and counts every window, or takes nothing and says which limit refused. Optional per-tenant
 caps (``tenant_max_concurrent``, ``tenant_requests_per_minute``, ``tenant_tokens_per_minute``)
 are kept the same way under keys that carry the tenant (``provider:{name}:tenant:{T}:…``), on
 top of the provider-wide limits. Within one instance, callers waiting for the same provider are
@@ -30,7 +32,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shoal.clock import Clock
-from shoal.coord.base import RateStore, SlotGrant, SpendEntry
+from shoal.coord.base import (
+    Admitted,
+    CircuitNeed,
+    Need,
+    PauseNeed,
+    RateStore,
+    SlotNeed,
+    SpendEntry,
+    WindowNeed,
+)
 from shoal.coord.lock import first_of
 from shoal.errors import BudgetExceededError, CircuitOpenError, RateLimitTimeoutError
 
@@ -299,10 +310,11 @@ class Provider:
       without its cooldown), then ``opened`` + 1 under the limit ``closed + 1`` (replicas
       opening at once count one opening);
     - open (tripped, paused): every call raises CircuitOpenError(until);
-    - half-open (tripped, pause over): the call that takes the trial slot goes (it looks at the
-      pause again once it holds the slot: a trial that failed meanwhile paused it before freeing
-      the slot); the others raise CircuitOpenError(None). The failures window plays no part:
-      the circuit stays half-open, however long the trial takes, until a trial succeeds;
+    - half-open (tripped, pause over): the call that takes the trial slot goes (the pause, the
+      counters and the trial slot are looked at in the call's one atomic admission: a trial that
+      failed paused the circuit before it freed the slot); the others raise
+      CircuitOpenError(None). The failures window plays no part: the circuit stays half-open,
+      however long the trial takes, until a trial succeeds;
     - a trial that fails pauses the circuit again for ``cooldown`` (counters unchanged: open);
     - a trial that succeeds, if the opening it was a trial for is still the current one, clears
       the failures window, then adds 1 to ``closed`` under the limit of that opening (a trial
@@ -423,27 +435,38 @@ class Provider:
             [None, None], now)
         return got.totals[0], got.totals[1]
 
-    async def _check_circuit(self, holder: str, taken: _Taken, now: float) -> None:
-        """Raise CircuitOpenError unless the circuit lets this call go; a call that goes while
-        it is half-open is its trial (``taken.trial``)."""
-        rates, ns, k = self._rates(), self.namespace, self.keys
-        until = await rates.paused_until(ns, k["open"], now)
-        if until is not None:
-            raise CircuitOpenError(self.name, until)
-        opened, closed = await self._circuit(now)
-        if opened <= closed:
-            return                                      # closed
-        taken.trial = True                              # half-open: one trial at a time
-        got = await rates.slot_acquire(ns, k["trial"], holder, 1, SLOT_LEASE, now)
-        if not isinstance(got, SlotGrant):
-            taken.trial = False
-            raise CircuitOpenError(self.name, None)
-        taken.generation = opened
-        # a trial that failed between the look at the pause and this slot paused the circuit
-        # before it freed the slot
-        until = await rates.paused_until(ns, k["open"], now)
-        if until is not None:
-            raise CircuitOpenError(self.name, until)    # the caller gives the slot back
+    def _needs(self, tenant: str, tokens: int) -> list[tuple[Need, str, bool]]:
+        """What a call of ``tenant`` estimated at ``tokens`` needs from the store, in the order
+        admission looks at it: ``(need, the limit it is for, whether it is the tenant's own
+        cap)``. The breaker first; each tenant cap before the matching provider-wide limit, so a
+        capped tenant is refused as such (and never counted against the provider's limits); the
+        429 pause after the slot (a call that got a 429 pauses the provider before it frees its
+        slot: the call that takes that slot sees the pause)."""
+        k, tk = self.keys, self.tenant_keys(tenant)
+        needs: list[tuple[Need, str, bool]] = []
+        if self.breaker is not None:
+            needs.append((CircuitNeed(k["open"], k["opened"], k["closed"], k["trial"],
+                                      SLOT_LEASE), "the circuit breaker", False))
+        if self.tenant_max_concurrent is not None:
+            needs.append((SlotNeed(tk["slots"], self.tenant_max_concurrent, SLOT_LEASE),
+                          f"tenant_max_concurrent={self.tenant_max_concurrent}", True))
+        if self.max_concurrent is not None:
+            needs.append((SlotNeed(k["slots"], self.max_concurrent, SLOT_LEASE),
+                          f"max_concurrent={self.max_concurrent}", False))
+        needs.append((PauseNeed(k["cooldown"]), "the pause after a 429", False))
+        if self.tenant_requests_per_minute is not None:
+            needs.append((WindowNeed(tk["requests"], 1, MINUTE, self.tenant_requests_per_minute),
+                          f"tenant_requests_per_minute={self.tenant_requests_per_minute}", True))
+        if self.requests_per_minute is not None:
+            needs.append((WindowNeed(k["requests"], 1, MINUTE, self.requests_per_minute),
+                          f"requests_per_minute={self.requests_per_minute}", False))
+        if self.tenant_tokens_per_minute is not None and tokens:
+            needs.append((WindowNeed(tk["tokens"], tokens, MINUTE, self.tenant_tokens_per_minute),
+                          f"tenant_tokens_per_minute={self.tenant_tokens_per_minute}", True))
+        if self.tokens_per_minute is not None and tokens:
+            needs.append((WindowNeed(k["tokens"], tokens, MINUTE, self.tokens_per_minute),
+                          f"tokens_per_minute={self.tokens_per_minute}", False))
+        return needs
 
     async def _admit(self, holder: str, tokens: int, deadline: float | None,
                      taken: _Taken) -> _Capped | None:
@@ -451,80 +474,57 @@ class Provider:
         marked there when this raises is for the caller to give back). Returns None once taken,
         or a :class:`_Capped` (nothing held) when the call's tenant is at one of its own caps:
         then the caller gives up the turn while it waits (see :meth:`ProviderCall.__aenter__`).
+        Raises CircuitOpenError while the breaker does not let the call go.
 
-        Each tenant cap is asked before the matching provider-wide limit, so a capped tenant
-        never holds a provider-wide slot or window room while it is refused."""
-        rates, ns, k = self._rates(), self.namespace, self.keys
-        tk = self.tenant_keys(taken.tenant)
+        Each attempt is one atomic store operation (:meth:`RateStore.admit`, all or nothing):
+        a refused attempt holds nothing, so there is nothing to give back before waiting."""
+        listed = self._needs(taken.tenant, tokens)
+        needs = [need for need, _, _ in listed]
         try:
             while True:
                 now = self.clock.now()
-                if self.breaker is not None:
-                    await self._check_circuit(holder, taken, now)
-                if self.tenant_max_concurrent is not None:
-                    taken.tenant_slot = True
-                    slot = await rates.slot_acquire(ns, tk["slots"], holder,
-                                                    self.tenant_max_concurrent, SLOT_LEASE, now)
-                    if not isinstance(slot, SlotGrant):
-                        taken.tenant_slot = False
-                        await self._give_back(holder, taken)
-                        return _Capped(min(slot.retry_at, now + POLL),
-                                       f"tenant_max_concurrent={self.tenant_max_concurrent}",
-                                       freed=True)
-                if self.max_concurrent is not None:
-                    taken.slot = True
-                    slot = await rates.slot_acquire(ns, k["slots"], holder,
-                                                    self.max_concurrent, SLOT_LEASE, now)
-                    if not isinstance(slot, SlotGrant):
-                        taken.slot = False
-                        await self._give_back(holder, taken)
-                        await self._wait(min(slot.retry_at, now + POLL), deadline,
-                                         f"max_concurrent={self.max_concurrent}", freed=True)
-                        continue
-                # after the slot: a 429 answered to a call that freed it paused the provider
-                # before freeing it (for every replica)
-                cooldown = await rates.paused_until(ns, k["cooldown"], now)
-                if cooldown is not None:
-                    await self._give_back(holder, taken)
-                    await self._wait(cooldown, deadline, "the pause after a 429")
+                # slots are marked before they are asked for (see _Taken); a window entry only
+                # once the store has answered
+                taken.trial = self.breaker is not None
+                taken.tenant_slot = self.tenant_max_concurrent is not None
+                taken.slot = self.max_concurrent is not None
+                got = await self._rates().admit(self.namespace, holder, needs, now)
+                if isinstance(got, Admitted):
+                    taken.trial = got.trial is not None
+                    taken.generation = got.trial or 0.0
+                    for need in needs:
+                        if isinstance(need, WindowNeed):
+                            self._counted(taken, need.key, now)
+                    return None
+                taken.trial = taken.tenant_slot = taken.slot = False
+                need, why, tenant_cap = listed[got.part]
+                if isinstance(need, CircuitNeed):
+                    raise CircuitOpenError(self.name, got.retry_at)
+                if isinstance(need, SlotNeed):   # a call of this instance may free one first
+                    until = min(now + POLL if got.retry_at is None else got.retry_at,
+                                now + POLL)
+                    if tenant_cap:
+                        return _Capped(until, why, freed=True)
+                    await self._wait(until, deadline, why, freed=True)
                     continue
-                if self.tenant_requests_per_minute is not None:
-                    added = await rates.window_add(ns, tk["requests"], 1, MINUTE,
-                                                   self.tenant_requests_per_minute, now)
-                    if not added.added:
-                        await self._give_back(holder, taken)
-                        return _Capped(added.retry_at or now + POLL, "tenant_requests_per_minute="
-                                       f"{self.tenant_requests_per_minute}")
-                    taken.tenant_request_at = now
-                if self.requests_per_minute is not None:
-                    added = await rates.window_add(ns, k["requests"], 1, MINUTE,
-                                                   self.requests_per_minute, now)
-                    if not added.added:
-                        await self._give_back(holder, taken)
-                        await self._wait(added.retry_at or now + POLL, deadline,
-                                         f"requests_per_minute={self.requests_per_minute}")
-                        continue
-                    taken.request_at = now
-                if self.tenant_tokens_per_minute is not None and tokens:
-                    added = await rates.window_add(ns, tk["tokens"], tokens, MINUTE,
-                                                   self.tenant_tokens_per_minute, now)
-                    if not added.added:
-                        await self._give_back(holder, taken, tokens)
-                        return _Capped(added.retry_at or now + POLL, "tenant_tokens_per_minute="
-                                       f"{self.tenant_tokens_per_minute}")
-                    taken.tenant_tokens_at = now
-                if self.tokens_per_minute is not None and tokens:
-                    added = await rates.window_add(ns, k["tokens"], tokens, MINUTE,
-                                                   self.tokens_per_minute, now)
-                    if not added.added:
-                        await self._give_back(holder, taken, tokens)
-                        await self._wait(added.retry_at or now + POLL, deadline,
-                                         f"tokens_per_minute={self.tokens_per_minute}")
-                        continue
-                    taken.tokens_at = now
-                return None
+                until = got.retry_at or now + POLL
+                if tenant_cap:
+                    return _Capped(until, why)
+                await self._wait(until, deadline, why)
         finally:
             self._waiting_for = None
+
+    def _counted(self, taken: _Taken, key: str, now: float) -> None:
+        """Mark in ``taken`` that the call's entry in window ``key`` was counted at ``now``."""
+        k, tk = self.keys, self.tenant_keys(taken.tenant)
+        if key == k["requests"]:
+            taken.request_at = now
+        elif key == k["tokens"]:
+            taken.tokens_at = now
+        elif key == tk["requests"]:
+            taken.tenant_request_at = now
+        elif key == tk["tokens"]:
+            taken.tenant_tokens_at = now
 
     async def _give_back(self, holder: str, taken: _Taken, tokens: int = 0) -> None:
         """Give back what ``taken`` marks, unmarking each part once given back (so that, if one

@@ -16,11 +16,14 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TypeVar
 
 from shoal.coord.base import (
+    Admitted,
     CounterResult,
     LockGrant,
     LockWait,
     LockWatch,
     MemberView,
+    Need,
+    Refused,
     SlotBusy,
     SlotGrant,
     SpendEntry,
@@ -229,6 +232,11 @@ class Redlock:
 
     async def slot_release(self, namespace: str, key: str, holder: str) -> None:
         await self.stores[0].slot_release(namespace, key, holder)
+
+    async def admit(
+        self, namespace: str, holder: str, needs: Sequence[Need], now: float
+    ) -> Admitted | Refused:
+        return await self.stores[0].admit(namespace, holder, needs, now)
 
     async def window_add(
         self, namespace: str, key: str, amount: float, window: float, limit: float | None,

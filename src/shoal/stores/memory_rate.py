@@ -11,7 +11,21 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from shoal.coord.base import CounterResult, SlotBusy, SlotGrant, SpendEntry, WindowResult
+from shoal.coord.base import (
+    Admitted,
+    CircuitNeed,
+    CounterResult,
+    Need,
+    PauseNeed,
+    Refused,
+    SlotBusy,
+    SlotGrant,
+    SlotNeed,
+    SpendEntry,
+    WindowNeed,
+    WindowResult,
+    check_needs,
+)
 
 
 @dataclass
@@ -31,6 +45,19 @@ def _id(entry: SpendEntry) -> int:
     return entry.id
 
 
+def _fits_at(w: _Window, amount: float, window: float, limit: float) -> float | None:
+    """When a refused ``amount`` fits: the ``at + window`` of the entry whose leaving, with every
+    entry before it (oldest first), makes room; None if it never fits."""
+    if amount > limit:
+        return None
+    left = w.total
+    for at, a in w.entries:
+        left -= a
+        if left + amount <= limit:
+            return at + window
+    return None
+
+
 class MemoryRateLimits:
     """Slots, windows, pauses, counters and the cost ledger in this process's memory."""
 
@@ -46,13 +73,11 @@ class MemoryRateLimits:
     async def slot_acquire(
         self, namespace: str, key: str, holder: str, max_slots: int, lease: float, now: float
     ) -> SlotGrant | SlotBusy:
-        slots = self._slots.setdefault((namespace, key), {})
-        for who in [w for w, until in slots.items() if until <= now]:
-            del slots[who]
-        if holder in slots or len(slots) < max_slots:
-            slots[holder] = now + lease
-            return SlotGrant(now + lease)
-        return SlotBusy(min(slots.values()))
+        busy = self._slot_busy(namespace, key, holder, max_slots, now)
+        if busy is not None:
+            return SlotBusy(busy)
+        self._slots[(namespace, key)][holder] = now + lease
+        return SlotGrant(now + lease)
 
     async def slot_renew(
         self, namespace: str, key: str, holder: str, lease: float, now: float
@@ -72,25 +97,10 @@ class MemoryRateLimits:
         self, namespace: str, key: str, amount: float, window: float, limit: float | None,
         now: float,
     ) -> WindowResult:
-        w = self._windows.setdefault((namespace, key), _Window())
-        # entries leave from the oldest: the cost is the entries leaving, not the window's size
-        leaving = bisect.bisect_right(w.entries, now - window, key=_at)
-        for _, gone in w.entries[:leaving]:
-            w.total -= gone
-        del w.entries[:leaving]
-        if not w.entries:
-            w.total = 0.0            # no drift survives an empty window
+        w = self._window(namespace, key, window, now)
         total = w.total
         if amount > 0 and limit is not None and total + amount > limit:
-            retry_at = None
-            if amount <= limit:
-                left = total
-                for at, a in w.entries:
-                    left -= a
-                    if left + amount <= limit:
-                        retry_at = at + window
-                        break
-            return WindowResult(False, total, retry_at)
+            return WindowResult(False, total, _fits_at(w, amount, window, limit))
         if amount != 0:
             bisect.insort(w.entries, (now, amount), key=_at)   # after entries of the same time
             w.total += amount
@@ -107,8 +117,79 @@ class MemoryRateLimits:
         return kept
 
     async def paused_until(self, namespace: str, key: str, now: float) -> float | None:
+        return self._paused(namespace, key, now)
+
+    def _paused(self, namespace: str, key: str, now: float) -> float | None:
         until = self._rate_pauses.get((namespace, key))
         return until if until is not None and until > now else None
+
+    # -- admission: every need of a call at once ------------------------------------------------
+
+    async def admit(
+        self, namespace: str, holder: str, needs: Sequence[Need], now: float
+    ) -> Admitted | Refused:
+        check_needs(needs)
+        trial: float | None = None
+        for i, need in enumerate(needs):      # look at each, in order, taking nothing
+            if isinstance(need, SlotNeed):
+                busy = self._slot_busy(namespace, need.key, holder, need.max_slots, now)
+                if busy is not None:
+                    return Refused(i, busy)
+            elif isinstance(need, PauseNeed):
+                until = self._paused(namespace, need.key, now)
+                if until is not None:
+                    return Refused(i, until)
+            elif isinstance(need, WindowNeed):
+                w = self._window(namespace, need.key, need.window, now)
+                if need.limit is not None and w.total + need.amount > need.limit:
+                    return Refused(i, _fits_at(w, need.amount, need.window, need.limit))
+            else:
+                until = self._paused(namespace, need.open, now)
+                if until is not None:
+                    return Refused(i, until)
+                opened, closed = (self._counters.get((namespace, k), (0.0, now))[0]
+                                  for k in (need.opened, need.closed))
+                # read as counter_add reads: used now (so retention keeps a circuit in use)
+                for key, total in ((need.opened, opened), (need.closed, closed)):
+                    self._counters[(namespace, key)] = (total, now)
+                if opened > closed:
+                    if self._slot_busy(namespace, need.trial, holder, 1, now) is not None:
+                        return Refused(i, None)
+                    trial = opened
+        for need in needs:                    # all met: take them
+            if isinstance(need, SlotNeed):
+                self._slots[(namespace, need.key)][holder] = now + need.lease
+            elif isinstance(need, WindowNeed):
+                w = self._windows[(namespace, need.key)]
+                bisect.insort(w.entries, (now, need.amount), key=_at)
+                w.total += need.amount
+            elif isinstance(need, CircuitNeed) and trial is not None:
+                self._slots[(namespace, need.trial)][holder] = now + need.lease
+        return Admitted(trial)
+
+    def _slot_busy(
+        self, namespace: str, key: str, holder: str, max_slots: int, now: float
+    ) -> float | None:
+        """Forget ``key``'s ended slots; None if ``holder`` may take one, else when the first
+        live one ends."""
+        slots = self._slots.setdefault((namespace, key), {})
+        for who in [w for w, until in slots.items() if until <= now]:
+            del slots[who]
+        if holder in slots or len(slots) < max_slots:
+            return None
+        return min(slots.values())
+
+    def _window(self, namespace: str, key: str, window: float, now: float) -> _Window:
+        """``key``'s window with the entries that left it (``at <= now - window``) forgotten."""
+        w = self._windows.setdefault((namespace, key), _Window())
+        # entries leave from the oldest: the cost is the entries leaving, not the window's size
+        leaving = bisect.bisect_right(w.entries, now - window, key=_at)
+        for _, gone in w.entries[:leaving]:
+            w.total -= gone
+        del w.entries[:leaving]
+        if not w.entries:
+            w.total = 0.0            # no drift survives an empty window
+        return w
 
     # -- counters and the ledger ---------------------------------------------------------------
 

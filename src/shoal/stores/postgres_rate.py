@@ -30,7 +30,21 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from psycopg.rows import DictRow
 
-from shoal.coord.base import CounterResult, SlotBusy, SlotGrant, SpendEntry, WindowResult
+from shoal.coord.base import (
+    Admitted,
+    CircuitNeed,
+    CounterResult,
+    Need,
+    PauseNeed,
+    Refused,
+    SlotBusy,
+    SlotGrant,
+    SlotNeed,
+    SpendEntry,
+    WindowNeed,
+    WindowResult,
+    check_needs,
+)
 from shoal.stores._sqlfiles import queries
 
 if TYPE_CHECKING:
@@ -128,6 +142,73 @@ class PostgresRateLimits:
         rows = await self._rate_run([(_Q["rate_paused_until"], {
             "namespace": namespace, "key": key, "now": float(now)})])
         return rows[0]["until"] if rows else None
+
+    # -- admission: every need of a call at once ------------------------------------------------
+
+    async def admit(
+        self, namespace: str, holder: str, needs: Sequence[Need], now: float
+    ) -> Admitted | Refused:
+        """One pipeline: the advisory locks of every slot key (the circuit's trial slot among
+        them) and every window key, in one order for every caller (slots then windows, each by
+        key: prune_rates takes window keys in that order too, and the other operations take one
+        lock each), so two admissions never wait for each other in a cycle; then the circuit's
+        counter rows, in "C" order; then each window's rate_window_prune; then rate_admit,
+        which decides and writes, with its generic plan (rate_admit_generic_plan)."""
+        check_needs(needs)
+        args: dict[str, Any] = {
+            "namespace": namespace, "holder": holder, "now": float(now),
+            "slot_pos": [], "slot_keys": [], "slot_max": [], "slot_until": [],
+            "pause_pos": [], "pause_keys": [], "win_pos": [], "win_keys": [],
+            "win_amounts": [], "win_lengths": [], "win_limits": [], "circuit_pos": None,
+            "open": None, "opened": None, "closed": None, "trial": None, "trial_until": None}
+        locks: set[tuple[str, str]] = set()
+        prunes: list[tuple[str, dict[str, Any]]] = []
+        for i, need in enumerate(needs):
+            if isinstance(need, SlotNeed):
+                args["slot_pos"].append(i)
+                args["slot_keys"].append(need.key)
+                args["slot_max"].append(int(need.max_slots))
+                args["slot_until"].append(float(now + need.lease))
+                locks.add(("slot", need.key))
+            elif isinstance(need, PauseNeed):
+                args["pause_pos"].append(i)
+                args["pause_keys"].append(need.key)
+            elif isinstance(need, WindowNeed):
+                args["win_pos"].append(i)
+                args["win_keys"].append(need.key)
+                args["win_amounts"].append(float(need.amount))
+                args["win_lengths"].append(float(need.window))
+                args["win_limits"].append(None if need.limit is None else float(need.limit))
+                locks.add(("window", need.key))
+                prunes.append((_Q["rate_window_prune"], {
+                    "namespace": namespace, "key": need.key,
+                    "cutoff": float(now - need.window)}))
+            elif isinstance(need, CircuitNeed):
+                args.update(circuit_pos=i, open=need.open, opened=need.opened,
+                            closed=need.closed, trial=need.trial,
+                            trial_until=float(now + need.lease))
+                locks.add(("slot", need.trial))
+        args["slot_keys_all"] = [key for kind, key in locks if kind == "slot"]
+        steps = [self._rate_lock(kind, namespace, key) for kind, key in sorted(locks)]
+        if args["circuit_pos"] is not None:
+            # the circuit's counters, created at 0 if missing and locked in "C" order as
+            # counter_add locks them (it holds no advisory lock: no cycle), so that rate_admit
+            # marks them used now as counter_add's read does
+            counters = {"namespace": namespace, "now": float(now),
+                        "keys": [args["opened"], args["closed"]]}
+            steps += [(_Q["rate_counter_keys_create"], counters),
+                      (_Q["rate_counter_keys"], counters)]
+        steps += prunes
+        steps.append((_Q["rate_admit_generic_plan"], {}))
+        steps.append((_Q["rate_admit"], args))
+        [row] = await self._rate_run(steps)
+        if row["refused"] is None:
+            return Admitted(row["trial"])
+        refused = needs[row["refused"]]
+        if isinstance(refused, SlotNeed) and row["retry_at"] is None:
+            # max_slots < 1 and nothing held: the reference fails too
+            raise ValueError(f"admit: max_slots={refused.max_slots} leaves no slot to wait for")
+        return Refused(row["refused"], row["retry_at"])
 
     # -- counters and the ledger ---------------------------------------------------------------
 

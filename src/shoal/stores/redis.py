@@ -52,24 +52,31 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shoal.coord.base import (
+    Admitted,
     CounterResult,
     EventWatch,
     LockGrant,
     LockWait,
     MemberView,
+    Need,
+    PauseNeed,
+    Refused,
     SlotBusy,
     SlotGrant,
+    SlotNeed,
     SpendEntry,
     WatchRegistry,
+    WindowNeed,
     WindowResult,
+    check_needs,
 )
 from shoal.errors import ConfigurationError, StoreUnavailableError
 
 T = TypeVar("T")
 
 _SCRIPTS = ("lock_acquire", "lock_renew", "lock_release", "raise_fence", "heartbeat", "meter",
-            "rate_slot_acquire", "rate_slot_renew", "rate_window_add", "rate_pause_until",
-            "rate_paused_until", "rate_counter_add", "rate_prune_counters")
+            "rate_slot_acquire", "rate_slot_renew", "rate_window_add", "rate_admit",
+            "rate_pause_until", "rate_paused_until", "rate_counter_add", "rate_prune_counters")
 _UNREACHABLE = (
     RedisConnectionError, RedisTimeoutError, ReadOnlyError, OutOfMemoryError, OSError, TimeoutError
 )
@@ -83,6 +90,10 @@ def _load(name: str) -> str:
 
 def _keep_ms(lease: float) -> str:
     return str(int(max(10.0 * lease, _KEEP) * 1000))
+
+
+def _window_keep_ms(window: float) -> str:
+    return str(int(min(max(2.0 * window, _KEEP), 1e12) * 1000))
 
 
 def _num(x: float) -> str:
@@ -540,10 +551,10 @@ class RedisCoordStore:
         now: float,
     ) -> WindowResult:
         base = self._base(namespace)
-        keep = str(int(min(max(2.0 * window, _KEEP), 1e12) * 1000))
         got = await self._script(
             "rate_window_add", [f"{base}:rwz:{key}", f"{base}:rwt:{key}"],
-            [_num(amount), _num(window), "-" if limit is None else _num(limit), _num(now), keep])
+            [_num(amount), _num(window), "-" if limit is None else _num(limit), _num(now),
+             _window_keep_ms(window)])
         added, total, retry_at = int(got[0]), _text(got[1]), _text(got[2])
         return WindowResult(bool(added), float(total), float(retry_at) if retry_at else None)
 
@@ -566,6 +577,42 @@ class RedisCoordStore:
             "rate_paused_until", [f"{self._base(namespace)}:rpause:{key}"],
             [_num(now), _keep_ms(0.0)])
         return None if got is None else float(_text(got))
+
+    async def admit(
+        self, namespace: str, holder: str, needs: Sequence[Need], now: float
+    ) -> Admitted | Refused:
+        check_needs(needs)
+        base = self._base(namespace)
+        keys: list[str] = []
+        args = [holder, _num(now), _keep_ms(0.0)]
+        for need in needs:
+            if isinstance(need, SlotNeed):
+                keys.append(f"{base}:rslots:{need.key}")
+                args += ["slot", str(int(need.max_slots)), _num(need.lease),
+                         _keep_ms(need.lease)]
+            elif isinstance(need, PauseNeed):
+                keys.append(f"{base}:rpause:{need.key}")
+                args.append("pause")
+            elif isinstance(need, WindowNeed):
+                keys += [f"{base}:rwz:{need.key}", f"{base}:rwt:{need.key}"]
+                args += ["window", _num(need.amount), _num(need.window),
+                         "-" if need.limit is None else _num(need.limit),
+                         _window_keep_ms(need.window)]
+            else:
+                keys += [f"{base}:rpause:{need.open}", f"{base}:rcount:{need.opened}",
+                         f"{base}:rcount:{need.closed}", f"{base}:rslots:{need.trial}",
+                         f"{base}:rcounters"]
+                args += ["circuit", _num(need.lease), _keep_ms(need.lease), need.opened,
+                         need.closed]
+        got = await self._script("rate_admit", keys, args)
+        if int(got[0]):
+            trial = _text(got[1])
+            return Admitted(float(trial) if trial else None)
+        part, retry_at = int(got[1]), _text(got[2])
+        refused = needs[part]
+        if isinstance(refused, SlotNeed) and not retry_at:
+            raise ValueError(f"admit: max_slots is {refused.max_slots}; at least 1 is needed")
+        return Refused(part, float(retry_at) if retry_at else None)
 
     async def counter_add(
         self,

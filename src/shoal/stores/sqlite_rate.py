@@ -17,7 +17,21 @@ from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
 from shoal import _json
-from shoal.coord.base import CounterResult, SlotBusy, SlotGrant, SpendEntry, WindowResult
+from shoal.coord.base import (
+    Admitted,
+    CircuitNeed,
+    CounterResult,
+    Need,
+    PauseNeed,
+    Refused,
+    SlotBusy,
+    SlotGrant,
+    SlotNeed,
+    SpendEntry,
+    WindowNeed,
+    WindowResult,
+    check_needs,
+)
 from shoal.stores._sqlfiles import queries
 
 _Q = queries("sqlite")
@@ -74,15 +88,7 @@ class SQLiteRateLimits:
         args = {"namespace": namespace, "key": key, "amount": amount, "window": window,
                 "limit": limit, "now": now, "cutoff": now - window}
         async with self._tx() as db:
-            row = db.execute(_Q["rate_window_total"], args).fetchone()
-            stored = total = 0.0 if row is None else float(row[0])
-            leaving = db.execute(_Q["rate_window_leaving"], args).fetchall()
-            if leaving:
-                for (gone,) in leaving:     # oldest first, as the reference subtracts them
-                    total -= gone
-                db.execute(_Q["rate_window_prune"], args)
-                if not db.execute(_Q["rate_window_any"], args).fetchone()[0]:
-                    total = 0.0             # no drift survives an empty window
+            stored, total = _window_total(db, args)
             if amount > 0 and limit is not None and total + amount > limit:
                 if total != stored:
                     db.execute(_Q["rate_window_put"], {**args, "total": total})
@@ -118,6 +124,65 @@ class SQLiteRateLimits:
         finally:
             cur.close()     # no read snapshot left open
         return None if row is None else float(row[0])
+
+    # -- admission: every need of a call at once ------------------------------------------------
+
+    async def admit(
+        self, namespace: str, holder: str, needs: Sequence[Need], now: float
+    ) -> Admitted | Refused:
+        check_needs(needs)
+        ns: dict[str, Any] = {"namespace": namespace, "holder": holder, "now": now}
+        trial: float | None = None
+        counted: list[tuple[dict[str, Any], float]] = []     # (window args, total before)
+        async with self._tx() as db:
+            # each need looked at in order (a refusal commits only what left: ended slots and
+            # entries out of their windows), then, all met, each taken
+            for i, need in enumerate(needs):
+                if isinstance(need, SlotNeed):
+                    busy = _slot_busy(db, {**ns, "key": need.key}, need.max_slots)
+                    if busy is not None:
+                        return Refused(i, busy)
+                elif isinstance(need, PauseNeed):
+                    until = _paused(db, {**ns, "key": need.key})
+                    if until is not None:
+                        return Refused(i, until)
+                elif isinstance(need, WindowNeed):
+                    args = {**ns, "key": need.key, "amount": need.amount,
+                            "window": need.window, "cutoff": now - need.window}
+                    stored, total = _window_total(db, args)
+                    if total != stored:
+                        db.execute(_Q["rate_window_put"], {**args, "total": total})
+                    if need.limit is not None and total + need.amount > need.limit:
+                        return Refused(i, None if need.amount > need.limit else _retry_at(
+                            db, args, total, need.amount, need.window, need.limit))
+                    counted.append((args, total))
+                else:
+                    until = _paused(db, {**ns, "key": need.open})
+                    if until is not None:
+                        return Refused(i, until)
+                    totals = {r["key"]: float(r["total"]) for r in db.execute(
+                        _Q["rate_counters_get"], {"namespace": namespace, "keys": _json.dumps(
+                            [need.opened, need.closed])})}
+                    opened = totals.get(need.opened, 0.0)
+                    closed = totals.get(need.closed, 0.0)
+                    # read as counter_add reads: used now (so retention keeps a circuit in use)
+                    db.executemany(_Q["rate_counter_put"], [
+                        {"namespace": namespace, "key": key, "total": total, "now": now}
+                        for key, total in ((need.opened, opened), (need.closed, closed))])
+                    if opened > closed:
+                        if _slot_busy(db, {**ns, "key": need.trial}, 1) is not None:
+                            return Refused(i, None)
+                        trial = opened
+            for need in needs:
+                if isinstance(need, SlotNeed) or (isinstance(need, CircuitNeed)
+                                                  and trial is not None):
+                    key = need.key if isinstance(need, SlotNeed) else need.trial
+                    db.execute(_Q["rate_slot_take"],
+                               {**ns, "key": key, "expires_at": now + need.lease})
+            for args, total in counted:
+                db.execute(_Q["rate_window_add"], args)
+                db.execute(_Q["rate_window_put"], {**args, "total": total + args["amount"]})
+        return Admitted(trial)
 
     # -- counters and the ledger ---------------------------------------------------------------
 
@@ -195,6 +260,38 @@ class SQLiteRateLimits:
                     break
                 deleted += db.execute(_Q[name], {**args, "limit": limit - deleted}).rowcount
         return deleted
+
+
+def _slot_busy(db: sqlite3.Connection, args: dict[str, Any], max_slots: int) -> float | None:
+    """Forget the key's ended slots; None if ``args["holder"]`` may take one, else when the
+    first live one ends."""
+    db.execute(_Q["rate_slots_purge"], args)
+    held, mine, first_end = db.execute(_Q["rate_slots_state"], args).fetchone()
+    if mine or held < max_slots:
+        return None
+    if first_end is None:   # max_slots < 1 and nothing held: the reference fails too
+        raise ValueError(f"admit: max_slots={max_slots} leaves no slot to wait for")
+    return float(first_end)
+
+
+def _paused(db: sqlite3.Connection, args: dict[str, Any]) -> float | None:
+    row = db.execute(_Q["rate_paused_until"], args).fetchone()
+    return None if row is None else float(row[0])
+
+
+def _window_total(db: sqlite3.Connection, args: dict[str, Any]) -> tuple[float, float]:
+    """Delete the key's entries that left the window (``args["cutoff"]``); its running total as
+    stored and without them (exactly 0 when none is left). The caller stores the new total."""
+    row = db.execute(_Q["rate_window_total"], args).fetchone()
+    stored = total = 0.0 if row is None else float(row[0])
+    leaving = db.execute(_Q["rate_window_leaving"], args).fetchall()
+    if leaving:
+        for (gone,) in leaving:     # oldest first, as the reference subtracts them
+            total -= gone
+        db.execute(_Q["rate_window_prune"], args)
+        if not db.execute(_Q["rate_window_any"], args).fetchone()[0]:
+            total = 0.0             # no drift survives an empty window
+    return stored, total
 
 
 def _retry_at(

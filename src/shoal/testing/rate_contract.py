@@ -15,14 +15,80 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import random
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
-from shoal.coord.base import RateStore, SlotBusy, SlotGrant, SpendEntry
+from shoal.coord.base import (
+    Admitted,
+    CircuitNeed,
+    Need,
+    PauseNeed,
+    RateStore,
+    Refused,
+    SlotBusy,
+    SlotGrant,
+    SlotNeed,
+    SpendEntry,
+    WindowNeed,
+)
 
 T0 = 1_767_225_600.0
 NS = "contract"
+
+
+async def _stepwise(
+    rates: RateStore, namespace: str, holder: str, needs: Sequence[Need], now: float
+) -> Admitted | Refused:
+    """:meth:`RateStore.admit` made of the other operations (not atomic): each need asked in
+    order; a refusal gives back the slots taken; window amounts are counted once all are met
+    (a refused window_add counts nothing)."""
+    taken: list[str] = []
+    trial: float | None = None
+
+    async def refuse(i: int, retry_at: float | None) -> Refused:
+        for key in taken:
+            await rates.slot_release(namespace, key, holder)
+        return Refused(i, retry_at)
+
+    for i, need in enumerate(needs):
+        if isinstance(need, SlotNeed):
+            got = await rates.slot_acquire(namespace, need.key, holder, need.max_slots,
+                                           need.lease, now)
+            if isinstance(got, SlotBusy):
+                return await refuse(i, got.retry_at)
+            taken.append(need.key)
+        elif isinstance(need, PauseNeed):
+            until = await rates.paused_until(namespace, need.key, now)
+            if until is not None:
+                return await refuse(i, until)
+        elif isinstance(need, WindowNeed):
+            read = await rates.window_add(namespace, need.key, 0, need.window, None, now)
+            if need.limit is not None and read.total + need.amount > need.limit:
+                refused = await rates.window_add(namespace, need.key, need.amount, need.window,
+                                                 need.limit, now)
+                assert not refused.added
+                return await refuse(i, refused.retry_at)
+        else:
+            until = await rates.paused_until(namespace, need.open, now)
+            if until is not None:
+                return await refuse(i, until)
+            opened, closed = (await rates.counter_add(
+                namespace, [need.opened, need.closed], [0, 0], [None, None], now)).totals
+            if opened > closed:
+                got = await rates.slot_acquire(namespace, need.trial, holder, 1, need.lease, now)
+                if isinstance(got, SlotBusy):
+                    return await refuse(i, None)
+                taken.append(need.trial)
+                trial = opened
+    for need in needs:
+        if isinstance(need, WindowNeed):
+            added = await rates.window_add(namespace, need.key, need.amount, need.window, None,
+                                           now)
+            assert added.added
+    return Admitted(trial)
 
 
 class RateContract:
@@ -149,6 +215,165 @@ class RateContract:
         assert await rates.paused_until(NS, "p:cooldown", T0 + 30) is None
         assert await rates.pause_until(NS, "p:cooldown", T0 + 90, T0 + 31) == T0 + 90
         assert await rates.paused_until("elsewhere", "p:cooldown", T0) is None
+
+    # -- admission: every need of a call at once ------------------------------------------------
+
+    async def test_admit_takes_every_need_at_once(self, rates: RateStore) -> None:
+        needs: list[Need] = [SlotNeed("t:slots", 1, 60), SlotNeed("p:slots", 2, 30),
+                             PauseNeed("p:cooldown"), WindowNeed("t:rpm", 1, 60, 2),
+                             WindowNeed("p:tpm", 500, 60, 1000)]
+        assert await rates.admit(NS, "a", needs, T0) == Admitted(None)
+        assert await rates.slot_acquire(NS, "t:slots", "b", 1, 60, T0 + 1) == SlotBusy(T0 + 60)
+        assert await rates.slot_acquire(NS, "p:slots", "b", 2, 60, T0 + 1) == SlotGrant(T0 + 61)
+        assert await rates.slot_acquire(NS, "p:slots", "c", 2, 60, T0 + 1) == SlotBusy(T0 + 30)
+        assert (await rates.window_add(NS, "t:rpm", 0, 60, None, T0 + 1)).total == 1
+        assert (await rates.window_add(NS, "p:tpm", 0, 60, None, T0 + 1)).total == 500
+        # the entries were counted at T0: they leave the window a minute later
+        assert (await rates.window_add(NS, "p:tpm", 0, 60, None, T0 + 60)).total == 0
+        assert await rates.admit(NS, "z", [], T0) == Admitted(None)
+
+    async def test_admit_is_all_or_nothing(self, rates: RateStore) -> None:
+        await rates.window_add(NS, "p:tpm", 900, 60, None, T0 - 30)
+        needs: list[Need] = [SlotNeed("p:slots", 1, 60), WindowNeed("p:rpm", 1, 60, 10),
+                             WindowNeed("p:tpm", 200, 60, 1000)]
+        assert await rates.admit(NS, "a", needs, T0) == Refused(2, T0 + 30)
+        # nothing taken: the slot is free and the requests window empty
+        assert await rates.slot_acquire(NS, "p:slots", "b", 1, 60, T0) == SlotGrant(T0 + 60)
+        assert (await rates.window_add(NS, "p:rpm", 0, 60, None, T0)).total == 0
+        assert (await rates.window_add(NS, "p:tpm", 0, 60, None, T0)).total == 900
+        await rates.slot_release(NS, "p:slots", "b")
+        assert await rates.admit(NS, "a", needs, T0 + 30) == Admitted(None)
+        assert (await rates.window_add(NS, "p:tpm", 0, 60, None, T0 + 30)).total == 200
+
+    async def test_admit_names_the_first_need_refused(self, rates: RateStore) -> None:
+        await rates.slot_acquire(NS, "s", "other", 1, 20, T0)
+        await rates.pause_until(NS, "p", T0 + 25, T0)
+        await rates.window_add(NS, "w", 3, 60, None, T0 - 10)
+        slot, pause = SlotNeed("s", 1, 60), PauseNeed("p")
+        never, later = WindowNeed("w", 11, 60, 10), WindowNeed("w", 8, 60, 10)
+        assert await rates.admit(NS, "a", [never, slot, pause], T0) == Refused(0, None)
+        assert await rates.admit(NS, "a", [later, slot, pause], T0) == Refused(0, T0 + 50)
+        assert await rates.admit(NS, "a", [pause, slot], T0) == Refused(0, T0 + 25)
+        assert await rates.admit(NS, "a", [slot, pause], T0) == Refused(0, T0 + 20)
+        assert await rates.admit(NS, "a", [PauseNeed("q"), pause, slot], T0) == \
+            Refused(1, T0 + 25)
+        assert await rates.admit(NS, "a", [slot, pause], T0 + 20) == Refused(1, T0 + 25)
+        assert await rates.admit(NS, "a", [slot, pause, later], T0 + 25) == Refused(2, T0 + 50)
+        assert await rates.admit(NS, "a", [slot, pause, later], T0 + 50) == Admitted(None)
+        # a holder that holds the slot already is admitted again (its slot extended)
+        assert await rates.admit(NS, "a", [slot], T0 + 60) == Admitted(None)
+        assert await rates.slot_acquire(NS, "s", "b", 1, 60, T0 + 100) == SlotBusy(T0 + 120)
+
+    async def test_admit_asks_the_circuit(self, rates: RateStore) -> None:
+        circuit = CircuitNeed("c:open", "c:opened", "c:closed", "c:trial", 60)
+        slot = SlotNeed("s", 5, 60)
+        assert await rates.admit(NS, "a", [circuit, slot], T0) == Admitted(None)
+        assert await rates.slot_acquire(NS, "c:trial", "x", 1, 60, T0) == SlotGrant(T0 + 60), \
+            "a closed circuit takes no trial slot"
+        await rates.slot_release(NS, "c:trial", "x")
+        # opened: the cooldown, then half-open
+        await rates.pause_until(NS, "c:open", T0 + 30, T0)
+        await rates.counter_add(NS, ["c:opened"], [1], [1], T0)
+        assert await rates.admit(NS, "a", [circuit, slot], T0 + 1) == Refused(0, T0 + 30)
+        assert await rates.admit(NS, "a", [circuit, slot], T0 + 30) == Admitted(1.0)
+        assert await rates.admit(NS, "b", [circuit], T0 + 31) == Refused(0, None)
+        assert await rates.slot_acquire(NS, "c:trial", "b", 1, 60, T0 + 31) == SlotBusy(T0 + 90)
+        # a trial refused by a later need is not taken
+        await rates.slot_release(NS, "c:trial", "a")
+        await rates.pause_until(NS, "p", T0 + 40, T0 + 31)
+        assert await rates.admit(NS, "b", [circuit, PauseNeed("p")], T0 + 32) == Refused(1, T0 + 40)
+        assert await rates.admit(NS, "c", [circuit], T0 + 32) == Admitted(1.0)
+        # closed again: no trial
+        await rates.counter_add(NS, ["c:closed"], [1], [1], T0 + 33)
+        assert await rates.admit(NS, "d", [circuit], T0 + 33) == Admitted(None)
+
+    async def test_admit_keeps_the_counters_of_a_circuit_in_use(self, rates: RateStore) -> None:
+        """Looking at the circuit marks its counters used, as counter_add's read does: retention
+        never prunes the counters of a breaker in use (pruning "closed" alone would trip it)."""
+        circuit = CircuitNeed("c:open", "c:opened", "c:closed", "c:trial", 60)
+        await rates.counter_add(NS, ["c:opened", "c:closed"], [2, 2], [None, None], T0)
+        assert await rates.admit(NS, "a", [circuit], T0 + 100) == Admitted(None)
+        await rates.prune_rates(NS, T0 + 50, 100)
+        totals = await rates.counter_add(NS, ["c:opened", "c:closed"], [0, 0], [None, None],
+                                         T0 + 100)
+        assert totals.totals == [2, 2]
+
+    async def test_admit_refuses_a_key_named_twice(self, rates: RateStore) -> None:
+        wrong: list[list[Need]] = [
+            [SlotNeed("s", 1, 60), SlotNeed("s", 2, 60)],
+            [WindowNeed("w", 1, 60, None), WindowNeed("w", 2, 60, 5)],
+            [PauseNeed("p"), CircuitNeed("p", "o", "c", "t", 60)],
+            [WindowNeed("w", 0, 60, 5)]]
+        for needs in wrong:
+            with pytest.raises(ValueError):
+                await rates.admit(NS, "a", needs, T0)
+
+    async def test_concurrent_admissions_never_pass_a_limit(
+        self, rates: RateStore, other: RateStore
+    ) -> None:
+        stores = itertools.cycle([rates, other])
+        tenant, provider = SlotNeed("t:slots", 4, 60), SlotNeed("p:slots", 6, 60)
+        rpm, tpm = WindowNeed("p:rpm", 1, 60, 5), WindowNeed("p:tpm", 10, 60, 100)
+        orders: list[list[Need]] = [[tenant, provider, rpm, tpm], [provider, tenant, tpm, rpm],
+                                    [tpm, rpm, tenant]]
+        got = await asyncio.gather(*(
+            s.admit(NS, f"h{i}", orders[i % 3], T0)
+            for i, s in zip(range(30), stores, strict=False)))
+        assert sum(isinstance(g, Admitted) for g in got) == 4     # the tenant's 4 slots
+        assert (await rates.window_add(NS, "p:rpm", 0, 60, None, T0)).total == 4
+        assert (await rates.window_add(NS, "p:tpm", 0, 60, None, T0)).total == 40
+        granted = await rates.admit(NS, "late", [provider, rpm], T0)
+        assert granted == Admitted(None)
+        assert await rates.admit(NS, "later", [provider, rpm], T0) == Refused(1, T0 + 60)
+
+    async def test_admit_is_the_step_by_step_operations_all_or_nothing(
+        self, rates: RateStore
+    ) -> None:
+        """Random admissions in one namespace, and the same needs met one by one with the other
+        operations in another (each slot, pause, window and circuit asked in order, the slots
+        given back on a refusal, the window amounts counted once every need is met): the same
+        answers, call for call. Amounts are multiples of 1/4, so every sum is exact."""
+        rnd = random.Random(1129)
+        now, calls = T0, 0
+        for step in range(300):
+            now += rnd.choice([0, 0, 0.25, 0.5, 1, 3])
+            op = rnd.random()
+            if op < 0.12:
+                key, holder = rnd.choice(["s1", "s2", "trial"]), f"h{rnd.randrange(calls + 1)}"
+                for ns in ("one", "two"):
+                    await rates.slot_release(ns, key, holder)
+                continue
+            if op < 0.18:
+                until = now + rnd.choice([0, 2, 10])
+                key = rnd.choice(["p", "open"])
+                assert await rates.pause_until("one", key, until, now) == \
+                    await rates.pause_until("two", key, until, now)
+                continue
+            if op < 0.24:
+                key, amount = rnd.choice([("opened", 1), ("closed", 1)])
+                for ns in ("one", "two"):
+                    await rates.counter_add(ns, [key], [amount], [None], now)
+                continue
+            needs: list[Need] = []
+            if rnd.random() < 0.3:
+                needs.append(CircuitNeed("open", "opened", "closed", "trial", 20))
+            for key in rnd.sample(["s1", "s2"], rnd.randint(0, 2)):
+                needs.append(SlotNeed(key, rnd.choice([1, 2, 3]), rnd.choice([5.0, 20.0])))
+            if rnd.random() < 0.5:
+                needs.append(PauseNeed("p"))
+            for key in rnd.sample(["w1", "w2"], rnd.randint(0, 2)):
+                needs.append(WindowNeed(key, rnd.choice([0.25, 1, 2, 3, 12]), 10.0,
+                                        rnd.choice([None, 6, 10])))
+            rnd.shuffle(needs)
+            calls += 1
+            holder = f"h{calls}"
+            got = await rates.admit("one", holder, needs, now)
+            expected = await _stepwise(rates, "two", holder, needs, now)
+            assert got == expected, (step, needs, got, expected)
+        for key in ("w1", "w2"):
+            totals = [(await rates.window_add(ns, key, 0, 10.0, None, now)).total
+                      for ns in ("one", "two")]
+            assert totals[0] == totals[1], (key, totals)
 
     # -- counters and the ledger ---------------------------------------------------------------
 

@@ -978,6 +978,128 @@ RETURNING p.until;
 SELECT until FROM rate_pauses
 WHERE namespace = %(namespace)s AND key = %(key)s AND until > %(now)s;
 
+-- name: rate_admit_generic_plan
+-- Before rate_admit, for the rest of its transaction: the server's "auto" mode plans that prepared
+-- statement afresh on every call (its generic plan, with arrays of unknown length, looks dearer),
+-- and planning it costs more than running it (about 1 ms of 1.2 for an admission that only reads
+-- a pause). Its generic plan reads every table through its primary key or the entries' index.
+SELECT set_config('plan_cache_mode', 'force_generic_plan', true);
+
+-- name: rate_admit
+-- After the advisory locks of every slot key (the circuit's trial slot among them) and every
+-- window key of the request, taken in one order (slots then windows, each by key, as prune_rates
+-- takes the window keys), then the circuit's counter rows (rate_counter_keys_create,
+-- rate_counter_keys), and after rate_window_prune of each window (every entry is in its window).
+-- A call's admission, all or nothing (shoal.coord.base.RateStore.admit): each need's verdict as
+-- its own operation gives it (rate_slot_acquire, rate_paused_until, rate_window_add; the circuit:
+-- its pause, then, while "opened" is above "closed", its trial slot of one place), the first need
+-- refused by position (:*_pos, 0-based), and only with none refused the slots taken (the trial's
+-- too) and the window amounts counted at :now. Pauses are read, never locked; the circuit's
+-- counters, once looked at (no need before it refused, its pause not in force), are marked used
+-- at :now whatever the answer, as counter_add's read marks them. Ended slots of
+-- the keys leave either way (the caller's own, when it is taken, is overwritten instead: one
+-- statement never changes a row twice). A refused window that fits its limit on its own says
+-- when, walking its entries as rate_window_add does.
+WITH slot AS (
+    SELECT s.pos, s.key, s.max_slots, s.until,
+           EXISTS (SELECT 1 FROM rate_slots r
+                   WHERE r.namespace = %(namespace)s AND r.key = s.key
+                     AND r.holder = %(holder)s AND r.expires_at > %(now)s)
+           OR (SELECT count(*) FROM rate_slots r
+               WHERE r.namespace = %(namespace)s AND r.key = s.key
+                 AND r.expires_at > %(now)s) < s.max_slots AS granted,
+           (SELECT min(r.expires_at) FROM rate_slots r
+            WHERE r.namespace = %(namespace)s AND r.key = s.key
+              AND r.expires_at > %(now)s) AS retry_at
+    FROM unnest(%(slot_pos)s::int[], %(slot_keys)s::text[], %(slot_max)s::bigint[],
+                %(slot_until)s::double precision[]) AS s(pos, key, max_slots, until)
+), pause AS (
+    SELECT p.pos, (SELECT r.until FROM rate_pauses r
+                   WHERE r.namespace = %(namespace)s AND r.key = p.key
+                     AND r.until > %(now)s) AS until
+    FROM unnest(%(pause_pos)s::int[], %(pause_keys)s::text[]) AS p(pos, key)
+), win AS (
+    SELECT w.pos, w.key, w.amount, w.len, w.lim,
+           coalesce((SELECT t.total FROM rate_windows t
+                     WHERE t.namespace = %(namespace)s AND t.key = w.key), 0)::double precision
+               AS total
+    FROM unnest(%(win_pos)s::int[], %(win_keys)s::text[], %(win_amounts)s::double precision[],
+                %(win_lengths)s::double precision[], %(win_limits)s::double precision[])
+         AS w(pos, key, amount, len, lim)
+), circuit AS (
+    SELECT %(circuit_pos)s::int AS pos,
+           (SELECT r.until FROM rate_pauses r
+            WHERE r.namespace = %(namespace)s AND r.key = %(open)s
+              AND r.until > %(now)s) AS open_until,
+           coalesce((SELECT r.total FROM rate_counters r
+                     WHERE r.namespace = %(namespace)s AND r.key = %(opened)s), 0) AS opened,
+           coalesce((SELECT r.total FROM rate_counters r
+                     WHERE r.namespace = %(namespace)s AND r.key = %(closed)s), 0) AS closed,
+           EXISTS (SELECT 1 FROM rate_slots r
+                   WHERE r.namespace = %(namespace)s AND r.key = %(trial)s
+                     AND r.expires_at > %(now)s AND r.holder <> %(holder)s) AS trial_busy
+    WHERE %(circuit_pos)s::int IS NOT NULL
+), refusals (pos, retry_at) AS (
+    SELECT pos, retry_at FROM slot WHERE NOT granted
+    UNION ALL
+    SELECT pos, until FROM pause WHERE until IS NOT NULL
+    UNION ALL
+    SELECT pos, NULL::double precision FROM win WHERE lim IS NOT NULL AND total + amount > lim
+    UNION ALL
+    SELECT pos, open_until FROM circuit
+    WHERE open_until IS NOT NULL OR (opened > closed AND trial_busy)
+), verdict AS (
+    SELECT r.pos AS refused, r.retry_at
+    FROM (SELECT NULL::int AS pos) nothing
+    LEFT JOIN (SELECT pos, retry_at FROM refusals ORDER BY pos LIMIT 1) r ON true
+), trial AS (
+    SELECT c.opened FROM circuit c, verdict v WHERE v.refused IS NULL AND c.opened > c.closed
+), taking (key, until) AS (
+    SELECT s.key, s.until FROM slot s, verdict v WHERE v.refused IS NULL
+    UNION ALL
+    SELECT %(trial)s::text, %(trial_until)s::double precision FROM trial
+), purged AS (
+    DELETE FROM rate_slots r
+    WHERE r.namespace = %(namespace)s AND r.key = ANY(%(slot_keys_all)s::text[])
+      AND r.expires_at <= %(now)s
+      AND NOT (r.holder = %(holder)s AND r.key IN (SELECT key FROM taking))
+), taken AS (
+    INSERT INTO rate_slots (namespace, key, holder, expires_at)
+    SELECT %(namespace)s::text, t.key, %(holder)s::text, t.until FROM taking t
+    ON CONFLICT (namespace, key, holder) DO UPDATE SET expires_at = excluded.expires_at
+), added AS (
+    INSERT INTO rate_window_entries (namespace, key, at, amount)
+    SELECT %(namespace)s::text, w.key, %(now)s::double precision, w.amount
+    FROM win w, verdict v WHERE v.refused IS NULL
+    ORDER BY w.pos
+), counted AS (
+    INSERT INTO rate_windows AS t (namespace, key, total)
+    SELECT %(namespace)s::text, w.key, w.total + w.amount FROM win w, verdict v
+    WHERE v.refused IS NULL
+    ON CONFLICT (namespace, key) DO UPDATE SET total = excluded.total
+), used AS (
+    UPDATE rate_counters SET updated_at = %(now)s
+    WHERE namespace = %(namespace)s AND key IN (%(opened)s, %(closed)s)
+      AND EXISTS (SELECT 1 FROM circuit c WHERE c.open_until IS NULL
+                  AND NOT EXISTS (SELECT 1 FROM refusals r WHERE r.pos < c.pos))
+)
+SELECT v.refused,
+       CASE WHEN w.pos IS NULL THEN v.retry_at
+            WHEN w.amount <= w.lim THEN (
+                SELECT s.at + w.len FROM (
+                    SELECT e.at, e.seq, w.total - sum(e.amount) OVER (
+                        ORDER BY e.at, e.seq ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+                        AS staying
+                    FROM rate_window_entries e
+                    WHERE e.namespace = %(namespace)s AND e.key = w.key) s
+                WHERE s.staying + w.amount <= w.lim
+                ORDER BY s.at, s.seq
+                LIMIT 1)
+       END AS retry_at,
+       (SELECT opened FROM trial) AS trial
+FROM verdict v
+LEFT JOIN win w ON w.pos = v.refused;
+
 -- name: rate_counter_keys_create
 -- The rows of counters never counted (total 0 as of now), in key order, as meter_keys_create.
 -- A refused add leaves such a row at 0, which reads as the counter that was not there.
