@@ -292,18 +292,21 @@ async def test_a_cancelled_waiter_leaves_the_queue(two: list[shoal.App]) -> None
     await a._locks.release(patient.result())
 
 
-async def test_a_dead_holder_is_noticed_by_the_first_waiter_alone(
+async def test_a_dead_holder_is_noticed_at_its_lease_end_with_one_ask_per_waiter(
     clock: VirtualClock, two: list[shoal.App], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Eight waiters behind a holder that died: when its lease ends, the first waiter asks and
-    takes the lock; the seven others do not ask then (each is due when the one ahead of it is)."""
+    """Eight waiters behind a holder that died: when its lease ends, the first waiter takes the
+    lock. The seven others ask once then too (the holder's end is every waiter's retry_at, so
+    that a waiter ahead giving up meanwhile cannot leave the rest waiting, its release naming
+    nobody), are refused, and sleep until their next lease/3 re-ask: one round of asks per dead
+    holder, like one of those re-asks."""
     a, b = two
     store = a.store
     assert isinstance(store, CoordStore)
     start = clock.now()
     dead = await store.lock_acquire("coord", ["k"], "dead-process", LEASE, start)
     assert isinstance(dead, LockGrant)
-    await clock.advance(5)      # their re-asks to keep their places fall at 15, 25, 35 …
+    await clock.advance(5)      # their re-asks to keep their places fall at 15, 25, then 40 …
     asks: list[float] = []
     real = store.lock_acquire
 
@@ -319,7 +322,8 @@ async def test_a_dead_holder_is_noticed_by_the_first_waiter_alone(
     before = len(asks)
     await clock.advance(2)
     await until(lambda: _done(waiters[0]))
-    assert [t for t in asks[before:] if t < LEASE + 1] == [LEASE], "only the first asked"
+    await clock.advance(LEASE / 3 - 2 - 0.1)    # up to just before the re-asks at 40
+    assert asks[before:] == [LEASE] * 8, "each asked once, at the holder's lease end"
     lock = waiters[0].result()
     assert lock.token == dead.token + 1 and not any(w.done() for w in waiters[1:])
     for w in waiters[1:]:
@@ -349,6 +353,38 @@ async def test_a_waiter_that_died_first_in_line_holds_up_the_next_for_its_lease_
     await clock.advance(2)
     await until(lambda: _done(patient))
     await b._locks.release(patient.result())
+
+
+async def test_a_dead_holder_loses_the_lock_at_its_lease_end_when_the_first_waiter_gives_up(
+    clock: VirtualClock, two: list[shoal.App]
+) -> None:
+    """A release names the next waiter only on a key with no holder, and a dead holder's row is
+    still there: the second waiter is due at the holder's lease end by its own retry_at (the
+    earlier of the holder's end and the first waiter's), not at its lease/3 re-ask."""
+    a, b = two
+    store = a.store
+    assert isinstance(store, CoordStore)
+    start = clock.now()
+    dead = await store.lock_acquire("coord", ["k"], "dead-process", LEASE, start)
+    assert isinstance(dead, LockGrant)                  # until start + 30, never renewed
+    await clock.advance(1)
+    first = asyncio.create_task(a.lock("k").__aenter__())     # due at the holder's end
+    await settle()
+    await clock.advance(18.9)
+    second = asyncio.create_task(b.lock("k").__aenter__())    # due at the holder's end too
+    await settle()
+    await clock.advance(LEASE - 0.05 - 19.9)            # +29.95: the first waiter gives up
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    try:
+        await clock.advance(1.05)                       # +31: the holder's lease ended at +30
+        await until(lambda: _done(second))
+        assert second.result().token == dead.token + 1
+    finally:
+        await clock.advance(10)                         # (if not: the lease/3 re-ask, +39.9)
+        await until(lambda: _done(second))
+        await b._locks.release(second.result())
 
 
 async def test_a_waiter_cancelled_as_it_is_woken_passes_the_lock_on(

@@ -17,8 +17,10 @@ Locks (invariant 7: a key has at most one holder with a live lease; tokens stric
   oldest waiter anywhere is never blocked by younger ones (no deadlock, no starvation).
 - Wake-ups go to one waiter, not to the queue: a release wakes the first waiter of each key it
   leaves free (the next in line, the only one that can be granted); a waiter's ``retry_at`` is
-  the lease end of what it alone waits for (the waiter right ahead of it, or the holder when it
-  is first), so a dead holder or waiter is noticed by the one behind it, and the others sleep.
+  the lease end of the holder or, if it comes earlier, of the waiter right ahead of it, so a dead
+  waiter is noticed by the one behind it, and a dead holder at its lease end even when the
+  waiters ahead give up meanwhile (their release names nobody while the holder's row is there).
+  A live holder renews long before its lease ends, so the waiters sleep until their own re-ask.
 - The fencing token of a grant is ``max(last token of each key) + 1`` and becomes the last token of
   every key granted: strictly increasing per key, and one token guards all the keys of a grant.
 
@@ -60,9 +62,10 @@ class LockGrant:
 class LockWait:
     """The caller is queued (its waiter row lives until ``now + lease``). ``ticket`` is its place.
     ``retry_at`` is when to ask again even if no wake-up comes: the earliest end, among its keys,
-    of the lease of the live waiter right ahead of it or, on a key where it is first, of the live
-    holder's (``now + lease`` if there is none). Waiters further back are not due then: the one
-    right ahead of them asks first, or a release names them."""
+    of the lease of the live holder and of the lease of the live waiter right ahead of it, if any
+    (``now + lease`` if there is neither). The holder's end counts for every waiter, not only the
+    first: a waiter ahead that gives up while a dead holder's row is still there wakes nobody
+    (a release cannot tell that the lease ended), so the waiters behind must not depend on it."""
 
     ticket: int
     retry_at: float

@@ -2,7 +2,7 @@
 
 A request queues in the store (FIFO by ticket) and waits until the store names it as the next in
 line (a release wakes the new first waiter only: NOTIFY, pub/sub, an in-process event), or until
-what it waits for ends by itself (the lease of the holder, or of the waiter right ahead of it),
+what it waits for ends by itself (the lease of the holder or of the waiter right ahead of it),
 or a third of its lease has passed (it asks again to keep its place; a lost wake-up costs at most
 that).
 Once held, the lock is renewed every lease/3; :attr:`Lock.signal` is set as soon as it is lost:

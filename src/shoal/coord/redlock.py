@@ -58,7 +58,9 @@ class _QuorumWatch:
             loop = asyncio.get_running_loop()
             until = loop.time() + _QUORUM_GRACE
             while len(done) < min(self._quorum, len(tasks)) and loop.time() < until:
-                await asyncio.wait(tasks, timeout=until - loop.time(),
+                # the pending ones only: a done task would end every round at once (a spin)
+                await asyncio.wait([t for t in tasks if not t.done()],
+                                   timeout=until - loop.time(),
                                    return_when=asyncio.FIRST_COMPLETED)
                 done = {t for t in tasks if t.done()}
         finally:

@@ -71,15 +71,16 @@ class MemoryCoordination:
             self._tickets[namespace] = ticket
         for row in rows:
             row.waiters[holder] = (ticket, now + lease)
-        # what this waiter alone waits for, per key: the waiter right ahead, or the holder
-        ahead = []
+        # when to ask again by itself, per key: the live holder's lease end and the lease end
+        # of the waiter right ahead, whichever comes first
+        ends = []
         for row in rows:
             before = [(t, u) for t, u in row.waiters.values() if t < ticket]
             if before:
-                ahead.append(max(before)[1])
-            elif row.holder is not None and row.expires_at > now:
-                ahead.append(row.expires_at)
-        return LockWait(ticket, min(ahead, default=now + lease))
+                ends.append(max(before)[1])
+            if row.holder is not None and row.expires_at > now:
+                ends.append(row.expires_at)
+        return LockWait(ticket, min(ends, default=now + lease))
 
     async def lock_renew(
         self, namespace: str, keys: Sequence[str], holder: str, lease: float, now: float

@@ -272,25 +272,53 @@ class CoordContract:
                 for t in woke.values():
                     t.cancel()
 
-    async def test_retry_at_is_what_the_waiter_alone_waits_for(self, coord: CoordStore) -> None:
-        """The first waiter is due when the holder's lease ends, each other one when the lease
-        of the waiter right ahead of it does: a dead holder or a dead waiter is noticed by the
-        one waiter behind it, the others sleep on."""
+    async def test_retry_at_is_the_end_of_the_holder_or_of_the_waiter_ahead(
+        self, coord: CoordStore
+    ) -> None:
+        """A waiter is due when the live holder's lease ends or, if it is not first and that
+        comes earlier, when the lease of the waiter right ahead of it does: a dead holder is
+        noticed at its lease end even when the waiters ahead give up, and a dead waiter by the
+        one waiter behind it."""
         await grant(coord, ["k"], "h")                                   # until T0 + 10
         assert (await queued(coord, ["k"], "w1", T0 + 1)).retry_at == exactly(T0 + LEASE)
-        assert (await queued(coord, ["k"], "w2", T0 + 2)).retry_at == exactly(T0 + 11)
-        assert (await queued(coord, ["k"], "w3", T0 + 3)).retry_at == exactly(T0 + 12)
-        # w1 dies at the head; the holder too. w2, due at T0 + 11, takes over; w3 sleeps on.
-        assert (await queued(coord, ["k"], "w3", T0 + 4)).retry_at == exactly(T0 + 12)
-        await grant(coord, ["k"], "w2", T0 + 11)
-        w3 = await queued(coord, ["k"], "w3", T0 + 12)
-        assert w3.retry_at == exactly(T0 + 11 + LEASE), "first now: the holder's end"
-        # several keys: the earliest of what it alone waits for on each
-        await grant(coord, ["c"], "hc", T0 + 12)                         # until T0 + 22
-        await queued(coord, ["c"], "y", T0 + 13)                         # until T0 + 23
-        await grant(coord, ["a"], "ha", T0 + 14)                         # until T0 + 24
-        x = await queued(coord, ["a", "c"], "x", T0 + 15)
-        assert x.retry_at == exactly(T0 + 23), "y's end on c, before ha's on a"
+        w2 = await queued(coord, ["k"], "w2", T0 + 2)                    # w1 until T0 + 11
+        assert w2.retry_at == exactly(T0 + LEASE), "the holder's end, before w1's"
+        assert (await queued(coord, ["k"], "w3", T0 + 3)).retry_at == exactly(T0 + LEASE)
+        assert await coord.lock_renew(NS, ["k"], "h", LEASE, T0 + 5)     # until T0 + 15
+        w2 = await queued(coord, ["k"], "w2", T0 + 6)                    # until T0 + 16
+        assert w2.retry_at == exactly(T0 + 11), "w1's end, before the holder's"
+        w3 = await queued(coord, ["k"], "w3", T0 + 7)
+        assert w3.retry_at == exactly(T0 + 15), "the holder's end, before w2's"
+        # w1 dies (its row ends at T0 + 11), the holder too (at T0 + 15): w2 is first now
+        assert (await queued(coord, ["k"], "w2", T0 + 12)).retry_at == exactly(T0 + 15)
+        assert (await queued(coord, ["k"], "w3", T0 + 13)).retry_at == exactly(T0 + 15)
+        await grant(coord, ["k"], "w2", T0 + 15)                         # until T0 + 25
+        w3 = await queued(coord, ["k"], "w3", T0 + 16)
+        assert w3.retry_at == exactly(T0 + 15 + LEASE), "first now: the holder's end"
+        # several keys: the earliest of what it waits for on each
+        await grant(coord, ["c"], "hc", T0 + 20)                         # until T0 + 30
+        await queued(coord, ["c"], "y", T0 + 21)                         # until T0 + 31
+        await grant(coord, ["a"], "ha", T0 + 22)                         # until T0 + 32
+        assert await coord.lock_renew(NS, ["c"], "hc", LEASE, T0 + 24)   # until T0 + 34
+        x = await queued(coord, ["a", "c"], "x", T0 + 25)
+        assert x.retry_at == exactly(T0 + 31), "y's end on c, before hc's on c and ha's on a"
+        # a holder whose lease ended is due no more: the waiter ahead is
+        await queued(coord, ["c"], "y", T0 + 30.5)                       # until T0 + 40.5
+        x = await queued(coord, ["a", "c"], "x", T0 + 34.5)             # hc, ha ended
+        assert x.retry_at == exactly(T0 + 40.5), "y's end on c; hc's and ha's are past"
+
+    async def test_a_dead_holder_is_due_when_the_first_waiter_gives_up_before_its_end(
+        self, coord: CoordStore
+    ) -> None:
+        """The holder dies; the first waiter gives up just before the holder's lease ends, while
+        the holder's row is still there, so its release names nobody: the second waiter is due
+        at the holder's lease end by itself, not at the end of the first waiter's lease."""
+        dead = await grant(coord, ["k"], "dead")                         # until T0 + 10
+        await queued(coord, ["k"], "w1", T0 + 1)                         # until T0 + 11
+        w2 = await queued(coord, ["k"], "w2", T0 + 2)
+        assert w2.retry_at == exactly(dead.expires_at), "the holder's end, before w1's"
+        await coord.lock_release(NS, ["k"], "w1")                        # at T0 + 9.95
+        assert (await grant(coord, ["k"], "w2", dead.expires_at)).token == dead.token + 1
 
     async def test_lock_managers_ask_once_per_hand_off(
         self, coord: CoordStore, other: CoordStore

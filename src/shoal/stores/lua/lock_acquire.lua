@@ -20,9 +20,9 @@
 -- every fence; the holder's waiter rows are deleted), else {0, ticket, retry_at}: the holder is
 -- queued on every key with its ticket (a new one, larger than any given before in the namespace,
 -- if it was not queued) and its waiter rows last until now + lease; retry_at is the earliest,
--- among these keys, of the lease end of the live waiter right ahead of the holder or, on a key
--- where it is first, of the live hold (now + lease only if there is none: like the memory
--- reference, it may lie beyond the caller's own waiter lease).
+-- among these keys, of the lease end of the live hold and of the live waiter right ahead of the
+-- holder, if any (now + lease only if there is neither: like the memory reference, it may lie
+-- beyond the caller's own waiter lease).
 -- Times are returned as '%.17g' strings so they read back exactly.
 
 local holder = ARGV[1]
@@ -91,15 +91,17 @@ for i = 0, n - 1 do
   redis.call('PEXPIRE', queue, keep)
   redis.call('PEXPIRE', waiting, keep)
   redis.call('PEXPIRE', inboxes, keep)
-  -- what this holder alone waits for here: the waiter right ahead, or the hold when it is first
-  local ends = nil
+  -- when to ask again by itself here: the live hold's end and the end of the waiter right
+  -- ahead, whichever comes first (a dead hold is noticed even if the waiters ahead give up)
   local ahead = redis.call('ZREVRANGEBYSCORE', queue, '(' .. score, '-inf', 'LIMIT', 0, 1)
   if #ahead > 0 then
-    ends = tonumber(redis.call('HGET', waiting, ahead[1]))
-  else
-    local hold = redis.call('HMGET', lock, 'holder', 'expires_at')
-    if hold[1] and tonumber(hold[2]) > now then ends = tonumber(hold[2]) end
+    local ends = tonumber(redis.call('HGET', waiting, ahead[1]))
+    if ends and (retry_at == nil or ends < retry_at) then retry_at = ends end
   end
-  if ends and (retry_at == nil or ends < retry_at) then retry_at = ends end
+  local hold = redis.call('HMGET', lock, 'holder', 'expires_at')
+  if hold[1] and tonumber(hold[2]) > now then
+    local ends = tonumber(hold[2])
+    if retry_at == nil or ends < retry_at then retry_at = ends end
+  end
 end
 return {0, ticket, fmt(retry_at or now + lease)}

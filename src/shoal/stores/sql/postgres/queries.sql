@@ -643,8 +643,8 @@ FOR UPDATE;
 -- has a live holder and, on each key, the smallest live ticket is its own (no queue, no ticket:
 -- first too): the token is one above each key's last, and its waiter rows go. Else it queues on
 -- every key with its ticket (a new one, from the namespace's counter, if it had none) and learns
--- when to ask again by itself: the earliest, among its keys, of the lease end of the live waiter
--- right ahead of it or, on a key where it is first, of the live holder's.
+-- when to ask again by itself: the earliest, among its keys, of the lease end of the live holder
+-- and of the live waiter right ahead of it, if any (least() skips a NULL).
 WITH purged AS (
     DELETE FROM lock_waiters
     WHERE namespace = %(namespace)s AND key = ANY(%(keys)s::text[]) AND holder <> %(holder)s
@@ -688,7 +688,7 @@ WITH purged AS (
     SET ticket = excluded.ticket, expires_at = excluded.expires_at
 )
 SELECT verdict.granted, verdict.token, place.ticket,
-       coalesce((SELECT min(coalesce(
+       coalesce((SELECT min(least(
                      (SELECT a.expires_at FROM live AS a
                       WHERE a.key = k AND a.holder <> %(holder)s AND a.ticket < place.ticket
                       ORDER BY a.ticket DESC LIMIT 1),

@@ -391,17 +391,19 @@ SET ticket = excluded.ticket, expires_at = excluded.expires_at;
 
 -- name: lock_retry_at
 -- When the caller is to ask again by itself: the earliest, among its keys, of the lease end of the
--- live waiter right ahead of it (largest smaller ticket) or, on a key where it is first, of the
--- live holder's. (Waiters were purged first: every row left is live. Whoever is further back is
--- not due: the waiter ahead of it asks first, or a release names it.)
-SELECT min(coalesce(
-    (SELECT q.expires_at FROM lock_waiters AS q
-     WHERE q.namespace = :namespace AND q.key = wanted.value AND q.ticket < :ticket
-     ORDER BY q.ticket DESC LIMIT 1),
-    (SELECT l.expires_at FROM locks AS l
-     WHERE l.namespace = :namespace AND l.key = wanted.value
-       AND l.holder IS NOT NULL AND l.expires_at > :now)))
-FROM json_each(:keys) AS wanted;
+-- live holder and of the live waiter right ahead of it (largest smaller ticket), if any. (Waiters
+-- were purged first: every row left is live. The holder's end counts for every waiter, so a dead
+-- holder is noticed when its lease ends even if the waiters ahead give up: a release names nobody
+-- while the holder's row is there.)
+SELECT min(ends) FROM (
+    SELECT (SELECT q.expires_at FROM lock_waiters AS q
+            WHERE q.namespace = :namespace AND q.key = wanted.value AND q.ticket < :ticket
+            ORDER BY q.ticket DESC LIMIT 1) AS ends
+    FROM json_each(:keys) AS wanted
+    UNION ALL
+    SELECT l.expires_at FROM locks AS l
+    WHERE l.namespace = :namespace AND l.key IN (SELECT value FROM json_each(:keys))
+      AND l.holder IS NOT NULL AND l.expires_at > :now);
 
 -- name: lock_held
 SELECT count(*) FROM locks
