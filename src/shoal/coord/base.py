@@ -503,7 +503,8 @@ class RateStore(Protocol):
         """Delete at most ``limit`` rows that can no longer matter: slots whose lease ended by
         ``before``, window entries dated at or before ``before`` (with their windows' totals
         when nothing is left), pauses that ended by ``before``, counters last updated before
-        ``before``. The ledger stays (it is the record of what was spent). Returns how many
+        ``before`` (oldest first, then in key order: a provider's circuit counters rely on
+        it). The ledger stays (it is the record of what was spent). Returns how many
         were deleted. A store whose keys expire by themselves (Redis) may leave slots, windows
         and pauses to their expiries, and counts only what it deleted."""
         ...

@@ -296,9 +296,12 @@ class Provider:
 
     The circuit breaker's state is kept in the store, so that every replica sees the same:
 
-    - two counters, ``circuit-opened`` and ``circuit-closed``, count the openings of the circuit
-      and the trials that closed it (``closed <= opened <= closed + 1`` always holds). The
-      circuit is *closed* while they are equal, and *tripped* while ``opened = closed + 1``;
+    - two counters, ``circuit-opened`` and ``circuit-reclosed``, count the openings of the
+      circuit and the trials that closed it (``closed <= opened <= closed + 1`` always holds).
+      The circuit is *closed* while they are equal, and *tripped* while ``opened = closed + 1``.
+      Every operation on either writes both at one time, and retention deletes idle counters
+      oldest first, then in key order: of a pair cut by a batch, ``…-opened`` goes first, so a
+      provider idle past ``run_retention`` never looks tripped (its name sorts first for that);
     - a pause, ``circuit-open``, is the cooldown after an opening or a failed trial;
     - a slot with one place, ``circuit-trial``, is the trial call in flight (renewed while it
       runs, freed by itself if its holder dies).
@@ -355,7 +358,7 @@ class Provider:
                      "tokens": f"{k}:tokens", "cooldown": f"{k}:cooldown",
                      "failures": f"{k}:failures", "open": f"{k}:circuit-open",
                      "trial": f"{k}:circuit-trial", "opened": f"{k}:circuit-opened",
-                     "closed": f"{k}:circuit-closed"}
+                     "closed": f"{k}:circuit-reclosed"}
 
     def tenant_keys(self, tenant: str) -> dict[str, str]:
         """The store keys of ``tenant``'s own caps on this provider."""

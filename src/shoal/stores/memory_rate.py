@@ -266,7 +266,9 @@ class MemoryRateLimits:
             if key[0] == namespace and until <= before:
                 del self._rate_pauses[key]
                 deleted += 1
-        for key, (_, updated_at) in list(self._counters.items()):
+        # oldest first, then in key order (as every store: see Provider's circuit counters)
+        for key, (_, updated_at) in sorted(self._counters.items(),
+                                           key=lambda kv: (kv[1][1], kv[0][1])):
             if deleted >= limit:
                 return deleted
             if key[0] == namespace and updated_at < before:

@@ -537,6 +537,19 @@ class RateContract:
         got = await rates.counter_add(NS, ["c0", "c4", "live"], [0, 0, 0], [None] * 3, T0 + 101)
         assert got.totals == [0, 0, 1]
 
+    async def test_prune_deletes_idle_counters_oldest_first_then_in_key_order(
+        self, rates: RateStore
+    ) -> None:
+        """A provider's circuit counters rely on the order: of a pair written at one time and
+        cut by a batch, ``…-opened`` goes before ``…-reclosed``, never the other way."""
+        await rates.counter_add(NS, ["p:circuit-reclosed", "p:circuit-opened"], [3, 3],
+                                [None, None], T0)
+        await rates.counter_add(NS, ["older"], [1], [None], T0 - 1)
+        assert await rates.prune_rates(NS, T0 + 10, 2) == 2
+        got = await rates.counter_add(NS, ["older", "p:circuit-opened", "p:circuit-reclosed"],
+                                      [0, 0, 0], [None] * 3, T0 + 11)
+        assert got.totals == [0, 0, 3]
+
     async def test_prune_deletes_ended_slots_windows_and_pauses(self, rates: RateStore) -> None:
         await rates.slot_acquire(NS, "s", "ended", 5, 10, T0)            # lease ends T0 + 10
         await rates.slot_acquire(NS, "s", "live", 5, 1000, T0)

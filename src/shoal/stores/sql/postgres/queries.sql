@@ -1283,6 +1283,7 @@ WITH slots AS (
     DELETE FROM rate_counters c
     USING (SELECT key FROM rate_counters
            WHERE namespace = %(namespace)s AND updated_at < %(before)s::double precision
+           ORDER BY updated_at, key
            LIMIT greatest(0, %(limit)s - (SELECT count(*) FROM slots)
                              - (SELECT count(*) FROM gone) - (SELECT count(*) FROM pauses))
            FOR UPDATE SKIP LOCKED) d

@@ -677,9 +677,11 @@ WHERE (namespace, key) IN (
     LIMIT :limit);
 
 -- name: prune_rate_counters
--- Counters last updated before :before, through rate_counters_updated (migration 10).
+-- Counters last updated before :before, through rate_counters_updated (migration 10), oldest
+-- first, then in key order (a provider's circuit counters rely on it).
 DELETE FROM rate_counters
 WHERE (namespace, key) IN (
     SELECT namespace, key FROM rate_counters INDEXED BY rate_counters_updated
     WHERE namespace = :namespace AND updated_at < :before
+    ORDER BY updated_at, key
     LIMIT :limit);
