@@ -298,6 +298,19 @@ class RateContract:
                                          T0 + 100)
         assert totals.totals == [2, 2]
 
+    async def test_admit_writes_no_counter_of_a_circuit_it_never_reached(
+        self, rates: RateStore
+    ) -> None:
+        """A need refused before the circuit, or the circuit's own pause in force: its counters
+        are not looked at, so nothing is written for them (retention finds no counter)."""
+        circuit = CircuitNeed("c:open", "c:opened", "c:closed", "c:trial", 60)
+        await rates.slot_acquire(NS, "s", "other", 1, 60, T0)
+        assert await rates.admit(NS, "a", [SlotNeed("s", 1, 60), circuit], T0) == \
+            Refused(0, T0 + 60)
+        await rates.pause_until(NS, "c:open", T0 + 30, T0)
+        assert await rates.admit(NS, "a", [circuit], T0) == Refused(0, T0 + 30)
+        assert await rates.prune_rates(NS, T0 + 1, 100) == 0
+
     async def test_admit_refuses_a_key_named_twice(self, rates: RateStore) -> None:
         wrong: list[list[Need]] = [
             [SlotNeed("s", 1, 60), SlotNeed("s", 2, 60)],
