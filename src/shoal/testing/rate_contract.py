@@ -339,6 +339,23 @@ class RateContract:
         assert granted == Admitted(None)
         assert await rates.admit(NS, "later", [provider, rpm], T0) == Refused(1, T0 + 60)
 
+    async def test_concurrent_admissions_take_one_trial(
+        self, rates: RateStore, other: RateStore
+    ) -> None:
+        """Replicas racing for a half-open circuit: one trial goes, the others are refused
+        (retry_at None); once it is freed, the next one goes."""
+        stores = itertools.cycle([rates, other])
+        circuit = CircuitNeed("c:open", "c:opened", "c:closed", "c:trial", 60)
+        await rates.counter_add(NS, ["c:opened", "c:closed"], [3, 2], [None, None], T0)
+        got = await asyncio.gather(*(
+            s.admit(NS, f"h{i}", [circuit, SlotNeed("p:slots", 10, 60)], T0)
+            for i, s in zip(range(20), stores, strict=False)))
+        admitted = [i for i, g in enumerate(got) if isinstance(g, Admitted)]
+        assert len(admitted) == 1 and got[admitted[0]] == Admitted(3.0), got
+        assert all(g == Refused(0, None) for g in got if not isinstance(g, Admitted)), got
+        await rates.slot_release(NS, "c:trial", f"h{admitted[0]}")
+        assert await other.admit(NS, "next", [circuit], T0 + 1) == Admitted(3.0)
+
     async def test_admit_is_the_step_by_step_operations_all_or_nothing(
         self, rates: RateStore
     ) -> None:
