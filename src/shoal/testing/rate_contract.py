@@ -343,7 +343,7 @@ class RateContract:
         self, rates: RateStore, other: RateStore
     ) -> None:
         """Replicas racing for a half-open circuit: one trial goes, the others are refused
-        (retry_at None); once it is freed, the next one goes."""
+        (retry_at None); once it is freed, or its lease ends, the next one goes."""
         stores = itertools.cycle([rates, other])
         circuit = CircuitNeed("c:open", "c:opened", "c:closed", "c:trial", 60)
         await rates.counter_add(NS, ["c:opened", "c:closed"], [3, 2], [None, None], T0)
@@ -355,6 +355,10 @@ class RateContract:
         assert all(g == Refused(0, None) for g in got if not isinstance(g, Admitted)), got
         await rates.slot_release(NS, "c:trial", f"h{admitted[0]}")
         assert await other.admit(NS, "next", [circuit], T0 + 1) == Admitted(3.0)
+        # a trial whose lease ran out (its holder stalled or died) frees the place by itself
+        assert await rates.admit(NS, "late", [circuit], T0 + 60) == Refused(0, None)
+        assert await rates.admit(NS, "late", [circuit], T0 + 61) == Admitted(3.0)
+        assert not await other.slot_renew(NS, "c:trial", "next", 60, T0 + 62)
 
     async def test_admit_is_the_step_by_step_operations_all_or_nothing(
         self, rates: RateStore
