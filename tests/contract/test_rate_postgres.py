@@ -48,6 +48,17 @@ class TestPostgresRateLimits(RateContract):
         yield s
         await s.close()
 
+    # review finding: rate_counter_keys_create makes the circuit's rows (total 0, used now) to
+    # lock them before rate_admit knows whether it reaches the circuit; a refused counter_add
+    # leaves such rows too (queries.sql says so). They read as counters never counted: only
+    # retention's count sees them.
+    @pytest.mark.xfail(strict=True, reason="PostgreSQL admit writes the circuit's counter rows "
+                       "(at 0) even when a need before it was refused or its pause is in force")
+    async def test_admit_writes_no_counter_of_a_circuit_it_never_reached(
+        self, rates: RateStore
+    ) -> None:
+        await super().test_admit_writes_no_counter_of_a_circuit_it_never_reached(rates)
+
 
 def test_the_postgres_store_is_a_rate_store() -> None:
     assert isinstance(PostgresStore("postgresql://localhost/x"), RateStore)
@@ -351,5 +362,28 @@ async def test_an_exported_ledger_is_trimmed_and_ids_go_on(schema: str) -> None:
             conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
             await trim_the_exported_ledger(store, lambda last: conn.execute(
                 "DELETE FROM cost_ledger WHERE namespace = 'ns' AND id <= %s", (last,)))
+    finally:
+        await store.close()
+
+
+async def test_prune_never_cuts_a_circuits_pair_behind_a_lock(schema: str) -> None:  # noqa: F811
+    """rate_counter_keys_create (admit's, counter_add's) locks a circuit's two counter rows one
+    after the other, in "C" order. A retention batch that runs in between finds '…-opened'
+    locked and skips it (FOR UPDATE SKIP LOCKED) but deletes the idle '…-reclosed': the
+    transaction then makes '…-reclosed' again at 0, and the breaker looks tripped (opened 3 >
+    closed 0) after a provider sat idle, which eb0473e's order was meant to rule out. Here the
+    transaction between its two row locks is a connection holding the first one."""
+    store = await _open(schema)
+    keys = ["p:circuit-opened", "p:circuit-reclosed"]
+    try:
+        await store.counter_add("ns", keys, [3, 3], [None, None], 0.0)
+        with psycopg.connect(URL) as conn:      # '…-opened' locked, '…-reclosed' not yet
+            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+            conn.execute("SELECT key FROM rate_counters WHERE namespace = 'ns' AND key = %s "
+                         "FOR UPDATE", (keys[0],))
+            await asyncio.wait_for(store.prune_rates("ns", 100.0, 100), 10)
+            conn.commit()
+        got = await store.counter_add("ns", keys, [0, 0], [None, None], 200.0)
+        assert got.totals[0] <= got.totals[1], f"the breaker looks tripped: {got.totals}"
     finally:
         await store.close()

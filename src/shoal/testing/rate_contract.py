@@ -298,6 +298,19 @@ class RateContract:
                                          T0 + 100)
         assert totals.totals == [2, 2]
 
+    async def test_admit_writes_no_counter_of_a_circuit_it_never_reached(
+        self, rates: RateStore
+    ) -> None:
+        """A need refused before the circuit, or the circuit's own pause in force: its counters
+        are not looked at, so nothing is written for them (retention finds no counter)."""
+        circuit = CircuitNeed("c:open", "c:opened", "c:closed", "c:trial", 60)
+        await rates.slot_acquire(NS, "s", "other", 1, 60, T0)
+        assert await rates.admit(NS, "a", [SlotNeed("s", 1, 60), circuit], T0) == \
+            Refused(0, T0 + 60)
+        await rates.pause_until(NS, "c:open", T0 + 30, T0)
+        assert await rates.admit(NS, "a", [circuit], T0) == Refused(0, T0 + 30)
+        assert await rates.prune_rates(NS, T0 + 1, 100) == 0
+
     async def test_admit_refuses_a_key_named_twice(self, rates: RateStore) -> None:
         wrong: list[list[Need]] = [
             [SlotNeed("s", 1, 60), SlotNeed("s", 2, 60)],
@@ -325,6 +338,27 @@ class RateContract:
         granted = await rates.admit(NS, "late", [provider, rpm], T0)
         assert granted == Admitted(None)
         assert await rates.admit(NS, "later", [provider, rpm], T0) == Refused(1, T0 + 60)
+
+    async def test_concurrent_admissions_take_one_trial(
+        self, rates: RateStore, other: RateStore
+    ) -> None:
+        """Replicas racing for a half-open circuit: one trial goes, the others are refused
+        (retry_at None); once it is freed, or its lease ends, the next one goes."""
+        stores = itertools.cycle([rates, other])
+        circuit = CircuitNeed("c:open", "c:opened", "c:closed", "c:trial", 60)
+        await rates.counter_add(NS, ["c:opened", "c:closed"], [3, 2], [None, None], T0)
+        got = await asyncio.gather(*(
+            s.admit(NS, f"h{i}", [circuit, SlotNeed("p:slots", 10, 60)], T0)
+            for i, s in zip(range(20), stores, strict=False)))
+        admitted = [i for i, g in enumerate(got) if isinstance(g, Admitted)]
+        assert len(admitted) == 1 and got[admitted[0]] == Admitted(3.0), got
+        assert all(g == Refused(0, None) for g in got if not isinstance(g, Admitted)), got
+        await rates.slot_release(NS, "c:trial", f"h{admitted[0]}")
+        assert await other.admit(NS, "next", [circuit], T0 + 1) == Admitted(3.0)
+        # a trial whose lease ran out (its holder stalled or died) frees the place by itself
+        assert await rates.admit(NS, "late", [circuit], T0 + 60) == Refused(0, None)
+        assert await rates.admit(NS, "late", [circuit], T0 + 61) == Admitted(3.0)
+        assert not await other.slot_renew(NS, "c:trial", "next", 60, T0 + 62)
 
     async def test_admit_is_the_step_by_step_operations_all_or_nothing(
         self, rates: RateStore

@@ -1279,15 +1279,28 @@ WITH slots AS (
            FOR UPDATE SKIP LOCKED) d
     WHERE p.namespace = %(namespace)s AND p.key = d.key
     RETURNING 1
+), idle AS (
+    SELECT key, updated_at FROM rate_counters
+    WHERE namespace = %(namespace)s AND updated_at < %(before)s::double precision
+    ORDER BY updated_at, key
+    LIMIT greatest(0, %(limit)s - (SELECT count(*) FROM slots)
+                      - (SELECT count(*) FROM gone) - (SELECT count(*) FROM pauses))
+    FOR UPDATE SKIP LOCKED
+), skipped AS (
+    -- the first idle counter (in the order above) not locked here: one locked by a transaction
+    -- in flight, or one past the limit. Only the counters before it go, so a batch never deletes
+    -- a counter and keeps one before it (a circuit's '…-reclosed' without its '…-opened', while
+    -- rate_counter_keys_create holds '…-opened' and is about to lock '…-reclosed')
+    SELECT r.updated_at, r.key FROM rate_counters r
+    WHERE r.namespace = %(namespace)s AND r.updated_at < %(before)s::double precision
+      AND r.key NOT IN (SELECT key FROM idle)
+    ORDER BY r.updated_at, r.key
+    LIMIT 1
 ), counters AS (
     DELETE FROM rate_counters c
-    USING (SELECT key FROM rate_counters
-           WHERE namespace = %(namespace)s AND updated_at < %(before)s::double precision
-           ORDER BY updated_at, key
-           LIMIT greatest(0, %(limit)s - (SELECT count(*) FROM slots)
-                             - (SELECT count(*) FROM gone) - (SELECT count(*) FROM pauses))
-           FOR UPDATE SKIP LOCKED) d
+    USING idle d
     WHERE c.namespace = %(namespace)s AND c.key = d.key
+      AND NOT EXISTS (SELECT 1 FROM skipped s WHERE (s.updated_at, s.key) < (d.updated_at, d.key))
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM slots) + (SELECT count(*) FROM gone)
