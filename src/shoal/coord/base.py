@@ -339,6 +339,14 @@ class Refused:
     retry_at: float | None
 
 
+def check_counter_args(keys: Sequence[str], amounts: Sequence[float],
+                       limits: Sequence[float | None]) -> None:
+    """Raise ValueError unless ``counter_add`` got one key, amount and limit per position."""
+    if not len(keys) == len(amounts) == len(limits):
+        raise ValueError(f"counter_add: {len(keys)} keys, {len(amounts)} amounts and "
+                         f"{len(limits)} limits; one of each per position")
+
+
 def check_needs(needs: Sequence[Need]) -> None:
     """Raise ValueError unless no key of a kind (slot, pause, window) is named twice in
     ``needs`` (a circuit's keys count as a pause and a slot) and every window amount is > 0."""

@@ -24,6 +24,7 @@ from shoal.coord.base import (
     SpendEntry,
     WindowNeed,
     WindowResult,
+    check_counter_args,
     check_needs,
 )
 
@@ -202,6 +203,7 @@ class MemoryRateLimits:
         now: float,
         entry: SpendEntry | None = None,
     ) -> CounterResult:
+        check_counter_args(keys, amounts, limits)
         before = [self._counters.get((namespace, k), (0.0, now))[0] for k in keys]
         running: dict[str, float] = {}
         after = []

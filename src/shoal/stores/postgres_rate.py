@@ -43,6 +43,7 @@ from shoal.coord.base import (
     SpendEntry,
     WindowNeed,
     WindowResult,
+    check_counter_args,
     check_needs,
 )
 from shoal.stores._sqlfiles import queries
@@ -221,9 +222,7 @@ class PostgresRateLimits:
         now: float,
         entry: SpendEntry | None = None,
     ) -> CounterResult:
-        if not len(keys) == len(amounts) == len(limits):
-            raise ValueError(f"counter_add: {len(keys)} keys, {len(amounts)} amounts and "
-                             f"{len(limits)} limits")
+        check_counter_args(keys, amounts, limits)
         args: dict[str, Any] = {
             "namespace": namespace, "keys": list(keys), "amounts": [float(a) for a in amounts],
             "limits": [None if x is None else float(x) for x in limits], "now": float(now),

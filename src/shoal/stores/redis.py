@@ -68,6 +68,7 @@ from shoal.coord.base import (
     WatchRegistry,
     WindowNeed,
     WindowResult,
+    check_counter_args,
     check_needs,
 )
 from shoal.errors import ConfigurationError, StoreUnavailableError
@@ -623,9 +624,7 @@ class RedisCoordStore:
         now: float,
         entry: SpendEntry | None = None,
     ) -> CounterResult:
-        if not len(keys) == len(amounts) == len(limits):
-            raise ValueError(f"counter_add: {len(keys)} keys, {len(amounts)} amounts and "
-                             f"{len(limits)} limits; one of each per position")
+        check_counter_args(keys, amounts, limits)
         base = self._base(namespace)
         counter = f"{base}:rcount:"
         args = [_num(now), "" if entry is None else self._ledger_row(entry),

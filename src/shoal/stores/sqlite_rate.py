@@ -30,6 +30,7 @@ from shoal.coord.base import (
     SpendEntry,
     WindowNeed,
     WindowResult,
+    check_counter_args,
     check_needs,
 )
 from shoal.stores._sqlfiles import queries
@@ -195,9 +196,7 @@ class SQLiteRateLimits:
         now: float,
         entry: SpendEntry | None = None,
     ) -> CounterResult:
-        if not len(keys) == len(amounts) == len(limits):
-            raise ValueError(f"counter_add: {len(keys)} keys, {len(amounts)} amounts and "
-                             f"{len(limits)} limits")
+        check_counter_args(keys, amounts, limits)
         async with self._tx() as db:
             stored: dict[str, float] = {
                 r["key"]: r["total"] for r in db.execute(_Q["rate_counters_get"], {
