@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
+import time
 from typing import Any
 
 from helpers import until
@@ -117,16 +119,15 @@ async def test_a_handler_raising_cancelled_error_does_not_stop_the_instance() ->
         assert "CancelledError" in (dead.error or "")
 
 
-async def test_a_stopping_instance_waits_for_its_step_thread_before_releasing_the_run() -> None:
-    import threading
-    import time
-
-    store, clock = MemoryStore(), VirtualClock()
-    spans: list[tuple[str, float, float]] = []
-    release = threading.Event()
+def _thread_apps(clock: VirtualClock, lease: float, release: threading.Event,
+                 spans: list[tuple[str, float, float]]) -> tuple[shoal.App, shoal.App]:
+    """Two instances, ``stopping`` and ``other``, over one store, whose workflow ``wf`` makes one
+    plain-function step (run in a thread); in ``stopping`` it blocks until ``release``. Each
+    step's (instance, start, end) goes to ``spans``."""
+    store = MemoryStore()
 
     def make(name: str) -> shoal.App:
-        app = shoal.App("threads", store=store, clock=clock, instance_id=name, lease=30.0)
+        app = shoal.App("threads", store=store, clock=clock, instance_id=name, lease=lease)
 
         @app.workflow(name="wf")
         async def wf(ctx: shoal.RunContext, input: Any) -> str:
@@ -141,7 +142,14 @@ async def test_a_stopping_instance_waits_for_its_step_thread_before_releasing_th
 
         return app
 
-    stopping, other = make("stopping"), make("other")
+    return make("stopping"), make("other")
+
+
+async def test_a_stopping_instance_waits_for_its_step_thread_before_releasing_the_run() -> None:
+    clock = VirtualClock()
+    spans: list[tuple[str, float, float]] = []
+    release = threading.Event()
+    stopping, other = _thread_apps(clock, 30.0, release, spans)
     await stopping.start()
     run = await stopping.dispatch("wf")
     await until(lambda: _running(stopping, run.id))
@@ -162,27 +170,10 @@ async def test_a_step_thread_outliving_the_stop_leaves_the_run_to_its_lease() ->
     """Half a lease after the drain, the thread still runs: the run is not released (another
     instance would run the step beside it at once) but left to lapse, and taken over as a crash
     only after its lease."""
-    import threading
-
-    store, clock = MemoryStore(), VirtualClock()
+    clock = VirtualClock()
     release = threading.Event()
     lease = 1.0                     # half of it is the real time waited for the thread
-
-    def make(name: str) -> shoal.App:
-        app = shoal.App("threads", store=store, clock=clock, instance_id=name, lease=lease)
-
-        @app.workflow(name="wf")
-        async def wf(ctx: shoal.RunContext, input: Any) -> str:
-            def charge() -> str:
-                if name == "stopping":
-                    release.wait(10)
-                return name
-
-            return str(await ctx.step("charge", charge))
-
-        return app
-
-    stopping, other = make("stopping"), make("other")
+    stopping, other = _thread_apps(clock, lease, release, [])
     await stopping.start()
     run = await stopping.dispatch("wf")
     await until(lambda: _running(stopping, run.id))
