@@ -24,6 +24,7 @@ from shoal.errors import (
     UnknownPauseError,
     UnknownRunError,
     UnknownWorkflowError,
+    WorkflowCodeError,
 )
 from shoal.health import Health, HealthStatus
 from shoal.stores.base import OutboxEntry, Pause, Run, RunStatus, Store
@@ -65,5 +66,6 @@ __all__ = [
     "UnknownRunError",
     "UnknownWorkflowError",
     "Workflow",
+    "WorkflowCodeError",
     "__version__",
 ]

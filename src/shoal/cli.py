@@ -314,7 +314,8 @@ def run() -> None:
 @click.pass_context
 def run_show(ctx: click.Context, run_id: str, as_json: bool, tenant: str | None,
              store_override: str | None, namespace_override: str | None) -> None:
-    """Every field of run RUN_ID and its checkpointed steps."""
+    """Every field of run RUN_ID, its checkpointed steps, and the traceback of its last failed
+    attempt."""
     target = _target(ctx, store_override, namespace_override)
 
     async def read() -> tuple[Run, list[Step]]:
@@ -335,6 +336,8 @@ def run_show(ctx: click.Context, run_id: str, as_json: bool, tenant: str | None,
     fields.add_column("value", overflow="fold")
     for field in dataclasses.fields(found):
         value = getattr(found, field.name)
+        if field.name == "traceback":
+            continue   # printed below the table, as Python prints it
         if field.name == "status":
             text = _status(value)
         elif field.name in ("input", "output"):
@@ -345,16 +348,19 @@ def run_show(ctx: click.Context, run_id: str, as_json: bool, tenant: str | None,
             text = escape("" if value is None else str(value))
         fields.add_row(field.name, text)
     console.print(fields)
-    if not steps:
+    if steps:
+        table = Table(title="steps", title_justify="left")
+        for column in ("seq", "name", "finished", "epoch", "output"):
+            table.add_column(column, overflow="fold")
+        for step in steps:
+            table.add_row(str(step.seq), escape(step.name), "yes" if step.finished else "no",
+                          str(step.epoch), escape(_json_text(step.output, 200)))
+        console.print(table)
+    else:
         console.print("[dim]No steps checkpointed yet.[/]")
-        return
-    table = Table(title="steps", title_justify="left")
-    for column in ("seq", "name", "finished", "epoch", "output"):
-        table.add_column(column, overflow="fold")
-    for step in steps:
-        table.add_row(str(step.seq), escape(step.name), "yes" if step.finished else "no",
-                      str(step.epoch), escape(_json_text(step.output, 200)))
-    console.print(table)
+    if found.traceback is not None:   # last, as Python prints it: it ends where it was raised
+        console.print("[bold]traceback[/] of the last failed attempt:")
+        console.print(escape(found.traceback.rstrip("\n")), highlight=False, soft_wrap=True)
 
 
 @run.command("cancel")

@@ -66,6 +66,13 @@ class NonDeterminismError(ShoalError):
         self.replayed = now
 
 
+class WorkflowCodeError(ShoalError):
+    """The workflow's code uses ``ctx`` in a way that cannot work: a step (or another durable
+    call) inside a step's function, or a ``ctx.step(...)`` never awaited. The run fails at once,
+    as for a ``NonDeterminismError``: running the same code again would fail the same way. The
+    message names the call and says how to write it."""
+
+
 class LeaseLostError(ShoalError):
     """This instance no longer holds the run's claim; the new owner continues it."""
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from sql_support import sqlite_file_at, sqlite_store
 
-from shoal.stores.base import Store
+from shoal.stores.base import Fence, Settlement, Store
 from shoal.stores.memory import MemoryStore
 from shoal.stores.sqlite import SQLiteStore
 from shoal.testing.contract import StoreContract
@@ -76,3 +76,34 @@ async def test_a_store_at_version_8_gets_the_tree_tenants(tmp_path: Path) -> Non
     async with sqlite_store(path) as store:
         assert await store.migrate() >= 9
         await check_the_tree_tenants_after_9(store)
+
+
+# A file at schema version 11: a failed run, and one running under owner 'a' at epoch 1 (shared
+# with test_postgres.py's migration test: the same rows on both).
+RUN_ROWS_AT_11 = (
+    "INSERT INTO runs (id, namespace, tenant, workflow, input, status, error, created_at, "
+    "max_attempts, root_id, owner, lease_expires_at, lease_epoch) VALUES "
+    "('r1', 'ns', 'default', 'wf', '{}', 'failed', 'ValueError: old', 0, 3, 'r1', NULL, NULL, 1), "
+    "('r2', 'ns', 'default', 'wf', '{}', 'running', NULL, 0, 3, 'r2', 'a', 100, 1)",
+)
+
+
+async def check_the_tracebacks_after_12(store: Store) -> None:
+    """The runs of RUN_ROWS_AT_11 after migration 12: none has a traceback, and the running one
+    keeps the traceback its settlement brings."""
+    old = await store.get_run("r1")
+    assert old is not None and old.error == "ValueError: old" and old.traceback is None
+    assert (await store.get_run("r2")).traceback is None  # type: ignore[union-attr]
+    assert await store.settle_run(Fence("r2", "a", 1), Settlement(
+        "failed", error="KeyError: 'k'", traceback="Traceback ...\nKeyError: 'k'\n"), 1.0)
+    assert (await store.get_run("r2")).traceback == "Traceback ...\nKeyError: 'k'\n"  # type: ignore[union-attr]
+
+
+async def test_a_store_at_version_11_gets_run_tracebacks(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    applied = sqlite_file_at(path, 11, *RUN_ROWS_AT_11)   # the file as shoal left it at 11
+    assert applied == list(range(1, 12))
+
+    async with sqlite_store(path) as store:
+        assert await store.migrate() >= 12
+        await check_the_tracebacks_after_12(store)

@@ -137,6 +137,39 @@ def test_run_show_prints_the_fields_and_the_steps(seeded: Seeded) -> None:
     assert as_json["steps"][0]["output"] == {"items": 2}
 
 
+def test_run_show_prints_the_traceback_of_a_failed_run(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    app = shoal.App("shop", store=url, instance_id="seeder", lease=3.0)
+
+    def check_cart(cart: dict[str, Any]) -> None:
+        if not cart["items"]:
+            raise ValueError("the cart is empty")
+
+    @app.workflow(name="checkout", max_attempts=1)
+    async def checkout(ctx: shoal.RunContext, cart: dict[str, Any]) -> None:
+        check_cart(cart)
+
+    async def fail() -> str:
+        async with app:
+            run = await app.dispatch(checkout, {"items": []})
+            with pytest.raises(shoal.RunFailedError):
+                await app.result(run.id, timeout=10)
+            return run.id
+
+    run_id = asyncio.run(fail())
+    result = shoal_cli("run", "show", run_id, store=url)
+    assert result.exit_code == 0, result.output
+    shown = result.stdout[result.stdout.index("traceback of the last failed attempt"):]
+    assert "Traceback (most recent call last):" in shown
+    assert re.search(r'File ".*test_cli.py", line \d+, in check_cart', shown), shown
+    assert shown.rstrip().endswith("ValueError: the cart is empty")
+
+    as_json = json.loads(shoal_cli("run", "show", run_id, "--json", store=url).stdout)
+    assert as_json["error"] == "ValueError: the cart is empty"
+    assert as_json["traceback"].startswith("Traceback (most recent call last):")
+    assert as_json["traceback"].endswith("ValueError: the cart is empty\n")
+
+
 def test_cancel_a_queued_run(seeded: Seeded) -> None:
     result = shoal_cli("run", "cancel", seeded.queued, store=seeded.url)
     assert result.exit_code == 0, result.output

@@ -118,7 +118,7 @@ async def test_a_step_retried_in_place_sends_only_its_last_tries_entries() -> No
             if len(tries) == 1:
                 raise ConnectionError("flaky")
 
-        await ctx.step("send", send, retries=1)
+        await ctx.step.with_options(retries=1)("send", send)
 
     async with app:
         run = await app.dispatch(flow)

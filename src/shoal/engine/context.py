@@ -8,14 +8,23 @@ import copy
 import inspect
 import logging
 import random
-from collections.abc import Awaitable, Callable
+import sys
+import traceback
+import weakref
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar, overload
 
 from shoal import _json
 from shoal._ids import new_id
 from shoal.abort import AbortSignal
-from shoal.errors import LeaseLostError, NonDeterminismError, RunCancelledError, RunFailedError
+from shoal.errors import (
+    LeaseLostError,
+    NonDeterminismError,
+    RunCancelledError,
+    RunFailedError,
+    WorkflowCodeError,
+)
 from shoal.stores.base import Fence, OutboxEntry, Pause, Run, Step
 
 if TYPE_CHECKING:
@@ -24,6 +33,22 @@ if TYPE_CHECKING:
 log = logging.getLogger("shoal")
 
 T = TypeVar("T")
+P = ParamSpec("P")
+
+TRACEBACK_LIMIT = 64 * 1024   # characters of a failed attempt's traceback kept: its last ones
+
+
+def format_traceback(error: BaseException | None = None) -> str | None:
+    """The traceback of ``error`` (by default the exception being handled, None without one),
+    cut to its last ``TRACEBACK_LIMIT`` characters: the end says where it was raised."""
+    if error is None:
+        error = sys.exception()
+        if error is None:
+            return None
+    text = "".join(traceback.format_exception(error))
+    if len(text) > TRACEBACK_LIMIT:
+        text = "[... the start of the traceback is cut]\n" + text[-TRACEBACK_LIMIT:]
+    return text
 
 
 class Suspended(BaseException):
@@ -58,8 +83,9 @@ class Tree:
     async def save_if_absent(self, key: str, value: Any) -> bool:
         """Store ``value`` under ``key`` unless the key is taken: of several runs racing for one
         key exactly one gets True. Build keys from identifiers, never from free text."""
-        _json.check_json(value, f"the value of tree key {key!r}")
         ctx = self._ctx
+        ctx._outside_step(f"ctx.tree.save_if_absent({key!r}, ...)")
+        _json.check_json(value, f"the value of tree key {key!r}")
         engine = ctx._engine
 
         async def save() -> bool:
@@ -72,6 +98,7 @@ class Tree:
     async def get(self, key: str) -> Any:
         """The value under ``key``, or None."""
         ctx = self._ctx
+        ctx._outside_step(f"ctx.tree.get({key!r})")
         engine = ctx._engine
 
         async def read() -> Any:
@@ -86,6 +113,11 @@ current_context: contextvars.ContextVar[RunContext | None] = contextvars.Context
 
 _current_outbox: contextvars.ContextVar[list[tuple[str, Any]] | None] = contextvars.ContextVar(
     "shoal_outbox", default=None)
+
+# the name of the step whose function is executing, in that function's context (asyncio.to_thread
+# copies it into a plain function's thread): durable ctx calls are refused there
+_current_step: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "shoal_step", default=None)
 
 
 class Outbox:
@@ -133,6 +165,16 @@ class StoreWriteFailed(BaseException):
         self.error = error
 
 
+class _StepCall:
+    """One ``ctx.step(...)`` call: its name, and whether its coroutine has started."""
+
+    __slots__ = ("name", "started", "__weakref__")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.started = False
+
+
 @dataclass
 class Execution:
     """One local execution of a claimed run."""
@@ -155,6 +197,81 @@ class Execution:
     # A step's thread still runs after the run was interrupted: the claim is not released, so
     # no other instance runs the step beside it before the lease lapses
     thread_running: bool = False
+    # ctx.step(...) calls whose coroutine has not started yet, and the names of those dropped
+    # without ever starting (an await left out)
+    unstarted: set[_StepCall] = field(default_factory=set)
+    never_awaited: list[str] = field(default_factory=list)
+    # A misuse of ctx in the workflow's code (a step inside a step, a step never awaited). Kept
+    # once found, so a workflow that catches it cannot go on; the run fails at once (retrying
+    # the same code would fail the same way)
+    misuse: WorkflowCodeError | None = None
+
+    def dropped(self, call: _StepCall) -> None:
+        """``call``'s coroutine was garbage-collected: without having started, it was never
+        awaited."""
+        if not call.started:
+            self.unstarted.discard(call)
+            self.never_awaited.append(call.name)
+
+    def check_code(self, ended: bool = False) -> WorkflowCodeError | None:
+        """The misuse of ctx found so far: a durable ctx call inside a step's function, or a
+        ``ctx.step(...)`` never awaited (dropped unstarted; once the run has ended, also one
+        still unstarted). Kept once found."""
+        if self.misuse is None:
+            names = [*self.never_awaited, *(c.name for c in self.unstarted if ended)]
+            if names:
+                self.misuse = WorkflowCodeError(
+                    f"ctx.step({names[0]!r}, ...) in run {self.run.id} was never awaited: write "
+                    f"`await ctx.step({names[0]!r}, ...)`. A step that is not awaited never "
+                    f"runs, and is not checkpointed.")
+        return self.misuse
+
+
+class StepCaller:
+    """``ctx.step``: ``await ctx.step(name, fn, *args, **kwargs)`` runs ``fn(*args, **kwargs)``
+    as a checkpointed step. ``name`` and ``fn`` are positional-only and every other argument,
+    keywords included, goes to ``fn``: step options are given apart, by
+    ``ctx.step.with_options(...)``, which returns a caller of the same form."""
+
+    __slots__ = ("_ctx", "_retries")
+
+    def __init__(self, ctx: RunContext, retries: int = 0) -> None:
+        self._ctx = ctx
+        self._retries = retries
+
+    def __repr__(self) -> str:
+        return f"<shoal ctx.step retries={self._retries}>"
+
+    @overload
+    def __call__(self, name: str, fn: Callable[P, Awaitable[T]], /, *args: P.args,
+                 **kwargs: P.kwargs) -> Coroutine[Any, Any, T]: ...
+
+    @overload
+    def __call__(self, name: str, fn: Callable[P, T], /, *args: P.args,
+                 **kwargs: P.kwargs) -> Coroutine[Any, Any, T]: ...
+
+    def __call__(self, name: str, fn: Callable[..., Any], /, *args: Any,
+                 **kwargs: Any) -> Coroutine[Any, Any, Any]:
+        """Run ``fn(*args, **kwargs)`` once for this run and checkpoint its JSON result before
+        anything else happens; on a replay, return the recorded result without running it.
+        Refused (``WorkflowCodeError``) inside another step's function."""
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"ctx.step(name, fn, ...): name is a non-empty str, not {name!r}.")
+        if not callable(fn):
+            raise TypeError(f"ctx.step({name!r}, fn, ...): fn is a function, not {fn!r}.")
+        return self._ctx._start_step(name, fn, args, kwargs, self._retries)
+
+    def with_options(self, *, retries: int | None = None) -> StepCaller:
+        """``ctx.step`` with these options (the others as they are here): ``retries`` retries a
+        step that raises up to that many more times in place, with backoff, before the exception
+        fails the attempt (default 0)."""
+        if retries is None:
+            retries = self._retries
+        elif isinstance(retries, bool) or not isinstance(retries, int):
+            raise TypeError(f"ctx.step.with_options(retries=...): an int >= 0, not {retries!r}.")
+        elif retries < 0:
+            raise ValueError(f"ctx.step.with_options(retries=...): an int >= 0, not {retries}.")
+        return StepCaller(self._ctx, retries)
 
 
 class RunContext:
@@ -172,6 +289,7 @@ class RunContext:
         self.lease_epoch: int = run.lease_epoch
         self.signal = AbortSignal()
         self.step_key: str | None = None
+        self.step = StepCaller(self)
         self.tree = Tree(self)
         self.outbox = Outbox()
 
@@ -182,6 +300,10 @@ class RunContext:
             raise self._x.suspended
         if self._x.abort == "lost":
             self._lost()
+        misuse = self._x.check_code()
+        if misuse is not None:
+            raise misuse
+        self._outside_step(f"the ctx call recorded as {name!r}")   # one created outside
         self._x.seq += 1
         seq = self._x.seq
         recorded = self._x.steps.get(seq)
@@ -225,12 +347,39 @@ class RunContext:
             self.signal._abort(error)
         raise error
 
-    async def step(
-        self, name: str, fn: Callable[..., Any], *args: Any, retries: int = 0, **kwargs: Any
-    ) -> Any:
-        """Run ``fn(*args, **kwargs)`` once for this run and checkpoint its JSON result before
-        anything else happens; on a replay, return the recorded result without running it.
-        ``retries`` retries it in place (with backoff) before the exception fails the attempt."""
+    def _outside_step(self, what: str) -> None:
+        """Refuse a durable ctx call made inside a step's function: its record would land
+        inside the step's, and a replay, which returns the finished step's result without
+        running its function, would never reach it again."""
+        outer = _current_step.get()
+        if outer is None:
+            return
+        error = WorkflowCodeError(
+            f"{what} was called inside the function of step {outer!r} of run {self.run_id}: "
+            f"steps cannot nest, and ctx.step, ctx.sleep, ctx.wait_for, ctx.approval, "
+            f"ctx.start_child, a child's result() and ctx.tree are called from the workflow "
+            f"function only. Call it there, before or after ctx.step({outer!r}, ...), or do "
+            f"its work inside the step's function without ctx.")
+        if self._x.misuse is None:
+            self._x.misuse = error
+        raise error
+
+    def _start_step(self, name: str, fn: Callable[..., Any], args: tuple[Any, ...],
+                    kwargs: dict[str, Any], retries: int) -> Coroutine[Any, Any, Any]:
+        """The coroutine of one ``ctx.step`` call, tracked until it starts: one dropped
+        unstarted was never awaited (``Execution.check_code``)."""
+        self._outside_step(f"ctx.step({name!r}, ...)")
+        call = _StepCall(name)
+        coro = self._step(call, fn, args, kwargs, retries)
+        self._x.unstarted.add(call)
+        weakref.finalize(coro, self._x.dropped, call).atexit = False
+        return coro
+
+    async def _step(self, call: _StepCall, fn: Callable[..., Any], args: tuple[Any, ...],
+                    kwargs: dict[str, Any], retries: int) -> Any:
+        call.started = True
+        self._x.unstarted.discard(call)
+        name = call.name
         seq, recorded = self._next(name)
         if recorded is not None and recorded.finished:
             return copy.deepcopy(recorded.output)
@@ -239,11 +388,15 @@ class RunContext:
         self.step_key = f"{self.run_id}:{seq}"
         sent_here: list[tuple[str, Any]] = []
         token = _current_outbox.set(sent_here)
+        inside = _current_step.set(name)
         try:
             result = await self._call(fn, args, kwargs, retries, sent_here)
         finally:
             self.step_key = None
+            _current_step.reset(inside)
             _current_outbox.reset(token)
+        if self._x.misuse is not None:   # refused inside the function, which caught it
+            raise self._x.misuse
         _json.check_json(result, f"the result of step {name!r}")
         step = Step(seq, name, result, True, self._x.fence.epoch)
         engine = self._engine
@@ -295,7 +448,7 @@ class RunContext:
                     result = await result
                 return result
             except Exception:
-                if tries >= retries:
+                if tries >= retries or self._x.misuse is not None:
                     raise
                 tries += 1
                 await self._engine.clock.sleep(min(30.0, 0.5 * 2 ** (tries - 1))
@@ -305,6 +458,7 @@ class RunContext:
     async def sleep(self, seconds: float) -> None:
         """Sleep durably: the run gives up its slot and its claim, and is delivered again (to any
         instance) once ``seconds`` have passed. Does not count as an attempt."""
+        self._outside_step(f"ctx.sleep({seconds!r})")
         seq, recorded = self._next("shoal.sleep")
         if recorded is not None and recorded.finished:
             return
@@ -329,6 +483,7 @@ class RunContext:
         """Wait durably for ``app.signal(run_id, name, payload)`` and return its payload. A signal
         sent before the wait is kept and returned at once. Raises ``TimeoutError`` once
         ``timeout`` seconds have passed without one. The run holds no slot while it waits."""
+        self._outside_step(f"ctx.wait_for({name!r})")
         step_name = f"shoal.wait_for:{name}"
         seq, recorded = self._next(step_name)
         if recorded is not None and recorded.finished:
@@ -366,6 +521,7 @@ class RunContext:
         ``app.on_pause_notify`` handlers) and park the run, holding no slot but keeping its
         concurrency key, until ``app.resume(pause_id, ...)`` on any instance, or until
         ``expires_in`` seconds pass (then it is denied with ``reason="expired"``)."""
+        self._outside_step(f"ctx.approval({name!r}, ...)")
         step_name = f"shoal.approval:{name}"
         seq, recorded = self._next(step_name)
         if recorded is not None and recorded.finished:
@@ -420,6 +576,8 @@ class RunContext:
         """Start a run of ``workflow`` (a registered workflow or its name) in this run's tree:
         same root and tenant, this run as parent. Checkpointed: a replay gets the same child,
         never a second one. ``options`` are those of ``app.dispatch`` (priority, delay, ...)."""
+        name = workflow if isinstance(workflow, str) else getattr(workflow, "name", "?")
+        self._outside_step(f"ctx.start_child({name!r}, ...)")
         engine = self._engine
         seq_hint = self._x.seq + 1
 
@@ -428,11 +586,11 @@ class RunContext:
                                              f"child:{self.run_id}:{seq_hint}", options)
             return child.id
 
-        name = workflow if isinstance(workflow, str) else getattr(workflow, "name", "?")
         child_id = await self.step(f"shoal.start_child:{name}", start)
         return ChildRun(self, str(child_id))
 
     async def _child_result(self, child_id: str) -> Any:
+        self._outside_step(f"the result() of child run {child_id}")
         step_name = f"shoal.child:{child_id}"
         seq, recorded = self._next(step_name)
         if recorded is None or not recorded.finished:

@@ -10,7 +10,6 @@ import dataclasses
 import inspect
 import logging
 import random
-import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +22,7 @@ from shoal.engine.context import (
     StoreWriteFailed,
     Suspended,
     current_context,
+    format_traceback,
 )
 from shoal.engine.cron import CronTrigger
 from shoal.errors import LeaseLostError, NonDeterminismError
@@ -618,23 +618,37 @@ class Engine:
 
     async def _failed(self, x: Execution, spec: WorkflowSpec, e: Exception) -> None:
         run = x.run
-        error = f"{type(e).__name__}: {e}"
-        if run.attempts < run.max_attempts:
+        # a misuse of ctx fails the run at once, even when the code raised something else
+        # because of it (a step never awaited returns no result)
+        misuse = x.check_code(ended=True)
+        error = f"{type(misuse or e).__name__}: {misuse or e}"
+        trace = format_traceback(e)
+        if misuse is None and run.attempts < run.max_attempts:
             delay = min(spec.max_backoff, spec.backoff * 2 ** (run.attempts - 1))
             delay *= random.uniform(0.5, 1.0)
             log.warning("run.retry: %s %s attempt %d/%d failed (%s); again in %.1fs",
                         run.workflow, run.id, run.attempts, run.max_attempts, error, delay,
                         extra={"event": "run.retry", "run_id": run.id})
-            settled = Settlement("retry", error=error, run_at=self.clock.now() + delay)
+            settled = Settlement("retry", error=error, run_at=self.clock.now() + delay,
+                                 traceback=trace)
             if await self._settle(x, settled):
                 self._wake_at(self.clock.now() + delay)
         else:
-            log.error("run.failed: %s %s after %d attempts\n%s", run.workflow, run.id,
-                      run.attempts, "".join(traceback.format_exception(e)),
+            log.error("run.failed: %s %s after %d attempts: %s\n%s", run.workflow, run.id,
+                      run.attempts, error, trace,
                       extra={"event": "run.failed", "run_id": run.id})
-            await self._settle(x, Settlement("failed", error=error))
+            await self._settle(x, Settlement("failed", error=error, traceback=trace))
 
     async def _settle(self, x: Execution, settlement: Settlement) -> bool:
+        """End the attempt as ``settlement`` says (fenced); False when the lease was lost. A run
+        that returned although one of its ``ctx.step(...)`` was never awaited fails instead. A
+        failure settled from an ``except`` clause without a traceback gets that exception's."""
+        if settlement.outcome == "succeeded" and (misuse := x.check_code(ended=True)):
+            log.error("run.failed: %s %s: %s", x.run.workflow, x.run.id, misuse,
+                      extra={"event": "run.failed", "run_id": x.run.id})
+            settlement = Settlement("failed", error=f"{type(misuse).__name__}: {misuse}")
+        elif settlement.outcome == "failed" and settlement.traceback is None:
+            settlement = dataclasses.replace(settlement, traceback=format_traceback())
         x.finishing = True
         now = self.clock.now()
         if await self.store.settle_run(x.fence, settlement, now):

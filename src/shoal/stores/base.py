@@ -74,6 +74,8 @@ class Run:
     # deadline), resumed (a signal, an approval, a child's end), recovered (after a crash or a
     # stop); set by claim_runs
     resume_reason: str | None = None
+    # the traceback of the attempt that last settled (a failure, or a retry); None otherwise
+    traceback: str | None = None
 
 
 @dataclass(frozen=True)
@@ -163,12 +165,14 @@ class OutboxEntry:
 
 @dataclass(frozen=True)
 class Settlement:
-    """How an attempt ends. ``retry`` requeues the run at ``run_at`` with ``attempts + 1``."""
+    """How an attempt ends. ``retry`` requeues the run at ``run_at`` with ``attempts + 1``.
+    ``error`` and ``traceback`` replace the run's (a success clears them)."""
 
     outcome: Literal["succeeded", "failed", "cancelled", "retry"]
     output: JSON = None
     error: str | None = None
     run_at: float | None = None
+    traceback: str | None = None
 
 
 @dataclass(frozen=True)
@@ -314,14 +318,16 @@ class Store(Protocol):
         longer holds. Invariant 6: a signal is consumed once and never lost."""
 
     async def settle_run(self, fence: Fence, settlement: Settlement, now: float) -> bool:
-        """Under ``fence``: end the attempt as ``settlement`` says; False when fenced out."""
+        """Under ``fence``: end the attempt as ``settlement`` says, its ``error`` and
+        ``traceback`` replacing the run's; False when fenced out."""
 
     async def release_run(self, fence: Fence, now: float) -> bool:
         """Under ``fence``: drop the claim at once, status ``interrupted`` (graceful stop)."""
 
     async def recover_runs(self, namespace: str, now: float) -> list[Run]:
         """Requeue runs whose claim expired (a crash: the attempt counts; past ``max_attempts``
-        the run fails) or was released (``interrupted``: it does not count). Returns them."""
+        the run fails, with no traceback: that attempt raised none) or was released
+        (``interrupted``: it does not count). Returns them."""
 
     async def cancel_run(self, run_id: str, now: float) -> Run | None:
         """Cancel a queued/sleeping/waiting/interrupted run at once; mark a running one

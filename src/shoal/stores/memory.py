@@ -331,12 +331,13 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
         if settlement.outcome == "retry":
             run = replace(r, status=_Q, run_at=settlement.run_at, attempts=r.attempts + 1,
                           output=None, finished_at=None, owner=None, lease_expires_at=None,
-                          error=settlement.error, resume_reason="dispatched")
+                          error=settlement.error, traceback=settlement.traceback,
+                          resume_reason="dispatched")
         else:
             output = copy.deepcopy(settlement.output) if settlement.outcome == "succeeded" else None
             run = replace(r, status=RunStatus(settlement.outcome), output=output,
                           finished_at=now, run_at=now, owner=None, lease_expires_at=None,
-                          error=settlement.error)
+                          error=settlement.error, traceback=settlement.traceback)
             self._ended(run, now)
         self._runs[r.id] = run
         self._touch()
@@ -360,7 +361,7 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
                 if r.attempts >= r.max_attempts:
                     run = replace(
                         r, status=RunStatus.FAILED, finished_at=now, owner=None,
-                        lease_expires_at=None,
+                        lease_expires_at=None, traceback=None,
                         error=f"the instance executing attempt {r.attempts} of {r.max_attempts} "
                               f"stopped (crashed or lost its lease); no attempts are left",
                     )

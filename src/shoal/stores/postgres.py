@@ -117,7 +117,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
         self._sweeping: asyncio.Task[None] | None = None
         self._settles = _Batcher(self, "settle", ("id", "owner", "epoch", "status", "output",
                                                   "error", "finished_at", "run_at",
-                                                  "attempt_inc"))
+                                                  "attempt_inc", "traceback"))
         self._checkpoints = _Batcher(self, "checkpoint", ("id", "owner", "epoch", "expires",
                                                           "seq", "name", "output", "finished",
                                                           "finished_at"))
@@ -602,6 +602,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
             "finished_at": None if outcome == "retry" else now,
             "run_at": settlement.run_at if outcome == "retry" else now,
             "attempt_inc": 1 if outcome == "retry" else 0,
+            "traceback": settlement.traceback,
         })
 
     async def release_run(self, fence: Fence, now: float) -> bool:
@@ -1026,4 +1027,5 @@ def _run(row: DictRow) -> Run:
         version=row["version"], parent_id=row["parent_id"], root_id=row["root_id"],
         wait_for=row["wait_for"], held=row["held"], started_at=row["started_at"],
         finished_at=row["finished_at"], resume_reason=row["resume_reason"],
+        traceback=row["traceback"],
     )

@@ -453,7 +453,7 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
             cur = db.execute(_Q["settle"], {
                 "status": "queued" if outcome == "retry" else outcome,
                 "output": _json.dumps(settlement.output) if outcome == "succeeded" else None,
-                "error": settlement.error,
+                "error": settlement.error, "traceback": settlement.traceback,
                 "finished_at": None if outcome == "retry" else now,
                 "run_at": settlement.run_at if outcome == "retry" else now,
                 "attempt_inc": 1 if outcome == "retry" else 0,
@@ -783,4 +783,5 @@ def _run(row: sqlite3.Row) -> Run:
         version=row["version"], parent_id=row["parent_id"], root_id=row["root_id"],
         wait_for=row["wait_for"], held=bool(row["held"]), started_at=row["started_at"],
         finished_at=row["finished_at"], resume_reason=row["resume_reason"],
+        traceback=row["traceback"],
     )

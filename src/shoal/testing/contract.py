@@ -369,6 +369,36 @@ class StoreContract:
         r = await store.get_run(run.id)
         assert r is not None and r.status == RunStatus.FAILED and r.finished_at == T0 + 10
 
+    async def test_a_run_keeps_the_traceback_of_the_attempt_that_last_settled(
+        self, store: Store, other: Store
+    ) -> None:
+        first = "Traceback (most recent call last):\n  ...\nValueError: é 1\n" + "x" * 70_000
+        failed, succeeded, crashed = [await add(store, T0 + i / 10, max_attempts=2)
+                                      for i in range(3)]
+        for run in (failed, succeeded, crashed):
+            assert (await store.get_run(run.id)).traceback is None  # type: ignore[union-attr]
+            [c] = await claim(store, now=T0 + 1, limit=1)
+            assert c.id == run.id
+            assert await store.settle_run(fence(c), Settlement(
+                "retry", error="ValueError: é 1", run_at=T0 + 2, traceback=first), T0 + 1)
+            r = await other.get_run(run.id)
+            assert r is not None and r.status == RunStatus.QUEUED and r.traceback == first
+        # each settlement replaces it: a failure by its own, a success by none
+        [c] = await claim(store, now=T0 + 2, limit=1)
+        assert await store.settle_run(fence(c), Settlement(
+            "failed", error="KeyError: 'k'", traceback="KeyError: 'k'\n"), T0 + 3)
+        [c] = await claim(store, now=T0 + 3, limit=1)
+        assert await store.settle_run(fence(c), Settlement("succeeded", output=1), T0 + 4)
+        # an attempt that crashed raised nothing: the run fails without a traceback
+        [c] = await claim(store, now=T0 + 4, limit=1)
+        assert [r.id for r in await store.recover_runs(NS, T0 + 5 + LEASE)] == [crashed.id]
+        runs = {r.id: r for r in await other.list_runs(NS)}
+        assert runs[failed.id].status == RunStatus.FAILED
+        assert runs[failed.id].traceback == "KeyError: 'k'\n"
+        assert runs[succeeded.id].status == RunStatus.SUCCEEDED
+        assert runs[succeeded.id].traceback is None and runs[succeeded.id].error is None
+        assert runs[crashed.id].status == RunStatus.FAILED and runs[crashed.id].traceback is None
+
     # -- sleeping, signals -----------------------------------------------------------------
 
     async def test_sleep_is_due_at_its_time(self, store: Store, other: Store) -> None:

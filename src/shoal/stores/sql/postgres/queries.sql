@@ -227,8 +227,9 @@ WITH s AS (
     SELECT * FROM unnest(%(id)s::text[], %(owner)s::text[], %(epoch)s::bigint[],
                          %(status)s::text[], %(output)s::text[], %(error)s::text[],
                          %(finished_at)s::double precision[], %(run_at)s::double precision[],
-                         %(attempt_inc)s::integer[])
-        AS s(id, owner, epoch, status, output, error, finished_at, run_at, attempt_inc)
+                         %(attempt_inc)s::integer[], %(traceback)s::text[])
+        AS s(id, owner, epoch, status, output, error, finished_at, run_at, attempt_inc,
+             traceback)
 ), fenced AS (
     SELECT r.id FROM runs r JOIN s ON s.id = r.id
     WHERE r.owner = s.owner AND r.lease_epoch = s.epoch AND r.status = 'running'
@@ -236,7 +237,8 @@ WITH s AS (
     FOR UPDATE OF r
 )
 UPDATE runs
-SET status = s.status, output = s.output, error = s.error, finished_at = s.finished_at,
+SET status = s.status, output = s.output, error = s.error, traceback = s.traceback,
+    finished_at = s.finished_at,
     run_at = s.run_at, attempts = runs.attempts + s.attempt_inc, owner = NULL,
     lease_expires_at = NULL,
     -- a retry is delivered again as dispatched
@@ -277,6 +279,8 @@ SET status = CASE
         THEN 'the instance executing attempt ' || r.attempts || ' of ' || r.max_attempts
              || ' stopped (crashed or lost its lease); no attempts are left'
         ELSE r.error END,
+    traceback = CASE WHEN r.status = 'running' AND r.attempts >= r.max_attempts THEN NULL
+                     ELSE r.traceback END,
     finished_at = CASE
         WHEN (r.status = 'running' AND r.attempts >= r.max_attempts)
              OR (r.status = 'interrupted' AND r.cancel_requested) THEN %(now)s

@@ -123,9 +123,9 @@ UPDATE signals SET consumed = 1 WHERE id = :id AND consumed = 0;
 
 -- name: settle
 UPDATE runs
-SET status = :status, output = :output, error = :error, finished_at = :finished_at,
-    run_at = :run_at, attempts = attempts + :attempt_inc, owner = NULL, lease_expires_at = NULL,
-    resume_reason = 'dispatched'
+SET status = :status, output = :output, error = :error, traceback = :traceback,
+    finished_at = :finished_at, run_at = :run_at, attempts = attempts + :attempt_inc,
+    owner = NULL, lease_expires_at = NULL, resume_reason = 'dispatched'
 WHERE id = :run_id AND owner = :owner AND lease_epoch = :epoch AND status = 'running';
 
 -- name: release
@@ -141,6 +141,7 @@ LIMIT 1;
 -- name: recover_crashed_final
 UPDATE runs INDEXED BY runs_claimed
 SET status = 'failed', finished_at = :now, owner = NULL, lease_expires_at = NULL,
+    traceback = NULL,
     error = 'the instance executing attempt ' || attempts || ' of ' || max_attempts
             || ' stopped (crashed or lost its lease); no attempts are left'
 WHERE namespace = :namespace AND status IN ('running', 'interrupted') AND status = 'running'
