@@ -10,10 +10,11 @@ import logging
 import random
 import sys
 import traceback
+import types
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar, cast, overload
 
 from shoal import _json
 from shoal._ids import new_id
@@ -168,7 +169,7 @@ class StoreWriteFailed(BaseException):
 class _StepCall:
     """One ``ctx.step(...)`` call: its name, and whether its coroutine has started."""
 
-    __slots__ = ("name", "started", "__weakref__")
+    __slots__ = ("name", "started")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -371,6 +372,8 @@ class RunContext:
         self._outside_step(f"ctx.step({name!r}, ...)")
         call = _StepCall(name)
         coro = self._step(call, fn, args, kwargs, retries)
+        # named so in Python's own "never awaited" warning
+        cast("types.CoroutineType[Any, Any, Any]", coro).__qualname__ = f"ctx.step({name!r})"
         self._x.unstarted.add(call)
         weakref.finalize(coro, self._x.dropped, call).atexit = False
         return coro
