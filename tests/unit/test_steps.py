@@ -322,6 +322,30 @@ async def test_steps_started_later_are_not_mistaken_for_missing_awaits(
         assert await app.result((await app.dispatch(wf)).id) == [2, 3, 4, 1]
 
 
+@pytest.mark.filterwarnings("ignore:coroutine .* was never awaited")
+async def test_a_step_kept_for_later_does_not_hide_the_error_raised_before(
+    clock: VirtualClock,
+) -> None:
+    app = make_app(clock)
+
+    async def flaky(attempt: int) -> None:
+        if attempt == 1:
+            raise ConnectionError("reset")
+
+    @app.workflow(max_attempts=2, backoff=1.0)
+    async def wf(ctx: shoal.RunContext, input: Any) -> int:
+        later = ctx.step("later", lambda: ctx.attempt)
+        await ctx.step("flaky", flaky, ctx.attempt)      # raises before `later` is awaited
+        return await later
+
+    async with app:
+        run = await app.dispatch(wf)
+        await until(lambda: _attempts(app, run.id, 2))
+        assert (await app.get_run(run.id)).error == "ConnectionError: reset"
+        await clock.advance(1)
+        assert await app.result(run.id) == 2
+
+
 # -- a failed run keeps its last attempt's traceback -------------------------------------------
 
 async def test_a_failed_run_keeps_its_last_attempts_traceback(clock: VirtualClock) -> None:

@@ -216,8 +216,8 @@ class Execution:
 
     def check_code(self, ended: bool = False) -> WorkflowCodeError | None:
         """The misuse of ctx found so far: a durable ctx call inside a step's function, or a
-        ``ctx.step(...)`` never awaited (dropped unstarted; once the run has ended, also one
-        still unstarted). Kept once found."""
+        ``ctx.step(...)`` never awaited (dropped unstarted; once the workflow has returned,
+        also one still unstarted). Kept once found."""
         if self.misuse is None:
             names = [*self.never_awaited, *(c.name for c in self.unstarted if ended)]
             if names:

@@ -619,8 +619,9 @@ class Engine:
     async def _failed(self, x: Execution, spec: WorkflowSpec, e: Exception) -> None:
         run = x.run
         # a misuse of ctx fails the run at once, even when the code raised something else
-        # because of it (a step never awaited returns no result)
-        misuse = x.check_code(ended=True)
+        # because of it (a step never awaited returns no result); a step not started yet is
+        # no misuse here: the code may have raised before the await it was kept for
+        misuse = x.check_code()
         error = f"{type(misuse or e).__name__}: {misuse or e}"
         trace = format_traceback(e)
         if misuse is None and run.attempts < run.max_attempts:
