@@ -290,6 +290,7 @@ class RunContext:
         self.lease_epoch: int = run.lease_epoch
         self.signal = AbortSignal()
         self.step_key: str | None = None
+        # await ctx.step(name, fn, *args, **kwargs); options: ctx.step.with_options(retries=N)
         self.step = StepCaller(self)
         self.tree = Tree(self)
         self.outbox = Outbox()
