@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -410,3 +411,43 @@ async def test_a_non_determinism_failure_keeps_its_traceback(clock: VirtualClock
     assert failed.error is not None and failed.error.startswith("NonDeterminismError")
     assert failed.traceback is not None and ", in wf\n" in failed.traceback
     assert "NonDeterminismError: Run " in failed.traceback
+
+
+# -- typing -----------------------------------------------------------------------------------
+
+TYPED_WORKFLOW = '''
+from typing import assert_type
+
+import shoal
+
+
+async def charge(amount: int, *, name: str = "") -> dict[str, int]:
+    return {name: amount}
+
+
+def blocking(path: str) -> int:
+    return len(path)
+
+
+async def wf(ctx: shoal.RunContext, input: int) -> None:
+    assert_type(await ctx.step("charge", charge, 3, name="n"), dict[str, int])
+    assert_type(await ctx.step.with_options(retries=2)("read", blocking, "p"), int)
+    await ctx.step("bad", blocking, 3)
+    await ctx.step("bad", charge, 3, fn=1)
+    await ctx.step.with_options(retries="3")("read", blocking, "p")
+'''
+
+
+def test_mypy_checks_a_steps_arguments_and_result(tmp_path: Path) -> None:
+    """The awaited value has fn's return type; fn's arguments and the options are checked."""
+    mypy = pytest.importorskip("mypy.api")
+    source = tmp_path / "typed_workflow.py"
+    source.write_text(TYPED_WORKFLOW)
+    out, _, status = mypy.run(["--strict", "--no-incremental", "--cache-dir", str(tmp_path),
+                               str(source)])
+    errors = [line.split(": error: ")[1] for line in out.splitlines() if ": error: " in line]
+    assert status == 1 and len(errors) == 3, out
+    assert errors[0].startswith('No overload variant of "__call__" of "StepCaller" matches '
+                                'argument types "str", "Callable[[str], int]", "int"')
+    assert errors[1].startswith('Unexpected keyword argument "fn"')
+    assert errors[2].startswith('Argument "retries" to "with_options"')
