@@ -90,6 +90,7 @@ class App:
         membership_interval: float = 5.0,
         pause_retention: float = 86400.0,
         run_retention: float = 7 * 86400.0,
+        heartbeat: float | None = None,
     ) -> None:
         if not isinstance(namespace, str) or not namespace:
             raise ConfigurationError("App(namespace) must be a non-empty string, e.g. 'billing'.")
@@ -98,6 +99,13 @@ class App:
                 f"max_concurrent_runs must be an int >= 1, not {max_concurrent_runs!r}.")
         if not isinstance(lease, (int, float)) or lease <= 0:
             raise ConfigurationError(f"lease must be a positive number of seconds, not {lease!r}.")
+        if heartbeat is not None and (
+                isinstance(heartbeat, bool) or not isinstance(heartbeat, (int, float))
+                or not 0 < heartbeat <= lease / 2):
+            raise ConfigurationError(
+                f"heartbeat must be a number of seconds > 0 and at most lease / 2 "
+                f"({lease / 2:g} s, so one late renewal never loses a lease), not "
+                f"{heartbeat!r}.")
         if admission not in ("reject", "park"):
             raise ConfigurationError(f"admission must be 'reject' or 'park', not {admission!r}.")
         if max_queued is not None and (not isinstance(max_queued, int) or max_queued < 1):
@@ -116,6 +124,7 @@ class App:
         self.instance_id = instance_id or f"{socket.gethostname()}-{os.getpid()}"
         self.max_concurrent_runs = max_concurrent_runs
         self.lease = float(lease)
+        self.heartbeat = float(heartbeat) if heartbeat is not None else self.lease / 3
         self.clock: Clock = clock or SystemClock()
         self.version = version
         self.max_queued = max_queued
@@ -344,6 +353,7 @@ class App:
             dispatch_child=self._dispatch_child, outbox_handlers=self._outbox_handlers,
             version=self.version, observers=self._observers,
             fire=self._fire_cron, spend=self._spend, prune_more=self._prune_coordination,
+            heartbeat=self.heartbeat,
         )
         membership = self._membership_for() if self._coordinates() else None
         self._engine.start()
@@ -635,7 +645,8 @@ class App:
 
     def check_liveness(self) -> Health:
         """No I/O. Unhealthy while stopping or not started, or when the poll loop has not
-        completed a poll for three poll intervals (it waits on a store that never answers)."""
+        completed a poll for three poll intervals, or the heartbeat a renewal pass for three
+        heartbeats (each waits on a store that never answers)."""
         engine = self._engine
         if self._stopping:
             return Health(HealthStatus.UNHEALTHY, "stopping")
@@ -647,6 +658,12 @@ class App:
             return Health(HealthStatus.UNHEALTHY,
                           f"stuck: no poll completed for {stuck_for:.0f} s "
                           f"(every {engine.poll_interval:g} s expected)")
+        beat = engine.last_beat_at if engine.last_beat_at is not None else engine.started_at
+        stuck_for = self.clock.now() - beat
+        if stuck_for > 3 * engine.heartbeat:
+            return Health(HealthStatus.UNHEALTHY,
+                          f"stuck: no lease renewal pass completed for {stuck_for:.0f} s "
+                          f"(every {engine.heartbeat:g} s expected)")
         return Health(HealthStatus.HEALTHY)
 
     async def check_readiness(self) -> Health:
@@ -693,7 +710,9 @@ class App:
         return Health(HealthStatus.HEALTHY, "ok", checks)
 
     async def poll(self) -> None:
-        """Run one poll now (renew, recover, schedule). The engine also does it every lease/3."""
+        """Renew this instance's leases and run one maintenance poll now (recover, release,
+        schedule, retention; delivery and notification start in the background). The engine
+        renews every ``heartbeat`` and polls every lease/3 by itself."""
         if self._engine is None:
             raise ShoalError("The app is not started: use 'async with app:' or await app.start().")
         await self._engine.poll()

@@ -133,7 +133,7 @@ class StoreWriteFailed(BaseException):
         self.error = error
 
 
-@dataclass
+@dataclass(eq=False)   # each execution is itself: kept in sets by identity
 class Execution:
     """One local execution of a claimed run."""
 
@@ -155,6 +155,9 @@ class Execution:
     # A step's thread still runs after the run was interrupted: the claim is not released, so
     # no other instance runs the step beside it before the lease lapses
     thread_running: bool = False
+    # the last step thread started: a thread cannot be stopped, so the engine counts the
+    # execution as alive (holding its slot, barring a new execution of the run) until it ends
+    thread: asyncio.Future[Any] | None = None
 
 
 class RunContext:
@@ -268,6 +271,7 @@ class RunContext:
         (nobody runs it again); an interrupted one is not released but left to its lease, so
         another instance runs the step again only a lease later, not beside the thread."""
         work = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
+        self._x.thread = work
         try:
             return await asyncio.shield(work)
         except asyncio.CancelledError:

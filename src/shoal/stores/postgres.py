@@ -301,9 +301,16 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
             raise StoreUnavailableError(
                 f"The PostgreSQL store {mask_url(self.url)!r} is not open."
             )
+        task = asyncio.current_task()
+        asked = task.cancelling() if task is not None else 0
         self._busy += 1
         try:
             async with pool.connection() as conn:
+                if task is not None and task.cancelling() > asked:
+                    # Cancelled while the pool handed this connection over: psycopg_pool's
+                    # wait (asyncio.wait_for on Python 3.11) returns the connection and drops
+                    # the cancellation, so a stopping loop would go on forever. Raise it.
+                    raise asyncio.CancelledError
                 yield conn
         except PoolTimeout as e:
             raise StoreUnavailableError(
