@@ -54,6 +54,7 @@ async def test_a_slow_outbox_handler_never_costs_a_long_step_its_lease(
     """Entries written by another instance, each taking 0.7 x lease to deliver, beside a step of
     4 x lease on the delivering instance: the step starts once and the run keeps attempt 1."""
     starts: list[float] = []
+    started = asyncio.Event()
     delivered: list[str] = []
     async with stores(kind, tmp_path, 2) as (s1, s2):
         deliverer = shoal.App("renew", store=s1, instance_id="deliverer", lease=LEASE)
@@ -63,6 +64,7 @@ async def test_a_slow_outbox_handler_never_costs_a_long_step_its_lease(
         async def long(ctx: shoal.RunContext, input: Any) -> str:
             async def work() -> str:
                 starts.append(time.monotonic())
+                started.set()
                 await asyncio.sleep(4 * LEASE)
                 return "done"
             return await ctx.step("work", work)
@@ -81,8 +83,7 @@ async def test_a_slow_outbox_handler_never_costs_a_long_step_its_lease(
 
         async with deliverer, writer:
             run = await deliverer.dispatch("long")
-            while not starts:
-                await asyncio.sleep(0.01)
+            await started.wait()
             for _ in range(3):
                 await writer.dispatch("send")
             assert await deliverer.result(run.id, timeout=8 * LEASE) == "done"
