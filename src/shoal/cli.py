@@ -200,8 +200,12 @@ def _load_app(spec: str) -> App:
               help="Level of the log lines written to stderr.")
 @click.option("--shutdown-timeout", default=25.0, show_default=True, type=float,
               help="Seconds a stop waits for running runs before interrupting them.")
+@click.option("--no-migrate", is_flag=True,
+              help="Never change the store's schema: refuse one that is behind (run "
+                   "'shoal migrate' first), as App(migrate=False) does.")
 @click.pass_context
-def worker(ctx: click.Context, app_spec: str, log_level: str, shutdown_timeout: float) -> None:
+def worker(ctx: click.Context, app_spec: str, log_level: str, shutdown_timeout: float,
+           no_migrate: bool) -> None:
     """Serve the App MODULE:APP until SIGTERM or SIGINT, then stop gracefully.
 
     The app names its own store; build it with shoal.App.from_env() to take SHOAL_STORE,
@@ -214,6 +218,8 @@ def worker(ctx: click.Context, app_spec: str, log_level: str, shutdown_timeout: 
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
     app = _load_app(app_spec)
+    if no_migrate:
+        app.migrate = False
     click.echo(f"shoal worker: serving {app!r}; SIGTERM or Ctrl-C stops it gracefully.",
                err=True)
     app.run_forever(timeout=shutdown_timeout)

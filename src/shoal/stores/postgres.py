@@ -268,8 +268,9 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
         """Apply the missing migrations under an advisory lock. A schema already current is only
         read (no lock, no DDL): a role allowed rows and nothing else opens it."""
         masked = mask_url(self.url)
-        if not behind(masked, "postgres", await self._version(), migrate=True):
-            return max(number for number, _, _ in migrations("postgres"))
+        found = await self._version()
+        if not behind(masked, "postgres", found, migrate=True):
+            return found
         schema = sql.Identifier(self.schema)
         table = sql.Identifier(self.schema, "shoal_migrations")
         async with self._privileged(), self._connection() as conn, conn.transaction():
@@ -319,13 +320,12 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
         try:
             yield
         except pg_errors.InsufficientPrivilege as e:
-            reason = self._reason(e)
+            reason = self._reason(e).rstrip(".")
             raise ConfigurationError(
-                f"The PostgreSQL store {mask_url(self.url)!r} refused this role: "
-                f"{reason}{'' if reason.endswith('.') else '.'} To serve a schema, a role needs USAGE on it, SELECT, "
-                f"INSERT, UPDATE and DELETE on its tables and USAGE on its sequences; to create "
-                f"or upgrade it, run 'shoal migrate' as a role that may create tables there "
-                f"(its owner)."
+                f"The PostgreSQL store {mask_url(self.url)!r} refused this role: {reason}. "
+                f"To serve a schema, a role needs USAGE on it, SELECT, INSERT, UPDATE and "
+                f"DELETE on its tables and USAGE on its sequences; to create or upgrade it, "
+                f"run 'shoal migrate' as a role that may create tables there (its owner)."
             ) from None
 
     async def ping(self) -> None:

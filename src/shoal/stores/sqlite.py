@@ -22,7 +22,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from shoal import _json
 from shoal.errors import AdmissionRejectedError, ConfigurationError, StoreUnavailableError
-from shoal.stores._sqlfiles import migrations, queries
+from shoal.stores._sqlfiles import behind, migrations, queries
 from shoal.stores.base import (
     JSON,
     Fence,
@@ -95,7 +95,7 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
         """Whether the file is there (an in-memory database always is), without creating it."""
         return self.path == ":memory:" or Path(self.path).exists()
 
-    async def open(self) -> None:
+    async def open(self, *, migrate: bool = True) -> None:
         if self._conn is not None:
             return
         if self.path != ":memory:":
@@ -105,6 +105,9 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
                     f"Cannot open the SQLite store {self.path!r}: the folder {str(parent)!r} "
                     f"does not exist. Create it or give another path."
                 )
+            if not migrate and not Path(self.path).exists():
+                # connecting would create an empty file
+                behind(self.url, "sqlite", 0, migrate=False)
         try:
             # a short busy timeout inside SQLite; longer waits for the write lock happen in
             # _begin without blocking the event loop
@@ -125,13 +128,18 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
             # several processes opening a new file at once: until it is in WAL mode, a reader
             # can find it locked, and switching it to WAL takes a lock itself
             await self._retry_busy(setup)
-            await self.migrate()
+            if migrate:
+                await self.migrate()
+            else:
+                behind(self.url, "sqlite", self._version(), migrate=False)
         except (sqlite3.DatabaseError, StoreUnavailableError) as e:
-            conn.close()
-            self._conn = None
+            await self.close()
             raise StoreUnavailableError(
                 f"Cannot use {self.path!r} as a shoal SQLite store: {e}"
             ) from e
+        except BaseException:
+            await self.close()
+            raise
 
     async def close(self) -> None:
         if self._conn is not None:
@@ -139,11 +147,9 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
             self._conn = None
 
     async def migrate(self) -> int:
-        newest = max(number for number, _, _ in migrations("sqlite"))
-        if self._one("SELECT 1 FROM sqlite_master WHERE name = 'shoal_migrations'") is not None:
-            row = self._one("SELECT max(version) FROM shoal_migrations")
-            if row is not None and row[0] == newest:
-                return newest   # up to date: no write lock needed to start
+        found = self._version()
+        if not behind(self.url, "sqlite", found, migrate=True):
+            return found   # up to date: no write lock needed to start
         async with self._tx() as db:
             db.execute(
                 "CREATE TABLE IF NOT EXISTS shoal_migrations "
@@ -151,6 +157,7 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
             )
             done = {row[0] for row in db.execute("SELECT version FROM shoal_migrations")}
             version = max(done, default=0)
+            behind(self.url, "sqlite", version, migrate=True)   # a newer shoal came first
             for number, name, sql in migrations("sqlite"):
                 if number in done:
                     continue
@@ -162,6 +169,13 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
                 )
                 version = number
         return version
+
+    def _version(self) -> int:
+        """The file's schema version, 0 when it holds no shoal store; reads only."""
+        if self._one("SELECT 1 FROM sqlite_master WHERE name = 'shoal_migrations'") is None:
+            return 0
+        row = self._one("SELECT max(version) FROM shoal_migrations")
+        return int(row[0]) if row is not None and row[0] is not None else 0
 
     async def ping(self) -> None:
         self._one("SELECT 1")
