@@ -12,12 +12,15 @@ lock is an asyncio sleep, so it does not block the loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
+import inspect
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, ParamSpec, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from shoal import _json
@@ -42,8 +45,54 @@ from shoal.stores.sqlite_rate import SQLiteRateLimits
 
 _Q = queries("sqlite")
 _SYNCHRONOUS = {"off", "normal", "full", "extra"}
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+_C = TypeVar("_C", bound=type)
+# What to do about the failures a deployment meets, by SQLite's primary result code.
+_ADVICE = {
+    "SQLITE_FULL": "the disk (or the file system's quota) is full: free space, then retry",
+    "SQLITE_READONLY": "the file cannot be written: check the permissions of the file, of its "
+                       "folder and of its -wal and -shm files, and that the disk is not "
+                       "mounted read-only",
+}
 
 
+def _failed(path: str, e: sqlite3.DatabaseError) -> StoreUnavailableError:
+    name = getattr(e, "sqlite_errorname", None) or type(e).__name__
+    advice = _ADVICE.get("_".join(name.split("_")[:2]), "check the file, its folder and the disk")
+    return StoreUnavailableError(
+        f"The SQLite store {path!r} failed: {e} ({name}); {advice}. The call's transaction, if "
+        f"it had one, was rolled back: nothing of this call was written.")
+
+
+def _guarded(fn: Callable[_P, Awaitable[_R]]) -> Callable[_P, Awaitable[_R]]:
+    @functools.wraps(fn)
+    async def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return await fn(*args, **kwargs)
+        except sqlite3.DatabaseError as e:
+            # the file cannot be used (full, read-only, I/O error, corrupt); a constraint or a
+            # programming error is a bug and stays what it is
+            if not isinstance(e, (sqlite3.OperationalError, sqlite3.InternalError)) \
+                    and type(e) is not sqlite3.DatabaseError:
+                raise
+            raise _failed(str(getattr(args[0], "path", "?")), e) from e
+
+    return call
+
+
+def _unavailable_on_failure(cls: _C) -> _C:
+    """Every public coroutine method of ``cls`` (its mixins' too) raises StoreUnavailableError
+    with the cause when the file cannot be used, never sqlite3's own error: callers (the engine,
+    the App, the CLI) handle one kind of store failure on every backend."""
+    for name in dir(cls):
+        attr = getattr(cls, name)
+        if not name.startswith("_") and inspect.iscoroutinefunction(attr):
+            setattr(cls, name, _guarded(attr))
+    return cls
+
+
+@_unavailable_on_failure
 class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
     """The ``sqlite:///path`` store. ``synchronous`` is SQLite's setting (default ``full``)."""
 
@@ -206,7 +255,9 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:
-                db.execute("ROLLBACK")
+                # a ROLLBACK failing too (the disk gone) must not hide why the body failed
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
             raise
 
     async def _begin(self, db: sqlite3.Connection) -> None:
