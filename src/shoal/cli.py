@@ -105,9 +105,10 @@ def _tenant_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., An
 
 @asynccontextmanager
 async def _opened_store(url: str, *, create: bool = False) -> AsyncIterator[Store]:
-    """The store at ``url``, opened (which migrates it). A SQLite file or a PostgreSQL schema
-    that does not exist is refused unless ``create``: a typo in a path or a schema name must
-    not look like an empty store, nor create one."""
+    """The store at ``url``, opened (which migrates it, and refuses a schema newer than this
+    code: SchemaVersionError, one line and exit code 1 like every ShoalError). A SQLite file or
+    a PostgreSQL schema that does not exist is refused unless ``create``: a typo in a path or a
+    schema name must not look like an empty store, nor create one."""
     store = open_store(url)
     exists = getattr(store, "exists", None)
     if not create and exists is not None and not await exists():
