@@ -91,6 +91,7 @@ class App:
         pause_retention: float = 86400.0,
         run_retention: float = 7 * 86400.0,
         heartbeat: float | None = None,
+        migrate: bool = True,
     ) -> None:
         if not isinstance(namespace, str) or not namespace:
             raise ConfigurationError("App(namespace) must be a non-empty string, e.g. 'billing'.")
@@ -113,6 +114,8 @@ class App:
         if not isinstance(membership_interval, (int, float)) or membership_interval <= 0:
             raise ConfigurationError(f"membership_interval must be a positive number of seconds, "
                                      f"not {membership_interval!r}.")
+        if not isinstance(migrate, bool):
+            raise ConfigurationError(f"migrate must be True or False, not {migrate!r}.")
         self.namespace = namespace
         self.store: Store = open_store(store) if isinstance(store, str) else store
         # A store passed in as an object may be shared by several apps: its owner closes it.
@@ -132,6 +135,8 @@ class App:
         self.membership_interval = membership_interval
         self.pause_retention = pause_retention
         self.run_retention = run_retention
+        # False: never change the schema, refuse one that is behind (a role allowed rows only)
+        self.migrate = migrate
         self._workflows: dict[str, WorkflowSpec] = {}
         self._on_error: list[ErrorHandler] = []
         self._crons: dict[str, CronTrigger] = {}
@@ -319,7 +324,8 @@ class App:
 
     async def _open_store(self) -> None:
         if not self._opened:
-            await self.store.open()
+            # a Store written before open(migrate=...) existed still opens with the default
+            await (self.store.open() if self.migrate else self.store.open(migrate=False))
             self._opened = True
         if self._coord_store is not None and not self._coord_opened:
             # never raises for an unreachable Redis: its connections are made when used
@@ -337,7 +343,8 @@ class App:
                 await self._close_store()
 
     async def start(self) -> None:
-        """Migrate if needed, record this instance's workflows, then poll, schedule, recover."""
+        """Migrate if needed (unless ``migrate=False``: then a schema behind is refused),
+        record this instance's workflows, then poll, schedule, recover."""
         if self._started:
             return
         await self._open_store()

@@ -105,9 +105,10 @@ def _tenant_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., An
 
 @asynccontextmanager
 async def _opened_store(url: str, *, create: bool = False) -> AsyncIterator[Store]:
-    """The store at ``url``, opened (which migrates it). A SQLite file or a PostgreSQL schema
-    that does not exist is refused unless ``create``: a typo in a path or a schema name must
-    not look like an empty store, nor create one."""
+    """The store at ``url``, opened (which migrates it, and refuses a schema newer than this
+    code: SchemaVersionError, one line and exit code 1 like every ShoalError). A SQLite file or
+    a PostgreSQL schema that does not exist is refused unless ``create``: a typo in a path or a
+    schema name must not look like an empty store, nor create one."""
     store = open_store(url)
     exists = getattr(store, "exists", None)
     if not create and exists is not None and not await exists():
@@ -200,8 +201,12 @@ def _load_app(spec: str) -> App:
               help="Level of the log lines written to stderr.")
 @click.option("--shutdown-timeout", default=25.0, show_default=True, type=float,
               help="Seconds a stop waits for running runs before interrupting them.")
+@click.option("--no-migrate", is_flag=True,
+              help="Never change the store's schema: refuse one that is behind (run "
+                   "'shoal migrate' first), as App(migrate=False) does.")
 @click.pass_context
-def worker(ctx: click.Context, app_spec: str, log_level: str, shutdown_timeout: float) -> None:
+def worker(ctx: click.Context, app_spec: str, log_level: str, shutdown_timeout: float,
+           no_migrate: bool) -> None:
     """Serve the App MODULE:APP until SIGTERM or SIGINT, then stop gracefully.
 
     The app names its own store; build it with shoal.App.from_env() to take SHOAL_STORE,
@@ -214,6 +219,8 @@ def worker(ctx: click.Context, app_spec: str, log_level: str, shutdown_timeout: 
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
     app = _load_app(app_spec)
+    if no_migrate:
+        app.migrate = False
     click.echo(f"shoal worker: serving {app!r}; SIGTERM or Ctrl-C stops it gracefully.",
                err=True)
     app.run_forever(timeout=shutdown_timeout)

@@ -204,14 +204,19 @@ class Store(Protocol):
 
     url: str
 
-    async def open(self) -> None:
-        """Connect and migrate the schema to the newest version (safe from several processes)."""
+    async def open(self, *, migrate: bool = True) -> None:
+        """Connect. With ``migrate``, bring the schema to the newest version (safe from several
+        processes); a schema already current is only read, so a role allowed to read and write
+        rows (and nothing else) opens it. Without ``migrate``, a schema behind (or missing) is
+        refused. A schema newer than this code is refused either way. Both refusals are a
+        ``SchemaVersionError`` naming the two versions."""
 
     async def close(self) -> None:
         """Release connections. Idempotent."""
 
     async def migrate(self) -> int:
-        """Apply missing schema versions; return the version now in force."""
+        """Apply missing schema versions; return the version now in force. Raises
+        ``SchemaVersionError`` for a schema newer than this code."""
 
     async def ping(self) -> None:
         """One round trip; raises when the store does not answer."""

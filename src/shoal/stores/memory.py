@@ -62,8 +62,8 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
         self._notifying: dict[str, float] = {}   # pause id -> taken until
         self._waiters: list[asyncio.Future[None]] = []
 
-    async def open(self) -> None:
-        return None
+    async def open(self, *, migrate: bool = True) -> None:
+        return None   # no schema: nothing to migrate, nothing to refuse
 
     async def close(self) -> None:
         return None

@@ -33,7 +33,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from shoal import _json
 from shoal.errors import AdmissionRejectedError, ConfigurationError, StoreUnavailableError
 from shoal.stores import mask_url
-from shoal.stores._sqlfiles import migrations, queries
+from shoal.stores._sqlfiles import behind, migrations, queries
 from shoal.stores.base import (
     JSON,
     Fence,
@@ -163,7 +163,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
 
     # -- connection and schema -------------------------------------------------------------
 
-    async def open(self) -> None:
+    async def open(self, *, migrate: bool = True) -> None:
         if self._pool is not None:
             return
         await self._probe()
@@ -187,7 +187,10 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
             raise self._unavailable(e) from None
         self._pool = pool
         try:
-            await self.migrate()
+            if migrate:
+                await self.migrate()
+            else:
+                behind(mask_url(self.url), "postgres", await self._version(), migrate=False)
         except BaseException:
             self._pool = None
             await pool.close()
@@ -262,9 +265,15 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
         self._work.set()
 
     async def migrate(self) -> int:
+        """Apply the missing migrations under an advisory lock. A schema already current is only
+        read (no lock, no DDL): a role allowed rows and nothing else opens it."""
+        masked = mask_url(self.url)
+        found = await self._version()
+        if not behind(masked, "postgres", found, migrate=True):
+            return found
         schema = sql.Identifier(self.schema)
         table = sql.Identifier(self.schema, "shoal_migrations")
-        async with self._connection() as conn, conn.transaction():
+        async with self._privileged(), self._connection() as conn, conn.transaction():
             await conn.execute(_Q["advisory_xact_lock"], {"key": f"shoal:migrate:{self.schema}"})
             cur = await conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s",
                                      {"schema": self.schema})
@@ -276,6 +285,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
             cur = await conn.execute(sql.SQL("SELECT version FROM {}").format(table))
             done = {row["version"] for row in await cur.fetchall()}
             version = max(done, default=0)
+            behind(masked, "postgres", version, migrate=True)   # a newer shoal came first
             for number, name, text in migrations("postgres"):
                 if number in done:
                     continue
@@ -288,6 +298,35 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
                 )
                 version = number
         return version
+
+    async def _version(self) -> int:
+        """The schema's version, 0 when it holds no shoal store; reads only."""
+        async with self._privileged(), self._connection() as conn:
+            cur = await conn.execute("SELECT to_regclass(%(table)s) AS t",
+                                     {"table": f'"{self.schema}".shoal_migrations'})
+            row = await cur.fetchone()
+            if row is None or row["t"] is None:
+                return 0
+            table = sql.Identifier(self.schema, "shoal_migrations")
+            cur = await conn.execute(
+                sql.SQL("SELECT coalesce(max(version), 0) AS v FROM {}").format(table))
+            row = await cur.fetchone()
+            return int(row["v"]) if row is not None else 0
+
+    @asynccontextmanager
+    async def _privileged(self) -> AsyncIterator[None]:
+        """A privilege the connecting role lacks is a ConfigurationError that says which grants
+        shoal needs (rather than psycopg's bare refusal)."""
+        try:
+            yield
+        except pg_errors.InsufficientPrivilege as e:
+            reason = self._reason(e).rstrip(".")
+            raise ConfigurationError(
+                f"The PostgreSQL store {mask_url(self.url)!r} refused this role: {reason}. "
+                f"To serve a schema, a role needs USAGE on it, SELECT, INSERT, UPDATE and "
+                f"DELETE on its tables and USAGE on its sequences; to create or upgrade it, "
+                f"run 'shoal migrate' as a role that may create tables there (its owner)."
+            ) from None
 
     async def ping(self) -> None:
         async with self._connection() as conn:
