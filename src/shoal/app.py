@@ -289,9 +289,9 @@ class App:
     def observe(self, observer: Any) -> Any:
         """Add an observer: any object with some of ``on_run_start(run)``,
         ``on_run_resume(run, reason)`` (reason ``dispatched`` for a retry, ``woke``, ``resumed``,
-        ``recovered``, or ``retried`` after ``app.retry``), ``on_run_pause(run)`` and ``on_run_end(run)``, sync or async, called
-        on the instance executing the run. An observer that raises is logged and ignored.
-        Returns the observer."""
+        ``recovered``, or ``retried`` after ``app.retry``), ``on_run_pause(run)`` and
+        ``on_run_end(run)``, sync or async, called on the instance executing the run. An
+        observer that raises is logged and ignored. Returns the observer."""
         self._observers.append(observer)
         return observer
 

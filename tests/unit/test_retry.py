@@ -103,7 +103,7 @@ async def test_retry_refuses_runs_that_are_live_or_succeeded(clock: VirtualClock
     async with app:
         run = await app.dispatch(hold, tenant="acme")
         await until(status_is(app, run.id, "waiting"))
-        with pytest.raises(shoal.NotRetryableError, match="is waiting .*cancel it first"):
+        with pytest.raises(shoal.NotRetryableError, match=r"is waiting .*cancel it first"):
             await app.retry(run.id)
         with pytest.raises(shoal.UnknownRunError):
             await app.retry("missing")
