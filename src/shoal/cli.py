@@ -637,7 +637,7 @@ def pauses(ctx: click.Context, tenant: str | None, limit: int, as_json: bool,
 
 
 def _answer(ctx: click.Context, pause_id: str, approved: bool, data: str | None,
-            by: str | None, tenant: str | None, store_override: str | None,
+            by: str | None, tenant: str | None, as_json: bool, store_override: str | None,
             namespace_override: str | None) -> None:
     target = _target(ctx, store_override, namespace_override)
     value: Any = None
@@ -663,6 +663,9 @@ def _answer(ctx: click.Context, pause_id: str, approved: bool, data: str | None,
                                         tenant=tenant)
 
     resolved = _run_async(answer())
+    if as_json:
+        click.echo(json.dumps(dataclasses.asdict(resolved), ensure_ascii=False))
+        return
     verb = "Approved" if approved else "Denied"
     click.echo(f"{verb} pause {pause_id} ({resolved.name!r} of run {resolved.run_id}); the run "
                f"continues on any instance.")
@@ -670,6 +673,8 @@ def _answer(ctx: click.Context, pause_id: str, approved: bool, data: str | None,
 
 def _answer_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = _tenant_option("pause")(fn)
+    fn = click.option("--json", "as_json", is_flag=True,
+                      help="The resolved pause as JSON.")(fn)
     fn = click.option("--by", default=None, metavar="NAME", help="Who decided.")(fn)
     fn = click.option("--data", default=None, metavar="JSON",
                       help="A JSON value given to the run with the decision.")(fn)
@@ -681,10 +686,11 @@ def _answer_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @_target_options
 @click.pass_context
 def approve(ctx: click.Context, pause_id: str, data: str | None, by: str | None,
-            tenant: str | None, store_override: str | None,
+            tenant: str | None, as_json: bool, store_override: str | None,
             namespace_override: str | None) -> None:
     """Approve pause PAUSE_ID (exactly one answer wins; a second gets an error)."""
-    _answer(ctx, pause_id, True, data, by, tenant, store_override, namespace_override)
+    _answer(ctx, pause_id, True, data, by, tenant, as_json, store_override,
+            namespace_override)
 
 
 @cli.command(short_help="Deny a pause: its run continues with approved=False.")
@@ -692,10 +698,11 @@ def approve(ctx: click.Context, pause_id: str, data: str | None, by: str | None,
 @_target_options
 @click.pass_context
 def deny(ctx: click.Context, pause_id: str, data: str | None, by: str | None,
-         tenant: str | None, store_override: str | None,
+         tenant: str | None, as_json: bool, store_override: str | None,
          namespace_override: str | None) -> None:
     """Deny pause PAUSE_ID (exactly one answer wins; a second gets an error)."""
-    _answer(ctx, pause_id, False, data, by, tenant, store_override, namespace_override)
+    _answer(ctx, pause_id, False, data, by, tenant, as_json, store_override,
+            namespace_override)
 
 
 # -- ledger ----------------------------------------------------------------------------------

@@ -148,6 +148,33 @@ def test_json_on_the_other_commands_that_print_data(url: str, tmp_path: Path) ->
     assert sent["id"] == run_id and sent["status"] == "queued"
 
 
+async def _paused(url: str) -> str:
+    """A run of namespace "desk" waiting for an approval; the id of its pause."""
+    app = shoal.App("desk", store=url, lease=3.0)
+
+    @app.workflow
+    async def refund(ctx: shoal.RunContext, input: Any) -> bool:
+        return (await ctx.approval("refund", {"amount": 5})).approved
+
+    async with app:
+        run = await app.dispatch(refund)
+        for _ in range(200):
+            if found := await app.pending_pauses():
+                return found[0].id
+            await asyncio.sleep(0.02)
+    raise AssertionError(f"run {run.id} never asked for its approval")
+
+
+def test_json_of_an_answered_pause(url: str) -> None:
+    pause_id = asyncio.run(_paused(url))
+    listed = [json.loads(line) for line in shoal_cli(url, "-n", "desk", "pauses",
+                                                     "--json").stdout.splitlines()]
+    assert [p["id"] for p in listed] == [pause_id]
+    answered = json.loads(shoal_cli(url, "approve", pause_id, "--by", "ana", "--json").stdout)
+    assert answered["id"] == pause_id and answered["status"] == "resolved"
+    assert answered["decision"]["approved"] is True and answered["decision"]["by"] == "ana"
+
+
 # -- with a real worker process ------------------------------------------------------------------
 
 
