@@ -39,6 +39,7 @@ from shoal.engine.runner import (
 from shoal.errors import (
     ConfigurationError,
     NotPausedError,
+    NotRetryableError,
     RunCancelledError,
     RunFailedError,
     ShoalError,
@@ -301,10 +302,10 @@ class App:
 
     def observe(self, observer: Any) -> Any:
         """Add an observer: any object with some of ``on_run_start(run)``,
-        ``on_run_resume(run, reason)`` (reason ``dispatched`` for a retry, ``woke``, ``resumed``
-        or ``recovered``), ``on_run_pause(run)`` and ``on_run_end(run)``, sync or async, called
-        on the instance executing the run. An observer that raises is logged and ignored.
-        Returns the observer."""
+        ``on_run_resume(run, reason)`` (reason ``dispatched`` for a retry, ``woke``, ``resumed``,
+        ``recovered``, or ``retried`` after ``app.retry``), ``on_run_pause(run)`` and
+        ``on_run_end(run)``, sync or async, called on the instance executing the run. An
+        observer that raises is logged and ignored. Returns the observer."""
         self._observers.append(observer)
         return observer
 
@@ -350,7 +351,7 @@ class App:
         await self._open_store()
         await self.store.register_workflows(
             self.namespace, {name: spec.options() for name, spec in self._workflows.items()},
-            self.clock.now())
+            self.clock.now(), instance=self.instance_id)
         self._engine = Engine(
             store=self.store, clock=self.clock, namespace=self.namespace,
             instance_id=self.instance_id, slots=self.max_concurrent_runs, lease=self.lease,
@@ -892,6 +893,27 @@ class App:
             raise UnknownRunError(run_id)
         if self._engine is not None:
             self._engine.cancel_local(run_id)    # and its tree's runs executing here
+            self._engine.kick()
+        return run
+
+    async def retry(self, run_id: str, *, tenant: str | None = None) -> Run:
+        """Start a ``failed`` or ``cancelled`` run again from its checkpoints, on any instance:
+        its finished steps replay (they do not run again, their outbox entries are not sent
+        again); a sleep, wait or approval it was in starts over; it gets a fresh attempt budget
+        (attempts 0 of its ``max_attempts``) and is queued, due now, its concurrency key taken
+        as a new run's is. Returns the queued run. Raises ``UnknownRunError`` (also for another
+        tenant's run when ``tenant`` is given) and ``NotRetryableError`` for a run that has not
+        ended or succeeded; nothing changes then. Of two racing calls, one wins."""
+        if tenant is not None and not isinstance(tenant, str):
+            raise TypeError(f"tenant must be a str, not {type(tenant).__name__}")
+        await self._open_store()
+        run, retried = await self.store.retry_run(self.namespace, run_id, tenant,
+                                                  self.clock.now())
+        if run is None:
+            raise UnknownRunError(run_id)
+        if not retried:
+            raise NotRetryableError(run_id, run.status.value)
+        if self._engine is not None:
             self._engine.kick()
         return run
 

@@ -136,6 +136,18 @@ class NotPausedError(ShoalError):
     """The pause was already resolved."""
 
 
+class NotRetryableError(ShoalError):
+    """``app.retry`` of a run that is not ``failed`` or ``cancelled``; nothing was changed."""
+
+    def __init__(self, run_id: str, status: str) -> None:
+        why = ("it succeeded: dispatch a new run to do the work again" if status == "succeeded"
+               else "it has not ended: cancel it first, or wait for it to fail")
+        super().__init__(f"Run {run_id} is {status} and cannot be retried ({why}). Only a "
+                         f"failed or cancelled run can be retried.")
+        self.run_id = run_id
+        self.status = status
+
+
 class UnknownPauseError(ShoalError):
     """No pause has this id."""
 

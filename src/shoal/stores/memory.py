@@ -16,6 +16,7 @@ from shoal.errors import AdmissionRejectedError
 from shoal.stores.base import (
     JSON,
     KEY_HOLDING_STATUSES,
+    WORKFLOW_INSTANCE_RETENTION,
     Fence,
     NewRun,
     OutboxEntry,
@@ -27,6 +28,7 @@ from shoal.stores.base import (
     Settlement,
     SignalWait,
     Step,
+    WorkflowInfo,
 )
 from shoal.stores.memory_coord import MemoryCoordination
 from shoal.stores.memory_rate import MemoryRateLimits
@@ -54,7 +56,9 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
         self._runs: dict[str, Run] = {}
         self._steps: dict[str, dict[int, Step]] = {}
         self._signals: list[_Signal] = []
-        self._workflows: dict[tuple[str, str], JSON] = {}
+        self._workflows: dict[tuple[str, str], tuple[JSON, float]] = {}
+        # (namespace, workflow) -> instance -> when it last registered the workflow
+        self._served: dict[tuple[str, str], dict[str, float]] = {}
         self._pauses: dict[str, Pause] = {}
         self._outbox: dict[str, OutboxEntry] = {}
         # (root, key) -> value, claimant, tenant (the root run's)
@@ -90,13 +94,33 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
     # -- workflows -------------------------------------------------------------------------
 
     async def register_workflows(
-        self, namespace: str, workflows: Mapping[str, JSON], now: float
+        self, namespace: str, workflows: Mapping[str, JSON], now: float,
+        instance: str | None = None,
     ) -> None:
         for name, options in workflows.items():
-            self._workflows[(namespace, name)] = copy.deepcopy(options)
+            self._workflows[(namespace, name)] = (copy.deepcopy(options), now)
+            if instance is not None:
+                self._served.setdefault((namespace, name), {})[instance] = now
+        if instance is not None:
+            forget = now - WORKFLOW_INSTANCE_RETENTION
+            for (ns, _), served in self._served.items():
+                if ns == namespace:
+                    for old in [i for i, at in served.items() if at < forget]:
+                        del served[old]
 
     async def get_workflow(self, namespace: str, name: str) -> JSON:
-        return copy.deepcopy(self._workflows.get((namespace, name)))
+        found = self._workflows.get((namespace, name))
+        return None if found is None else copy.deepcopy(found[0])
+
+    async def list_workflows(self, namespace: str | None) -> list[WorkflowInfo]:
+        out = []
+        for (ns, name), (options, at) in sorted(self._workflows.items(), key=lambda kv: kv[0]):
+            if namespace is not None and ns != namespace:
+                continue
+            served = self._served.get((ns, name), {})
+            instances = sorted(served.items(), key=lambda i: (-i[1], i[0]))
+            out.append(WorkflowInfo(ns, name, copy.deepcopy(options), at, tuple(instances)))
+        return out
 
     # -- runs ------------------------------------------------------------------------------
 
@@ -206,7 +230,7 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
             elif r.status == RunStatus.WAITING:
                 reason = "resumed"
             elif r.started_at is None:
-                reason = "dispatched"
+                reason = r.resume_reason or "dispatched"   # "retried" after retry_run
             else:
                 reason = r.resume_reason or "recovered"
             run = replace(
@@ -406,6 +430,25 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
             r = replace(r, cancel_requested=True)
         self._runs[run_id] = r
         return r
+
+    async def retry_run(
+        self, namespace: str, run_id: str, tenant: str | None, now: float
+    ) -> tuple[Run | None, bool]:
+        r = self._runs.get(run_id)
+        if r is None or r.namespace != namespace or (tenant is not None and r.tenant != tenant):
+            return None, False
+        if r.status not in (RunStatus.FAILED, RunStatus.CANCELLED):
+            return r, False
+        steps = self._steps.get(run_id, {})
+        for seq in [seq for seq, step in steps.items() if not step.finished]:
+            del steps[seq]
+        # not started: the claim takes its concurrency key and stamps its version anew
+        run = replace(r, status=_Q, attempts=0, run_at=now, started_at=None, finished_at=None,
+                      output=None, owner=None, lease_expires_at=None, wait_for=None,
+                      cancel_requested=False, held=False, resume_reason="retried")
+        self._runs[run_id] = run
+        self._touch()
+        return run, True
 
     async def send_signal(
         self, run_id: str, name: str, payload: JSON, signal_id: str, now: float

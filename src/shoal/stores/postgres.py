@@ -36,6 +36,7 @@ from shoal.stores import mask_url
 from shoal.stores._sqlfiles import behind, migrations, queries
 from shoal.stores.base import (
     JSON,
+    WORKFLOW_INSTANCE_RETENTION,
     Fence,
     NewRun,
     OutboxEntry,
@@ -47,6 +48,7 @@ from shoal.stores.base import (
     Settlement,
     SignalWait,
     Step,
+    WorkflowInfo,
 )
 from shoal.stores.postgres_coord import PostgresCoordination
 from shoal.stores.postgres_rate import PostgresRateLimits
@@ -388,19 +390,40 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
     # -- workflows -------------------------------------------------------------------------
 
     async def register_workflows(
-        self, namespace: str, workflows: Mapping[str, JSON], now: float
+        self, namespace: str, workflows: Mapping[str, JSON], now: float,
+        instance: str | None = None,
     ) -> None:
         if not workflows:
             return
         # in name order: two instances registering at once lock the rows in one order
         names = sorted(workflows)
-        args = {"namespace": namespace, "names": names, "now": now,
-                "options": [_json.dumps(workflows[n]) for n in names]}
-        await self._retry(lambda: self._all(_Q["register_workflows"], args, fetch=False))
+        args = {"namespace": namespace, "names": names, "now": now, "instance": instance,
+                "options": [_json.dumps(workflows[n]) for n in names],
+                "before": now - WORKFLOW_INSTANCE_RETENTION}
+
+        async def register() -> None:
+            async with self._connection() as conn, conn.transaction():
+                await conn.execute(_Q["register_workflows"], args)
+                if instance is not None:
+                    await conn.execute(_Q["register_workflow_instances"], args)
+                    await conn.execute(_Q["forget_workflow_instances"], args)
+
+        await self._retry(register)
 
     async def get_workflow(self, namespace: str, name: str) -> JSON:
         row = await self._one(_Q["get_workflow"], {"namespace": namespace, "name": name})
         return None if row is None else _json.loads(row["options"])
+
+    async def list_workflows(self, namespace: str | None) -> list[WorkflowInfo]:
+        args = {"namespace": namespace}
+        served: dict[tuple[str, str], list[tuple[str, float]]] = {}
+        for row in await self._all(_Q["list_workflow_instances"], args):
+            served.setdefault((row["namespace"], row["workflow"]), []).append(
+                (row["instance"], row["registered_at"]))
+        return [WorkflowInfo(row["namespace"], row["name"], _json.loads(row["options"]),
+                             row["registered_at"],
+                             tuple(served.get((row["namespace"], row["name"]), ())))
+                for row in await self._all(_Q["list_workflows"], args)]
 
     # -- runs ------------------------------------------------------------------------------
 
@@ -668,6 +691,20 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
             # unknown, or final already (a final run never changes again)
             row = await self._one(_Q["get_run"], {"id": run_id})
         return None if row is None else _run(row)
+
+    async def retry_run(
+        self, namespace: str, run_id: str, tenant: str | None, now: float
+    ) -> tuple[Run | None, bool]:
+        row = await self._retry(lambda: self._one(_Q["retry"], {
+            "id": run_id, "namespace": namespace, "tenant": tenant, "now": now,
+            "channel": self.channel}))
+        if row is not None:
+            return _run(row), True
+        found = await self._one(_Q["get_run"], {"id": run_id})
+        if found is None or found["namespace"] != namespace or (
+                tenant is not None and found["tenant"] != tenant):
+            return None, False
+        return _run(found), False
 
     async def send_signal(
         self, run_id: str, name: str, payload: JSON, signal_id: str, now: float

@@ -28,6 +28,7 @@ from shoal.errors import AdmissionRejectedError, ConfigurationError, StoreUnavai
 from shoal.stores._sqlfiles import behind, migrations, queries
 from shoal.stores.base import (
     JSON,
+    WORKFLOW_INSTANCE_RETENTION,
     Fence,
     NewRun,
     OutboxEntry,
@@ -39,6 +40,7 @@ from shoal.stores.base import (
     Settlement,
     SignalWait,
     Step,
+    WorkflowInfo,
 )
 from shoal.stores.sqlite_coord import SQLiteCoordination
 from shoal.stores.sqlite_rate import SQLiteRateLimits
@@ -292,16 +294,34 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
     # -- workflows -------------------------------------------------------------------------
 
     async def register_workflows(
-        self, namespace: str, workflows: Mapping[str, JSON], now: float
+        self, namespace: str, workflows: Mapping[str, JSON], now: float,
+        instance: str | None = None,
     ) -> None:
         async with self._tx() as db:
             for name, options in workflows.items():
-                db.execute(_Q["register_workflow"], {"namespace": namespace, "name": name,
-                                                     "options": _json.dumps(options), "now": now})
+                args = {"namespace": namespace, "name": name, "options": _json.dumps(options),
+                        "now": now, "instance": instance}
+                db.execute(_Q["register_workflow"], args)
+                if instance is not None:
+                    db.execute(_Q["register_workflow_instance"], args)
+            if instance is not None:
+                db.execute(_Q["forget_workflow_instances"], {
+                    "namespace": namespace, "before": now - WORKFLOW_INSTANCE_RETENTION})
 
     async def get_workflow(self, namespace: str, name: str) -> JSON:
         row = self._one(_Q["get_workflow"], {"namespace": namespace, "name": name})
         return None if row is None else _json.loads(row["options"])
+
+    async def list_workflows(self, namespace: str | None) -> list[WorkflowInfo]:
+        args = {"namespace": namespace}
+        served: dict[tuple[str, str], list[tuple[str, float]]] = {}
+        for row in self._db.execute(_Q["list_workflow_instances"], args).fetchall():
+            served.setdefault((row["namespace"], row["workflow"]), []).append(
+                (row["instance"], row["registered_at"]))
+        return [WorkflowInfo(row["namespace"], row["name"], _json.loads(row["options"]),
+                             row["registered_at"],
+                             tuple(served.get((row["namespace"], row["name"]), ())))
+                for row in self._db.execute(_Q["list_workflows"], args).fetchall()]
 
     # -- runs ------------------------------------------------------------------------------
 
@@ -560,6 +580,20 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
             if row is None:
                 row = db.execute(_Q["get_run"], {"id": run_id}).fetchone()
             return None if row is None else _run(row)
+
+    async def retry_run(
+        self, namespace: str, run_id: str, tenant: str | None, now: float
+    ) -> tuple[Run | None, bool]:
+        async with self._tx() as db:
+            row = db.execute(_Q["get_run"], {"id": run_id}).fetchone()
+            if row is None or row["namespace"] != namespace or (
+                    tenant is not None and row["tenant"] != tenant):
+                return None, False
+            retried = db.execute(_Q["retry"], {"id": run_id, "now": now}).fetchone()
+            if retried is None:
+                return _run(row), False
+            db.execute(_Q["retry_drop_unfinished"], {"id": run_id})
+            return _run(retried), True
 
     async def send_signal(
         self, run_id: str, name: str, payload: JSON, signal_id: str, now: float
