@@ -58,9 +58,9 @@ class Tree:
     async def save_if_absent(self, key: str, value: Any) -> bool:
         """Store ``value`` under ``key`` unless the key is taken: of several runs racing for one
         key exactly one gets True. Build keys from identifiers, never from free text."""
-        _json.check_json(value, f"the value of tree key {key!r}")
         ctx = self._ctx
         engine = ctx._engine
+        value = _json.checked(value, f"the value of tree key {key!r}", engine.max_payload_bytes)
 
         async def save() -> bool:
             claimant = ctx.step_key or ctx.run_id
@@ -94,6 +94,9 @@ class Outbox:
     ``max_deliveries``. Entries are written in the step's own checkpoint, so a step that runs
     again does not send them twice."""
 
+    def __init__(self, max_bytes: int | None = None) -> None:
+        self._max_bytes = max_bytes   # App(max_payload_bytes): the largest payload
+
     def send(self, topic: str, payload: Any = None) -> None:
         """Record an entry for ``topic``; call it inside a ``ctx.step`` function."""
         buffer = _current_outbox.get()
@@ -103,8 +106,8 @@ class Outbox:
                 f"function given to ctx.step, so the entry is recorded with that step.")
         if not isinstance(topic, str) or not topic:
             raise TypeError(f"an outbox topic is a non-empty str, not {topic!r}")
-        _json.check_json(payload, f"the payload of outbox entry {topic!r}")
-        buffer.append((topic, copy.deepcopy(payload)))
+        buffer.append((topic, _json.checked(payload, f"the payload of outbox entry {topic!r}",
+                                            self._max_bytes)))
 
 
 class ChildRun:
@@ -173,7 +176,7 @@ class RunContext:
         self.signal = AbortSignal()
         self.step_key: str | None = None
         self.tree = Tree(self)
-        self.outbox = Outbox()
+        self.outbox = Outbox(engine.max_payload_bytes)
 
     def _next(self, name: str) -> tuple[int, Step | None]:
         # Sticky: once the run has durably yielded or lost its claim, every later ctx call
@@ -244,7 +247,8 @@ class RunContext:
         finally:
             self.step_key = None
             _current_outbox.reset(token)
-        _json.check_json(result, f"the result of step {name!r}")
+        result = _json.checked(result, f"the result of step {name!r}",
+                               self._engine.max_payload_bytes)
         step = Step(seq, name, result, True, self._x.fence.epoch)
         engine = self._engine
         sent = engine.clock.now()
@@ -373,7 +377,8 @@ class RunContext:
         engine = self._engine
         now = engine.clock.now()
         if recorded is None:
-            _json.check_json(request, f"the request of approval {name!r}")
+            request = _json.checked(request, f"the request of approval {name!r}",
+                                    engine.max_payload_bytes)
             run = self._x.run
             pause = Pause(
                 id=new_id(now), namespace=run.namespace, tenant=run.tenant, run_id=run.id,
