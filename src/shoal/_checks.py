@@ -64,6 +64,15 @@ def seconds(value: object, what: str, errors: Errors, *, low: float = 0.0,
     return float(value)
 
 
+def finite(value: object, what: str, errors: Errors) -> float:
+    """``value`` as a finite number (a bool is not a number here)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        _fail(errors.wrong_type, what, "a finite number", value)
+    if not math.isfinite(value):
+        _fail(errors.bad_value, what, "a finite number", value)
+    return float(value)
+
+
 def text(value: object, what: str, errors: Errors, *, empty: bool = False) -> str:
     """``value`` as a str every store can keep: non-empty (unless ``empty``), without NUL
     characters (PostgreSQL text has none) and encodable as UTF-8 (no lone surrogates)."""

@@ -443,3 +443,25 @@ async def test_a_step_result_over_the_limit_is_a_failed_attempt(store_url: str) 
 async def _attempted(app: shoal.App, run_id: str) -> bool:
     run = await app.get_run(run_id)
     return run.status == "queued" and run.attempts == 2
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda ctx: ctx.sleep(math.nan), ValueError, r"ctx\.sleep\(seconds\).*nan"),
+    (lambda ctx: ctx.sleep("1"), TypeError, r"ctx\.sleep\(seconds\).*'1'"),
+    (lambda ctx: ctx.wait_for(None), TypeError, r"ctx\.wait_for\(name\).*None"),
+    (lambda ctx: ctx.wait_for("go", timeout=math.inf), ValueError, r"wait_for\(timeout\).*inf"),
+    (lambda ctx: ctx.approval(""), ValueError, r"ctx\.approval\(name\)"),
+    (lambda ctx: ctx.approval("ok", expires_in=True), TypeError, r"expires_in\).*True"),
+])
+async def test_durable_waits_refuse_bad_arguments_in_the_workflow(
+    app: shoal.App, call: Callable[[shoal.RunContext], Awaitable[Any]],
+    error: type[Exception], match: str
+) -> None:
+    @app.workflow(max_attempts=1)
+    async def waits(ctx: shoal.RunContext, input: Any) -> str:
+        with pytest.raises(error, match=match):
+            await call(ctx)
+        return "refused"
+
+    run = await app.dispatch(waits)
+    assert await asyncio.wait_for(app.result(run.id), 10) == "refused"

@@ -12,7 +12,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
-from shoal import _json
+from shoal import _checks, _json
+from shoal._checks import CALL
 from shoal._ids import new_id
 from shoal.abort import AbortSignal
 from shoal.errors import LeaseLostError, NonDeterminismError, RunCancelledError, RunFailedError
@@ -309,6 +310,7 @@ class RunContext:
     async def sleep(self, seconds: float) -> None:
         """Sleep durably: the run gives up its slot and its claim, and is delivered again (to any
         instance) once ``seconds`` have passed. Does not count as an attempt."""
+        _checks.finite(seconds, "ctx.sleep(seconds)", CALL)
         seq, recorded = self._next("shoal.sleep")
         if recorded is not None and recorded.finished:
             return
@@ -333,6 +335,9 @@ class RunContext:
         """Wait durably for ``app.signal(run_id, name, payload)`` and return its payload. A signal
         sent before the wait is kept and returned at once. Raises ``TimeoutError`` once
         ``timeout`` seconds have passed without one. The run holds no slot while it waits."""
+        _checks.text(name, "ctx.wait_for(name)", CALL)
+        if timeout is not None:
+            _checks.finite(timeout, "ctx.wait_for(timeout)", CALL)
         step_name = f"shoal.wait_for:{name}"
         seq, recorded = self._next(step_name)
         if recorded is not None and recorded.finished:
@@ -370,6 +375,9 @@ class RunContext:
         ``app.on_pause_notify`` handlers) and park the run, holding no slot but keeping its
         concurrency key, until ``app.resume(pause_id, ...)`` on any instance, or until
         ``expires_in`` seconds pass (then it is denied with ``reason="expired"``)."""
+        _checks.text(name, "ctx.approval(name)", CALL)
+        if expires_in is not None:
+            _checks.finite(expires_in, "ctx.approval(expires_in)", CALL)
         step_name = f"shoal.approval:{name}"
         seq, recorded = self._next(step_name)
         if recorded is not None and recorded.finished:
