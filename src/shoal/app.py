@@ -711,8 +711,9 @@ class App:
     ) -> Run:
         """Store a new queued run and return it; with an ``idempotency_key`` already used for
         this (tenant, workflow), return that run instead. Raises ``TypeError`` for input that is
-        not JSON and ``UnknownWorkflowError`` for a name no instance registered; nothing is
-        stored then."""
+        not JSON (or nests deeper than 256) and for an option of the wrong type, ``ValueError``
+        for input over ``max_payload_bytes`` and for an option out of range, and
+        ``UnknownWorkflowError`` for a name no instance registered; nothing is stored then."""
         return await self._dispatch(
             workflow, input, idempotency_key=idempotency_key, concurrency_key=concurrency_key,
             priority=priority, tenant=tenant, delay=delay, max_attempts=max_attempts)
@@ -906,7 +907,9 @@ class App:
 
     async def signal(self, run_id: str, name: str, payload: Any = None, *,
                      tenant: str | None = None) -> None:
-        """Send signal ``name`` to the run; kept until its ``ctx.wait_for(name)`` consumes it."""
+        """Send signal ``name`` to the run; kept until its ``ctx.wait_for(name)`` consumes it.
+        A payload that is not JSON raises ``TypeError``, one over ``max_payload_bytes``
+        ``ValueError``, and nothing is sent."""
         _checks.text(name, "app.signal(name)", CALL)
         payload = _json.checked(payload, "payload", self.max_payload_bytes)
         await self._open_store()
