@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from shoal import _checks
 from shoal.clock import Clock
 from shoal.coord.base import (
     Admitted,
@@ -65,13 +66,9 @@ class Breaker:
     cooldown: float = 30.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.failures, int) or self.failures < 1:
-            raise ValueError(f"Breaker(failures) must be an int >= 1, not {self.failures!r}.")
+        _checks.integer(self.failures, "Breaker(failures)", _checks.VALUE, low=1)
         for name in ("window", "cooldown"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(f"Breaker({name}) must be a positive number of seconds, not "
-                                 f"{value!r}.")
+            _checks.seconds(getattr(self, name), f"Breaker({name})", _checks.VALUE, above=True)
 
 
 @dataclass(frozen=True)
@@ -825,9 +822,11 @@ def check_provider_options(name: str, max_concurrent: Any, requests_per_minute: 
                            tokens_per_minute: Any, breaker: Any, price_per_token: Any,
                            tenant_max_concurrent: Any = None,
                            tenant_requests_per_minute: Any = None,
-                           tenant_tokens_per_minute: Any = None) -> None:
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"app.provider(name): a non-empty str, not {name!r}.")
+                           tenant_tokens_per_minute: Any = None,
+                           currency: Any = "usd") -> None:
+    """Raise ``ValueError`` naming the first option of ``app.provider(...)`` that cannot
+    work."""
+    _checks.text(name, "app.provider(name)", _checks.VALUE)
     for option, value in (("max_concurrent", max_concurrent),
                           ("requests_per_minute", requests_per_minute),
                           ("tokens_per_minute", tokens_per_minute),
@@ -841,7 +840,9 @@ def check_provider_options(name: str, max_concurrent: Any, requests_per_minute: 
     if breaker is not None and not isinstance(breaker, Breaker):
         raise ValueError(f"app.provider({name!r}, breaker=…) takes a shoal.Breaker, not "
                          f"{breaker!r}.")
-    if price_per_token is not None and (not isinstance(price_per_token, (int, float))
-                                        or price_per_token < 0):
-        raise ValueError(f"app.provider({name!r}, price_per_token=…) takes a number >= 0, not "
-                         f"{price_per_token!r}.")
+    if price_per_token is not None and (
+            isinstance(price_per_token, bool) or not isinstance(price_per_token, (int, float))
+            or not math.isfinite(price_per_token) or price_per_token < 0):
+        raise ValueError(f"app.provider({name!r}, price_per_token=…) takes a finite number "
+                         f">= 0, not {price_per_token!r}.")
+    _checks.text(currency, f"app.provider({name!r}, currency)", _checks.VALUE)

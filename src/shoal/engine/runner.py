@@ -191,8 +191,10 @@ class Engine:
         spend: Callable[[RunContext, float, str], Awaitable[None]] | None = None,
         prune_more: Callable[[float], Awaitable[None]] | None = None,
         heartbeat: float | None = None,
+        max_payload_bytes: int = _json.MAX_PAYLOAD_BYTES,
     ) -> None:
         self.store = store
+        self.max_payload_bytes = max_payload_bytes
         self.spend = spend
         self._prune_more = prune_more
         self.clock = clock
@@ -639,7 +641,8 @@ class Engine:
                     except Exception as e:
                         raise StoreWriteFailed(e) from e
                 output = await spec.fn(ctx, copy.deepcopy(run.input))
-                _json.check_json(output, f"the output of workflow {run.workflow!r}")
+                output = _json.checked(output, f"the output of workflow {run.workflow!r}",
+                                       self.max_payload_bytes)
             except Suspended as s:
                 if s.until is not None:
                     self._wake_at(s.until)

@@ -2,6 +2,8 @@
 
 Every method runs without an await between its reads and writes, so each is atomic on the event
 loop. Several apps of one process may share one MemoryStore object (``shoal.testing.cluster``).
+JSON values are kept as a JSON round trip of what was written, so that they come back as from the
+SQL stores (a tuple as a list).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from shoal import _json
 from shoal.errors import AdmissionRejectedError
 from shoal.stores.base import (
     JSON,
@@ -98,7 +101,7 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
         instance: str | None = None,
     ) -> None:
         for name, options in workflows.items():
-            self._workflows[(namespace, name)] = (copy.deepcopy(options), now)
+            self._workflows[(namespace, name)] = (_json.copy(options), now)
             if instance is not None:
                 self._served.setdefault((namespace, name), {})[instance] = now
         if instance is not None:
@@ -146,7 +149,7 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
                 held = True
         run = Run(
             id=new.id, namespace=new.namespace, tenant=new.tenant, workflow=new.workflow,
-            input=copy.deepcopy(new.input), output=None, error=None, status=_Q,
+            input=_json.copy(new.input), output=None, error=None, status=_Q,
             priority=new.priority, created_at=new.created_at, run_at=new.run_at, attempts=0,
             max_attempts=new.max_attempts, concurrency_key=new.concurrency_key,
             idempotency_key=new.idempotency_key, owner=None, lease_expires_at=None,
@@ -285,7 +288,7 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
         steps = self._steps.setdefault(fence.run_id, {})
         old = steps.get(step.seq)
         if old is None or not old.finished:
-            steps[step.seq] = Step(step.seq, step.name, copy.deepcopy(step.output),
+            steps[step.seq] = Step(step.seq, step.name, _json.copy(step.output),
                                    step.finished, fence.epoch)
 
     async def checkpoint_step(
@@ -301,7 +304,7 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
             taken = {(e.run_id, e.seq, e.index) for e in self._outbox.values()}
             for entry in outbox:
                 if (entry.run_id, entry.seq, entry.index) not in taken:
-                    self._outbox[entry.id] = replace(entry, payload=copy.deepcopy(entry.payload),
+                    self._outbox[entry.id] = replace(entry, payload=_json.copy(entry.payload),
                                                      next_at=now)
         self._put_step(fence, step)
         return True
@@ -357,7 +360,7 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
                           output=None, finished_at=None, owner=None, lease_expires_at=None,
                           error=settlement.error, resume_reason="dispatched")
         else:
-            output = copy.deepcopy(settlement.output) if settlement.outcome == "succeeded" else None
+            output = _json.copy(settlement.output) if settlement.outcome == "succeeded" else None
             run = replace(r, status=RunStatus(settlement.outcome), output=output,
                           finished_at=now, run_at=now, owner=None, lease_expires_at=None,
                           error=settlement.error)
@@ -456,7 +459,7 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
         r = self._runs.get(run_id)
         if r is None:
             return None
-        self._signals.append(_Signal(signal_id, run_id, name, copy.deepcopy(payload), now))
+        self._signals.append(_Signal(signal_id, run_id, name, _json.copy(payload), now))
         if r.status == RunStatus.WAITING and r.wait_for == name:
             r = replace(r, run_at=now)
             self._runs[run_id] = r
@@ -484,7 +487,7 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
             root = self._runs.get(root_id)
             if root is None or root.status.final:   # no key may outlive its tree
                 return False
-            self._tree[(root_id, key)] = (copy.deepcopy(value), claimant, root.tenant)
+            self._tree[(root_id, key)] = (_json.copy(value), claimant, root.tenant)
             return True
         return found[1] == claimant
 
@@ -517,7 +520,8 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
         r = self._holds(fence)
         if r is None:
             return False
-        self._pauses[pause.id] = copy.deepcopy(pause)
+        self._pauses[pause.id] = replace(pause, request=_json.copy(pause.request),
+                                         decision=_json.copy(pause.decision))
         self._suspend(r, RunStatus.WAITING, None, f"shoal.pause:{pause.id}")
         self._put_step(fence, step)
         return True
@@ -539,7 +543,7 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
         return PauseWait(copy.deepcopy(p), parked=True)
 
     def _resolve(self, p: Pause, decision: JSON, now: float) -> Pause:
-        p = replace(p, status="resolved", decision=copy.deepcopy(decision), resolved_at=now)
+        p = replace(p, status="resolved", decision=_json.copy(decision), resolved_at=now)
         self._pauses[p.id] = p
         r = self._runs.get(p.run_id)
         if r is not None and r.status == RunStatus.WAITING and r.wait_for == f"shoal.pause:{p.id}":
