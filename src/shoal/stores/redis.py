@@ -26,8 +26,9 @@ than any lease (at least an hour): it only collects rows nobody uses any more; c
 on the ``expires_at`` compared with ``now`` inside the scripts.
 
 Connections are made lazily: :meth:`RedisCoordStore.open` succeeds while Redis is down, each
-operation raises :class:`~shoal.errors.StoreUnavailableError` within about ``socket_timeout``
-while it cannot be reached, and the next operation after Redis is back simply works.
+operation raises :class:`~shoal.errors.StoreUnavailableError` within ``socket_timeout`` while it
+cannot be reached or used (nothing listening, a database the server does not have, a TLS
+mismatch, a server that never answers), and the next operation after Redis is back simply works.
 """
 
 from __future__ import annotations
