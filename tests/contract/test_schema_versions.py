@@ -139,7 +139,7 @@ async def test_migrate_false_on_the_memory_store_and_a_bad_value() -> None:
     async with app:
         run = await app.dispatch("double", 1)
         assert await app.result(run.id, timeout=15) == 2
-    with pytest.raises(ConfigurationError, match="migrate must be True or False, not 'no'"):
+    with pytest.raises(ConfigurationError, match=r"App\(migrate\) must be True or False, not 'no'"):
         shoal.App("versions", store="memory://", migrate="no")  # type: ignore[arg-type]
 
 
