@@ -28,12 +28,13 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from psycopg.rows import DictRow, dict_row
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from shoal import _json
 from shoal.errors import AdmissionRejectedError, ConfigurationError, StoreUnavailableError
 from shoal.stores import mask_url
 from shoal.stores._sqlfiles import migrations, queries
+from shoal.stores._turns import Turns
 from shoal.stores.base import (
     JSON,
     Fence,
@@ -122,6 +123,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
                                                           "seq", "name", "output", "finished",
                                                           "finished_at"))
         self._busy = 0   # operations holding or waiting for a pooled connection
+        self._turns = Turns(pool_max_size, pool_timeout)
 
     @property
     def in_flight(self) -> int:
@@ -294,8 +296,10 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
             await conn.execute("SELECT 1")
 
     @asynccontextmanager
-    async def _connection(self) -> AsyncIterator[_Conn]:
-        """A pooled connection; an unreachable server is a StoreUnavailableError."""
+    async def _connection(self, *, urgent: bool = False) -> AsyncIterator[_Conn]:
+        """A pooled connection, in turn (``urgent`` ones first: lease renewals). A burst waits
+        as long as the operations ahead keep getting connections; once none did for
+        ``pool_timeout`` seconds, or the server fails, it is a StoreUnavailableError."""
         pool = self._pool
         if pool is None:
             raise StoreUnavailableError(
@@ -303,12 +307,22 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
             )
         self._busy += 1
         try:
-            async with pool.connection() as conn:
-                yield conn
-        except PoolTimeout as e:
+            try:
+                deadline = await self._turns.take(urgent=urgent)
+            except TimeoutError:
+                raise self._starved() from None
+            try:
+                async with pool.connection(timeout=deadline - time.monotonic()) as conn:
+                    self._turns.served()
+                    yield conn
+            finally:
+                self._turns.give()
+        except PoolTimeout:
+            raise self._starved() from None
+        except PoolClosed:
             raise StoreUnavailableError(
-                f"No connection to the PostgreSQL store {mask_url(self.url)!r}: "
-                f"{self._reason(e)}"
+                f"The PostgreSQL store {mask_url(self.url)!r} was closed before this operation "
+                f"got a connection."
             ) from None
         except psycopg.OperationalError as e:
             if isinstance(e, _RETRYABLE):
@@ -319,6 +333,17 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
             ) from None
         finally:
             self._busy -= 1
+
+    def _starved(self) -> StoreUnavailableError:
+        """No operation got a connection for pool_timeout seconds: the server does not answer
+        (or every connection is held that long)."""
+        return StoreUnavailableError(
+            f"No connection to the PostgreSQL store {mask_url(self.url)!r}: no operation got one "
+            f"for pool_timeout={self.pool_timeout:g} s (the server does not answer, or every "
+            f"one of the pool_max_size={self.pool_max_size} connections stayed busy that long). "
+            f"Check the server; raise ?pool_timeout= or ?pool_max_size= in the store URL if it "
+            f"is only slow."
+        )
 
     def _sweep(self, pool: AsyncConnectionPool[_Conn]) -> None:
         """After a server restart every idle pooled connection is dead: test them all at once
@@ -333,9 +358,10 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
             return await cur.fetchone()
 
     async def _all(
-        self, query: LiteralString, args: dict[str, Any], *, fetch: bool = True
+        self, query: LiteralString, args: dict[str, Any], *, fetch: bool = True,
+        urgent: bool = False,
     ) -> list[DictRow]:
-        async with self._connection() as conn:
+        async with self._connection(urgent=urgent) as conn:
             cur = await conn.execute(query, args)
             return await cur.fetchall() if fetch else []
 
@@ -492,10 +518,11 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
         if not leases:
             return Renewal(frozenset(), frozenset())
         ids = sorted(leases)
+        # urgent: a burst of other operations queued for a connection must not cost leases
         rows = await self._retry(lambda: self._all(_Q["renew"], {
             "expires": now + lease, "owner": owner, "ids": ids,
             "epochs": [leases[i] for i in ids],
-        }))
+        }, urgent=True))
         return Renewal(frozenset(r["id"] for r in rows),
                        frozenset(r["id"] for r in rows if r["cancel_requested"]))
 
