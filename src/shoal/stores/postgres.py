@@ -73,12 +73,14 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
     """The ``postgresql://user:password@host:port/db?schema=shoal`` store.
 
     ``schema`` is created if missing and holds every table; ``pool_min_size``/``pool_max_size``
-    size the connection pool (default 1 and 10); ``pool_timeout`` (default 2 s) bounds the wait
-    for a pooled connection and ``reconnect_timeout`` (default 3 s) the pool's reconnect
-    backoff, so a call during an outage fails fast and work resumes as soon as the server is
-    back (psycopg_pool's own defaults, 30 s and 300 s with exponential backoff, left instances
-    idle for tens of seconds after a long outage). Other query options go to libpq as they are
-    (``sslmode``, ``connect_timeout``, …).
+    size the connection pool (default 1 and 10). Operations take turns at the connections, first
+    come, first served (lease renewals first): one fails only once ``pool_timeout`` seconds
+    (default 2) passed since it queued with no operation getting a connection, so a burst of any
+    size completes and an outage fails fast. ``reconnect_timeout`` (default 3 s) bounds the
+    pool's reconnect backoff, so work resumes as soon as the server is back (psycopg_pool's own
+    defaults, 30 s and 300 s with exponential backoff, left instances idle for tens of seconds
+    after a long outage). Other query options go to libpq as written (``sslmode``,
+    ``connect_timeout``, ``host=/socket/dir``, …).
     """
 
     def __init__(
