@@ -21,6 +21,7 @@ from test_postgres import URL, _drop, _require_postgres, _url
 import shoal
 from shoal.errors import StoreUnavailableError
 from shoal.stores.postgres import PostgresStore
+from shoal.testing.contract import T0, add, claim
 
 BURST = 10_000
 
@@ -146,3 +147,22 @@ async def test_calls_queued_when_the_store_closes_fail_with_a_clear_error(pg_sch
     assert errors and all(isinstance(e, StoreUnavailableError) for e in errors), errors
     assert all("was closed before this operation got a connection" in str(e) for e in errors), \
         {str(e) for e in errors}
+
+
+async def test_lease_renewals_go_before_a_burst(pg_schema: str) -> None:
+    """A renewal asked for while 3,000 creates wait for the pool's 2 connections is answered
+    before them: a burst never costs an instance its leases."""
+    store = PostgresStore.from_url(_url(pg_schema, pool_min_size="1", pool_max_size="2"))
+    await store.open()
+    try:
+        await add(store, T0)
+        [run] = await claim(store, now=T0)
+        burst = [asyncio.ensure_future(add(store, T0 + 1)) for _ in range(3000)]
+        await asyncio.sleep(0.05)
+        renewal = await store.renew_leases("a", {run.id: run.lease_epoch}, 30.0, T0 + 1)
+        assert renewal.renewed == {run.id}
+        waiting = sum(not b.done() for b in burst)
+        await asyncio.gather(*burst)
+        assert waiting > 1000, waiting      # it went ahead of most of the burst
+    finally:
+        await store.close()
