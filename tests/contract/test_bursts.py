@@ -131,7 +131,7 @@ async def test_a_burst_on_a_store_that_went_down_fails_within_pool_timeout(
         took = time.monotonic() - started
         assert all(isinstance(e, StoreUnavailableError) for e in got), \
             {repr(e) for e in got if not isinstance(e, StoreUnavailableError)}
-        assert took < 4, took
+        assert took < 2.5, took
     finally:
         await store.close()
 

@@ -74,8 +74,8 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
 
     ``schema`` is created if missing and holds every table; ``pool_min_size``/``pool_max_size``
     size the connection pool (default 1 and 10). Operations take turns at the connections, first
-    come, first served (lease renewals first): one fails only once ``pool_timeout`` seconds
-    (default 2) passed since it queued with no operation getting a connection, so a burst of any
+    come, first served (renewals first); those waiting fail only when the queue has not moved
+    (no operation got a connection) for ``pool_timeout`` seconds (default 2), so a burst of any
     size completes and an outage fails fast. ``reconnect_timeout`` (default 3 s) bounds the
     pool's reconnect backoff, so work resumes as soon as the server is back (psycopg_pool's own
     defaults, 30 s and 300 s with exponential backoff, left instances idle for tens of seconds
@@ -276,6 +276,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
         await self._checkpoints.drain()
         tasks = [t for t in (self._listener, self._sweeping) if t is not None]
         self._listener = self._sweeping = None
+        self._turns.close()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -318,9 +319,9 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
 
     @asynccontextmanager
     async def _connection(self, *, urgent: bool = False) -> AsyncIterator[_Conn]:
-        """A pooled connection, in turn (``urgent`` ones first: lease renewals). A burst waits
-        as long as the operations ahead keep getting connections; once none did for
-        ``pool_timeout`` seconds, or the server fails, it is a StoreUnavailableError."""
+        """A pooled connection, in turn (``urgent`` ones first: renewals). A burst waits as
+        long as the queue moves; when no operation got a connection for ``pool_timeout``
+        seconds, or the server fails, it is a StoreUnavailableError."""
         pool = self._pool
         if pool is None:
             raise StoreUnavailableError(
@@ -329,13 +330,16 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
         self._busy += 1
         try:
             try:
-                deadline = await self._turns.take(urgent=urgent)
+                await self._turns.take(urgent=urgent)
             except TimeoutError:
                 raise self._starved() from None
             try:
-                async with pool.connection(timeout=deadline - time.monotonic()) as conn:
+                async with pool.connection(timeout=self.pool_timeout) as conn:
                     self._turns.served()
                     yield conn
+            except PoolTimeout:
+                self._turns.fail_waiting()   # at the front for pool_timeout: none would get one
+                raise
             finally:
                 self._turns.give()
         except PoolTimeout:
