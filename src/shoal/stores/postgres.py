@@ -34,10 +34,11 @@ from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 from shoal import _json
 from shoal.errors import AdmissionRejectedError, ConfigurationError, StoreUnavailableError
 from shoal.stores import mask_url
-from shoal.stores._sqlfiles import migrations, queries
+from shoal.stores._sqlfiles import behind, migrations, queries
 from shoal.stores._turns import Turns
 from shoal.stores.base import (
     JSON,
+    WORKFLOW_INSTANCE_RETENTION,
     Fence,
     NewRun,
     OutboxEntry,
@@ -49,6 +50,7 @@ from shoal.stores.base import (
     Settlement,
     SignalWait,
     Step,
+    WorkflowInfo,
 )
 from shoal.stores.postgres_coord import PostgresCoordination
 from shoal.stores.postgres_rate import PostgresRateLimits
@@ -174,7 +176,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
 
     # -- connection and schema -------------------------------------------------------------
 
-    async def open(self) -> None:
+    async def open(self, *, migrate: bool = True) -> None:
         if self._pool is not None:
             return
         await self._probe()
@@ -198,7 +200,10 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
             raise self._unavailable(e) from None
         self._pool = pool
         try:
-            await self.migrate()
+            if migrate:
+                await self.migrate()
+            else:
+                behind(mask_url(self.url), "postgres", await self._version(), migrate=False)
         except BaseException:
             self._pool = None
             await pool.close()
@@ -286,9 +291,15 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
         self._work.set()
 
     async def migrate(self) -> int:
+        """Apply the missing migrations under an advisory lock. A schema already current is only
+        read (no lock, no DDL): a role allowed rows and nothing else opens it."""
+        masked = mask_url(self.url)
+        found = await self._version()
+        if not behind(masked, "postgres", found, migrate=True):
+            return found
         schema = sql.Identifier(self.schema)
         table = sql.Identifier(self.schema, "shoal_migrations")
-        async with self._connection() as conn, conn.transaction():
+        async with self._privileged(), self._connection() as conn, conn.transaction():
             await conn.execute(_Q["advisory_xact_lock"], {"key": f"shoal:migrate:{self.schema}"})
             cur = await conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s",
                                      {"schema": self.schema})
@@ -300,6 +311,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
             cur = await conn.execute(sql.SQL("SELECT version FROM {}").format(table))
             done = {row["version"] for row in await cur.fetchall()}
             version = max(done, default=0)
+            behind(masked, "postgres", version, migrate=True)   # a newer shoal came first
             for number, name, text in migrations("postgres"):
                 if number in done:
                     continue
@@ -312,6 +324,35 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
                 )
                 version = number
         return version
+
+    async def _version(self) -> int:
+        """The schema's version, 0 when it holds no shoal store; reads only."""
+        async with self._privileged(), self._connection() as conn:
+            cur = await conn.execute("SELECT to_regclass(%(table)s) AS t",
+                                     {"table": f'"{self.schema}".shoal_migrations'})
+            row = await cur.fetchone()
+            if row is None or row["t"] is None:
+                return 0
+            table = sql.Identifier(self.schema, "shoal_migrations")
+            cur = await conn.execute(
+                sql.SQL("SELECT coalesce(max(version), 0) AS v FROM {}").format(table))
+            row = await cur.fetchone()
+            return int(row["v"]) if row is not None else 0
+
+    @asynccontextmanager
+    async def _privileged(self) -> AsyncIterator[None]:
+        """A privilege the connecting role lacks is a ConfigurationError that says which grants
+        shoal needs (rather than psycopg's bare refusal)."""
+        try:
+            yield
+        except pg_errors.InsufficientPrivilege as e:
+            reason = self._reason(e).rstrip(".")
+            raise ConfigurationError(
+                f"The PostgreSQL store {mask_url(self.url)!r} refused this role: {reason}. "
+                f"To serve a schema, a role needs USAGE on it, SELECT, INSERT, UPDATE and "
+                f"DELETE on its tables and USAGE on its sequences; to create or upgrade it, "
+                f"run 'shoal migrate' as a role that may create tables there (its owner)."
+            ) from None
 
     async def ping(self) -> None:
         async with self._connection() as conn:
@@ -327,6 +368,8 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
             raise StoreUnavailableError(
                 f"The PostgreSQL store {mask_url(self.url)!r} is not open."
             )
+        task = asyncio.current_task()
+        asked = task.cancelling() if task is not None else 0
         self._busy += 1
         try:
             try:
@@ -336,6 +379,11 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
             try:
                 async with pool.connection(timeout=self.pool_timeout) as conn:
                     self._turns.served()
+                    if task is not None and task.cancelling() > asked:
+                        # Cancelled while the pool handed this connection over: psycopg_pool's
+                        # wait (asyncio.wait_for on Python 3.11) returns the connection and
+                        # drops the cancellation, so a stopping loop would go on forever.
+                        raise asyncio.CancelledError
                     yield conn
             except PoolTimeout:
                 self._turns.fail_waiting()   # at the front for pool_timeout: none would get one
@@ -393,19 +441,40 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
     # -- workflows -------------------------------------------------------------------------
 
     async def register_workflows(
-        self, namespace: str, workflows: Mapping[str, JSON], now: float
+        self, namespace: str, workflows: Mapping[str, JSON], now: float,
+        instance: str | None = None,
     ) -> None:
         if not workflows:
             return
         # in name order: two instances registering at once lock the rows in one order
         names = sorted(workflows)
-        args = {"namespace": namespace, "names": names, "now": now,
-                "options": [_json.dumps(workflows[n]) for n in names]}
-        await self._retry(lambda: self._all(_Q["register_workflows"], args, fetch=False))
+        args = {"namespace": namespace, "names": names, "now": now, "instance": instance,
+                "options": [_json.dumps(workflows[n]) for n in names],
+                "before": now - WORKFLOW_INSTANCE_RETENTION}
+
+        async def register() -> None:
+            async with self._connection() as conn, conn.transaction():
+                await conn.execute(_Q["register_workflows"], args)
+                if instance is not None:
+                    await conn.execute(_Q["register_workflow_instances"], args)
+                    await conn.execute(_Q["forget_workflow_instances"], args)
+
+        await self._retry(register)
 
     async def get_workflow(self, namespace: str, name: str) -> JSON:
         row = await self._one(_Q["get_workflow"], {"namespace": namespace, "name": name})
         return None if row is None else _json.loads(row["options"])
+
+    async def list_workflows(self, namespace: str | None) -> list[WorkflowInfo]:
+        args = {"namespace": namespace}
+        served: dict[tuple[str, str], list[tuple[str, float]]] = {}
+        for row in await self._all(_Q["list_workflow_instances"], args):
+            served.setdefault((row["namespace"], row["workflow"]), []).append(
+                (row["instance"], row["registered_at"]))
+        return [WorkflowInfo(row["namespace"], row["name"], _json.loads(row["options"]),
+                             row["registered_at"],
+                             tuple(served.get((row["namespace"], row["name"]), ())))
+                for row in await self._all(_Q["list_workflows"], args)]
 
     # -- runs ------------------------------------------------------------------------------
 
@@ -674,6 +743,20 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
             # unknown, or final already (a final run never changes again)
             row = await self._one(_Q["get_run"], {"id": run_id})
         return None if row is None else _run(row)
+
+    async def retry_run(
+        self, namespace: str, run_id: str, tenant: str | None, now: float
+    ) -> tuple[Run | None, bool]:
+        row = await self._retry(lambda: self._one(_Q["retry"], {
+            "id": run_id, "namespace": namespace, "tenant": tenant, "now": now,
+            "channel": self.channel}))
+        if row is not None:
+            return _run(row), True
+        found = await self._one(_Q["get_run"], {"id": run_id})
+        if found is None or found["namespace"] != namespace or (
+                tenant is not None and found["tenant"] != tenant):
+            return None, False
+        return _run(found), False
 
     async def send_signal(
         self, run_id: str, name: str, payload: JSON, signal_id: str, now: float
