@@ -8,32 +8,72 @@ from typing import Any
 
 JSON = Any  # a JSON value: dict[str, JSON] | list[JSON] | str | int | float | bool | None
 
+# Lists and objects nest at most this deep: deeper values would overflow the recursion of
+# Python's json module (in a store, or when read back) instead of being refused up front.
+MAX_DEPTH = 256
+
+# App(max_payload_bytes=…) by default: the JSON text of one value (an input, a step's result…)
+MAX_PAYLOAD_BYTES = 1 << 20
+
+# a path below the value being checked: (the parent's path, the key or index), built only as
+# deep as the walk goes and spelled out only for an error
+_Path = tuple[Any, ...]
+
 
 def check_json(value: object, what: str) -> None:
-    """Raise ``TypeError`` naming the first path in ``value`` that is not a JSON value."""
-    _walk(value, what)
+    """Raise ``TypeError`` naming the first path in ``value`` that is not a JSON value, or
+    saying that ``value`` nests lists and objects deeper than ``MAX_DEPTH``."""
+    stack: list[tuple[object, _Path, int]] = [(value, (), 0)]
+    while stack:
+        item, path, depth = stack.pop()
+        if item is None or isinstance(item, (str, bool, int)):
+            continue
+        if isinstance(item, float):
+            if math.isfinite(item):
+                continue
+            raise TypeError(f"{_spell(what, path)} is {item!r}: JSON has no NaN or infinity")
+        if not isinstance(item, (dict, list, tuple)):
+            raise TypeError(f"{_spell(what, path)} is a {type(item).__name__} ({item!r:.60}), "
+                            f"not a JSON value (dict, list, str, int, float, bool, None)")
+        if depth >= MAX_DEPTH:
+            raise TypeError(f"{what} nests lists and objects more than {MAX_DEPTH} deep (or "
+                            f"holds itself): a JSON value here is at most {MAX_DEPTH} levels "
+                            f"deep")
+        if isinstance(item, dict):
+            for key in item:
+                if not isinstance(key, str):
+                    raise TypeError(f"{_spell(what, path)} has a key {key!r} of type "
+                                    f"{type(key).__name__}: JSON object keys must be str")
+            children = [(v, (path, k), depth + 1) for k, v in item.items()]
+        else:
+            children = [(v, (path, i), depth + 1) for i, v in enumerate(item)]
+        stack.extend(reversed(children))   # depth first, in order: the first bad path is named
 
 
-def _walk(value: object, path: str) -> None:
-    if value is None or isinstance(value, (str, bool, int)):
-        return
-    if isinstance(value, float):
-        if math.isfinite(value):
-            return
-        raise TypeError(f"{path} is {value!r}: JSON has no NaN or infinity")
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise TypeError(f"{path} has a key {key!r} of type {type(key).__name__}: "
-                                f"JSON object keys must be str")
-            _walk(item, f"{path}[{key!r}]")
-        return
-    if isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            _walk(item, f"{path}[{i}]")
-        return
-    raise TypeError(f"{path} is a {type(value).__name__} ({value!r:.60}), not a JSON value "
-                    f"(dict, list, str, int, float, bool, None)")
+def _spell(what: str, path: _Path) -> str:
+    keys: list[Any] = []
+    while path:
+        path, key = path
+        keys.append(key)
+    return what + "".join(f"[{k!r}]" if isinstance(k, str) else f"[{k}]" for k in reversed(keys))
+
+
+def checked(value: object, what: str, max_bytes: int | None = None) -> JSON:
+    """``value`` as every store gives it back (a JSON round trip: a tuple becomes a list),
+    after :func:`check_json`. Raises ``ValueError`` when its JSON text is longer than
+    ``max_bytes`` (the text is ASCII: its length is its size in bytes)."""
+    check_json(value, what)
+    text = dumps(value)
+    if max_bytes is not None and len(text) > max_bytes:
+        raise ValueError(f"{what} is {len(text)} bytes of JSON, over the limit of {max_bytes} "
+                         f"bytes (App(max_payload_bytes=…)): keep large data elsewhere (a "
+                         f"file, an object store) and pass a reference to it")
+    return json.loads(text)
+
+
+def copy(value: JSON) -> JSON:
+    """A copy of a JSON value as the SQL stores give it back (a tuple becomes a list)."""
+    return json.loads(dumps(value))
 
 
 def dumps(value: JSON) -> str:

@@ -6,13 +6,15 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import math
 import os
 import signal as signals
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
 
-from shoal import _ids, _json
+from shoal import _checks, _ids, _json
+from shoal._checks import CALL, CONFIG
 from shoal.abort import AbortSignal
 from shoal.clock import Clock, SystemClock
 from shoal.coord.base import CoordStore, RateStore, SpendEntry
@@ -39,6 +41,7 @@ from shoal.engine.runner import (
 from shoal.errors import (
     ConfigurationError,
     NotPausedError,
+    NotRetryableError,
     RunCancelledError,
     RunFailedError,
     ShoalError,
@@ -90,21 +93,13 @@ class App:
         membership_interval: float = 5.0,
         pause_retention: float = 86400.0,
         run_retention: float = 7 * 86400.0,
+        heartbeat: float | None = None,
+        migrate: bool = True,
+        max_payload_bytes: int = _json.MAX_PAYLOAD_BYTES,
     ) -> None:
-        if not isinstance(namespace, str) or not namespace:
-            raise ConfigurationError("App(namespace) must be a non-empty string, e.g. 'billing'.")
-        if not isinstance(max_concurrent_runs, int) or max_concurrent_runs < 1:
-            raise ConfigurationError(
-                f"max_concurrent_runs must be an int >= 1, not {max_concurrent_runs!r}.")
-        if not isinstance(lease, (int, float)) or lease <= 0:
-            raise ConfigurationError(f"lease must be a positive number of seconds, not {lease!r}.")
-        if admission not in ("reject", "park"):
-            raise ConfigurationError(f"admission must be 'reject' or 'park', not {admission!r}.")
-        if max_queued is not None and (not isinstance(max_queued, int) or max_queued < 1):
-            raise ConfigurationError(f"max_queued must be None or an int >= 1, not {max_queued!r}.")
-        if not isinstance(membership_interval, (int, float)) or membership_interval <= 0:
-            raise ConfigurationError(f"membership_interval must be a positive number of seconds, "
-                                     f"not {membership_interval!r}.")
+        _check_app_options(namespace, store, instance_id, max_concurrent_runs, lease, clock,
+                           version, max_queued, admission, membership_interval,
+                           pause_retention, run_retention, max_payload_bytes, heartbeat, migrate)
         self.namespace = namespace
         self.store: Store = open_store(store) if isinstance(store, str) else store
         # A store passed in as an object may be shared by several apps: its owner closes it.
@@ -116,6 +111,8 @@ class App:
         self.instance_id = instance_id or f"{socket.gethostname()}-{os.getpid()}"
         self.max_concurrent_runs = max_concurrent_runs
         self.lease = float(lease)
+        self.heartbeat = float(heartbeat) if heartbeat is not None else self.lease / 3
+        self.max_payload_bytes = max_payload_bytes
         self.clock: Clock = clock or SystemClock()
         self.version = version
         self.max_queued = max_queued
@@ -123,6 +120,8 @@ class App:
         self.membership_interval = membership_interval
         self.pause_retention = pause_retention
         self.run_retention = run_retention
+        # False: never change the schema, refuse one that is behind (a role allowed rows only)
+        self.migrate = migrate
         self._workflows: dict[str, WorkflowSpec] = {}
         self._on_error: list[ErrorHandler] = []
         self._crons: dict[str, CronTrigger] = {}
@@ -207,16 +206,11 @@ class App:
                 raise ConfigurationError(
                     f"Workflow {getattr(f, '__name__', f)!r} must be an async function "
                     f"'async def {getattr(f, '__name__', 'fn')}(ctx, input)'.")
-            wf_name = name or f.__name__
-            if not isinstance(max_attempts, int) or max_attempts < 1:
-                raise ConfigurationError(
-                    f"Workflow {wf_name!r}: max_attempts must be an int >= 1, not "
-                    f"{max_attempts!r}.")
+            wf_name = f.__name__ if name is None else name
+            _check_workflow_options(wf_name, max_attempts, priority, concurrency_key, backoff,
+                                    max_backoff, on_incompatible)
             if wf_name in self._workflows:
                 raise ConfigurationError(f"A workflow named {wf_name!r} is already registered.")
-            if on_incompatible not in ("wait", "resume"):
-                raise ConfigurationError(f"Workflow {wf_name!r}: on_incompatible must be "
-                                         f"'wait' or 'resume', not {on_incompatible!r}.")
             spec = WorkflowSpec(wf_name, f, max_attempts, priority, concurrency_key, backoff,
                                 max_backoff, on_incompatible)
             self._workflows[wf_name] = spec
@@ -241,8 +235,12 @@ class App:
         missed tick fires once. Put it above ``@app.workflow`` (or on a bare async function)."""
 
         def register(target: Workflow[Any] | WorkflowFunction) -> Workflow[Any]:
-            wf_name = target.name if isinstance(target, Workflow) else target.__name__
-            trigger_name = name or wf_name
+            wf_name = target.name if isinstance(target, Workflow) else getattr(
+                target, "__name__", None)
+            if not isinstance(wf_name, str):
+                raise ConfigurationError(f"@app.cron decorates a workflow or an async "
+                                         f"function, not {target!r:.80}.")
+            trigger_name = wf_name if name is None else name
             # everything is checked before anything is registered
             trigger = CronTrigger.parse(expression, name=trigger_name, workflow=wf_name, tz=tz,
                                         catch_up=catch_up)
@@ -266,15 +264,16 @@ class App:
         ``topic``. ``key`` is stable per entry: use it as the idempotency key downstream, since
         a delivery that fails (or whose instance dies) is tried again, with backoff, up to
         ``max_deliveries`` times; then the entry is dead-lettered (``app.dead_letters()``)."""
-        if not isinstance(topic, str) or not topic:
-            raise ConfigurationError(f"An outbox topic is a non-empty str, not {topic!r}.")
-        if not isinstance(max_deliveries, int) or max_deliveries < 1:
-            raise ConfigurationError(
-                f"max_deliveries must be an int >= 1, not {max_deliveries!r}.")
+        _checks.text(topic, "@app.outbox_handler(topic)", CONFIG)
+        _checks.integer(max_deliveries, f"@app.outbox_handler({topic!r}, max_deliveries)",
+                        CONFIG, low=1)
         if topic in self._outbox_handlers:
             raise ConfigurationError(f"An outbox handler for {topic!r} is already registered.")
 
         def register(fn: Callable[[Any, str], Any]) -> Callable[[Any, str], Any]:
+            if not callable(fn):
+                raise ConfigurationError(f"@app.outbox_handler({topic!r}) decorates a function "
+                                         f"fn(payload, key), not {fn!r:.80}.")
             self._outbox_handlers[topic] = OutboxHandlerSpec(fn, max_deliveries)
             return fn
 
@@ -287,10 +286,10 @@ class App:
 
     def observe(self, observer: Any) -> Any:
         """Add an observer: any object with some of ``on_run_start(run)``,
-        ``on_run_resume(run, reason)`` (reason ``dispatched`` for a retry, ``woke``, ``resumed``
-        or ``recovered``), ``on_run_pause(run)`` and ``on_run_end(run)``, sync or async, called
-        on the instance executing the run. An observer that raises is logged and ignored.
-        Returns the observer."""
+        ``on_run_resume(run, reason)`` (reason ``dispatched`` for a retry, ``woke``, ``resumed``,
+        ``recovered``, or ``retried`` after ``app.retry``), ``on_run_pause(run)`` and
+        ``on_run_end(run)``, sync or async, called on the instance executing the run. An
+        observer that raises is logged and ignored. Returns the observer."""
         self._observers.append(observer)
         return observer
 
@@ -310,7 +309,8 @@ class App:
 
     async def _open_store(self) -> None:
         if not self._opened:
-            await self.store.open()
+            # a Store written before open(migrate=...) existed still opens with the default
+            await (self.store.open() if self.migrate else self.store.open(migrate=False))
             self._opened = True
         if self._coord_store is not None and not self._coord_opened:
             # never raises for an unreachable Redis: its connections are made when used
@@ -328,13 +328,14 @@ class App:
                 await self._close_store()
 
     async def start(self) -> None:
-        """Migrate if needed, record this instance's workflows, then poll, schedule, recover."""
+        """Migrate if needed (unless ``migrate=False``: then a schema behind is refused),
+        record this instance's workflows, then poll, schedule, recover."""
         if self._started:
             return
         await self._open_store()
         await self.store.register_workflows(
             self.namespace, {name: spec.options() for name, spec in self._workflows.items()},
-            self.clock.now())
+            self.clock.now(), instance=self.instance_id)
         self._engine = Engine(
             store=self.store, clock=self.clock, namespace=self.namespace,
             instance_id=self.instance_id, slots=self.max_concurrent_runs, lease=self.lease,
@@ -344,6 +345,8 @@ class App:
             dispatch_child=self._dispatch_child, outbox_handlers=self._outbox_handlers,
             version=self.version, observers=self._observers,
             fire=self._fire_cron, spend=self._spend, prune_more=self._prune_coordination,
+            heartbeat=self.heartbeat,
+            max_payload_bytes=self.max_payload_bytes,
         )
         membership = self._membership_for() if self._coordinates() else None
         self._engine.start()
@@ -536,7 +539,8 @@ class App:
         provider-wide limits: a tenant at its cap waits without holding up other tenants."""
         check_provider_options(name, max_concurrent, requests_per_minute, tokens_per_minute,
                                breaker, price_per_token, tenant_max_concurrent,
-                               tenant_requests_per_minute, tenant_tokens_per_minute)
+                               tenant_requests_per_minute, tenant_tokens_per_minute,
+                               currency)
         if name in self._providers:
             raise ConfigurationError(f"A provider named {name!r} is already defined; use "
                                      f"app.providers[{name!r}].")
@@ -572,9 +576,10 @@ class App:
                               ("per_tenant_day", per_tenant_day),
                               *((f"tenants[{t!r}]", v) for t, v in (tenants or {}).items())):
             if value is not None and (isinstance(value, bool)
-                                      or not isinstance(value, (int, float)) or value < 0):
-                raise ValueError(f"app.budget({option}=…) takes None or a number >= 0, not "
-                                 f"{value!r}.")
+                                      or not isinstance(value, (int, float))
+                                      or not math.isfinite(value) or value < 0):
+                raise ValueError(f"app.budget({option}=…) takes None or a finite number >= 0, "
+                                 f"not {value!r}.")
         budgets = Budgets(per_run, per_root, per_tenant_day, currency, dict(tenants or {}))
         self._ledger.budgets[currency] = budgets
         return budgets
@@ -597,8 +602,9 @@ class App:
                     currency: str = "usd") -> None:
         """Record money spent outside any run (``ctx.spend`` inside one) against the tenant's
         daily budget and in the ledger."""
-        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount < 0:
-            raise ValueError(f"app.spend(amount): a number >= 0, not {amount!r}.")
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not (
+                math.isfinite(amount) and amount >= 0):
+            raise ValueError(f"app.spend(amount): a number >= 0 and finite, not {amount!r}.")
         await self._open_store()
         await self._ledger.record(Spender(tenant), float(amount), currency)
 
@@ -635,7 +641,8 @@ class App:
 
     def check_liveness(self) -> Health:
         """No I/O. Unhealthy while stopping or not started, or when the poll loop has not
-        completed a poll for three poll intervals (it waits on a store that never answers)."""
+        completed a poll for three poll intervals, or the heartbeat a renewal pass for three
+        heartbeats (each waits on a store that never answers)."""
         engine = self._engine
         if self._stopping:
             return Health(HealthStatus.UNHEALTHY, "stopping")
@@ -647,6 +654,12 @@ class App:
             return Health(HealthStatus.UNHEALTHY,
                           f"stuck: no poll completed for {stuck_for:.0f} s "
                           f"(every {engine.poll_interval:g} s expected)")
+        beat = engine.last_beat_at if engine.last_beat_at is not None else engine.started_at
+        stuck_for = self.clock.now() - beat
+        if stuck_for > 3 * engine.heartbeat:
+            return Health(HealthStatus.UNHEALTHY,
+                          f"stuck: no lease renewal pass completed for {stuck_for:.0f} s "
+                          f"(every {engine.heartbeat:g} s expected)")
         return Health(HealthStatus.HEALTHY)
 
     async def check_readiness(self) -> Health:
@@ -693,7 +706,9 @@ class App:
         return Health(HealthStatus.HEALTHY, "ok", checks)
 
     async def poll(self) -> None:
-        """Run one poll now (renew, recover, schedule). The engine also does it every lease/3."""
+        """Renew this instance's leases and run one maintenance poll now (recover, release,
+        schedule, retention; delivery and notification start in the background). The engine
+        renews every ``heartbeat`` and polls every lease/3 by itself."""
         if self._engine is None:
             raise ShoalError("The app is not started: use 'async with app:' or await app.start().")
         await self._engine.poll()
@@ -714,8 +729,9 @@ class App:
     ) -> Run:
         """Store a new queued run and return it; with an ``idempotency_key`` already used for
         this (tenant, workflow), return that run instead. Raises ``TypeError`` for input that is
-        not JSON and ``UnknownWorkflowError`` for a name no instance registered; nothing is
-        stored then."""
+        not JSON (or nests deeper than 256) and for an option of the wrong type, ``ValueError``
+        for input over ``max_payload_bytes`` and for an option out of range, and
+        ``UnknownWorkflowError`` for a name no instance registered; nothing is stored then."""
         return await self._dispatch(
             workflow, input, idempotency_key=idempotency_key, concurrency_key=concurrency_key,
             priority=priority, tenant=tenant, delay=delay, max_attempts=max_attempts)
@@ -744,15 +760,9 @@ class App:
         parent: Run | None = None,
     ) -> Run:
         name = self._workflow_name(workflow)
-        _json.check_json(input, "input")
-        for what, value in (("idempotency_key", idempotency_key),
-                            ("concurrency_key", concurrency_key), ("tenant", tenant)):
-            if value is not None and not isinstance(value, str):
-                raise TypeError(f"{what} must be a str, not {type(value).__name__}")
-        if delay is not None and (not isinstance(delay, (int, float)) or delay < 0):
-            raise ValueError(f"delay must be a number of seconds >= 0, not {delay!r}")
-        if max_attempts is not None and (not isinstance(max_attempts, int) or max_attempts < 1):
-            raise ValueError(f"max_attempts must be an int >= 1, not {max_attempts!r}")
+        input = _json.checked(input, "input", self.max_payload_bytes)
+        _check_dispatch_options(idempotency_key, concurrency_key, priority, tenant, delay,
+                                max_attempts)
         await self._open_store()
         spec = self._workflows.get(name)
         options = spec.options() if spec is not None else await self.store.get_workflow(
@@ -762,9 +772,9 @@ class App:
         if concurrency_key is None:
             if spec is not None and callable(spec.concurrency_key):
                 concurrency_key = spec.concurrency_key(input)
-                if concurrency_key is not None and not isinstance(concurrency_key, str):
-                    raise TypeError(f"the concurrency_key of workflow {name!r} gave "
-                                    f"{concurrency_key!r}; it must give a str or None")
+                if concurrency_key is not None:
+                    _checks.text(concurrency_key, f"the key given by the concurrency_key "
+                                 f"function of workflow {name!r}", CALL, empty=True)
             elif options.get("key_from_input"):
                 # never start a keyed run without its key: this process lacks the function
                 raise ConfigurationError(
@@ -869,6 +879,27 @@ class App:
             self._engine.kick()
         return run
 
+    async def retry(self, run_id: str, *, tenant: str | None = None) -> Run:
+        """Start a ``failed`` or ``cancelled`` run again from its checkpoints, on any instance:
+        its finished steps replay (they do not run again, their outbox entries are not sent
+        again); a sleep, wait or approval it was in starts over; it gets a fresh attempt budget
+        (attempts 0 of its ``max_attempts``) and is queued, due now, its concurrency key taken
+        as a new run's is. Returns the queued run. Raises ``UnknownRunError`` (also for another
+        tenant's run when ``tenant`` is given) and ``NotRetryableError`` for a run that has not
+        ended or succeeded; nothing changes then. Of two racing calls, one wins."""
+        if tenant is not None and not isinstance(tenant, str):
+            raise TypeError(f"tenant must be a str, not {type(tenant).__name__}")
+        await self._open_store()
+        run, retried = await self.store.retry_run(self.namespace, run_id, tenant,
+                                                  self.clock.now())
+        if run is None:
+            raise UnknownRunError(run_id)
+        if not retried:
+            raise NotRetryableError(run_id, run.status.value)
+        if self._engine is not None:
+            self._engine.kick()
+        return run
+
     # -- approvals -------------------------------------------------------------------------
 
     async def pending_pauses(self, tenant: str | None = None, limit: int = 100) -> list[Pause]:
@@ -886,9 +917,9 @@ class App:
         Nothing changes when it raises."""
         if not isinstance(approved, bool):
             raise TypeError(f"approved must be True or False, not {approved!r}")
-        if by is not None and not isinstance(by, str):
-            raise TypeError(f"by must be a str, not {type(by).__name__}")
-        _json.check_json(data, "data")
+        if by is not None:
+            _checks.text(by, "app.resume(by)", CALL, empty=True)
+        data = _json.checked(data, "data", self.max_payload_bytes)
         await self._open_store()
         decision = {"approved": approved, "data": data, "by": by, "reason": None}
         found = await self.store.get_pause(pause_id)
@@ -915,8 +946,11 @@ class App:
 
     async def signal(self, run_id: str, name: str, payload: Any = None, *,
                      tenant: str | None = None) -> None:
-        """Send signal ``name`` to the run; kept until its ``ctx.wait_for(name)`` consumes it."""
-        _json.check_json(payload, "payload")
+        """Send signal ``name`` to the run; kept until its ``ctx.wait_for(name)`` consumes it.
+        A payload that is not JSON raises ``TypeError``, one over ``max_payload_bytes``
+        ``ValueError``, and nothing is sent."""
+        _checks.text(name, "app.signal(name)", CALL)
+        payload = _json.checked(payload, "payload", self.max_payload_bytes)
         await self._open_store()
         existing = await self.store.get_run(run_id)
         if existing is None or existing.namespace != self.namespace or (
@@ -928,6 +962,85 @@ class App:
             raise UnknownRunError(run_id)
         if self._engine is not None:
             self._engine.kick()
+
+
+def _check_dispatch_options(idempotency_key: object, concurrency_key: object, priority: object,
+                            tenant: object, delay: object, max_attempts: object) -> None:
+    """Raise ``TypeError`` (a value of the wrong type) or ``ValueError`` naming the first
+    option of ``app.dispatch(...)`` that cannot be stored as it is."""
+    for what, key in (("idempotency_key", idempotency_key),
+                      ("concurrency_key", concurrency_key)):
+        if key is not None:
+            _checks.text(key, f"app.dispatch({what})", CALL, empty=True)
+    _checks.text(tenant, "app.dispatch(tenant)", CALL)
+    if priority is not None:
+        _checks.integer(priority, "app.dispatch(priority)", CALL, low=_checks.INT32_MIN,
+                        high=_checks.INT32_MAX)
+    if delay is not None:   # ValueError, as it always was
+        _checks.seconds(delay, "app.dispatch(delay)", _checks.VALUE)
+    if max_attempts is not None:
+        _checks.integer(max_attempts, "app.dispatch(max_attempts)", _checks.VALUE, low=1,
+                        high=_checks.INT32_MAX)
+
+
+def _check_workflow_options(name: object, max_attempts: object, priority: object,
+                            concurrency_key: object, backoff: object, max_backoff: object,
+                            on_incompatible: object) -> None:
+    """Raise ``ConfigurationError`` naming the first option of ``@app.workflow(...)`` that
+    cannot work."""
+    _checks.text(name, "@app.workflow(name)", CONFIG)
+    what = f"@app.workflow(name={name!r}"
+    _checks.integer(max_attempts, f"{what}, max_attempts)", CONFIG, low=1,
+                    high=_checks.INT32_MAX)
+    _checks.integer(priority, f"{what}, priority)", CONFIG, low=_checks.INT32_MIN,
+                    high=_checks.INT32_MAX)
+    if isinstance(concurrency_key, str):
+        _checks.text(concurrency_key, f"{what}, concurrency_key)", CONFIG, empty=True)
+    elif concurrency_key is not None and not callable(concurrency_key):
+        raise ConfigurationError(f"{what}, concurrency_key) must be None, a str or a function "
+                                 f"of the input giving a str, not {concurrency_key!r:.80}.")
+    _checks.seconds(backoff, f"{what}, backoff)", CONFIG)
+    _checks.seconds(max_backoff, f"{what}, max_backoff)", CONFIG)
+    _checks.one_of(on_incompatible, f"{what}, on_incompatible)", CONFIG, ("wait", "resume"))
+
+
+def _check_app_options(namespace: object, store: object, instance_id: object,
+                       max_concurrent_runs: object, lease: object, clock: object,
+                       version: object, max_queued: object, admission: object,
+                       membership_interval: object, pause_retention: object,
+                       run_retention: object, max_payload_bytes: object, heartbeat: object,
+                       migrate: object) -> None:
+    """Raise ``ConfigurationError`` naming the first option of ``App(...)`` that cannot work."""
+    _checks.text(namespace, "App(namespace)", CONFIG)
+    if not isinstance(store, (str, Store)):
+        raise ConfigurationError(f"App(store) must be a store URL ('memory://', "
+                                 f"'sqlite:///path', 'postgresql://…') or a shoal Store, not "
+                                 f"{store!r:.80}.")
+    if instance_id is not None:
+        _checks.text(instance_id, "App(instance_id)", CONFIG)
+    if version is not None:
+        _checks.text(version, "App(version)", CONFIG)
+    _checks.integer(max_concurrent_runs, "App(max_concurrent_runs)", CONFIG, low=1)
+    _checks.seconds(lease, "App(lease)", CONFIG, low=_checks.MIN_LEASE)
+    if clock is not None and not isinstance(clock, Clock):
+        raise ConfigurationError(f"App(clock) must be None or a shoal Clock (with now() and "
+                                 f"async sleep(seconds)), not {clock!r:.80}.")
+    if max_queued is not None:
+        _checks.integer(max_queued, "App(max_queued)", CONFIG, low=1)
+    _checks.one_of(admission, "App(admission)", CONFIG, ("reject", "park"))
+    _checks.seconds(membership_interval, "App(membership_interval)", CONFIG, above=True)
+    _checks.seconds(pause_retention, "App(pause_retention)", CONFIG)
+    _checks.seconds(run_retention, "App(run_retention)", CONFIG)
+    _checks.integer(max_payload_bytes, "App(max_payload_bytes)", CONFIG, low=1)
+    if heartbeat is not None:
+        _checks.seconds(heartbeat, "App(heartbeat)", CONFIG, above=True)
+        assert isinstance(heartbeat, (int, float)) and isinstance(lease, (int, float))
+        if heartbeat > lease / 2:
+            raise ConfigurationError(
+                f"App(heartbeat) must be at most lease / 2 ({lease / 2:g} s, so one late "
+                f"renewal never loses a lease), not {heartbeat!r}.")
+    if not isinstance(migrate, bool):
+        raise ConfigurationError(f"App(migrate) must be True or False, not {migrate!r}.")
 
 
 def _coordination(coordination: str | list[str] | CoordStore | None) -> CoordStore | None:

@@ -35,7 +35,7 @@ from shoal.app import App
 from shoal.coord.base import SpendEntry
 from shoal.errors import ShoalError, UnknownPauseError, UnknownRunError
 from shoal.stores import mask_url, open_store
-from shoal.stores.base import Pause, Run, RunStatus, Step, Store
+from shoal.stores.base import Pause, Run, RunStatus, Step, Store, WorkflowInfo
 
 DEFAULT_STORE = "sqlite:///shoal.db"
 T = TypeVar("T")
@@ -105,9 +105,10 @@ def _tenant_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., An
 
 @asynccontextmanager
 async def _opened_store(url: str, *, create: bool = False) -> AsyncIterator[Store]:
-    """The store at ``url``, opened (which migrates it). A SQLite file or a PostgreSQL schema
-    that does not exist is refused unless ``create``: a typo in a path or a schema name must
-    not look like an empty store, nor create one."""
+    """The store at ``url``, opened (which migrates it, and refuses a schema newer than this
+    code: SchemaVersionError, one line and exit code 1 like every ShoalError). A SQLite file or
+    a PostgreSQL schema that does not exist is refused unless ``create``: a typo in a path or a
+    schema name must not look like an empty store, nor create one."""
     store = open_store(url)
     exists = getattr(store, "exists", None)
     if not create and exists is not None and not await exists():
@@ -200,8 +201,12 @@ def _load_app(spec: str) -> App:
               help="Level of the log lines written to stderr.")
 @click.option("--shutdown-timeout", default=25.0, show_default=True, type=float,
               help="Seconds a stop waits for running runs before interrupting them.")
+@click.option("--no-migrate", is_flag=True,
+              help="Never change the store's schema: refuse one that is behind (run "
+                   "'shoal migrate' first), as App(migrate=False) does.")
 @click.pass_context
-def worker(ctx: click.Context, app_spec: str, log_level: str, shutdown_timeout: float) -> None:
+def worker(ctx: click.Context, app_spec: str, log_level: str, shutdown_timeout: float,
+           no_migrate: bool) -> None:
     """Serve the App MODULE:APP until SIGTERM or SIGINT, then stop gracefully.
 
     The app names its own store; build it with shoal.App.from_env() to take SHOAL_STORE,
@@ -214,6 +219,8 @@ def worker(ctx: click.Context, app_spec: str, log_level: str, shutdown_timeout: 
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
     app = _load_app(app_spec)
+    if no_migrate:
+        app.migrate = False
     click.echo(f"shoal worker: serving {app!r}; SIGTERM or Ctrl-C stops it gracefully.",
                err=True)
     app.run_forever(timeout=shutdown_timeout)
@@ -303,7 +310,7 @@ def runs(ctx: click.Context, status: str | None, workflow: str | None, tenant: s
 
 @cli.group()
 def run() -> None:
-    """Look at one run, or cancel it."""
+    """Look at one run, cancel it, or retry it."""
 
 
 @run.command("show")
@@ -365,11 +372,12 @@ def run_show(ctx: click.Context, run_id: str, as_json: bool, tenant: str | None,
 
 @run.command("cancel")
 @click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True, help="The run as it is now, as JSON.")
 @_tenant_option("run")
 @_target_options
 @click.pass_context
-def run_cancel(ctx: click.Context, run_id: str, tenant: str | None, store_override: str | None,
-               namespace_override: str | None) -> None:
+def run_cancel(ctx: click.Context, run_id: str, as_json: bool, tenant: str | None,
+               store_override: str | None, namespace_override: str | None) -> None:
     """Cancel run RUN_ID: at once unless it is running; then its owner aborts it at its next
     poll."""
     target = _target(ctx, store_override, namespace_override)
@@ -381,6 +389,9 @@ def run_cancel(ctx: click.Context, run_id: str, tenant: str | None, store_overri
             return before, await app.cancel(run_id, tenant=tenant)
 
     before, after = _run_async(cancel())
+    if as_json:
+        click.echo(json.dumps(_run_dict(after), ensure_ascii=False))
+        return
     if after.status == RunStatus.CANCELLED and before != RunStatus.CANCELLED:
         click.echo(f"Cancelled run {run_id} (it was {before}).")
     elif after.status == RunStatus.RUNNING:
@@ -390,6 +401,170 @@ def run_cancel(ctx: click.Context, run_id: str, tenant: str | None, store_overri
         click.echo(f"Run {run_id} had already ended ({after.status}); nothing to cancel.")
 
 
+@run.command("retry")
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True, help="The queued run as JSON.")
+@_tenant_option("run")
+@_target_options
+@click.pass_context
+def run_retry(ctx: click.Context, run_id: str, as_json: bool, tenant: str | None,
+              store_override: str | None, namespace_override: str | None) -> None:
+    """Start failed or cancelled run RUN_ID again from its checkpoints, with a fresh attempt
+    budget: its finished steps are not repeated. A run that has not ended, or succeeded, is
+    refused (exit code 1)."""
+    target = _target(ctx, store_override, namespace_override)
+
+    async def retry() -> tuple[RunStatus, Run]:
+        async with _opened_store(target.store) as store, \
+                _app_for_run(target, store, run_id) as app:
+            before = (await app.get_run(run_id, tenant=tenant)).status
+            return before, await app.retry(run_id, tenant=tenant)
+
+    before, after = _run_async(retry())
+    if as_json:
+        click.echo(json.dumps(_run_dict(after), ensure_ascii=False))
+        return
+    click.echo(f"Retried run {run_id} (it was {before}): queued again with "
+               f"{after.max_attempts} attempt{'' if after.max_attempts == 1 else 's'}; its "
+               f"finished steps are not repeated.")
+
+
+# -- dispatch --------------------------------------------------------------------------------
+
+
+def _json_argument(text: str | None, what: str) -> Any:
+    """``text`` parsed as JSON (None when not given), or a one-line usage error."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise click.ClickException(
+            f"{what} is not JSON ({e.msg} at column {e.colno}): {text!r}. Quote it for the "
+            f"shell, e.g. '{{\"order\": 42}}' or '\"text\"'.") from None
+
+
+async def _namespace_of(store: Store, target: _Target, workflow: str) -> str:
+    """The namespace to dispatch ``workflow`` in: the one given, else the only namespace where
+    an instance registered it."""
+    if target.namespace is not None:
+        return target.namespace
+    found = sorted({w.namespace for w in await store.list_workflows(None) if w.name == workflow})
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise click.ClickException(
+            f"No instance registered a workflow named {workflow!r} in {mask_url(target.store)}: "
+            f"start a worker that serves it ('shoal workflows' lists the known ones).")
+    raise click.ClickException(
+        f"Workflow {workflow!r} is registered in several namespaces ({', '.join(found)}): "
+        f"give --namespace/-n NAME.")
+
+
+@cli.command(short_help="Start a run of a workflow that a worker registered.")
+@click.argument("workflow")
+@click.argument("payload", metavar="[JSON]", required=False)
+@click.option("--wait", is_flag=True,
+              help="Wait for the run to end and print its output as JSON; exit code 1 if it "
+                   "fails or is cancelled.")
+@click.option("--timeout", type=click.FloatRange(min=0), default=None, metavar="S",
+              help="With --wait: give up waiting after S seconds (exit code 1; the run goes "
+                   "on).")
+@click.option("--idempotency-key", default=None, metavar="KEY",
+              help="The same key (per tenant and workflow) gives back the same run, never a "
+                   "second one.")
+@click.option("--tenant", default="default", show_default=True, metavar="NAME",
+              help="The tenant the run belongs to.")
+@click.option("--priority", type=int, default=None,
+              help="Higher runs first (default: the workflow's own).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the run as JSON (with --wait, once it has ended).")
+@_target_options
+@click.pass_context
+def dispatch(ctx: click.Context, workflow: str, payload: str | None, wait: bool,
+             timeout: float | None, idempotency_key: str | None, tenant: str,
+             priority: int | None, as_json: bool, store_override: str | None,
+             namespace_override: str | None) -> None:
+    """Start a run of WORKFLOW with a JSON input (default null) and print its id. The workflow
+    is one a worker of the namespace registered in the store (this command runs no code of
+    yours); without --namespace, the only namespace that has it."""
+    target = _target(ctx, store_override, namespace_override)
+    value = _json_argument(payload, "The input")
+    if timeout is not None and not wait:
+        raise click.UsageError("--timeout goes with --wait.")
+
+    async def go() -> tuple[Run, BaseException | None]:
+        async with _opened_store(target.store) as store:
+            app = App(await _namespace_of(store, target, workflow), store=store)
+            async with app.open():
+                run = await app.dispatch(workflow, value, idempotency_key=idempotency_key,
+                                         tenant=tenant, priority=priority)
+                if not wait:
+                    return run, None
+                try:
+                    await app.result(run.id, timeout=timeout)
+                except (ShoalError, TimeoutError) as e:
+                    return await app.get_run(run.id), e
+                return await app.get_run(run.id), None
+
+    found, error = _run_async(go())
+    if as_json:
+        click.echo(json.dumps(_run_dict(found), ensure_ascii=False))
+    elif not wait:
+        click.echo(found.id)
+    elif error is None:
+        click.echo(json.dumps(found.output, ensure_ascii=False))
+    if isinstance(error, TimeoutError):
+        raise click.ClickException(f"{error} It goes on: 'shoal run show {found.id}'.")
+    if error is not None:
+        raise click.ClickException(str(error))
+
+
+# -- workflows -------------------------------------------------------------------------------
+
+
+def _workflow_dict(info: WorkflowInfo) -> dict[str, Any]:
+    return {"namespace": info.namespace, "name": info.name, "options": info.options,
+            "registered_at": info.registered_at,
+            "instances": [{"instance": i, "registered_at": at} for i, at in info.instances]}
+
+
+@cli.command(short_help="The workflows the store knows, and the instances that serve them.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@_target_options
+@click.pass_context
+def workflows(ctx: click.Context, as_json: bool, store_override: str | None,
+              namespace_override: str | None) -> None:
+    """The workflows registered in the store (all namespaces unless one is given), with their
+    dispatch options and the instances that registered each when they started, latest first
+    (an instance that has not started for 30 days is forgotten)."""
+    target = _target(ctx, store_override, namespace_override)
+
+    async def read() -> list[WorkflowInfo]:
+        async with _opened_store(target.store) as store:
+            return await store.list_workflows(target.namespace)
+
+    found = _run_async(read())
+    if as_json:
+        for info in found:
+            click.echo(json.dumps(_workflow_dict(info), ensure_ascii=False))
+        return
+    console = _console()
+    if not found:
+        where = f"namespace {target.namespace!r}" if target.namespace else "any namespace"
+        console.print(f"No workflows registered in {escape(where)} of "
+                      f"{escape(mask_url(target.store))}: start a worker that serves some.")
+        return
+    table = Table(title=f"workflows in {escape(mask_url(target.store))}", title_justify="left")
+    for column in ("namespace", "workflow", "options", "instances (latest start first)"):
+        table.add_column(column, overflow="fold")
+    for info in found:
+        instances = "\n".join(f"{escape(i)} [dim]{_when(at)}[/]" for i, at in info.instances)
+        table.add_row(escape(info.namespace), escape(info.name),
+                      escape(_json_text(info.options, 120)), instances or "[dim]-[/]")
+    console.print(table)
+
+
 # -- signal ----------------------------------------------------------------------------------
 
 
@@ -397,11 +572,13 @@ def run_cancel(ctx: click.Context, run_id: str, tenant: str | None, store_overri
 @click.argument("run_id")
 @click.argument("name")
 @click.argument("payload", metavar="[JSON]", required=False)
+@click.option("--json", "as_json", is_flag=True, help="The run as it is now, as JSON.")
 @_tenant_option("run")
 @_target_options
 @click.pass_context
-def signal(ctx: click.Context, run_id: str, name: str, payload: str | None, tenant: str | None,
-           store_override: str | None, namespace_override: str | None) -> None:
+def signal(ctx: click.Context, run_id: str, name: str, payload: str | None, as_json: bool,
+           tenant: str | None, store_override: str | None,
+           namespace_override: str | None) -> None:
     """Send signal NAME to run RUN_ID with a JSON payload (default null); a run waiting in
     ctx.wait_for(NAME) continues with it."""
     target = _target(ctx, store_override, namespace_override)
@@ -421,7 +598,10 @@ def signal(ctx: click.Context, run_id: str, name: str, payload: str | None, tena
             return await app.get_run(run_id, tenant=tenant)
 
     found = _run_async(send())
-    click.echo(f"Sent signal {name!r} to run {run_id} ({found.status}).")
+    if as_json:
+        click.echo(json.dumps(_run_dict(found), ensure_ascii=False))
+    else:
+        click.echo(f"Sent signal {name!r} to run {run_id} ({found.status}).")
     if found.status.final:
         click.echo(f"Note: run {run_id} has already ended; no one will receive this signal.",
                    err=True)
@@ -470,7 +650,7 @@ def pauses(ctx: click.Context, tenant: str | None, limit: int, as_json: bool,
 
 
 def _answer(ctx: click.Context, pause_id: str, approved: bool, data: str | None,
-            by: str | None, tenant: str | None, store_override: str | None,
+            by: str | None, tenant: str | None, as_json: bool, store_override: str | None,
             namespace_override: str | None) -> None:
     target = _target(ctx, store_override, namespace_override)
     value: Any = None
@@ -496,6 +676,9 @@ def _answer(ctx: click.Context, pause_id: str, approved: bool, data: str | None,
                                         tenant=tenant)
 
     resolved = _run_async(answer())
+    if as_json:
+        click.echo(json.dumps(dataclasses.asdict(resolved), ensure_ascii=False))
+        return
     verb = "Approved" if approved else "Denied"
     click.echo(f"{verb} pause {pause_id} ({resolved.name!r} of run {resolved.run_id}); the run "
                f"continues on any instance.")
@@ -503,6 +686,8 @@ def _answer(ctx: click.Context, pause_id: str, approved: bool, data: str | None,
 
 def _answer_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = _tenant_option("pause")(fn)
+    fn = click.option("--json", "as_json", is_flag=True,
+                      help="The resolved pause as JSON.")(fn)
     fn = click.option("--by", default=None, metavar="NAME", help="Who decided.")(fn)
     fn = click.option("--data", default=None, metavar="JSON",
                       help="A JSON value given to the run with the decision.")(fn)
@@ -514,10 +699,11 @@ def _answer_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @_target_options
 @click.pass_context
 def approve(ctx: click.Context, pause_id: str, data: str | None, by: str | None,
-            tenant: str | None, store_override: str | None,
+            tenant: str | None, as_json: bool, store_override: str | None,
             namespace_override: str | None) -> None:
     """Approve pause PAUSE_ID (exactly one answer wins; a second gets an error)."""
-    _answer(ctx, pause_id, True, data, by, tenant, store_override, namespace_override)
+    _answer(ctx, pause_id, True, data, by, tenant, as_json, store_override,
+            namespace_override)
 
 
 @cli.command(short_help="Deny a pause: its run continues with approved=False.")
@@ -525,10 +711,11 @@ def approve(ctx: click.Context, pause_id: str, data: str | None, by: str | None,
 @_target_options
 @click.pass_context
 def deny(ctx: click.Context, pause_id: str, data: str | None, by: str | None,
-         tenant: str | None, store_override: str | None,
+         tenant: str | None, as_json: bool, store_override: str | None,
          namespace_override: str | None) -> None:
     """Deny pause PAUSE_ID (exactly one answer wins; a second gets an error)."""
-    _answer(ctx, pause_id, False, data, by, tenant, store_override, namespace_override)
+    _answer(ctx, pause_id, False, data, by, tenant, as_json, store_override,
+            namespace_override)
 
 
 # -- ledger ----------------------------------------------------------------------------------
@@ -644,9 +831,11 @@ def ledger(ctx: click.Context, tenant: str | None, root_id: str | None, run_id: 
 
 
 @cli.command(short_help="Create or upgrade the store; print its version.")
+@click.option("--json", "as_json", is_flag=True,
+              help='{"store": URL, "version": N} (the password masked).')
 @_target_options
 @click.pass_context
-def migrate(ctx: click.Context, store_override: str | None,
+def migrate(ctx: click.Context, as_json: bool, store_override: str | None,
             namespace_override: str | None) -> None:
     """Create the store or bring its schema up to date, and print the schema version."""
     target = _target(ctx, store_override, namespace_override)
@@ -656,6 +845,9 @@ def migrate(ctx: click.Context, store_override: str | None,
             return await store.migrate()
 
     version = _run_async(go())
+    if as_json:
+        click.echo(json.dumps({"store": mask_url(target.store), "version": version}))
+        return
     click.echo(f"{mask_url(target.store)} is at schema version {version}.")
 
 

@@ -15,6 +15,32 @@ class StoreUnavailableError(ShoalError):
     """The store could not be opened or reached."""
 
 
+class SchemaVersionError(ConfigurationError):
+    """The store's schema is at a version this code cannot use: newer than the newest migration
+    it knows (a rolled-back deploy), or behind it (or missing) while migrating is off
+    (``App(migrate=False)``, ``shoal worker --no-migrate``). ``found`` is 0 for no schema."""
+
+    def __init__(self, store: str, found: int, expected: int) -> None:
+        if found > expected:
+            text = (
+                f"The store {store!r} is at schema version {found}, newer than version "
+                f"{expected}, the newest this shoal knows: a newer release migrated it (a "
+                f"rolled-back deploy?). shoal never downgrades a schema nor uses one it does not "
+                f"know: deploy a release that knows version {found}, or restore the database "
+                f"from before that migration.")
+        else:
+            what = ("holds no shoal schema (version 0)" if found == 0
+                    else f"is at schema version {found}")
+            text = (
+                f"The store {store!r} {what}, and this shoal needs version {expected}; "
+                f"migrating is off (App(migrate=False) or shoal worker --no-migrate). Run "
+                f"'shoal migrate --store URL' (as a role that may create tables), then start "
+                f"again.")
+        super().__init__(text)
+        self.found = found
+        self.expected = expected
+
+
 class UnknownRunError(ShoalError):
     """No run has this id."""
 
@@ -115,6 +141,18 @@ class AdmissionRejectedError(ShoalError):
 
 class NotPausedError(ShoalError):
     """The pause was already resolved."""
+
+
+class NotRetryableError(ShoalError):
+    """``app.retry`` of a run that is not ``failed`` or ``cancelled``; nothing was changed."""
+
+    def __init__(self, run_id: str, status: str) -> None:
+        why = ("it succeeded: dispatch a new run to do the work again" if status == "succeeded"
+               else "it has not ended: cancel it first, or wait for it to fail")
+        super().__init__(f"Run {run_id} is {status} and cannot be retried ({why}). Only a "
+                         f"failed or cancelled run can be retried.")
+        self.run_id = run_id
+        self.status = status
 
 
 class UnknownPauseError(ShoalError):

@@ -9,6 +9,7 @@ own ``redis-server`` processes (``Server``) on free ports and kill them afterwar
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import os
@@ -101,27 +102,41 @@ def free_port() -> int:
 
 class Server:
     """A ``redis-server`` process of the test's own, on a fixed port, stopped and started at
-    will; nothing saved to disk."""
+    will; nothing saved to disk. With ``tls``, the port takes TLS only (a self-signed
+    certificate made with ``openssl`` in the server's directory; clients are not verified)."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, tls: bool = False) -> None:
         self.port = port or free_port()
-        self.url = f"redis://127.0.0.1:{self.port}"
+        self.tls = tls
+        self.url = f"{'rediss' if tls else 'redis'}://127.0.0.1:{self.port}"
         self.dir = tempfile.mkdtemp(prefix="shoal-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
+
+    def _tls_args(self) -> list[str]:
+        openssl = shutil.which("openssl")
+        if openssl is None:
+            _skip_or_fail("openssl is not in PATH (it makes the TLS server's certificate)")
+        cert, key = os.path.join(self.dir, "cert.pem"), os.path.join(self.dir, "key.pem")
+        subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                        "-subj", "/CN=127.0.0.1", "-keyout", key, "-out", cert],
+                       check=True, capture_output=True)
+        return ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", cert,
+                "--tls-key-file", key, "--tls-ca-cert-file", cert, "--tls-auth-clients", "no"]
 
     def start(self) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             _skip_or_fail("redis-server is not in PATH")
+        ports = self._tls_args() if self.tls else ["--port", str(self.port)]
         self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+            [binary, *ports, "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--daemonize", "no", "--dir", self.dir],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while True:
             try:
-                with redis.Redis(port=self.port, socket_timeout=0.5,
-                                 socket_connect_timeout=0.5) as c:
+                with redis.Redis(port=self.port, socket_timeout=0.5, socket_connect_timeout=0.5,
+                                 ssl=self.tls, ssl_cert_reqs="none") as c:
                     c.ping()
                 return
             except redis.RedisError:
@@ -138,6 +153,28 @@ class Server:
     def cleanup(self) -> None:
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def silent_server() -> AsyncIterator[str]:
+    """The address of a TCP server that accepts connections and never answers a byte (a hung
+    Redis, or a port taken by something else); closed afterwards."""
+    writers: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        while await reader.read(4096):       # read what is sent until the client goes
+            pass
+        writer.close()
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    try:
+        yield f"redis://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        for writer in writers:
+            writer.close()
+        server.close()
+        await server.wait_closed()
 
 
 @contextlib.contextmanager

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from redis_support import Server, new_prefix, redlock, running_servers
+from redis_support import Server, new_prefix, redlock, running_servers, silent_server
 
 import shoal
 from shoal.stores.redis import RedisCoordStore
@@ -28,7 +28,7 @@ def redlock_app(trio: list[Server], instance: str, prefix: str) -> shoal.App:
                      lease=LEASE, membership_interval=0.2)
 
 
-async def test_redlock_survives_one_server_and_waits_without_a_majority(
+async def test_redlock_survives_one_server_and_gives_up_after_a_lease_without_a_majority(
     servers: list[Server],
 ) -> None:
     prefix = new_prefix()
@@ -49,8 +49,13 @@ async def test_redlock_survives_one_server_and_waits_without_a_majority(
         assert time.monotonic() - started <= LEASE + 1.0, "the signal fires once the lease is out"
         assert isinstance(holder.signal.reason, shoal.LockLostError)
         waiter = asyncio.create_task(b.lock("k").__aenter__())
-        await asyncio.sleep(2 * LEASE)
-        assert not waiter.done(), "without a majority nobody gets the lock"
+        started = time.monotonic()
+        with pytest.raises(shoal.StoreUnavailableError, match="majority"):
+            await asyncio.wait_for(waiter, LEASE + 3)      # nobody gets the lock without one
+        assert time.monotonic() - started >= LEASE, "it asked for a whole lease first"
+        waiter = asyncio.create_task(b.lock("k").__aenter__())
+        await asyncio.sleep(LEASE / 2)
+        assert not waiter.done()
         await a._locks.release(holder)
         servers[0].start()                                 # a majority again (restarted empty)
         got = await asyncio.wait_for(waiter, 10)
@@ -81,6 +86,73 @@ async def test_redis_down_at_start_then_back(servers: list[Server]) -> None:
         assert app.slots(4) == [0, 1, 2, 3]
         assert await app.meter(["m"], [1]) == [1]
         assert (await app.check_readiness()).status == shoal.HealthStatus.HEALTHY
+
+
+TIMEOUT = 0.3       # the stores' socket_timeout in the tests below
+
+
+@pytest.fixture(params=["wrong port", "wrong database", "rediss:// to a plain server",
+                        "redis:// to a TLS port", "a server that never answers"])
+async def misconfigured(request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, str]]:
+    """An address as a deployment can get it wrong, and what the error must say."""
+    case = request.param
+    if case == "a server that never answers":
+        async with silent_server() as url:
+            yield url, f"no answer within {TIMEOUT:g} s"
+        return
+    server = Server(tls=case == "redis:// to a TLS port")
+    try:
+        if case == "wrong port":
+            yield server.url, f"127.0.0.1:{server.port}"      # nothing started there
+            return
+        server.start()
+        if case == "wrong database":
+            yield f"{server.url}/99", "refused database 99"  # 16 databases by default
+        elif case == "rediss:// to a plain server":
+            yield server.url.replace("redis://", "rediss://"), "check the scheme too"
+        else:
+            yield server.url.replace("rediss://", "redis://"), "starts with rediss://"
+    finally:
+        server.cleanup()
+
+
+async def test_a_misconfigured_redis_fails_every_call_within_a_documented_time(
+    misconfigured: tuple[str, str],
+) -> None:
+    """meter and provider calls raise StoreUnavailableError within the socket timeout (one
+    store call, nothing given back first); a lock request once it could not ask for a whole
+    lease (docs/coordination.md: lease + 4 socket timeouts + 1 s at most); slots stay None."""
+    url, says = misconfigured
+    app = shoal.App("misconfigured", store="memory://", instance_id="solo", lease=LEASE,
+                    membership_interval=0.2,
+                    coordination=RedisCoordStore(url, prefix=new_prefix(),
+                                                 socket_timeout=TIMEOUT))
+    heard: list[object] = []
+    async with app:
+        app.on_assigned(heard.append)
+        llm = app.provider("llm", max_concurrent=2, requests_per_minute=100,
+                           breaker=shoal.Breaker())
+
+        async def call() -> None:
+            async with llm.call(tokens=10, timeout=30):
+                raise AssertionError("the call went without a store")
+
+        async def lock() -> None:
+            async with app.lock("settlement"):
+                raise AssertionError("locked without a store")
+
+        for what, op, least, most in (
+            ("meter", app.meter(["m"], [1]), 0.0, TIMEOUT + 0.5),
+            ("provider.call", call(), 0.0, TIMEOUT + 0.5),
+            ("lock", lock(), LEASE - 0.1, LEASE + 4 * TIMEOUT + 1.0 + 0.5),
+        ):
+            started = time.monotonic()
+            with pytest.raises(shoal.StoreUnavailableError) as e:
+                await asyncio.wait_for(op, most + 5)
+            took = time.monotonic() - started
+            assert least <= took <= most, f"{what} took {took:.2f} s"
+            assert says in str(e.value), (what, str(e.value))
+        assert app.slots(4) is None and heard == [None]
 
 
 def test_addresses_carry_no_credentials() -> None:

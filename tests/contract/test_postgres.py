@@ -393,13 +393,13 @@ async def test_a_schema_at_version_11_gets_run_tracebacks(schema: str) -> None:
     """Migration 12 adds the runs' tracebacks: the rows and checks of test_stores.py's SQLite
     test."""
     from test_rate_postgres import _schema_at
-    from test_stores import RUN_ROWS_AT_11, check_the_tracebacks_after_12
+    from test_stores import RUN_ROWS_AT_11, check_the_tracebacks_after_13
 
     applied = _schema_at(schema, 11, *RUN_ROWS_AT_11)   # the schema as shoal left it at 11
     assert applied == list(range(1, 12))
     store = await _open(schema)
     try:
-        assert await store.migrate() >= 12
-        await check_the_tracebacks_after_12(store)
+        assert await store.migrate() >= 13
+        await check_the_tracebacks_after_13(store)
     finally:
         await store.close()

@@ -88,7 +88,7 @@ RUN_ROWS_AT_11 = (
 )
 
 
-async def check_the_tracebacks_after_12(store: Store) -> None:
+async def check_the_tracebacks_after_13(store: Store) -> None:
     """The runs of RUN_ROWS_AT_11 after migration 12: none has a traceback, and the running one
     keeps the traceback its settlement brings."""
     old = await store.get_run("r1")
@@ -105,5 +105,5 @@ async def test_a_store_at_version_11_gets_run_tracebacks(tmp_path: Path) -> None
     assert applied == list(range(1, 12))
 
     async with sqlite_store(path) as store:
-        assert await store.migrate() >= 12
-        await check_the_tracebacks_after_12(store)
+        assert await store.migrate() >= 13
+        await check_the_tracebacks_after_13(store)

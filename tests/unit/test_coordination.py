@@ -278,6 +278,47 @@ async def test_a_waiter_keeps_waiting_through_an_outage(
     await b._locks.release(task.result())
 
 
+async def test_a_waiter_gives_up_once_the_store_failed_for_a_whole_lease(
+    clock: VirtualClock, two: list[shoal.App], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lock waits as long as it takes for its holders, not for a store it cannot ask."""
+    _, b = two
+    asks: list[float] = []
+
+    async def down(*args: Any) -> Any:
+        asks.append(clock.now())
+        raise shoal.StoreUnavailableError("Redis at redis://10.0.0.9:6379/0 is unavailable")
+
+    monkeypatch.setattr(b.store, "lock_acquire", down)
+    monkeypatch.setattr(b.store, "lock_release", down)
+    started = clock.now()
+    task = asyncio.create_task(b.lock(["k", "j"]).__aenter__())
+    for _ in range(int(LEASE) - 1):
+        await clock.advance(1)
+    assert not task.done(), "gave up before a lease had passed"
+    await clock.advance(2)
+    assert task.done(), "still waiting a lease after the store stopped answering"
+    with pytest.raises(shoal.StoreUnavailableError) as e:
+        await task
+    assert str(e.value).startswith("app.lock(['k', 'j']) gave up: the coordination store could "
+                                   "not be asked for 30 s (the lease); last error: "
+                                   "StoreUnavailableError: Redis at redis://10.0.0.9:6379/0")
+    assert len([t for t in asks if t - started <= LEASE]) > LEASE / 2, "it kept asking"
+
+
+async def test_a_waiter_behind_a_live_holder_waits_longer_than_a_lease(
+    clock: VirtualClock, two: list[shoal.App]
+) -> None:
+    a, b = two
+    async with a.lock("k"):
+        task = asyncio.create_task(b.lock("k").__aenter__())
+        for _ in range(int(3 * LEASE)):
+            await clock.advance(1)
+        assert not task.done()
+    await until(lambda: _done(task))
+    await b._locks.release(task.result())
+
+
 async def test_a_cancelled_waiter_leaves_the_queue(two: list[shoal.App]) -> None:
     a, b = two
     first = await a.lock("k").__aenter__()

@@ -4,7 +4,9 @@ A request queues in the store (FIFO by ticket) and waits until the store names i
 line (a release wakes the new first waiter only: NOTIFY, pub/sub, an in-process event), or until
 what it waits for ends by itself (the lease of the holder or of the waiter right ahead of it),
 or a third of its lease has passed (it asks again to keep its place; a lost wake-up costs at most
-that).
+that). A request waits as long as it takes for the holders, but not for a store it cannot ask:
+once its asks have failed for a whole lease (each one bounded by the store's own time-out, such
+as Redis' ``socket_timeout``), it raises StoreUnavailableError.
 Once held, the lock is renewed every lease/3; :attr:`Lock.signal` is set as soon as it is lost:
 a renewal refused, or no renewal confirmed before the lease ran out (store unreachable, a pause).
 """
@@ -22,7 +24,7 @@ from typing import Any, TypeVar
 from shoal.abort import AbortSignal
 from shoal.clock import Clock
 from shoal.coord.base import CoordStore, LockGrant
-from shoal.errors import LockLostError
+from shoal.errors import LockLostError, StoreUnavailableError
 
 log = logging.getLogger("shoal")
 T = TypeVar("T")
@@ -128,25 +130,26 @@ class LockManager:
         granted: LockGrant | None = None
         try:
             async with coord.lock_watch(self.namespace, keys, holder) as watch:
-                failing = False
+                failing: float | None = None      # when the first of the failed asks was sent
                 while granted is None:
                     sent = self.clock.now()
                     try:
                         got = await coord.lock_acquire(self.namespace, keys, holder, self.lease,
                                                        sent)
                     except Exception as e:
-                        if not failing:
+                        if failing is None:
+                            failing = sent
                             log.warning("lock.unavailable: %s: %s; still waiting for %s",
                                         type(e).__name__, e, list(keys),
                                         extra={"event": "lock.unavailable"})
-                        failing = True
+                        self._give_up_after_a_lease(keys, failing, e)
                         # the store may have granted it before the error: give back whatever
                         # we have, or we would queue behind ourselves until our own lease ends
                         with contextlib.suppress(Exception):
                             await coord.lock_release(self.namespace, keys, holder)
                         await self.clock.sleep(min(self.lease / 3, 1.0))
                         continue
-                    failing = False
+                    failing = None
                     if isinstance(got, LockGrant):
                         if self.clock.now() < sent + self.lease:
                             granted = got
@@ -168,6 +171,20 @@ class LockManager:
                                                      name=f"shoal-lock-{keys[0]}")
         self._notify("on_lock_acquired", keys, key_group(keys), lock.waited)
         return lock
+
+    def _give_up_after_a_lease(self, keys: tuple[str, ...], failing: float,
+                               error: Exception) -> None:
+        """Raise StoreUnavailableError once the asks have failed for a whole lease (from
+        ``failing``, when the first of them was sent): a lock waits as long as it takes for its
+        holders, not for a store it cannot reach (its place in the queue ends with that lease
+        anyway)."""
+        if self.clock.now() - failing < self.lease:
+            return
+        raise StoreUnavailableError(
+            f"app.lock({list(keys)!r}) gave up: the coordination store could not be asked for "
+            f"{self.lease:g} s (the lease); last error: {type(error).__name__}: {error}. "
+            f"Check that the store can be reached (its address, database and TLS), then ask "
+            f"again.") from error
 
     async def release(self, lock: Lock) -> None:
         lost = lock.signal.aborted

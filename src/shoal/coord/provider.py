@@ -29,8 +29,9 @@ import secrets
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+from shoal import _checks
 from shoal.clock import Clock
 from shoal.coord.base import (
     Admitted,
@@ -46,10 +47,13 @@ from shoal.coord.lock import first_of
 from shoal.errors import BudgetExceededError, CircuitOpenError, RateLimitTimeoutError
 
 log = logging.getLogger("shoal")
+T = TypeVar("T")
 
 MINUTE = 60.0
 SLOT_LEASE = 60.0           # a call's concurrency slot, renewed every third of it while it runs
 POLL = 0.25                 # how often a waiter looks again for room freed by another instance
+NO_ANSWER = "an answer from the coordination store"   # what a call waited for when it did not
+ANSWER_GRACE = 1.0          # the least time a question to the store is given, even past a timeout
 
 
 @dataclass(frozen=True)
@@ -65,13 +69,9 @@ class Breaker:
     cooldown: float = 30.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.failures, int) or self.failures < 1:
-            raise ValueError(f"Breaker(failures) must be an int >= 1, not {self.failures!r}.")
+        _checks.integer(self.failures, "Breaker(failures)", _checks.VALUE, low=1)
         for name in ("window", "cooldown"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(f"Breaker({name}) must be a positive number of seconds, not "
-                                 f"{value!r}.")
+            _checks.seconds(getattr(self, name), f"Breaker({name})", _checks.VALUE, above=True)
 
 
 @dataclass(frozen=True)
@@ -291,6 +291,15 @@ async def _shielded(work: Awaitable[None]) -> None:
 _running: set[asyncio.Future[None]] = set()     # shielded work a cancelled caller left running
 
 
+def _store_failed(error: BaseException) -> bool:
+    """Whether admission ended because the store failed or did not answer (not because a limit,
+    the breaker or a budget said no, nor a cancel): asking it to give back would fail alike."""
+    if isinstance(error, RateLimitTimeoutError):
+        return error.limit == NO_ANSWER
+    return isinstance(error, Exception) and not isinstance(
+        error, (CircuitOpenError, BudgetExceededError))
+
+
 class Provider:
     """A model provider's limits, shared by every replica of the app.
 
@@ -371,7 +380,8 @@ class Provider:
     def call(self, tokens: int = 0, *, tenant: str | None = None, timeout: float | None = None,
              cost: float | None = None) -> ProviderCall:
         """``async with provider.call(tokens=…) as call``: wait until this call may go (up to
-        ``timeout`` seconds, else RateLimitTimeoutError), then make it. ``tokens`` is the
+        ``timeout`` seconds, else RateLimitTimeoutError, also when the store has not answered
+        by then), then make it. ``tokens`` is the
         estimate counted against tokens_per_minute (correct it with ``call.used``); ``cost``
         the estimated cost reserved under the budgets (default: tokens * price_per_token).
         The tenant defaults to the current run's. Raises CircuitOpenError at once while the
@@ -430,6 +440,21 @@ class Provider:
         for what the call holding the turn waits for."""
         return RateLimitTimeoutError(
             self.name, self._waiting_for or "its turn behind this instance's other calls")
+
+    async def _answer(self, work: Awaitable[T], deadline: float | None) -> T:
+        """What the store answers ``work`` (one store call), or RateLimitTimeoutError (waiting
+        for :data:`NO_ANSWER`) once ``deadline`` has passed without an answer: a store that never
+        answers cannot hold a call past its timeout. A question asked with less than
+        :data:`ANSWER_GRACE` left is given that long (``timeout=0`` asks once, and a network
+        store takes a moment to answer). The call is cancelled then; what it may have taken is
+        given back as after any other timeout (see :class:`_Taken`)."""
+        if deadline is None:
+            return await work
+        task = asyncio.ensure_future(work)
+        left = max(deadline - self.clock.now(), ANSWER_GRACE)
+        if not await first_of(task, self.clock, left):
+            raise RateLimitTimeoutError(self.name, NO_ANSWER)
+        return task.result()
 
     async def _circuit(self, now: float) -> tuple[float, float]:
         """The circuit's counters: (openings, closings); tripped while the first is larger."""
@@ -491,7 +516,8 @@ class Provider:
                 taken.trial = self.breaker is not None
                 taken.tenant_slot = self.tenant_max_concurrent is not None
                 taken.slot = self.max_concurrent is not None
-                got = await self._rates().admit(self.namespace, holder, needs, now)
+                got = await self._answer(
+                    self._rates().admit(self.namespace, holder, needs, now), deadline)
                 if isinstance(got, Admitted):
                     taken.trial = got.trial is not None
                     taken.generation = got.trial or 0.0
@@ -702,10 +728,13 @@ class ProviderCall:
                     else p.clock.now() + self._timeout)
         if p.breaker is not None and p._turns.busy:
             # fail fast while the circuit is open, rather than wait for the turn to find out
-            until = await p.open_until()
+            until = await p._answer(p.open_until(), deadline)
             if until is not None:
                 raise CircuitOpenError(p.name, until)
-        self._scopes = await p.ledger.reserve(self.spender, self._estimate, p.currency)
+        # a reservation the store made but never confirmed in time stays counted: a budget
+        # errs on the side of refusing, never of passing its limit
+        self._scopes = await p._answer(
+            p.ledger.reserve(self.spender, self._estimate, p.currency), deadline)
         self._taken.tenant = tenant
         try:
             while True:
@@ -722,8 +751,14 @@ class ProviderCall:
                 # the turn meanwhile find the same cap and step out too; a provider-wide limit
                 # is still waited for holding the turn (it is every tenant's).
                 await p._wait(capped.until, deadline, capped.why, capped.freed, turn=False)
-        except BaseException:
-            await _shielded(self._undo())
+        except BaseException as e:
+            if _store_failed(e):
+                # the store failed or did not answer: giving back would wait for it again (a
+                # store timeout per step, or for ever), so it goes on without the caller
+                _running.add(task := asyncio.ensure_future(self._undo()))
+                task.add_done_callback(_running.discard)
+            else:
+                await _shielded(self._undo())
             raise
         if p.max_concurrent is not None or p.tenant_max_concurrent is not None \
                 or self._taken.trial:
@@ -825,9 +860,11 @@ def check_provider_options(name: str, max_concurrent: Any, requests_per_minute: 
                            tokens_per_minute: Any, breaker: Any, price_per_token: Any,
                            tenant_max_concurrent: Any = None,
                            tenant_requests_per_minute: Any = None,
-                           tenant_tokens_per_minute: Any = None) -> None:
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"app.provider(name): a non-empty str, not {name!r}.")
+                           tenant_tokens_per_minute: Any = None,
+                           currency: Any = "usd") -> None:
+    """Raise ``ValueError`` naming the first option of ``app.provider(...)`` that cannot
+    work."""
+    _checks.text(name, "app.provider(name)", _checks.VALUE)
     for option, value in (("max_concurrent", max_concurrent),
                           ("requests_per_minute", requests_per_minute),
                           ("tokens_per_minute", tokens_per_minute),
@@ -841,7 +878,9 @@ def check_provider_options(name: str, max_concurrent: Any, requests_per_minute: 
     if breaker is not None and not isinstance(breaker, Breaker):
         raise ValueError(f"app.provider({name!r}, breaker=…) takes a shoal.Breaker, not "
                          f"{breaker!r}.")
-    if price_per_token is not None and (not isinstance(price_per_token, (int, float))
-                                        or price_per_token < 0):
-        raise ValueError(f"app.provider({name!r}, price_per_token=…) takes a number >= 0, not "
-                         f"{price_per_token!r}.")
+    if price_per_token is not None and (
+            isinstance(price_per_token, bool) or not isinstance(price_per_token, (int, float))
+            or not math.isfinite(price_per_token) or price_per_token < 0):
+        raise ValueError(f"app.provider({name!r}, price_per_token=…) takes a finite number "
+                         f">= 0, not {price_per_token!r}.")
+    _checks.text(currency, f"app.provider({name!r}, currency)", _checks.VALUE)

@@ -84,7 +84,8 @@ class Redlock:
       waiters can come first on different servers. A split like that is resolved by releasing
       the partial grants and asking again after a short random delay (``retry_at``).
     - A server that cannot be reached counts as a refusal, not an error. If no majority can be
-      reached at all, ``lock_acquire`` answers LockWait (keep waiting, retry shortly) and
+      reached at all, ``lock_acquire`` raises StoreUnavailableError (having given back what a
+      minority granted: the caller retries, and gives up once that has lasted a lease) and
       ``lock_renew`` raises StoreUnavailableError (the caller retries while its lease lasts,
       then reports the lock lost).
     - ``lock_renew`` is True only when a majority renewed, False when a majority refused;
@@ -143,18 +144,23 @@ class Redlock:
                 [s for s, _ in granted], lambda s: s.raise_fence(namespace, keys, token))
             if sum(not isinstance(r, StoreUnavailableError) for r in raised) >= self.quorum:
                 return LockGrant(token, min(g.expires_at for _, g in granted))
+        answered = len(granted) + len(waits)
         if granted:
-            # a split vote (or a failed raise): give the partial grants back (and whatever an
-            # unanswered server may have granted), keep the places in the other servers'
-            # queues, and ask again shortly
+            # a split vote (or a failed raise, or too few answers): give the partial grants back
+            # (and whatever an unanswered server may have granted), keep the places in the
+            # other servers' queues, and ask again shortly
             back = [s for s, a in zip(self.stores, answers, strict=True)
                     if not isinstance(a, LockWait)]
             await self._each(back, lambda s: s.lock_release(namespace, keys, holder))
-            retry_at = now + random.uniform(0.02, 0.2)
-        elif len(waits) >= self.quorum:
-            retry_at = min(w.retry_at for w in waits)
-        else:
-            retry_at = now + random.uniform(0.5, 1.0)       # no majority reachable at all
+        if answered < self.quorum:
+            # like a single store that cannot be reached: the caller retries, and gives up
+            # after a lease of this
+            raise StoreUnavailableError(
+                f"Redlock: only {answered} of {len(self.stores)} servers answered the lock "
+                f"request for {list(keys)}; a majority ({self.quorum}) is needed.")
+        # after a split vote, shortly; else when the majority's queues say
+        retry_at = (now + random.uniform(0.02, 0.2) if granted
+                    else min(w.retry_at for w in waits))
         ticket = min((w.ticket for w in waits), default=0)
         return LockWait(ticket, retry_at)
 

@@ -16,7 +16,8 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar, cast, overload
 
-from shoal import _json
+from shoal import _checks, _json
+from shoal._checks import CALL
 from shoal._ids import new_id
 from shoal.abort import AbortSignal
 from shoal.errors import (
@@ -88,6 +89,7 @@ class Tree:
         ctx._outside_step(f"ctx.tree.save_if_absent({key!r}, ...)")
         _json.check_json(value, f"the value of tree key {key!r}")
         engine = ctx._engine
+        value = _json.checked(value, f"the value of tree key {key!r}", engine.max_payload_bytes)
 
         async def save() -> bool:
             claimant = ctx.step_key or ctx.run_id
@@ -127,6 +129,9 @@ class Outbox:
     ``max_deliveries``. Entries are written in the step's own checkpoint, so a step that runs
     again does not send them twice."""
 
+    def __init__(self, max_bytes: int | None = None) -> None:
+        self._max_bytes = max_bytes   # App(max_payload_bytes): the largest payload
+
     def send(self, topic: str, payload: Any = None) -> None:
         """Record an entry for ``topic``; call it inside a ``ctx.step`` function."""
         buffer = _current_outbox.get()
@@ -136,8 +141,8 @@ class Outbox:
                 f"function given to ctx.step, so the entry is recorded with that step.")
         if not isinstance(topic, str) or not topic:
             raise TypeError(f"an outbox topic is a non-empty str, not {topic!r}")
-        _json.check_json(payload, f"the payload of outbox entry {topic!r}")
-        buffer.append((topic, copy.deepcopy(payload)))
+        buffer.append((topic, _json.checked(payload, f"the payload of outbox entry {topic!r}",
+                                            self._max_bytes)))
 
 
 class ChildRun:
@@ -176,7 +181,7 @@ class _StepCall:
         self.started = False
 
 
-@dataclass
+@dataclass(eq=False)   # each execution is itself: kept in sets by identity
 class Execution:
     """One local execution of a claimed run."""
 
@@ -198,6 +203,9 @@ class Execution:
     # A step's thread still runs after the run was interrupted: the claim is not released, so
     # no other instance runs the step beside it before the lease lapses
     thread_running: bool = False
+    # the last step thread started: a thread cannot be stopped, so the engine counts the
+    # execution as alive (holding its slot, barring a new execution of the run) until it ends
+    thread: asyncio.Future[Any] | None = None
     # ctx.step(...) calls whose coroutine has not started yet, and the names of those dropped
     # without ever starting (an await left out)
     unstarted: set[_StepCall] = field(default_factory=set)
@@ -293,7 +301,7 @@ class RunContext:
         # await ctx.step(name, fn, *args, **kwargs); options: ctx.step.with_options(retries=N)
         self.step = StepCaller(self)
         self.tree = Tree(self)
-        self.outbox = Outbox()
+        self.outbox = Outbox(engine.max_payload_bytes)
 
     def _next(self, name: str) -> tuple[int, Step | None]:
         # Sticky: once the run has durably yielded or lost its claim, every later ctx call
@@ -401,7 +409,8 @@ class RunContext:
             _current_outbox.reset(token)
         if self._x.misuse is not None:   # refused inside the function, which caught it
             raise self._x.misuse
-        _json.check_json(result, f"the result of step {name!r}")
+        result = _json.checked(result, f"the result of step {name!r}",
+                               self._engine.max_payload_bytes)
         step = Step(seq, name, result, True, self._x.fence.epoch)
         engine = self._engine
         sent = engine.clock.now()
@@ -425,6 +434,7 @@ class RunContext:
         (nobody runs it again); an interrupted one is not released but left to its lease, so
         another instance runs the step again only a lease later, not beside the thread."""
         work = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
+        self._x.thread = work
         try:
             return await asyncio.shield(work)
         except asyncio.CancelledError:
@@ -463,6 +473,7 @@ class RunContext:
         """Sleep durably: the run gives up its slot and its claim, and is delivered again (to any
         instance) once ``seconds`` have passed. Does not count as an attempt."""
         self._outside_step(f"ctx.sleep({seconds!r})")
+        _checks.finite(seconds, "ctx.sleep(seconds)", CALL)
         seq, recorded = self._next("shoal.sleep")
         if recorded is not None and recorded.finished:
             return
@@ -488,6 +499,9 @@ class RunContext:
         sent before the wait is kept and returned at once. Raises ``TimeoutError`` once
         ``timeout`` seconds have passed without one. The run holds no slot while it waits."""
         self._outside_step(f"ctx.wait_for({name!r})")
+        _checks.text(name, "ctx.wait_for(name)", CALL)
+        if timeout is not None:
+            _checks.finite(timeout, "ctx.wait_for(timeout)", CALL)
         step_name = f"shoal.wait_for:{name}"
         seq, recorded = self._next(step_name)
         if recorded is not None and recorded.finished:
@@ -526,6 +540,9 @@ class RunContext:
         concurrency key, until ``app.resume(pause_id, ...)`` on any instance, or until
         ``expires_in`` seconds pass (then it is denied with ``reason="expired"``)."""
         self._outside_step(f"ctx.approval({name!r}, ...)")
+        _checks.text(name, "ctx.approval(name)", CALL)
+        if expires_in is not None:
+            _checks.finite(expires_in, "ctx.approval(expires_in)", CALL)
         step_name = f"shoal.approval:{name}"
         seq, recorded = self._next(step_name)
         if recorded is not None and recorded.finished:
@@ -533,7 +550,8 @@ class RunContext:
         engine = self._engine
         now = engine.clock.now()
         if recorded is None:
-            _json.check_json(request, f"the request of approval {name!r}")
+            request = _json.checked(request, f"the request of approval {name!r}",
+                                    engine.max_payload_bytes)
             run = self._x.run
             pause = Pause(
                 id=new_id(now), namespace=run.namespace, tenant=run.tenant, run_id=run.id,

@@ -14,6 +14,8 @@ from datetime import datetime, timedelta, tzinfo
 
 from croniter import croniter
 
+from shoal import _checks
+from shoal._checks import CONFIG
 from shoal.errors import ConfigurationError
 
 # how far from an instant a change of offset is looked for (changes are at most 2 hours)
@@ -35,21 +37,22 @@ class CronTrigger:
     @classmethod
     def parse(cls, expression: str, *, name: str, workflow: str, tz: str,
               catch_up: float) -> CronTrigger:
+        """The trigger; raises ``ConfigurationError`` naming the option that cannot work."""
+        _checks.text(name, "@app.cron(name)", CONFIG)
         if not isinstance(expression, str) or not croniter.is_valid(expression):
             raise ConfigurationError(
                 f"Cron trigger {name!r}: {expression!r} is not a cron expression; write five "
                 f"fields 'minute hour day month weekday' (or six, seconds last), e.g. "
                 f"'*/5 * * * *'.")
+        _checks.text(tz, f"Cron trigger {name!r}: tz", CONFIG)
         try:
             zone = zoneinfo.ZoneInfo(tz)
         except (zoneinfo.ZoneInfoNotFoundError, ValueError):
             raise ConfigurationError(
                 f"Cron trigger {name!r}: unknown time zone {tz!r}; use an IANA name such as "
                 f"'UTC' or 'Europe/Paris'.") from None
-        if not isinstance(catch_up, (int, float)) or catch_up < 0:
-            raise ConfigurationError(
-                f"Cron trigger {name!r}: catch_up must be seconds >= 0, not {catch_up!r}.")
-        return cls(name, expression, workflow, zone, float(catch_up))
+        return cls(name, expression, workflow, zone,
+                   _checks.seconds(catch_up, f"Cron trigger {name!r}: catch_up", CONFIG))
 
     @property
     def every_pass(self) -> bool:

@@ -62,6 +62,70 @@ async def _call_handler(fn: Callable[..., Any], timeout: float, *args: Any) -> N
     if inspect.isawaitable(result):
         await result
 
+async def _ended(x: Execution) -> None:
+    """Wait until the execution ``x`` and any step thread it left behind have ended."""
+    for work in (x.task, x.thread):
+        if work is not None and not work.done():
+            await asyncio.wait({work})
+
+
+class BackgroundPass:
+    """A pass of background work (outbox delivery, pause notification) that runs at most once at
+    a time, in a task of its own, so nothing else waits for it: ``trigger()`` starts it, or, if
+    it is running, has it go once more when done (work may have arrived after it looked)."""
+
+    def __init__(self, name: str, job: Callable[[], Awaitable[None]]) -> None:
+        self.name = name
+        self._job = job
+        self._task: asyncio.Task[None] | None = None
+        self._again = False
+
+    def trigger(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._again = True
+            return
+        self._task = asyncio.create_task(self._run(), name=f"shoal-{self.name}")
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def _run(self) -> None:
+        while True:
+            self._again = False
+            try:
+                await self._job()
+            except Exception as e:
+                log.warning("%s.failed: %s: %s", self.name, type(e).__name__, e,
+                            extra={"event": f"{self.name}.failed"})
+            if not self._again:
+                return
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            await _cancel_and_wait(task)
+
+
+async def _cancel_and_wait(task: asyncio.Task[Any], grace: float = 1.0) -> None:
+    """Cancel ``task`` and wait for it to end, at most ``grace`` real seconds: a task that
+    swallows its cancellation (a library racing it with its own wait) is cancelled again
+    until it ends or the grace is over, so a stop never hangs on it."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=min(0.05, max(0.0, deadline - loop.time())))
+        if loop.time() >= deadline:
+            break
+    if not task.done():
+        log.warning("stop.stuck: task %s did not end within %.1f s of its cancellation",
+                    task.get_name(), grace, extra={"event": "stop.stuck"})
+        return
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("task %s ended with %r", task.get_name(), task.exception())
+
+
 WorkflowFn = Callable[[RunContext, Any], Awaitable[Any]]
 ErrorHandler = Callable[[BaseException], Any]
 PauseHandler = Callable[[Pause], Any]
@@ -126,8 +190,11 @@ class Engine:
         observers: list[Any] | None = None,
         spend: Callable[[RunContext, float, str], Awaitable[None]] | None = None,
         prune_more: Callable[[float], Awaitable[None]] | None = None,
+        heartbeat: float | None = None,
+        max_payload_bytes: int = _json.MAX_PAYLOAD_BYTES,
     ) -> None:
         self.store = store
+        self.max_payload_bytes = max_payload_bytes
         self.spend = spend
         self._prune_more = prune_more
         self.clock = clock
@@ -136,6 +203,8 @@ class Engine:
         self.slots = slots
         self.lease = lease
         self.poll_interval = lease / 3
+        # renewals keep a schedule of their own: nothing else the engine does waits in front
+        self.heartbeat = heartbeat if heartbeat is not None else lease / 3
         self.workflows = workflows
         self.max_queued = max_queued
         self.run_retention = run_retention
@@ -148,19 +217,24 @@ class Engine:
         self.version = version
         self._observers = observers if observers is not None else []
         self._incompatible_logged: set[str] = set()
-        self._delivery_lock = asyncio.Lock()
-        self._notify_lock = asyncio.Lock()
+        self._delivery = BackgroundPass("outbox.delivery", self.deliver_outbox)
+        self._notification = BackgroundPass("pause.notify", self.notify_pauses)
         self._on_error = on_error
-        self._local: dict[str, Execution] = {}
+        self._local: dict[str, Execution] = {}   # the newest execution of each run here
+        # every execution still alive here (its task, or a step's thread it left behind): each
+        # holds a slot, and a run is never executed twice at once in this process
+        self._executions: set[Execution] = set()
         self._accepting = False
         self._kicked = asyncio.Event()
         self._background: list[asyncio.Task[None]] = []
+        self._heartbeat: asyncio.Task[None] | None = None
         self._timers: set[asyncio.Task[None]] = set()
         self._settled = asyncio.Event()
         self._closing = False
         self._pass_lock = asyncio.Lock()
         self.last_poll_at: float | None = None   # the last poll that succeeded
         self.last_loop_at: float | None = None   # the last poll that came back at all
+        self.last_beat_at: float | None = None   # the last renewal pass that came back
         self.started_at = clock.now()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -172,33 +246,37 @@ class Engine:
             self._background.append(asyncio.create_task(self._cron_loop(trigger)))
         for coro in (self._poll_loop(), self._schedule_loop(), self._watch_loop()):
             self._background.append(asyncio.create_task(coro))
+        self._heartbeat = asyncio.create_task(self._heartbeat_loop(), name="shoal-heartbeat")
 
     async def close(self, timeout: float) -> None:
         """Stop claiming, wait up to ``timeout`` for local runs, then interrupt the rest: each
         releases its claim at once (``interrupted``) for another instance's next poll."""
         self._accepting = False
         self._closing = True
+        # Maintenance stops first; the heartbeat goes on renewing the runs still draining.
+        background, self._background = self._background, []
+        for task in background:
+            await _cancel_and_wait(task)
+        await self._delivery.stop()
+        await self._notification.stop()
         async with self._pass_lock:
             pass   # a pass already inside claim_runs launches what it got: count those too
-        tasks = [x.task for x in self._local.values() if x.task is not None]
+        tasks = [x.task for x in self._executions if x.task is not None]
         if tasks:
             waiter = asyncio.ensure_future(asyncio.wait(tasks))
             deadline = asyncio.ensure_future(self.clock.sleep(timeout))
             await asyncio.wait({waiter, deadline}, return_when=asyncio.FIRST_COMPLETED)
             deadline.cancel()
             waiter.cancel()
-        for x in list(self._local.values()):
+        for x in list(self._executions):
             if not x.finishing:   # one already writing its end is let finish
                 self._abort(x, "interrupt", asyncio.CancelledError("the instance is stopping"))
-        remaining = [x.task for x in self._local.values() if x.task is not None]
+        remaining = [x.task for x in self._executions if x.task is not None]
         if remaining:
             await asyncio.wait(remaining)
-        for task in [*self._background, *self._timers]:
-            task.cancel()
-        for task in [*self._background, *self._timers]:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self._background.clear()
+        for task in [self._heartbeat, *self._timers] if self._heartbeat else list(self._timers):
+            await _cancel_and_wait(task)
+        self._heartbeat = None
         self._timers.clear()
 
     def kick(self) -> None:
@@ -207,7 +285,8 @@ class Engine:
 
     @property
     def running(self) -> int:
-        return len(self._local)
+        """Executions alive here, each holding a slot (a step's thread left running counts)."""
+        return len(self._executions)
 
     async def wait_settled(self, timeout: float) -> None:
         """Return when a local run settles, or after ``timeout`` real seconds."""
@@ -217,16 +296,28 @@ class Engine:
 
     # -- loops -----------------------------------------------------------------------------
 
-    async def _poll_loop(self) -> None:
-        # Runs until close() cancels it: while a stop drains, it keeps renewing the leases of
-        # the runs still finishing (and claims nothing), so a drain longer than the lease
-        # does not hand them to another instance as crashed.
+    async def _heartbeat_loop(self) -> None:
+        # Runs until close() cancels it, after the last local run ended: while a stop drains,
+        # it keeps renewing the leases of the runs still finishing, so a drain longer than the
+        # lease does not hand them to another instance as crashed. It does nothing but renew,
+        # so no other work (delivery, recovery, a slow handler) can make a healthy instance
+        # lose its own runs.
         while True:
             try:
-                if self._closing:
-                    await self._renew()
-                else:
-                    await self.poll()
+                await self._renew()
+            except asyncio.CancelledError:
+                if _really_cancelled():
+                    raise
+            except Exception as e:
+                log.warning("renew.failed: %s", e, extra={"event": "renew.failed"})
+                await self._report(e)
+            self.last_beat_at = self.clock.now()
+            await self.clock.sleep(self.heartbeat)
+
+    async def _poll_loop(self) -> None:
+        while not self._closing:
+            try:
+                await self.maintain()
             except asyncio.CancelledError:
                 if _really_cancelled():
                     raise
@@ -241,9 +332,14 @@ class Engine:
             await self.clock.sleep(self.poll_interval)
 
     async def poll(self) -> None:
-        """One poll: renew local leases, recover expired or released claims, release held runs,
-        then a scheduling pass."""
+        """One poll now: renew local leases, then :meth:`maintain`."""
         await self._renew()
+        await self.maintain()
+
+    async def maintain(self) -> None:
+        """Maintenance, every poll interval: deny expired approvals, start the notification
+        and delivery passes (in the background), recover expired or released claims, release
+        held runs, a scheduling pass, retention. Renewals are not here: see the heartbeat."""
         await self.tick()
         now = self.clock.now()
         for run in await self.store.recover_runs(self.namespace, now):
@@ -268,27 +364,29 @@ class Engine:
         self.last_poll_at = self.clock.now()
 
     async def tick(self) -> None:
-        """Deny expired approvals (their runs become due), send pending notifications, deliver
-        due outbox entries."""
+        """Deny expired approvals (their runs become due); start the notification and delivery
+        passes, which run in the background, one of each at a time."""
         for pause in await self.store.expire_pauses(self.namespace, self.clock.now()):
             log.info("pause.expired: %s of run %s", pause.id, pause.run_id,
                      extra={"event": "pause.expired", "run_id": pause.run_id})
-        await self.notify_pauses()
-        await self.deliver_outbox()
+        if self._on_pause_notify:
+            self._notification.trigger()
+        if self._outbox_handlers:
+            self._delivery.trigger()
 
     def outbox_written(self) -> None:
         """A step just wrote outbox entries here: deliver them now, not at the next poll."""
-        if self._outbox_handlers:
-            self._soon(self.deliver_outbox)
+        if self._outbox_handlers and not self._closing:
+            self._delivery.trigger()
 
     async def deliver_outbox(self) -> None:
         """Hand due entries of the topics this instance handles to their handlers: delivered on
-        success; otherwise due again after a backoff, or dead after ``max_deliveries``."""
+        success; otherwise due again after a backoff, or dead after ``max_deliveries``. Called
+        by the delivery pass only (one at a time: each entry is taken once here)."""
         if not self._outbox_handlers:
             return
-        async with self._delivery_lock:   # one pass at a time: each entry taken once here
-            while await self._deliver_batch():
-                pass
+        while await self._deliver_batch():
+            pass
 
     async def _deliver_batch(self) -> bool:
         """Deliver one batch; True when it was full (more may be due)."""
@@ -319,21 +417,10 @@ class Engine:
                                 entry.key, error, delay,
                                 extra={"event": "outbox.retry", "run_id": entry.run_id})
                     await self.store.finish_delivery(entry.id, now, error, now + delay)
-                    self._wake_at(now + delay, self.deliver_outbox)
+                    self._wake_at(now + delay, self._delivery.trigger)
                 continue
             await self.store.finish_delivery(entry.id, self.clock.now())
         return len(entries) == DELIVERY_BATCH
-
-    def _soon(self, job: Callable[[], Awaitable[None]]) -> None:
-        async def run() -> None:
-            try:
-                await job()
-            except Exception as e:
-                log.warning("background.failed: %s", e, extra={"event": "background.failed"})
-
-        task = asyncio.create_task(run())
-        self._timers.add(task)
-        task.add_done_callback(self._timers.discard)
 
     async def start_child(self, parent: Run, workflow: Any, input: Any, key: str,
                           options: dict[str, Any]) -> Run:
@@ -344,32 +431,23 @@ class Engine:
 
     def pause_created(self) -> None:
         """A pause was just made here: announce it now rather than at the next poll."""
-        if self._on_pause_notify:
-            task = asyncio.create_task(self._notify_quietly())
-            self._timers.add(task)
-            task.add_done_callback(self._timers.discard)
-
-    async def _notify_quietly(self) -> None:
-        try:
-            await self.notify_pauses()
-        except Exception as e:
-            log.warning("pause.notify_failed: %s", e, extra={"event": "pause.notify_failed"})
+        if self._on_pause_notify and not self._closing:
+            self._notification.trigger()
 
     async def notify_pauses(self) -> None:
         """Call every on_pause_notify handler for each pause not yet announced; one taken by
         this instance is not sent by another for a lease, and is sent again until every
-        handler returned without raising."""
+        handler returned without raising. Called by the notification pass only."""
         if not self._on_pause_notify:
             return
-        async with self._notify_lock:
-            claimed_at = self.clock.now()
-            pauses = await self.store.claim_notifications(self.namespace, claimed_at,
-                                                          self.lease, DELIVERY_BATCH)
-            deadline = claimed_at + self.lease * 0.8
-            for pause in pauses:
-                if self.clock.now() >= deadline:
-                    return   # the rest is taken again once the lease passes
-                await self._notify_one(pause, deadline)
+        claimed_at = self.clock.now()
+        pauses = await self.store.claim_notifications(self.namespace, claimed_at,
+                                                      self.lease, DELIVERY_BATCH)
+        deadline = claimed_at + self.lease * 0.8
+        for pause in pauses:
+            if self.clock.now() >= deadline:
+                return   # the rest is taken again once the lease passes
+            await self._notify_one(pause, deadline)
 
     async def _notify_one(self, pause: Pause, deadline: float) -> None:
         try:
@@ -446,16 +524,22 @@ class Engine:
             except Exception as e:
                 log.debug("watch.failed: %s", e)
                 await asyncio.sleep(1.0)
-            if self._accepting and len(self._local) < self.slots:
+            if self._accepting and len(self._executions) < self.slots:
                 self.kick()
 
     async def _pass(self) -> None:
         async with self._pass_lock:   # two passes at once would claim past the free slots
             await self._claim_free_slots()
 
+    def _renewals_stalled(self) -> bool:
+        """A renewal pass is overdue (the store does not answer it, or this process was
+        frozen): runs claimed now could not be kept either."""
+        last = self.last_beat_at if self.last_beat_at is not None else self.started_at
+        return self.clock.now() - last > 2 * self.heartbeat
+
     async def _claim_free_slots(self) -> None:
-        while self._accepting:
-            free = self.slots - len(self._local)
+        while self._accepting and not self._renewals_stalled():
+            free = self.slots - len(self._executions)
             if free <= 0:
                 return
             sent = self.clock.now()
@@ -516,10 +600,28 @@ class Engine:
     def _launch(self, run: Run, held_until: float) -> None:
         x = Execution(run=run, fence=Fence(run.id, self.instance_id, run.lease_epoch),
                       held_until=held_until)
+        # An earlier execution of this run may still be alive here (its lease ran out while it
+        # wound down, or a step's thread outlived it): it is aborted, and awaited before the
+        # new one starts, so this process never runs the run twice at once.
+        earlier = [e for e in self._executions if e.run.id == run.id]
+        for e in earlier:
+            self._abort(e, "lost", LeaseLostError(run.id, self.instance_id))
         self._local[run.id] = x
-        x.task = asyncio.create_task(self._execute(x), name=f"shoal-run-{run.id}")
+        self._executions.add(x)
+        x.task = asyncio.create_task(self._execute(x, earlier), name=f"shoal-run-{run.id}")
+        x.task.add_done_callback(lambda _: self._retire(x))
 
-    async def _execute(self, x: Execution) -> None:
+    def _retire(self, x: Execution) -> None:
+        """``x`` is gone once its task ended and no step thread of it still runs."""
+        thread = x.thread
+        if thread is not None and not thread.done():
+            thread.add_done_callback(lambda _: self._retire(x))
+            return
+        if x in self._executions:
+            self._executions.discard(x)
+            self.kick()   # its slot is free
+
+    async def _execute(self, x: Execution, earlier: list[Execution]) -> None:
         run = x.run
         spec = self.workflows[run.workflow]
         ctx = RunContext(self, x)
@@ -527,6 +629,8 @@ class Engine:
         current_context.set(ctx)     # this task's context only
         try:
             try:
+                for e in earlier:
+                    await _ended(e)
                 if run.lease_epoch == 1:
                     await self._observe("on_run_start", run)
                 else:
@@ -537,7 +641,8 @@ class Engine:
                     except Exception as e:
                         raise StoreWriteFailed(e) from e
                 output = await spec.fn(ctx, copy.deepcopy(run.input))
-                _json.check_json(output, f"the output of workflow {run.workflow!r}")
+                output = _json.checked(output, f"the output of workflow {run.workflow!r}",
+                                       self.max_payload_bytes)
             except Suspended as s:
                 if s.until is not None:
                     self._wake_at(s.until)
@@ -680,18 +785,10 @@ class Engine:
         """Run a scheduling pass at ``when`` (app clock): a delayed run or a sleeper is due."""
         self._wake_at(when)
 
-    def _wake_at(self, when: float,
-                 then: Callable[[], Awaitable[None]] | None = None) -> None:
+    def _wake_at(self, when: float, then: Callable[[], None] | None = None) -> None:
         async def wake() -> None:
             await self.clock.sleep(max(0.0, when - self.clock.now()))
-            if then is None:
-                self.kick()
-            else:
-                try:
-                    await then()
-                except Exception as e:
-                    log.warning("background.failed: %s", e,
-                                extra={"event": "background.failed"})
+            (then or self.kick)()
 
         task = asyncio.create_task(wake())
         self._timers.add(task)

@@ -32,16 +32,19 @@ def open_store(url: str) -> Store:
 
 
 def mask_url(url: str) -> str:
-    """The URL with any password replaced by ``***``."""
+    """The URL with any password (``user:password@`` or ``?password=``) replaced by ``***``."""
+    import re
     from urllib.parse import urlsplit, urlunsplit
 
+    url = re.sub(r"([?&]password=)[^&#]*", r"\1***", url)
     try:
         parts = urlsplit(url)
+        password = parts.password
     except ValueError:
         return url
-    if parts.password is None:
+    if password is None:
         return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    netloc = parts.netloc.replace(f":{password}@", ":***@", 1)
     return urlunsplit(parts._replace(netloc=netloc))
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from importlib import resources
 
+from shoal.errors import SchemaVersionError
+
 _NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
 
 
@@ -27,3 +29,14 @@ def migrations(backend: str) -> list[tuple[int, str, str]]:
         if match:
             found.append((int(match.group(1)), entry.name, entry.read_text()))
     return sorted(found)
+
+
+def behind(store: str, backend: str, found: int, *, migrate: bool) -> bool:
+    """Whether a schema at version ``found`` (0: none) lacks migrations of ``backend``. A schema
+    newer than the newest migration is refused (a rolled-back deploy must not write rows the
+    newer code reads differently), and so is one behind when not ``migrate``: both with a
+    SchemaVersionError naming ``store`` and both versions."""
+    newest = max(number for number, _, _ in migrations(backend))
+    if found > newest or (found < newest and not migrate):
+        raise SchemaVersionError(store, found, newest)
+    return found < newest

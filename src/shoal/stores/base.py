@@ -72,10 +72,27 @@ class Run:
     finished_at: float | None
     # why the run was last delivered: dispatched (first start, or a retry), woke (a sleep or a
     # deadline), resumed (a signal, an approval, a child's end), recovered (after a crash or a
-    # stop); set by claim_runs
+    # stop), retried (started again by retry_run); set by claim_runs
     resume_reason: str | None = None
     # the traceback of the attempt that last settled (a failure, or a retry); None otherwise
     traceback: str | None = None
+
+
+# how long ``list_workflows`` remembers an instance that has not registered a workflow since
+WORKFLOW_INSTANCE_RETENTION = 30 * 86400.0
+
+
+@dataclass(frozen=True)
+class WorkflowInfo:
+    """A workflow some instance of ``namespace`` registered: its dispatch options (the latest
+    registration's), when it was last registered, and the instances that registered it, each with
+    its latest registration time, newest first."""
+
+    namespace: str
+    name: str
+    options: JSON
+    registered_at: float
+    instances: tuple[tuple[str, float], ...]
 
 
 @dataclass(frozen=True)
@@ -208,26 +225,38 @@ class Store(Protocol):
 
     url: str
 
-    async def open(self) -> None:
-        """Connect and migrate the schema to the newest version (safe from several processes)."""
+    async def open(self, *, migrate: bool = True) -> None:
+        """Connect. With ``migrate``, bring the schema to the newest version (safe from several
+        processes); a schema already current is only read, so a role allowed to read and write
+        rows (and nothing else) opens it. Without ``migrate``, a schema behind (or missing) is
+        refused. A schema newer than this code is refused either way. Both refusals are a
+        ``SchemaVersionError`` naming the two versions."""
 
     async def close(self) -> None:
         """Release connections. Idempotent."""
 
     async def migrate(self) -> int:
-        """Apply missing schema versions; return the version now in force."""
+        """Apply missing schema versions; return the version now in force. Raises
+        ``SchemaVersionError`` for a schema newer than this code."""
 
     async def ping(self) -> None:
         """One round trip; raises when the store does not answer."""
 
     async def register_workflows(
-        self, namespace: str, workflows: Mapping[str, JSON], now: float
+        self, namespace: str, workflows: Mapping[str, JSON], now: float,
+        instance: str | None = None,
     ) -> None:
         """Record that an instance of ``namespace`` serves these workflows, each with its
-        dispatch options (a JSON object); a later registration of a name replaces its options."""
+        dispatch options (a JSON object); a later registration of a name replaces its options.
+        With ``instance``, also record that this instance registered them at ``now``, and forget
+        the namespace's instances that registered nothing for WORKFLOW_INSTANCE_RETENTION."""
 
     async def get_workflow(self, namespace: str, name: str) -> JSON:
         """The options some instance of ``namespace`` registered ``name`` with, or None."""
+
+    async def list_workflows(self, namespace: str | None) -> list[WorkflowInfo]:
+        """The workflows registered in ``namespace`` (every namespace when None), by namespace
+        and name."""
 
     async def create_run(
         self, new: NewRun, *, max_queued: int | None, admission: str
@@ -333,6 +362,16 @@ class Store(Protocol):
         """Cancel a queued/sleeping/waiting/interrupted run at once; mark a running one
         ``cancel_requested`` for its owner. None for an unknown id; a final run is unchanged.
         Cancelling a root run cancels every unfinished run of its tree the same way."""
+
+    async def retry_run(
+        self, namespace: str, run_id: str, tenant: str | None, now: float
+    ) -> tuple[Run | None, bool]:
+        """Start a ``failed`` or ``cancelled`` run again: queued, due at ``now``, attempts 0,
+        not started (so its concurrency key and its version are taken as a new run's are), its
+        finished steps kept to replay and its unfinished ones (a sleep, wait, approval or child
+        wait in progress) dropped, ``resume_reason`` ``retried``. Returns the run and True; the
+        run unchanged and False when it is in another status (of two racing calls, one wins);
+        ``(None, False)`` when no run of ``namespace`` (and ``tenant``, if given) has the id."""
 
     async def send_signal(
         self, run_id: str, name: str, payload: JSON, signal_id: str, now: float

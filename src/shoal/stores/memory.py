@@ -2,6 +2,8 @@
 
 Every method runs without an await between its reads and writes, so each is atomic on the event
 loop. Several apps of one process may share one MemoryStore object (``shoal.testing.cluster``).
+JSON values are kept as a JSON round trip of what was written, so that they come back as from the
+SQL stores (a tuple as a list).
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from shoal import _json
 from shoal.errors import AdmissionRejectedError
 from shoal.stores.base import (
     JSON,
     KEY_HOLDING_STATUSES,
+    WORKFLOW_INSTANCE_RETENTION,
     Fence,
     NewRun,
     OutboxEntry,
@@ -27,6 +31,7 @@ from shoal.stores.base import (
     Settlement,
     SignalWait,
     Step,
+    WorkflowInfo,
 )
 from shoal.stores.memory_coord import MemoryCoordination
 from shoal.stores.memory_rate import MemoryRateLimits
@@ -54,7 +59,9 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
         self._runs: dict[str, Run] = {}
         self._steps: dict[str, dict[int, Step]] = {}
         self._signals: list[_Signal] = []
-        self._workflows: dict[tuple[str, str], JSON] = {}
+        self._workflows: dict[tuple[str, str], tuple[JSON, float]] = {}
+        # (namespace, workflow) -> instance -> when it last registered the workflow
+        self._served: dict[tuple[str, str], dict[str, float]] = {}
         self._pauses: dict[str, Pause] = {}
         self._outbox: dict[str, OutboxEntry] = {}
         # (root, key) -> value, claimant, tenant (the root run's)
@@ -62,8 +69,8 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
         self._notifying: dict[str, float] = {}   # pause id -> taken until
         self._waiters: list[asyncio.Future[None]] = []
 
-    async def open(self) -> None:
-        return None
+    async def open(self, *, migrate: bool = True) -> None:
+        return None   # no schema: nothing to migrate, nothing to refuse
 
     async def close(self) -> None:
         return None
@@ -90,13 +97,33 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
     # -- workflows -------------------------------------------------------------------------
 
     async def register_workflows(
-        self, namespace: str, workflows: Mapping[str, JSON], now: float
+        self, namespace: str, workflows: Mapping[str, JSON], now: float,
+        instance: str | None = None,
     ) -> None:
         for name, options in workflows.items():
-            self._workflows[(namespace, name)] = copy.deepcopy(options)
+            self._workflows[(namespace, name)] = (_json.copy(options), now)
+            if instance is not None:
+                self._served.setdefault((namespace, name), {})[instance] = now
+        if instance is not None:
+            forget = now - WORKFLOW_INSTANCE_RETENTION
+            for (ns, _), served in self._served.items():
+                if ns == namespace:
+                    for old in [i for i, at in served.items() if at < forget]:
+                        del served[old]
 
     async def get_workflow(self, namespace: str, name: str) -> JSON:
-        return copy.deepcopy(self._workflows.get((namespace, name)))
+        found = self._workflows.get((namespace, name))
+        return None if found is None else copy.deepcopy(found[0])
+
+    async def list_workflows(self, namespace: str | None) -> list[WorkflowInfo]:
+        out = []
+        for (ns, name), (options, at) in sorted(self._workflows.items(), key=lambda kv: kv[0]):
+            if namespace is not None and ns != namespace:
+                continue
+            served = self._served.get((ns, name), {})
+            instances = sorted(served.items(), key=lambda i: (-i[1], i[0]))
+            out.append(WorkflowInfo(ns, name, copy.deepcopy(options), at, tuple(instances)))
+        return out
 
     # -- runs ------------------------------------------------------------------------------
 
@@ -122,7 +149,7 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
                 held = True
         run = Run(
             id=new.id, namespace=new.namespace, tenant=new.tenant, workflow=new.workflow,
-            input=copy.deepcopy(new.input), output=None, error=None, status=_Q,
+            input=_json.copy(new.input), output=None, error=None, status=_Q,
             priority=new.priority, created_at=new.created_at, run_at=new.run_at, attempts=0,
             max_attempts=new.max_attempts, concurrency_key=new.concurrency_key,
             idempotency_key=new.idempotency_key, owner=None, lease_expires_at=None,
@@ -206,7 +233,7 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
             elif r.status == RunStatus.WAITING:
                 reason = "resumed"
             elif r.started_at is None:
-                reason = "dispatched"
+                reason = r.resume_reason or "dispatched"   # "retried" after retry_run
             else:
                 reason = r.resume_reason or "recovered"
             run = replace(
@@ -261,7 +288,7 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
         steps = self._steps.setdefault(fence.run_id, {})
         old = steps.get(step.seq)
         if old is None or not old.finished:
-            steps[step.seq] = Step(step.seq, step.name, copy.deepcopy(step.output),
+            steps[step.seq] = Step(step.seq, step.name, _json.copy(step.output),
                                    step.finished, fence.epoch)
 
     async def checkpoint_step(
@@ -277,7 +304,7 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
             taken = {(e.run_id, e.seq, e.index) for e in self._outbox.values()}
             for entry in outbox:
                 if (entry.run_id, entry.seq, entry.index) not in taken:
-                    self._outbox[entry.id] = replace(entry, payload=copy.deepcopy(entry.payload),
+                    self._outbox[entry.id] = replace(entry, payload=_json.copy(entry.payload),
                                                      next_at=now)
         self._put_step(fence, step)
         return True
@@ -334,7 +361,7 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
                           error=settlement.error, traceback=settlement.traceback,
                           resume_reason="dispatched")
         else:
-            output = copy.deepcopy(settlement.output) if settlement.outcome == "succeeded" else None
+            output = _json.copy(settlement.output) if settlement.outcome == "succeeded" else None
             run = replace(r, status=RunStatus(settlement.outcome), output=output,
                           finished_at=now, run_at=now, owner=None, lease_expires_at=None,
                           error=settlement.error, traceback=settlement.traceback)
@@ -408,13 +435,32 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
         self._runs[run_id] = r
         return r
 
+    async def retry_run(
+        self, namespace: str, run_id: str, tenant: str | None, now: float
+    ) -> tuple[Run | None, bool]:
+        r = self._runs.get(run_id)
+        if r is None or r.namespace != namespace or (tenant is not None and r.tenant != tenant):
+            return None, False
+        if r.status not in (RunStatus.FAILED, RunStatus.CANCELLED):
+            return r, False
+        steps = self._steps.get(run_id, {})
+        for seq in [seq for seq, step in steps.items() if not step.finished]:
+            del steps[seq]
+        # not started: the claim takes its concurrency key and stamps its version anew
+        run = replace(r, status=_Q, attempts=0, run_at=now, started_at=None, finished_at=None,
+                      output=None, owner=None, lease_expires_at=None, wait_for=None,
+                      cancel_requested=False, held=False, resume_reason="retried")
+        self._runs[run_id] = run
+        self._touch()
+        return run, True
+
     async def send_signal(
         self, run_id: str, name: str, payload: JSON, signal_id: str, now: float
     ) -> Run | None:
         r = self._runs.get(run_id)
         if r is None:
             return None
-        self._signals.append(_Signal(signal_id, run_id, name, copy.deepcopy(payload), now))
+        self._signals.append(_Signal(signal_id, run_id, name, _json.copy(payload), now))
         if r.status == RunStatus.WAITING and r.wait_for == name:
             r = replace(r, run_at=now)
             self._runs[run_id] = r
@@ -442,7 +488,7 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
             root = self._runs.get(root_id)
             if root is None or root.status.final:   # no key may outlive its tree
                 return False
-            self._tree[(root_id, key)] = (copy.deepcopy(value), claimant, root.tenant)
+            self._tree[(root_id, key)] = (_json.copy(value), claimant, root.tenant)
             return True
         return found[1] == claimant
 
@@ -475,7 +521,8 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
         r = self._holds(fence)
         if r is None:
             return False
-        self._pauses[pause.id] = copy.deepcopy(pause)
+        self._pauses[pause.id] = replace(pause, request=_json.copy(pause.request),
+                                         decision=_json.copy(pause.decision))
         self._suspend(r, RunStatus.WAITING, None, f"shoal.pause:{pause.id}")
         self._put_step(fence, step)
         return True
@@ -497,7 +544,7 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
         return PauseWait(copy.deepcopy(p), parked=True)
 
     def _resolve(self, p: Pause, decision: JSON, now: float) -> Pause:
-        p = replace(p, status="resolved", decision=copy.deepcopy(decision), resolved_at=now)
+        p = replace(p, status="resolved", decision=_json.copy(decision), resolved_at=now)
         self._pauses[p.id] = p
         r = self._runs.get(p.run_id)
         if r is not None and r.status == RunStatus.WAITING and r.wait_for == f"shoal.pause:{p.id}":

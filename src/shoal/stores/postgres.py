@@ -16,26 +16,29 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal, LiteralString, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import unquote, urlencode, urlsplit
 
 import psycopg
 from psycopg import errors as pg_errors
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
+from psycopg import pq, sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import DictRow, dict_row
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from shoal import _json
 from shoal.errors import AdmissionRejectedError, ConfigurationError, StoreUnavailableError
 from shoal.stores import mask_url
-from shoal.stores._sqlfiles import migrations, queries
+from shoal.stores._sqlfiles import behind, migrations, queries
+from shoal.stores._turns import Turns
 from shoal.stores.base import (
     JSON,
+    WORKFLOW_INSTANCE_RETENTION,
     Fence,
     NewRun,
     OutboxEntry,
@@ -47,6 +50,7 @@ from shoal.stores.base import (
     Settlement,
     SignalWait,
     Step,
+    WorkflowInfo,
 )
 from shoal.stores.postgres_coord import PostgresCoordination
 from shoal.stores.postgres_rate import PostgresRateLimits
@@ -57,6 +61,7 @@ log = logging.getLogger("shoal.store.postgres")
 # LiteralString so that user data formatted into SQL is a type error).
 _Q = queries("postgres")
 _SCHEMA = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,48}$")
+# shoal's own URL options; every other query option goes to libpq as written
 _OPTIONS = {"schema", "pool_min_size", "pool_max_size", "open_timeout", "pool_timeout",
             "reconnect_timeout"}
 # Transient refusals of one transaction: it did nothing, so it is run again.
@@ -70,12 +75,14 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
     """The ``postgresql://user:password@host:port/db?schema=shoal`` store.
 
     ``schema`` is created if missing and holds every table; ``pool_min_size``/``pool_max_size``
-    size the connection pool (default 1 and 10); ``pool_timeout`` (default 2 s) bounds the wait
-    for a pooled connection and ``reconnect_timeout`` (default 3 s) the pool's reconnect
-    backoff, so a call during an outage fails fast and work resumes as soon as the server is
-    back (psycopg_pool's own defaults, 30 s and 300 s with exponential backoff, left instances
-    idle for tens of seconds after a long outage). Other query options go to libpq as they are
-    (``sslmode``, ``connect_timeout``, …).
+    size the connection pool (default 1 and 10). Operations take turns at the connections, first
+    come, first served (renewals first); those waiting fail only when the queue has not moved
+    (no operation got a connection) for ``pool_timeout`` seconds (default 2), so a burst of any
+    size completes and an outage fails fast. ``reconnect_timeout`` (default 3 s) bounds the
+    pool's reconnect backoff, so work resumes as soon as the server is back (psycopg_pool's own
+    defaults, 30 s and 300 s with exponential backoff, left instances idle for tens of seconds
+    after a long outage). Other query options go to libpq as written (``sslmode``,
+    ``connect_timeout``, ``host=/socket/dir``, …).
     """
 
     def __init__(
@@ -95,14 +102,12 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
                 f"Bad PostgreSQL schema name {schema!r}: use letters, digits and underscores, "
                 f"starting with a letter or an underscore, at most 49 characters."
             )
-        if pool_min_size < 1 or pool_max_size < pool_min_size:
-            raise ConfigurationError(
-                f"Bad pool size min={pool_min_size}, max={pool_max_size}: "
-                f"need 1 <= pool_min_size <= pool_max_size."
-            )
+        _check_options(pool_min_size=pool_min_size, pool_max_size=pool_max_size,
+                       open_timeout=open_timeout, pool_timeout=pool_timeout,
+                       reconnect_timeout=reconnect_timeout)
         self.conninfo = conninfo
         self.schema = schema
-        self.url = _with_query(conninfo, {"schema": schema})
+        self.url = f"{conninfo}{'&' if '?' in conninfo else '?'}{urlencode({'schema': schema})}"
         # The runs_ended trigger (0003_trees.sql) builds the same name from its table's schema.
         self.channel = f"shoal_{schema}"
         self.pool_min_size = pool_min_size
@@ -122,6 +127,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
                                                           "seq", "name", "output", "finished",
                                                           "finished_at"))
         self._busy = 0   # operations holding or waiting for a pooled connection
+        self._turns = Turns(pool_max_size, pool_timeout)
 
     @property
     def in_flight(self) -> int:
@@ -131,39 +137,46 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
 
     @classmethod
     def from_url(cls, url: str) -> PostgresStore:
-        """``postgresql://…`` or ``postgres://…``; options ``schema``, ``pool_min_size``,
-        ``pool_max_size``, ``open_timeout`` (seconds); the rest is passed to libpq."""
-        try:
-            parts = urlsplit(url)
-        except ValueError as e:
-            raise ConfigurationError(f"Bad PostgreSQL URL {mask_url(url)!r}: {e}") from None
-        if parts.scheme not in ("postgresql", "postgres"):
+        """Any libpq URL (``postgresql://`` or ``postgres://``: Unix sockets, host lists,
+        ``?host=/dir``, ``sslmode`` and the other libpq parameters) as psycopg takes it, with
+        shoal's own options (``schema``, ``pool_min_size``, …) taken out of the query. An option
+        that is neither shoal's nor libpq's, or a bad value of shoal's, is a ConfigurationError
+        naming it."""
+        if not url.startswith(("postgresql://", "postgres://")):
             raise ConfigurationError(
                 f"Bad PostgreSQL URL {mask_url(url)!r}: write "
                 f"'postgresql://user:password@host:5432/database?schema=shoal'."
             )
-        pairs = parse_qsl(parts.query, keep_blank_values=True)
-        ours = {k: v for k, v in pairs if k in _OPTIONS}
-        rest = [(k, v) for k, v in pairs if k not in _OPTIONS]
-        conninfo = urlunsplit(parts._replace(scheme="postgresql", query=urlencode(rest)))
+        conninfo, ours = _split_options(url)
         try:
-            return cls(
-                conninfo,
-                schema=ours.get("schema", "shoal"),
-                pool_min_size=int(ours.get("pool_min_size", 1)),
-                pool_max_size=int(ours.get("pool_max_size", 10)),
-                open_timeout=float(ours.get("open_timeout", 10.0)),
-                pool_timeout=float(ours.get("pool_timeout", 2.0)),
-                reconnect_timeout=float(ours.get("reconnect_timeout", 3.0)),
-            )
-        except ValueError as e:
-            raise ConfigurationError(
-                f"Bad option in the PostgreSQL URL {mask_url(url)!r}: {e}"
-            ) from None
+            conninfo_to_dict(conninfo)   # libpq's own parser: what it refuses, it never connects
+        except psycopg.Error as e:
+            raise ConfigurationError(f"Bad PostgreSQL URL {mask_url(url)!r}: {e}") from None
+
+        def number(name: str, kind: type[int] | type[float], default: float) -> Any:
+            if name not in ours:
+                return default
+            try:
+                return kind(ours[name])
+            except ValueError:
+                raise ConfigurationError(
+                    f"{name}={ours[name]!r} in the PostgreSQL URL {mask_url(url)!r} is not "
+                    f"{'a whole number' if kind is int else 'a number of seconds'}."
+                ) from None
+
+        return cls(
+            conninfo,
+            schema=ours.get("schema", "shoal"),
+            pool_min_size=number("pool_min_size", int, 1),
+            pool_max_size=number("pool_max_size", int, 10),
+            open_timeout=number("open_timeout", float, 10.0),
+            pool_timeout=number("pool_timeout", float, 2.0),
+            reconnect_timeout=number("reconnect_timeout", float, 3.0),
+        )
 
     # -- connection and schema -------------------------------------------------------------
 
-    async def open(self) -> None:
+    async def open(self, *, migrate: bool = True) -> None:
         if self._pool is not None:
             return
         await self._probe()
@@ -187,7 +200,10 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
             raise self._unavailable(e) from None
         self._pool = pool
         try:
-            await self.migrate()
+            if migrate:
+                await self.migrate()
+            else:
+                behind(mask_url(self.url), "postgres", await self._version(), migrate=False)
         except BaseException:
             self._pool = None
             await pool.close()
@@ -221,27 +237,39 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
         return bool(row and row[0])
 
     def _unavailable(self, e: BaseException) -> StoreUnavailableError:
-        reason = self._reason(e) if not isinstance(e, TimeoutError) else "no answer"
-        if not reason.endswith((".", "?", "!")):
-            reason += "."
+        """Opening failed. "within N s" is said only when open_timeout really ran out (our
+        timeout, or the pool's wait for its first connections); a failure that came sooner
+        gives its own reason."""
+        if isinstance(e, TimeoutError | PoolTimeout):
+            reason = f"no answer within open_timeout={self.open_timeout:g} s."
+        else:
+            reason = self._reason(e)
+            if not reason.endswith((".", "?", "!")):
+                reason += "."
         return StoreUnavailableError(
-            f"Cannot connect to the PostgreSQL store {mask_url(self.url)!r} within "
-            f"{self.open_timeout:g} s: {reason} Check that the server runs and the URL (host, "
-            f"port, user, password, database) is right."
+            f"Cannot connect to the PostgreSQL store {mask_url(self.url)!r}: {reason} Check "
+            f"that the server runs and the URL (host, port, user, password, database) is right."
         )
 
     def _application_name(self, what: str) -> dict[str, str]:
         """Name the connections after the schema in pg_stat_activity, unless the URL does."""
-        if "application_name" in dict(parse_qsl(urlsplit(self.conninfo).query)):
+        if "application_name" in self._params():
             return {}
         return {"application_name": f"{what} {self.schema}"}
+
+    def _params(self) -> dict[str, Any]:
+        """The connection parameters as libpq reads them (none if it cannot)."""
+        try:
+            return conninfo_to_dict(self.conninfo)
+        except psycopg.Error:
+            return {}
 
     def _reason(self, e: BaseException) -> str:
         """An error's text without the password the URL may carry."""
         text = " ".join(str(e).split()) or type(e).__name__
-        password = urlsplit(self.conninfo).password
-        if password:
-            text = text.replace(password, "***")
+        for password in (urlsplit(self.conninfo).password, self._params().get("password")):
+            if password:
+                text = text.replace(str(password), "***")
         return text
 
     async def _configure(self, conn: _Conn) -> None:
@@ -253,6 +281,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
         await self._checkpoints.drain()
         tasks = [t for t in (self._listener, self._sweeping) if t is not None]
         self._listener = self._sweeping = None
+        self._turns.close()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -262,9 +291,15 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
         self._work.set()
 
     async def migrate(self) -> int:
+        """Apply the missing migrations under an advisory lock. A schema already current is only
+        read (no lock, no DDL): a role allowed rows and nothing else opens it."""
+        masked = mask_url(self.url)
+        found = await self._version()
+        if not behind(masked, "postgres", found, migrate=True):
+            return found
         schema = sql.Identifier(self.schema)
         table = sql.Identifier(self.schema, "shoal_migrations")
-        async with self._connection() as conn, conn.transaction():
+        async with self._privileged(), self._connection() as conn, conn.transaction():
             await conn.execute(_Q["advisory_xact_lock"], {"key": f"shoal:migrate:{self.schema}"})
             cur = await conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s",
                                      {"schema": self.schema})
@@ -276,6 +311,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
             cur = await conn.execute(sql.SQL("SELECT version FROM {}").format(table))
             done = {row["version"] for row in await cur.fetchall()}
             version = max(done, default=0)
+            behind(masked, "postgres", version, migrate=True)   # a newer shoal came first
             for number, name, text in migrations("postgres"):
                 if number in done:
                     continue
@@ -289,26 +325,77 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
                 version = number
         return version
 
+    async def _version(self) -> int:
+        """The schema's version, 0 when it holds no shoal store; reads only."""
+        async with self._privileged(), self._connection() as conn:
+            cur = await conn.execute("SELECT to_regclass(%(table)s) AS t",
+                                     {"table": f'"{self.schema}".shoal_migrations'})
+            row = await cur.fetchone()
+            if row is None or row["t"] is None:
+                return 0
+            table = sql.Identifier(self.schema, "shoal_migrations")
+            cur = await conn.execute(
+                sql.SQL("SELECT coalesce(max(version), 0) AS v FROM {}").format(table))
+            row = await cur.fetchone()
+            return int(row["v"]) if row is not None else 0
+
+    @asynccontextmanager
+    async def _privileged(self) -> AsyncIterator[None]:
+        """A privilege the connecting role lacks is a ConfigurationError that says which grants
+        shoal needs (rather than psycopg's bare refusal)."""
+        try:
+            yield
+        except pg_errors.InsufficientPrivilege as e:
+            reason = self._reason(e).rstrip(".")
+            raise ConfigurationError(
+                f"The PostgreSQL store {mask_url(self.url)!r} refused this role: {reason}. "
+                f"To serve a schema, a role needs USAGE on it, SELECT, INSERT, UPDATE and "
+                f"DELETE on its tables and USAGE on its sequences; to create or upgrade it, "
+                f"run 'shoal migrate' as a role that may create tables there (its owner)."
+            ) from None
+
     async def ping(self) -> None:
         async with self._connection() as conn:
             await conn.execute("SELECT 1")
 
     @asynccontextmanager
-    async def _connection(self) -> AsyncIterator[_Conn]:
-        """A pooled connection; an unreachable server is a StoreUnavailableError."""
+    async def _connection(self, *, urgent: bool = False) -> AsyncIterator[_Conn]:
+        """A pooled connection, in turn (``urgent`` ones first: renewals). A burst waits as
+        long as the queue moves; when no operation got a connection for ``pool_timeout``
+        seconds, or the server fails, it is a StoreUnavailableError."""
         pool = self._pool
         if pool is None:
             raise StoreUnavailableError(
                 f"The PostgreSQL store {mask_url(self.url)!r} is not open."
             )
+        task = asyncio.current_task()
+        asked = task.cancelling() if task is not None else 0
         self._busy += 1
         try:
-            async with pool.connection() as conn:
-                yield conn
-        except PoolTimeout as e:
+            try:
+                await self._turns.take(urgent=urgent)
+            except TimeoutError:
+                raise self._starved() from None
+            try:
+                async with pool.connection(timeout=self.pool_timeout) as conn:
+                    self._turns.served()
+                    if task is not None and task.cancelling() > asked:
+                        # Cancelled while the pool handed this connection over: psycopg_pool's
+                        # wait (asyncio.wait_for on Python 3.11) returns the connection and
+                        # drops the cancellation, so a stopping loop would go on forever.
+                        raise asyncio.CancelledError
+                    yield conn
+            except PoolTimeout:
+                self._turns.fail_waiting()   # at the front for pool_timeout: none would get one
+                raise
+            finally:
+                self._turns.give()
+        except PoolTimeout:
+            raise self._starved() from None
+        except PoolClosed:
             raise StoreUnavailableError(
-                f"No connection to the PostgreSQL store {mask_url(self.url)!r}: "
-                f"{self._reason(e)}"
+                f"The PostgreSQL store {mask_url(self.url)!r} was closed before this operation "
+                f"got a connection."
             ) from None
         except psycopg.OperationalError as e:
             if isinstance(e, _RETRYABLE):
@@ -319,6 +406,17 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
             ) from None
         finally:
             self._busy -= 1
+
+    def _starved(self) -> StoreUnavailableError:
+        """No operation got a connection for pool_timeout seconds: the server does not answer
+        (or every connection is held that long)."""
+        return StoreUnavailableError(
+            f"No connection to the PostgreSQL store {mask_url(self.url)!r}: no operation got one "
+            f"for pool_timeout={self.pool_timeout:g} s (the server does not answer, or every "
+            f"one of the pool_max_size={self.pool_max_size} connections stayed busy that long). "
+            f"Check the server; raise ?pool_timeout= or ?pool_max_size= in the store URL if it "
+            f"is only slow."
+        )
 
     def _sweep(self, pool: AsyncConnectionPool[_Conn]) -> None:
         """After a server restart every idle pooled connection is dead: test them all at once
@@ -333,28 +431,50 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
             return await cur.fetchone()
 
     async def _all(
-        self, query: LiteralString, args: dict[str, Any], *, fetch: bool = True
+        self, query: LiteralString, args: dict[str, Any], *, fetch: bool = True,
+        urgent: bool = False,
     ) -> list[DictRow]:
-        async with self._connection() as conn:
+        async with self._connection(urgent=urgent) as conn:
             cur = await conn.execute(query, args)
             return await cur.fetchall() if fetch else []
 
     # -- workflows -------------------------------------------------------------------------
 
     async def register_workflows(
-        self, namespace: str, workflows: Mapping[str, JSON], now: float
+        self, namespace: str, workflows: Mapping[str, JSON], now: float,
+        instance: str | None = None,
     ) -> None:
         if not workflows:
             return
         # in name order: two instances registering at once lock the rows in one order
         names = sorted(workflows)
-        args = {"namespace": namespace, "names": names, "now": now,
-                "options": [_json.dumps(workflows[n]) for n in names]}
-        await self._retry(lambda: self._all(_Q["register_workflows"], args, fetch=False))
+        args = {"namespace": namespace, "names": names, "now": now, "instance": instance,
+                "options": [_json.dumps(workflows[n]) for n in names],
+                "before": now - WORKFLOW_INSTANCE_RETENTION}
+
+        async def register() -> None:
+            async with self._connection() as conn, conn.transaction():
+                await conn.execute(_Q["register_workflows"], args)
+                if instance is not None:
+                    await conn.execute(_Q["register_workflow_instances"], args)
+                    await conn.execute(_Q["forget_workflow_instances"], args)
+
+        await self._retry(register)
 
     async def get_workflow(self, namespace: str, name: str) -> JSON:
         row = await self._one(_Q["get_workflow"], {"namespace": namespace, "name": name})
         return None if row is None else _json.loads(row["options"])
+
+    async def list_workflows(self, namespace: str | None) -> list[WorkflowInfo]:
+        args = {"namespace": namespace}
+        served: dict[tuple[str, str], list[tuple[str, float]]] = {}
+        for row in await self._all(_Q["list_workflow_instances"], args):
+            served.setdefault((row["namespace"], row["workflow"]), []).append(
+                (row["instance"], row["registered_at"]))
+        return [WorkflowInfo(row["namespace"], row["name"], _json.loads(row["options"]),
+                             row["registered_at"],
+                             tuple(served.get((row["namespace"], row["name"]), ())))
+                for row in await self._all(_Q["list_workflows"], args)]
 
     # -- runs ------------------------------------------------------------------------------
 
@@ -492,10 +612,11 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
         if not leases:
             return Renewal(frozenset(), frozenset())
         ids = sorted(leases)
+        # urgent: a burst of other operations queued for a connection must not cost leases
         rows = await self._retry(lambda: self._all(_Q["renew"], {
             "expires": now + lease, "owner": owner, "ids": ids,
             "epochs": [leases[i] for i in ids],
-        }))
+        }, urgent=True))
         return Renewal(frozenset(r["id"] for r in rows),
                        frozenset(r["id"] for r in rows if r["cancel_requested"]))
 
@@ -623,6 +744,20 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
             # unknown, or final already (a final run never changes again)
             row = await self._one(_Q["get_run"], {"id": run_id})
         return None if row is None else _run(row)
+
+    async def retry_run(
+        self, namespace: str, run_id: str, tenant: str | None, now: float
+    ) -> tuple[Run | None, bool]:
+        row = await self._retry(lambda: self._one(_Q["retry"], {
+            "id": run_id, "namespace": namespace, "tenant": tenant, "now": now,
+            "channel": self.channel}))
+        if row is not None:
+            return _run(row), True
+        found = await self._one(_Q["get_run"], {"id": run_id})
+        if found is None or found["namespace"] != namespace or (
+                tenant is not None and found["tenant"] != tenant):
+            return None, False
+        return _run(found), False
 
     async def send_signal(
         self, run_id: str, name: str, payload: JSON, signal_id: str, now: float
@@ -976,10 +1111,51 @@ class _Batcher:
                     done.set_result(run_id in held)
 
 
-def _with_query(url: str, options: dict[str, str]) -> str:
-    parts = urlsplit(url)
-    pairs = [*parse_qsl(parts.query, keep_blank_values=True), *options.items()]
-    return urlunsplit(parts._replace(query=urlencode(pairs)))
+def _split_options(url: str) -> tuple[str, dict[str, str]]:
+    """The URL without shoal's own query options, every other character as written (libpq
+    parses it, not shoal), and shoal's options, decoded. An option that libpq does not know
+    either is a ConfigurationError."""
+    base, _, query = url.partition("?")
+    ours: dict[str, str] = {}
+    rest: list[str] = []
+    for pair in query.split("&") if query else []:
+        key, _, value = pair.partition("=")
+        name = unquote(key)
+        if name in _OPTIONS:
+            ours[name] = unquote(value)
+        elif name in _libpq_keywords():
+            rest.append(pair)
+        elif pair:
+            raise ConfigurationError(
+                f"Unknown option {name!r} in the PostgreSQL URL {mask_url(url)!r}: shoal's "
+                f"options are {', '.join(sorted(_OPTIONS))}; any other must be a libpq "
+                f"connection parameter (sslmode, connect_timeout, application_name, …; see "
+                f"https://www.postgresql.org/docs/current/libpq-connect.html)."
+            )
+    return base + ("?" + "&".join(rest) if rest else ""), ours
+
+
+@functools.cache
+def _libpq_keywords() -> frozenset[str]:
+    """The connection parameters of the libpq psycopg uses, and ``ssl``, libpq's URL alias
+    of ``sslmode=require``."""
+    return frozenset({d.keyword.decode() for d in pq.Conninfo.get_defaults()} | {"ssl"})
+
+
+def _check_options(*, pool_min_size: int, pool_max_size: int, **timeouts: float) -> None:
+    """Pool sizes are whole numbers with 1 <= pool_min_size <= pool_max_size; timeouts are
+    seconds > 0: a ConfigurationError names the first option that is not."""
+    for name, size in (("pool_min_size", pool_min_size), ("pool_max_size", pool_max_size)):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ConfigurationError(f"{name}={size!r} must be a whole number >= 1.")
+    if pool_max_size < pool_min_size:
+        raise ConfigurationError(
+            f"pool_max_size={pool_max_size} is below pool_min_size={pool_min_size}: "
+            f"need pool_min_size <= pool_max_size.")
+    for name, seconds in timeouts.items():
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) \
+                or not 0 < seconds < math.inf:
+            raise ConfigurationError(f"{name}={seconds!r} must be a number of seconds > 0.")
 
 
 _EXPIRED = {"approved": False, "data": None, "by": None, "reason": "expired"}

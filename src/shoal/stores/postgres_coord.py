@@ -50,7 +50,7 @@ class PostgresCoordination:
         _pool: AsyncConnectionPool[_Conn] | None
         _listening: asyncio.Event
 
-        def _connection(self) -> AbstractAsyncContextManager[_Conn]: ...
+        def _connection(self, *, urgent: bool = False) -> AbstractAsyncContextManager[_Conn]: ...
 
         async def _retry(self, attempt: Callable[[], Awaitable[_T]]) -> _T: ...
 
@@ -62,11 +62,15 @@ class PostgresCoordination:
         self._lock_origin = secrets.token_hex(8)
         self._lock_listened = False   # the LISTEN connection has been up at least once
 
-    async def _pipelined(self, steps: Sequence[tuple[str, dict[str, Any]]]) -> list[DictRow]:
+    async def _pipelined(
+        self, steps: Sequence[tuple[str, dict[str, Any]]], *, urgent: bool = False
+    ) -> list[DictRow]:
         """The rows of the last statement of ``steps``, all run as one transaction in one
         round trip: on a pooled connection (autocommit, so psycopg sends no BEGIN) the server
-        runs the statements of a pipeline as one implicit transaction, committed at its sync."""
-        async with self._connection() as conn:
+        runs the statements of a pipeline as one implicit transaction, committed at its sync.
+        ``urgent`` (renewals of leases) goes before the other operations waiting for a
+        connection."""
+        async with self._connection(urgent=urgent) as conn:
             async with conn.pipeline():
                 for query, args in steps:
                     cur = await conn.execute(query, args)
@@ -95,7 +99,8 @@ class PostgresCoordination:
         args: dict[str, Any] = {
             "namespace": namespace, "keys": list(keys), "holder": holder, "now": float(now),
             "until": float(now + lease)}
-        [row] = await self._retry(lambda: self._pipelined([(_Q["lock_renew"], args)]))
+        [row] = await self._retry(
+            lambda: self._pipelined([(_Q["lock_renew"], args)], urgent=True))
         return bool(row["renewed"] == len(keys))
 
     async def lock_release(self, namespace: str, keys: Sequence[str], holder: str) -> None:
@@ -171,7 +176,7 @@ class PostgresCoordination:
             "until": float(now + ttl), "warmup": float(warmup)}
         steps = [(_Q["advisory_xact_lock"], {"key": self._members_key(namespace)}),
                  (_Q["heartbeat"], args)]
-        [row] = await self._retry(lambda: self._pipelined(steps))
+        [row] = await self._retry(lambda: self._pipelined(steps, urgent=True))
         return MemberView(row["generation"], tuple(row["members"]), row["granted"])
 
     async def leave(self, namespace: str, member: str) -> None:

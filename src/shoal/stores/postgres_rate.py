@@ -66,7 +66,7 @@ class PostgresRateLimits:
         async def _retry(self, attempt: Callable[[], Awaitable[_T]]) -> _T: ...
 
         async def _pipelined(
-            self, steps: Sequence[tuple[str, dict[str, Any]]]
+            self, steps: Sequence[tuple[str, dict[str, Any]]], *, urgent: bool = False
         ) -> list[DictRow]: ...
 
     def _rate_lock(self, kind: str, namespace: str, key: str) -> tuple[str, dict[str, Any]]:
@@ -74,8 +74,10 @@ class PostgresRateLimits:
         name = json.dumps(["shoal-rate", self.schema, kind, namespace, key])
         return _Q["advisory_xact_lock"], {"key": name}
 
-    async def _rate_run(self, steps: Sequence[tuple[str, dict[str, Any]]]) -> list[DictRow]:
-        return await self._retry(lambda: self._pipelined(steps))
+    async def _rate_run(
+        self, steps: Sequence[tuple[str, dict[str, Any]]], *, urgent: bool = False
+    ) -> list[DictRow]:
+        return await self._retry(lambda: self._pipelined(steps, urgent=urgent))
 
     # -- slots ---------------------------------------------------------------------------------
 
@@ -99,7 +101,7 @@ class PostgresRateLimits:
         args: dict[str, Any] = {"namespace": namespace, "key": key, "holder": holder,
                                 "now": float(now), "until": float(now + lease)}
         [row] = await self._rate_run([self._rate_lock("slot", namespace, key),
-                                      (_Q["rate_slot_renew"], args)])
+                                      (_Q["rate_slot_renew"], args)], urgent=True)
         return bool(row["renewed"] == 1)
 
     async def slot_release(self, namespace: str, key: str, holder: str) -> None:

@@ -26,8 +26,9 @@ than any lease (at least an hour): it only collects rows nobody uses any more; c
 on the ``expires_at`` compared with ``now`` inside the scripts.
 
 Connections are made lazily: :meth:`RedisCoordStore.open` succeeds while Redis is down, each
-operation raises :class:`~shoal.errors.StoreUnavailableError` within about ``socket_timeout``
-while it cannot be reached, and the next operation after Redis is back simply works.
+operation raises :class:`~shoal.errors.StoreUnavailableError` within ``socket_timeout`` while it
+cannot be reached or used (nothing listening, a database the server does not have, a TLS
+mismatch, a server that never answers), and the next operation after Redis is back simply works.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from redis.asyncio.client import PubSub
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
-from redis.exceptions import AuthenticationError, OutOfMemoryError, ReadOnlyError
+from redis.exceptions import AuthenticationError, OutOfMemoryError, ReadOnlyError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -83,6 +84,20 @@ _UNREACHABLE = (
 )
 _KEEP = 3600.0          # seconds: the least real time a garbage-collectable row outlives its use
 _IDLE_PING = 15.0       # seconds of silence on the pub/sub connection before it is pinged
+
+
+class _SetupRefused(RedisConnectionError):
+    """Redis refused to set a new connection up (selecting the database of the address): a
+    connection that cannot be used, reported as StoreUnavailableError like one not made."""
+
+
+async def _set_up(connection: Any) -> None:
+    """What redis-py does on a new connection (authenticate, select the database), with a
+    refusal raised as :class:`_SetupRefused` rather than the ResponseError of a command."""
+    try:
+        await connection.on_connect()
+    except ResponseError as e:
+        raise _SetupRefused(str(e)) from e
 
 
 def _load(name: str) -> str:
@@ -229,6 +244,7 @@ class RedisCoordStore:
                 socket_connect_timeout=self._timeout,
                 retry=Retry(NoBackoff(), 0),
                 decode_responses=True,
+                redis_connect_func=_set_up,
             )
             self._scripts = {n: self._client.register_script(_load(n)) for n in _SCRIPTS}
         return self._client
@@ -239,12 +255,26 @@ class RedisCoordStore:
                 f"Redis at {self.address} refused the connection's credentials ({e}). "
                 f"Check the password given to shoal (SHOAL_REDIS_PASSWORD)."
             )
-        reason = str(e) or (
-            f"no answer within {self._timeout:g} s" if isinstance(e, TimeoutError)
-            else type(e).__name__)
+        if isinstance(e, _SetupRefused):
+            return StoreUnavailableError(
+                f"Redis at {self.address} refused database {self._db} ({e}). A database is a "
+                f"number below the server's 'databases' setting (16 by default): fix the number "
+                f"at the end of the address."
+            )
+        silent = isinstance(e, TimeoutError)
+        reason = str(e) or (f"no answer within {self._timeout:g} s" if silent
+                            else type(e).__name__)
+        hint = ""
+        if self._ssl and silent:
+            hint = (" A server without TLS on this port does not answer a rediss:// address "
+                    "either: check the scheme too.")
+        elif not self._ssl and ("reset" in reason.lower() or "closed" in reason.lower()):
+            hint = (" A server that takes only TLS on this port closes plain connections: if "
+                    "so, the address starts with rediss://.")
         return StoreUnavailableError(
             f"Redis at {self.address} is unavailable ({reason}). Check that the server runs "
-            f"and can be reached from here; shoal keeps trying and carries on once it answers."
+            f"and can be reached from here; shoal keeps trying and carries on once it "
+            f"answers.{hint}"
         )
 
     async def _call(self, op: Callable[[Redis], Awaitable[T]]) -> T:

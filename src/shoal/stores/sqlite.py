@@ -12,19 +12,23 @@ lock is an asyncio sleep, so it does not block the loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
+import inspect
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, ParamSpec, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from shoal import _json
 from shoal.errors import AdmissionRejectedError, ConfigurationError, StoreUnavailableError
-from shoal.stores._sqlfiles import migrations, queries
+from shoal.stores._sqlfiles import behind, migrations, queries
 from shoal.stores.base import (
     JSON,
+    WORKFLOW_INSTANCE_RETENTION,
     Fence,
     NewRun,
     OutboxEntry,
@@ -36,14 +40,61 @@ from shoal.stores.base import (
     Settlement,
     SignalWait,
     Step,
+    WorkflowInfo,
 )
 from shoal.stores.sqlite_coord import SQLiteCoordination
 from shoal.stores.sqlite_rate import SQLiteRateLimits
 
 _Q = queries("sqlite")
 _SYNCHRONOUS = {"off", "normal", "full", "extra"}
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+_C = TypeVar("_C", bound=type)
+# What to do about the failures a deployment meets, by SQLite's primary result code.
+_ADVICE = {
+    "SQLITE_FULL": "the disk (or the file system's quota) is full: free space, then retry",
+    "SQLITE_READONLY": "the file cannot be written: check the permissions of the file, of its "
+                       "folder and of its -wal and -shm files, and that the disk is not "
+                       "mounted read-only",
+}
 
 
+def _failed(path: str, e: sqlite3.DatabaseError) -> StoreUnavailableError:
+    name = getattr(e, "sqlite_errorname", None) or type(e).__name__
+    advice = _ADVICE.get("_".join(name.split("_")[:2]), "check the file, its folder and the disk")
+    return StoreUnavailableError(
+        f"The SQLite store {path!r} failed: {e} ({name}); {advice}. The call's transaction, if "
+        f"it had one, was rolled back: nothing of this call was written.")
+
+
+def _guarded(fn: Callable[_P, Awaitable[_R]]) -> Callable[_P, Awaitable[_R]]:
+    @functools.wraps(fn)
+    async def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return await fn(*args, **kwargs)
+        except sqlite3.DatabaseError as e:
+            # the file cannot be used (full, read-only, I/O error, corrupt); a constraint or a
+            # programming error is a bug and stays what it is
+            if not isinstance(e, (sqlite3.OperationalError, sqlite3.InternalError)) \
+                    and type(e) is not sqlite3.DatabaseError:
+                raise
+            raise _failed(str(getattr(args[0], "path", "?")), e) from e
+
+    return call
+
+
+def _unavailable_on_failure(cls: _C) -> _C:
+    """Every public coroutine method of ``cls`` (its mixins' too) raises StoreUnavailableError
+    with the cause when the file cannot be used, never sqlite3's own error: callers (the engine,
+    the App, the CLI) handle one kind of store failure on every backend."""
+    for name in dir(cls):
+        attr = getattr(cls, name)
+        if not name.startswith("_") and inspect.iscoroutinefunction(attr):
+            setattr(cls, name, _guarded(attr))
+    return cls
+
+
+@_unavailable_on_failure
 class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
     """The ``sqlite:///path`` store. ``synchronous`` is SQLite's setting (default ``full``)."""
 
@@ -95,7 +146,7 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
         """Whether the file is there (an in-memory database always is), without creating it."""
         return self.path == ":memory:" or Path(self.path).exists()
 
-    async def open(self) -> None:
+    async def open(self, *, migrate: bool = True) -> None:
         if self._conn is not None:
             return
         if self.path != ":memory:":
@@ -105,6 +156,9 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
                     f"Cannot open the SQLite store {self.path!r}: the folder {str(parent)!r} "
                     f"does not exist. Create it or give another path."
                 )
+            if not migrate and not Path(self.path).exists():
+                # connecting would create an empty file
+                behind(self.url, "sqlite", 0, migrate=False)
         try:
             # a short busy timeout inside SQLite; longer waits for the write lock happen in
             # _begin without blocking the event loop
@@ -125,13 +179,18 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
             # several processes opening a new file at once: until it is in WAL mode, a reader
             # can find it locked, and switching it to WAL takes a lock itself
             await self._retry_busy(setup)
-            await self.migrate()
+            if migrate:
+                await self.migrate()
+            else:
+                behind(self.url, "sqlite", self._version(), migrate=False)
         except (sqlite3.DatabaseError, StoreUnavailableError) as e:
-            conn.close()
-            self._conn = None
+            await self.close()
             raise StoreUnavailableError(
                 f"Cannot use {self.path!r} as a shoal SQLite store: {e}"
             ) from e
+        except BaseException:
+            await self.close()
+            raise
 
     async def close(self) -> None:
         if self._conn is not None:
@@ -139,11 +198,9 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
             self._conn = None
 
     async def migrate(self) -> int:
-        newest = max(number for number, _, _ in migrations("sqlite"))
-        if self._one("SELECT 1 FROM sqlite_master WHERE name = 'shoal_migrations'") is not None:
-            row = self._one("SELECT max(version) FROM shoal_migrations")
-            if row is not None and row[0] == newest:
-                return newest   # up to date: no write lock needed to start
+        found = self._version()
+        if not behind(self.url, "sqlite", found, migrate=True):
+            return found   # up to date: no write lock needed to start
         async with self._tx() as db:
             db.execute(
                 "CREATE TABLE IF NOT EXISTS shoal_migrations "
@@ -151,6 +208,7 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
             )
             done = {row[0] for row in db.execute("SELECT version FROM shoal_migrations")}
             version = max(done, default=0)
+            behind(self.url, "sqlite", version, migrate=True)   # a newer shoal came first
             for number, name, sql in migrations("sqlite"):
                 if number in done:
                     continue
@@ -162,6 +220,13 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
                 )
                 version = number
         return version
+
+    def _version(self) -> int:
+        """The file's schema version, 0 when it holds no shoal store; reads only."""
+        if self._one("SELECT 1 FROM sqlite_master WHERE name = 'shoal_migrations'") is None:
+            return 0
+        row = self._one("SELECT max(version) FROM shoal_migrations")
+        return int(row[0]) if row is not None and row[0] is not None else 0
 
     async def ping(self) -> None:
         self._one("SELECT 1")
@@ -192,7 +257,9 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:
-                db.execute("ROLLBACK")
+                # a ROLLBACK failing too (the disk gone) must not hide why the body failed
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
             raise
 
     async def _begin(self, db: sqlite3.Connection) -> None:
@@ -227,16 +294,34 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
     # -- workflows -------------------------------------------------------------------------
 
     async def register_workflows(
-        self, namespace: str, workflows: Mapping[str, JSON], now: float
+        self, namespace: str, workflows: Mapping[str, JSON], now: float,
+        instance: str | None = None,
     ) -> None:
         async with self._tx() as db:
             for name, options in workflows.items():
-                db.execute(_Q["register_workflow"], {"namespace": namespace, "name": name,
-                                                     "options": _json.dumps(options), "now": now})
+                args = {"namespace": namespace, "name": name, "options": _json.dumps(options),
+                        "now": now, "instance": instance}
+                db.execute(_Q["register_workflow"], args)
+                if instance is not None:
+                    db.execute(_Q["register_workflow_instance"], args)
+            if instance is not None:
+                db.execute(_Q["forget_workflow_instances"], {
+                    "namespace": namespace, "before": now - WORKFLOW_INSTANCE_RETENTION})
 
     async def get_workflow(self, namespace: str, name: str) -> JSON:
         row = self._one(_Q["get_workflow"], {"namespace": namespace, "name": name})
         return None if row is None else _json.loads(row["options"])
+
+    async def list_workflows(self, namespace: str | None) -> list[WorkflowInfo]:
+        args = {"namespace": namespace}
+        served: dict[tuple[str, str], list[tuple[str, float]]] = {}
+        for row in self._db.execute(_Q["list_workflow_instances"], args).fetchall():
+            served.setdefault((row["namespace"], row["workflow"]), []).append(
+                (row["instance"], row["registered_at"]))
+        return [WorkflowInfo(row["namespace"], row["name"], _json.loads(row["options"]),
+                             row["registered_at"],
+                             tuple(served.get((row["namespace"], row["name"]), ())))
+                for row in self._db.execute(_Q["list_workflows"], args).fetchall()]
 
     # -- runs ------------------------------------------------------------------------------
 
@@ -495,6 +580,20 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
             if row is None:
                 row = db.execute(_Q["get_run"], {"id": run_id}).fetchone()
             return None if row is None else _run(row)
+
+    async def retry_run(
+        self, namespace: str, run_id: str, tenant: str | None, now: float
+    ) -> tuple[Run | None, bool]:
+        async with self._tx() as db:
+            row = db.execute(_Q["get_run"], {"id": run_id}).fetchone()
+            if row is None or row["namespace"] != namespace or (
+                    tenant is not None and row["tenant"] != tenant):
+                return None, False
+            retried = db.execute(_Q["retry"], {"id": run_id, "now": now}).fetchone()
+            if retried is None:
+                return _run(row), False
+            db.execute(_Q["retry_drop_unfinished"], {"id": run_id})
+            return _run(retried), True
 
     async def send_signal(
         self, run_id: str, name: str, payload: JSON, signal_id: str, now: float

@@ -19,6 +19,7 @@ from shoal.app import App
 from shoal.engine.context import RunContext
 from shoal.errors import AdmissionRejectedError, LeaseLostError
 from shoal.stores.base import (
+    WORKFLOW_INSTANCE_RETENTION,
     Fence,
     NewRun,
     OutboxEntry,
@@ -29,6 +30,7 @@ from shoal.stores.base import (
     Settlement,
     Step,
     Store,
+    WorkflowInfo,
 )
 from shoal.testing import VirtualClock, settle
 
@@ -149,6 +151,27 @@ class StoreContract:
         await other.register_workflows(NS, {"wf": {"max_attempts": 2}}, T0 + 1)
         assert await store.get_workflow(NS, "wf") == {"max_attempts": 2}
         assert await store.get_workflow("elsewhere", "wf") is None
+
+    async def test_the_instances_that_registered_each_workflow(
+        self, store: Store, other: Store
+    ) -> None:
+        await store.register_workflows(NS, {"wf": {"max_attempts": 7}, "b": {}}, T0,
+                                       instance="i1")
+        await other.register_workflows(NS, {"wf": {"max_attempts": 2}}, T0 + 1, instance="i2")
+        await store.register_workflows(NS, {"wf": {"max_attempts": 2}}, T0 + 2, instance="i1")
+        await store.register_workflows("elsewhere", {"x": {}}, T0 + 3)
+        assert await other.list_workflows(NS) == [
+            WorkflowInfo(NS, "b", {}, T0, (("i1", T0),)),
+            WorkflowInfo(NS, "wf", {"max_attempts": 2}, T0 + 2, (("i1", T0 + 2), ("i2", T0 + 1))),
+        ]
+        assert [(w.namespace, w.name, w.instances) for w in await store.list_workflows(None)] == [
+            (NS, "b", (("i1", T0),)), (NS, "wf", (("i1", T0 + 2), ("i2", T0 + 1))),
+            ("elsewhere", "x", ())]
+        # an instance that registered nothing for the retention is forgotten
+        later = T0 + 1 + WORKFLOW_INSTANCE_RETENTION + 0.5
+        await other.register_workflows(NS, {"b": {}}, later, instance="i3")
+        assert [(w.name, w.instances) for w in await store.list_workflows(NS)] == [
+            ("b", (("i3", later),)), ("wf", (("i1", T0 + 2),))]
 
     # -- claiming --------------------------------------------------------------------------
 
@@ -398,6 +421,103 @@ class StoreContract:
         assert runs[succeeded.id].status == RunStatus.SUCCEEDED
         assert runs[succeeded.id].traceback is None and runs[succeeded.id].error is None
         assert runs[crashed.id].status == RunStatus.FAILED and runs[crashed.id].traceback is None
+
+    # -- retrying a failed or cancelled run ------------------------------------------------
+
+    async def test_retry_starts_a_failed_run_again_from_its_checkpoints(
+        self, store: Store, other: Store
+    ) -> None:
+        run = await add(store, max_attempts=2, idem="order-7")
+        [c] = await claim(store)
+        assert await store.checkpoint_step(fence(c), Step(1, "charge", 1, True, 0), LEASE, T0,
+                                           entries(c, 1, "email", "sms"))
+        assert await store.settle_run(fence(c), Settlement("failed", error="E: x"), T0 + 1)
+        # unknown, another namespace's, another tenant's: nothing is found, nothing changes
+        assert await store.retry_run(NS, "missing", None, T0 + 2) == (None, False)
+        assert await store.retry_run("elsewhere", run.id, None, T0 + 2) == (None, False)
+        assert await store.retry_run(NS, run.id, "t2", T0 + 2) == (None, False)
+        failed = await store.get_run(run.id)
+        assert failed is not None and failed.status == RunStatus.FAILED
+
+        r, won = await other.retry_run(NS, run.id, "default", T0 + 5)
+        assert won and r is not None and r.id == run.id
+        assert r.status == RunStatus.QUEUED and r.attempts == 0 and r.max_attempts == 2
+        assert r.run_at == T0 + 5 and r.started_at is None and r.finished_at is None
+        assert r.owner is None and not r.cancel_requested and r.resume_reason == "retried"
+        assert await store.get_run(run.id) == r
+        # the idempotency key still names this one run
+        again, created = await store.create_run(new_run(T0 + 6, idem="order-7"),
+                                                max_queued=None, admission="reject")
+        assert not created and again.id == run.id and again.status == RunStatus.QUEUED
+        [c2] = await claim(store, owner="b", now=T0 + 6)
+        assert c2.id == run.id and c2.attempts == 1 and c2.lease_epoch > c.lease_epoch
+        assert c2.resume_reason == "retried"
+        # its finished step replays: checkpointed again, its outbox entries exist once
+        [s] = await store.load_steps(run.id)
+        assert (s.seq, s.name, s.finished, s.output) == (1, "charge", True, 1)
+        assert await store.checkpoint_step(fence(c2), Step(1, "charge", 1, True, 0), LEASE,
+                                           T0 + 7, entries(c2, 1, "email", "sms", now=T0 + 7))
+        sent = await store.claim_outbox(NS, ["email", "sms"], T0 + 8, 30.0, 10)
+        assert sorted(e.key for e in sent) == [f"{run.id}:1:0", f"{run.id}:1:1"]
+        # a live run is not retried
+        r, won = await store.retry_run(NS, run.id, None, T0 + 8)
+        assert not won and r is not None and r.status == RunStatus.RUNNING and r.owner == "b"
+
+    async def test_retry_refuses_live_and_succeeded_runs(self, store: Store) -> None:
+        queued = await add(store)
+        done = await add(store, T0 + 1)
+        [c] = await claim(store, limit=1)
+        assert c.id == queued.id
+        assert await store.retry_run(NS, queued.id, None, T0 + 2) == (c, False)
+        assert await store.suspend_run(fence(c), Step(1, "shoal.sleep", {"until": T0 + 50},
+                                                      False, 0), "sleeping", T0 + 50, None, T0)
+        r, won = await store.retry_run(NS, queued.id, None, T0 + 2)
+        assert not won and r is not None and r.status == RunStatus.SLEEPING
+        [d] = await claim(store, now=T0 + 2)
+        assert d.id == done.id
+        assert await store.settle_run(fence(d), Settlement("succeeded", output=3), T0 + 3)
+        r, won = await store.retry_run(NS, done.id, None, T0 + 4)
+        assert not won and r is not None and r.status == RunStatus.SUCCEEDED and r.output == 3
+
+    async def test_a_retried_cancelled_run_waits_for_its_key_and_waits_afresh(
+        self, store: Store
+    ) -> None:
+        first = await add(store, key="k")
+        [c] = await claim(store)
+        assert await store.checkpoint_step(fence(c), Step(1, "pick", 1, True, 0), LEASE, T0)
+        got = await store.wait_signal(fence(c), Step(2, "shoal.wait_for:go", {}, False, 0),
+                                      "go", None, T0)
+        assert got is not None and got.parked
+        cancelled = await store.cancel_run(first.id, T0 + 1)
+        assert cancelled is not None and cancelled.status == RunStatus.CANCELLED
+        second = await add(store, T0 + 2, key="k")
+        [c2] = await claim(store, now=T0 + 2)
+        assert c2.id == second.id
+        r, won = await store.retry_run(NS, first.id, None, T0 + 3)
+        assert won and r is not None and not r.cancel_requested and r.wait_for is None
+        # the key is held by the second run: the retried one waits as a new run would
+        assert await claim(store, now=T0 + 3) == []
+        assert await store.settle_run(fence(c2), Settlement("succeeded"), T0 + 4)
+        [c3] = await claim(store, now=T0 + 4)
+        assert c3.id == first.id and c3.resume_reason == "retried"
+        # the wait in progress when it was cancelled starts over; the finished step stays
+        assert [(s.seq, s.finished) for s in await store.load_steps(first.id)] == [(1, True)]
+        renewal = await store.renew_leases("a", {c3.id: c3.lease_epoch}, LEASE, T0 + 5)
+        assert renewal.renewed == {c3.id} and renewal.cancel_requested == frozenset()
+
+    async def test_two_racing_retries_of_one_run_one_wins(
+        self, store: Store, other: Store
+    ) -> None:
+        run = await add(store)
+        [c] = await claim(store)
+        assert await store.settle_run(fence(c), Settlement("failed", error="E"), T0 + 1)
+        results = await asyncio.gather(store.retry_run(NS, run.id, None, T0 + 2),
+                                       other.retry_run(NS, run.id, None, T0 + 2))
+        assert sorted(won for _, won in results) == [False, True]
+        for r, _ in results:
+            assert r is not None and r.status == RunStatus.QUEUED
+        [again] = await claim(store, now=T0 + 2)
+        assert again.id == run.id and again.attempts == 1
 
     # -- sleeping, signals -----------------------------------------------------------------
 

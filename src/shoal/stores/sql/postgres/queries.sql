@@ -104,7 +104,8 @@ SET status = 'running', owner = %(owner)s, lease_expires_at = %(expires)s,
     version = CASE WHEN runs.started_at IS NULL THEN %(version)s::text ELSE runs.version END,
     resume_reason = CASE WHEN runs.status = 'sleeping' THEN 'woke'
                          WHEN runs.status = 'waiting' THEN 'resumed'
-                         WHEN runs.started_at IS NULL THEN 'dispatched'
+                         -- retried (retry_run) or dispatched: never started before
+                         WHEN runs.started_at IS NULL THEN coalesce(runs.resume_reason, 'dispatched')
                          ELSE coalesce(runs.resume_reason, 'recovered') END
 FROM chosen
 WHERE runs.id = chosen.id
@@ -343,6 +344,28 @@ SELECT cancelled.*,
 FROM cancelled
 WHERE cancelled.id = %(id)s;
 
+-- name: retry
+-- A failed or cancelled run queued again, not started (the claim takes its concurrency key and
+-- version as a new run's), its unfinished steps dropped (a sleep, wait, approval or child wait
+-- in progress starts over). The row lock makes two racing calls wait for each other: the second
+-- finds the run queued and changes nothing.
+WITH target AS MATERIALIZED (
+    SELECT id FROM runs
+    WHERE id = %(id)s AND namespace = %(namespace)s
+      AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
+      AND status IN ('failed', 'cancelled')
+    FOR UPDATE
+), dropped AS (
+    DELETE FROM steps USING target WHERE steps.run_id = target.id AND NOT steps.finished
+)
+UPDATE runs
+SET status = 'queued', attempts = 0, run_at = %(now)s, started_at = NULL, finished_at = NULL,
+    output = NULL, owner = NULL, lease_expires_at = NULL, wait_for = NULL,
+    cancel_requested = false, held = false, resume_reason = 'retried'
+FROM target
+WHERE runs.id = target.id
+RETURNING runs.*, pg_notify(%(channel)s, '') AS notified;
+
 -- name: lock_run
 -- Taken by send_signal before it looks at the run: wait_signal holds the same lock while it
 -- decides to park, so a signal either is seen by it or wakes the parked run.
@@ -378,6 +401,26 @@ SET options = excluded.options, registered_at = excluded.registered_at;
 
 -- name: get_workflow
 SELECT options FROM workflows WHERE namespace = %(namespace)s AND name = %(name)s;
+
+-- name: register_workflow_instances
+INSERT INTO workflow_instances (namespace, workflow, instance, registered_at)
+SELECT %(namespace)s, w.name, %(instance)s, %(now)s
+FROM unnest(%(names)s::text[]) AS w(name)
+ORDER BY w.name
+ON CONFLICT (namespace, workflow, instance) DO UPDATE SET registered_at = excluded.registered_at;
+
+-- name: forget_workflow_instances
+DELETE FROM workflow_instances WHERE namespace = %(namespace)s AND registered_at < %(before)s;
+
+-- name: list_workflows
+SELECT namespace, name, options, registered_at FROM workflows
+WHERE %(namespace)s::text IS NULL OR namespace = %(namespace)s
+ORDER BY namespace, name;
+
+-- name: list_workflow_instances
+SELECT namespace, workflow, instance, registered_at FROM workflow_instances
+WHERE %(namespace)s::text IS NULL OR namespace = %(namespace)s
+ORDER BY namespace, workflow, registered_at DESC, instance;
 
 -- name: prune_runs
 -- A bounded batch of the oldest finished runs with their steps, signals and outbox entries; runs

@@ -79,7 +79,8 @@ SET status = 'running', owner = :owner, lease_expires_at = :expires, lease_epoch
     version = CASE WHEN started_at IS NULL THEN :version ELSE version END,
     resume_reason = CASE WHEN status = 'sleeping' THEN 'woke'
                          WHEN status = 'waiting' THEN 'resumed'
-                         WHEN started_at IS NULL THEN 'dispatched'
+                         -- retried (retry_run) or dispatched: never started before
+                         WHEN started_at IS NULL THEN coalesce(resume_reason, 'dispatched')
                          ELSE coalesce(resume_reason, 'recovered') END
 WHERE id IN (SELECT value FROM json_each(:ids))
 RETURNING *;
@@ -177,6 +178,19 @@ RETURNING *;
 -- name: cancel_request
 UPDATE runs SET cancel_requested = 1 WHERE id = :id AND status = 'running' RETURNING *;
 
+-- name: retry_drop_unfinished
+-- A sleep, wait, approval or child wait the run was in when it ended starts over.
+DELETE FROM steps WHERE run_id = :id AND finished = 0;
+
+-- name: retry
+-- Queued again and not started: the claim takes its concurrency key and version as a new run's.
+UPDATE runs
+SET status = 'queued', attempts = 0, run_at = :now, started_at = NULL, finished_at = NULL,
+    output = NULL, owner = NULL, lease_expires_at = NULL, wait_for = NULL, cancel_requested = 0,
+    held = 0, resume_reason = 'retried'
+WHERE id = :id AND status IN ('failed', 'cancelled')
+RETURNING *;
+
 -- name: insert_signal
 INSERT INTO signals (id, run_id, name, payload, created_at)
 VALUES (:id, :run_id, :name, :payload, :now);
@@ -218,6 +232,24 @@ SET options = excluded.options, registered_at = excluded.registered_at;
 
 -- name: get_workflow
 SELECT options FROM workflows WHERE namespace = :namespace AND name = :name;
+
+-- name: register_workflow_instance
+INSERT INTO workflow_instances (namespace, workflow, instance, registered_at)
+VALUES (:namespace, :name, :instance, :now)
+ON CONFLICT (namespace, workflow, instance) DO UPDATE SET registered_at = excluded.registered_at;
+
+-- name: forget_workflow_instances
+DELETE FROM workflow_instances WHERE namespace = :namespace AND registered_at < :before;
+
+-- name: list_workflows
+SELECT namespace, name, options, registered_at FROM workflows
+WHERE :namespace IS NULL OR namespace = :namespace
+ORDER BY namespace, name;
+
+-- name: list_workflow_instances
+SELECT namespace, workflow, instance, registered_at FROM workflow_instances
+WHERE :namespace IS NULL OR namespace = :namespace
+ORDER BY namespace, workflow, registered_at DESC, instance;
 
 -- name: insert_pause
 INSERT INTO pauses (id, namespace, tenant, run_id, name, request, status, created_at, expires_at)

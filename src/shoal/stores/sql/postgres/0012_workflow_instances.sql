@@ -1,0 +1,12 @@
+-- shoal schema version 12: which instances serve each workflow (`shoal workflows`). Each start of
+-- an instance records, per workflow it registers, the time of that registration; rows of a
+-- namespace older than WORKFLOW_INSTANCE_RETENTION (shoal.stores.base) go at the next
+-- registration in that namespace.
+CREATE TABLE workflow_instances (
+    namespace     text NOT NULL,
+    workflow      text NOT NULL,
+    instance      text NOT NULL,
+    registered_at double precision NOT NULL,
+    PRIMARY KEY (namespace, workflow, instance)
+);
+CREATE INDEX workflow_instances_registered ON workflow_instances (namespace, registered_at);
