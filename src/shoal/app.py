@@ -648,18 +648,13 @@ class App:
             return Health(HealthStatus.UNHEALTHY, "stopping")
         if engine is None:
             return Health(HealthStatus.UNHEALTHY, "not started")
-        last = engine.last_loop_at if engine.last_loop_at is not None else engine.started_at
-        stuck_for = self.clock.now() - last
-        if stuck_for > 3 * engine.poll_interval:
-            return Health(HealthStatus.UNHEALTHY,
-                          f"stuck: no poll completed for {stuck_for:.0f} s "
-                          f"(every {engine.poll_interval:g} s expected)")
-        beat = engine.last_beat_at if engine.last_beat_at is not None else engine.started_at
-        stuck_for = self.clock.now() - beat
-        if stuck_for > 3 * engine.heartbeat:
-            return Health(HealthStatus.UNHEALTHY,
-                          f"stuck: no lease renewal pass completed for {stuck_for:.0f} s "
-                          f"(every {engine.heartbeat:g} s expected)")
+        for what, last, every in (("poll", engine.last_loop_at, engine.poll_interval),
+                                  ("lease renewal pass", engine.last_beat_at, engine.heartbeat)):
+            stuck_for = self.clock.now() - (last if last is not None else engine.started_at)
+            if stuck_for > 3 * every:
+                return Health(HealthStatus.UNHEALTHY,
+                              f"stuck: no {what} completed for {stuck_for:.0f} s "
+                              f"(every {every:g} s expected)")
         return Health(HealthStatus.HEALTHY)
 
     async def check_readiness(self) -> Health:
