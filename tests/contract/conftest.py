@@ -1,4 +1,5 @@
-"""What the contract test files here share through pytest itself: the Redis fixtures of
+"""What the contract test files here share through pytest itself: ``schema``, a PostgreSQL schema
+of the test's own (helpers in ``test_postgres.py``, imported lazily), the Redis fixtures of
 ``test_coord_redis.py`` and ``test_rate_redis.py`` (their helpers are ``redis_support.py``,
 imported lazily so that no other test here needs the redis client), and assert rewriting for
 ``sql_support.py`` (its failures show their values, as in a test file; pytest must be told
@@ -15,6 +16,20 @@ if TYPE_CHECKING:
     from redis_support import Server
 
 pytest.register_assert_rewrite("sql_support")
+
+
+@pytest.fixture
+def schema() -> Iterator[str]:
+    """The name of a schema of the test's own on the test server (skipped without one, failed
+    under ``CI``), dropped afterwards."""
+    import secrets
+
+    from test_postgres import _drop, _require_postgres
+
+    _require_postgres()
+    name = f"shoal_t_{secrets.token_hex(6)}"
+    yield name
+    _drop(name)
 
 
 @pytest.fixture

@@ -94,20 +94,11 @@ class _Proxy:
 
 
 @pytest.fixture
-def pg_schema() -> Iterator[str]:
-    """A schema of the test's own on the test server, dropped afterwards."""
-    _require_postgres()
-    name = f"shoal_t_{secrets.token_hex(6)}"
-    yield name
-    _drop(name)
-
-
-@pytest.fixture
-async def proxied(pg_schema: str) -> AsyncIterator[tuple[_Proxy, str]]:
+async def proxied(schema: str) -> AsyncIterator[tuple[_Proxy, str]]:
     """A proxy and the URL of a schema of the test's own through it."""
     proxy = _Proxy()
     port = await proxy.start()
-    direct = urlsplit(_url(pg_schema, pool_min_size="1", pool_max_size="2", pool_timeout="1"))
+    direct = urlsplit(_url(schema, pool_min_size="1", pool_max_size="2", pool_timeout="1"))
     netloc = direct.netloc.rsplit("@", 1)[0] + "@" if "@" in direct.netloc else ""
     yield proxy, direct._replace(netloc=f"{netloc}127.0.0.1:{port}").geturl()
     if proxy.server is not None:
@@ -136,8 +127,8 @@ async def test_a_burst_on_a_store_that_went_down_fails_within_pool_timeout(
         await store.close()
 
 
-async def test_calls_queued_when_the_store_closes_fail_with_a_clear_error(pg_schema: str) -> None:
-    store = PostgresStore.from_url(_url(pg_schema, pool_min_size="1", pool_max_size="1"))
+async def test_calls_queued_when_the_store_closes_fail_with_a_clear_error(schema: str) -> None:
+    store = PostgresStore.from_url(_url(schema, pool_min_size="1", pool_max_size="1"))
     await store.open()
     calls = [asyncio.ensure_future(store.get_run(f"r{n}")) for n in range(50)]
     await asyncio.sleep(0)
@@ -149,10 +140,10 @@ async def test_calls_queued_when_the_store_closes_fail_with_a_clear_error(pg_sch
         {str(e) for e in errors}
 
 
-async def test_lease_renewals_go_before_a_burst(pg_schema: str) -> None:
+async def test_lease_renewals_go_before_a_burst(schema: str) -> None:
     """A renewal asked for while 3,000 creates wait for the pool's 2 connections is answered
     before them: a burst never costs an instance its leases."""
-    store = PostgresStore.from_url(_url(pg_schema, pool_min_size="1", pool_max_size="2"))
+    store = PostgresStore.from_url(_url(schema, pool_min_size="1", pool_max_size="2"))
     await store.open()
     try:
         await add(store, T0)

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 # pytest puts this directory on sys.path (rootdir-relative "prepend" imports, no __init__.py)
-from test_postgres import _listening, _open, _terminate, schema  # noqa: F401 (a fixture)
+from test_postgres import _listening, _open, _terminate
 
 from shoal.stores.postgres import PostgresStore
 from shoal.testing.coord_contract import NS, CoordContract, grant, queued
@@ -20,7 +20,7 @@ from shoal.testing.coord_contract import NS, CoordContract, grant, queued
 
 class TestPostgresCoordination(CoordContract):
     @pytest.fixture
-    async def coord(self, schema: str) -> AsyncIterator[PostgresStore]:  # noqa: F811
+    async def coord(self, schema: str) -> AsyncIterator[PostgresStore]:
         s = await _open(schema)
         yield s
         await s.close()
@@ -33,7 +33,7 @@ class TestPostgresCoordination(CoordContract):
         await s.close()
 
 
-async def test_watches_wake_when_the_listener_reconnects(schema: str) -> None:  # noqa: F811
+async def test_watches_wake_when_the_listener_reconnects(schema: str) -> None:
     """A release may have been announced while the LISTEN connection was down."""
     a, b = await _open(schema), await _open(schema)
     try:
@@ -55,7 +55,7 @@ async def test_watches_wake_when_the_listener_reconnects(schema: str) -> None:  
         await b.close()
 
 
-async def test_a_release_wakes_lock_watches_not_the_dispatcher(schema: str) -> None:  # noqa: F811
+async def test_a_release_wakes_lock_watches_not_the_dispatcher(schema: str) -> None:
     a, b = await _open(schema), await _open(schema)
     try:
         await _listening(b)
@@ -74,7 +74,7 @@ async def test_a_release_wakes_lock_watches_not_the_dispatcher(schema: str) -> N
 
 
 async def test_waiters_too_many_for_a_notification_wake_every_watch(
-    schema: str,  # noqa: F811
+    schema: str,
 ) -> None:
     keys = [f"k{i:02d}" for i in range(50)]
     waiters = [f"{i:03d}" + "x" * 200 for i in range(50)]   # 10 kB: a payload is under 8000 bytes

@@ -10,9 +10,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-import secrets
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
@@ -62,14 +61,6 @@ def _url(schema: str, **options: str) -> str:
 def _drop(schema: str) -> None:
     with psycopg.connect(URL, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
-
-
-@pytest.fixture
-def schema() -> Iterator[str]:
-    _require_postgres()
-    name = f"shoal_t_{secrets.token_hex(6)}"
-    yield name
-    _drop(name)
 
 
 async def _open(schema: str) -> PostgresStore:

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 from psycopg import sql
-from test_postgres import URL, _url, schema  # noqa: F401 (a fixture)
+from test_postgres import URL, _url
 
 import shoal
 from shoal.stores._sqlfiles import migrations
@@ -28,7 +28,7 @@ from shoal.testing.contract import add
 
 
 @pytest.fixture
-def dml_role(schema: str) -> Iterator[str]:  # noqa: F811
+def dml_role(schema: str) -> Iterator[str]:
     """A login role with no privilege of its own; dropped (with its grants) afterwards, after
     the schema fixture's schema is no more in its way."""
     name = f"shoal_dml_{secrets.token_hex(6)}"
@@ -44,7 +44,7 @@ def dml_role(schema: str) -> Iterator[str]:  # noqa: F811
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
 
 
-def _grant_dml(schema: str, role: str) -> None:  # noqa: F811
+def _grant_dml(schema: str, role: str) -> None:
     """What a DBA gives an application role: rows, not tables."""
     s, r = sql.Identifier(schema), sql.Identifier(role)
     with psycopg.connect(URL, autocommit=True) as conn:
@@ -61,7 +61,7 @@ def _as(role: str, url: str) -> str:
 
 
 async def test_a_role_with_only_row_privileges_serves_a_migrated_schema(
-    schema: str, dml_role: str  # noqa: F811
+    schema: str, dml_role: str
 ) -> None:
     owner = PostgresStore.from_url(_url(schema))
     await owner.open()   # the owner migrates (as `shoal migrate` does)
@@ -91,7 +91,7 @@ async def test_a_role_with_only_row_privileges_serves_a_migrated_schema(
 
 
 async def test_a_role_with_only_row_privileges_listens_and_notifies(
-    schema: str, dml_role: str  # noqa: F811
+    schema: str, dml_role: str
 ) -> None:
     owner = PostgresStore.from_url(_url(schema))
     await owner.open()
@@ -119,7 +119,7 @@ async def test_a_role_with_only_row_privileges_listens_and_notifies(
 
 
 async def test_a_role_with_only_row_privileges_cannot_upgrade_a_schema_and_says_so(
-    schema: str, dml_role: str  # noqa: F811
+    schema: str, dml_role: str
 ) -> None:
     from test_rate_postgres import _schema_at
 

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import secrets
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from psycopg.conninfo import conninfo_to_dict
-from test_postgres import URL, _drop, _require_postgres
+from test_postgres import URL, _require_postgres
 
 from shoal.errors import ConfigurationError, StoreUnavailableError
 from shoal.stores import mask_url, open_store
@@ -27,14 +26,6 @@ SOCKET_DIR = "/var/run/postgresql"
 _SERVER = conninfo_to_dict(URL)
 USER, DB = _SERVER.get("user", "postgres"), _SERVER.get("dbname", "test")
 HOST, PORT = _SERVER.get("host", "127.0.0.1"), _SERVER.get("port", "5432")
-
-
-@pytest.fixture
-def schema() -> Iterator[str]:
-    _require_postgres()
-    name = f"shoal_t_{secrets.token_hex(6)}"
-    yield name
-    _drop(name)
 
 
 def _require_socket() -> None:

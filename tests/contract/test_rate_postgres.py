@@ -24,7 +24,7 @@ from sql_support import (
     trim_the_exported_ledger,
     use_the_rate_tables,
 )
-from test_postgres import URL, _open, schema  # noqa: F401 (a fixture)
+from test_postgres import URL, _open
 
 from shoal.coord.base import RateStore, SlotBusy, SlotGrant, SpendEntry, WindowResult
 from shoal.stores._sqlfiles import migrations
@@ -36,7 +36,7 @@ from shoal.testing.rate_contract import RateContract, increasing, unwritten
 
 class TestPostgresRateLimits(RateContract):
     @pytest.fixture
-    async def rates(self, schema: str) -> AsyncIterator[PostgresStore]:  # noqa: F811
+    async def rates(self, schema: str) -> AsyncIterator[PostgresStore]:
         s = await _open(schema)
         yield s
         await s.close()
@@ -82,7 +82,7 @@ def _schema_at(name: str, version: int, *statements: str) -> list[int]:
     return [number for number, _, _ in old]
 
 
-async def test_a_schema_at_version_6_gets_the_rate_tables(schema: str) -> None:  # noqa: F811
+async def test_a_schema_at_version_6_gets_the_rate_tables(schema: str) -> None:
     applied = _schema_at(schema, 6,    # the schema as shoal left it at 6
                          "INSERT INTO meters VALUES ('ns', 'k', 5, 0)")
     assert applied == [1, 2, 3, 4, 5, 6]
@@ -102,7 +102,7 @@ async def test_a_schema_at_version_6_gets_the_rate_tables(schema: str) -> None: 
         await store.close()
 
 
-async def test_a_schema_at_version_7_gets_the_window_totals(schema: str) -> None:  # noqa: F811
+async def test_a_schema_at_version_7_gets_the_window_totals(schema: str) -> None:
     """Migration 8 fills each window's running total from the entries there (even those that
     have left the window since: the next add subtracts them as they leave), and numbers the
     entries of the same time in some order."""
@@ -144,7 +144,7 @@ def _scans(plan: dict[str, Any]) -> list[tuple[str, int]]:
 
 
 async def test_a_window_costs_the_entries_leaving_not_the_window(
-    schema: str  # noqa: F811
+    schema: str
 ) -> None:
     """On a window of 2,000 entries, an add reads through the index only the entries leaving
     (and the newest, to know one is left), and a refused add only the entries it walks."""
@@ -185,7 +185,7 @@ async def test_a_window_costs_the_entries_leaving_not_the_window(
         await store.close()
 
 
-async def test_a_window_keeps_only_its_entries(schema: str) -> None:  # noqa: F811
+async def test_a_window_keeps_only_its_entries(schema: str) -> None:
     store = await _open(schema)
     try:
         for i in range(30):
@@ -198,7 +198,7 @@ async def test_a_window_keeps_only_its_entries(schema: str) -> None:  # noqa: F8
         await store.close()
 
 
-async def test_the_ledger_filters_by_tenant_and_root_together(schema: str) -> None:  # noqa: F811
+async def test_the_ledger_filters_by_tenant_and_root_together(schema: str) -> None:
     store = await _open(schema)
     try:
         await check_the_ledger_filters(store)
@@ -206,7 +206,7 @@ async def test_the_ledger_filters_by_tenant_and_root_together(schema: str) -> No
         await store.close()
 
 
-async def test_concurrent_spends_on_overlapping_keys(schema: str) -> None:  # noqa: F811
+async def test_concurrent_spends_on_overlapping_keys(schema: str) -> None:
     """Spends naming shared counters in different orders (and twice) from two pools: never a
     limit passed, never a deadlock, and the ledger has exactly the spends that were added."""
     a, b = await _open(schema), await _open(schema)
@@ -232,7 +232,7 @@ async def test_concurrent_spends_on_overlapping_keys(schema: str) -> None:  # no
         await b.close()
 
 
-async def test_concurrent_slot_takers_on_an_expired_slot(schema: str) -> None:  # noqa: F811
+async def test_concurrent_slot_takers_on_an_expired_slot(schema: str) -> None:
     """The slots that ended are taken again by exactly as many callers as there are slots."""
     a, b = await _open(schema), await _open(schema)
     try:
@@ -250,7 +250,7 @@ async def test_concurrent_slot_takers_on_an_expired_slot(schema: str) -> None:  
 
 @pytest.mark.parametrize("seed", range(4))
 async def test_the_same_answers_as_the_memory_reference(
-    schema: str, seed: int  # noqa: F811
+    schema: str, seed: int
 ) -> None:
     store = await _open(schema)
     try:
@@ -259,7 +259,7 @@ async def test_the_same_answers_as_the_memory_reference(
         await store.close()
 
 
-async def test_a_spend_waits_for_the_one_before_it_to_commit(schema: str) -> None:  # noqa: F811
+async def test_a_spend_waits_for_the_one_before_it_to_commit(schema: str) -> None:
     """A spend whose row would take a larger id while an earlier one has not committed waits
     for it (the ledger's advisory lock), so a reader never sees the later row without the
     earlier one, and paging by id skips nothing."""
@@ -291,7 +291,7 @@ async def test_a_spend_waits_for_the_one_before_it_to_commit(schema: str) -> Non
         await store.close()
 
 
-async def test_a_ledger_page_reads_through_an_index(schema: str) -> None:  # noqa: F811
+async def test_a_ledger_page_reads_through_an_index(schema: str) -> None:
     """Each filter's page walks the index of its narrowest filter from `after`, not the
     ledger: on 20,000 rows, 1,000 of them in the namespace read, a page of 10 reads 10 rows."""
     store = await _open(schema)
@@ -336,7 +336,7 @@ def _ledger_reads(plan: dict[str, Any]) -> list[int]:
     return found
 
 
-async def test_a_schema_at_version_10_gets_the_ledger_indexes(schema: str) -> None:  # noqa: F811
+async def test_a_schema_at_version_10_gets_the_ledger_indexes(schema: str) -> None:
     applied = _schema_at(schema, 10, *(   # the schema as shoal left it at 10
         "INSERT INTO cost_ledger (namespace, tenant, run_id, root_id, amount, currency, at) "
         f"VALUES ('ns', 't', 'r{i}', NULL, {i}, 'usd', {i})" for i in range(3)))
@@ -355,7 +355,7 @@ async def test_a_schema_at_version_10_gets_the_ledger_indexes(schema: str) -> No
         await store.close()
 
 
-async def test_an_exported_ledger_is_trimmed_and_ids_go_on(schema: str) -> None:  # noqa: F811
+async def test_an_exported_ledger_is_trimmed_and_ids_go_on(schema: str) -> None:
     store = await _open(schema)
     try:
         with psycopg.connect(URL, autocommit=True) as conn:
@@ -366,7 +366,7 @@ async def test_an_exported_ledger_is_trimmed_and_ids_go_on(schema: str) -> None:
         await store.close()
 
 
-async def test_prune_never_cuts_a_circuits_pair_behind_a_lock(schema: str) -> None:  # noqa: F811
+async def test_prune_never_cuts_a_circuits_pair_behind_a_lock(schema: str) -> None:
     """rate_counter_keys_create (admit's, counter_add's) locks a circuit's two counter rows one
     after the other, in "C" order. A retention batch that runs in between finds '…-opened'
     locked and skips it (FOR UPDATE SKIP LOCKED) but deletes the idle '…-reclosed': the

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from psycopg import sql
 from sql_support import sqlite_file_at
-from test_postgres import URL, _url, schema  # noqa: F401 (a fixture)
+from test_postgres import URL, _url
 
 import shoal
 from shoal.errors import ConfigurationError, SchemaVersionError
@@ -63,7 +63,7 @@ def _sqlite_place(tmp_path: Path) -> Place:
     return Place(f"sqlite:///{path}", at, version)
 
 
-def _postgres_place(schema: str) -> Place:  # noqa: F811
+def _postgres_place(schema: str) -> Place:
     from test_rate_postgres import _schema_at
 
     table = sql.Identifier(schema, "shoal_migrations")
