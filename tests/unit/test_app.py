@@ -614,3 +614,69 @@ async def test_no_step_starts_once_the_lease_may_have_passed(clock: VirtualClock
 
 async def _has_type(items: list[Any], kind: type) -> bool:
     return any(isinstance(i, kind) for i in items)
+
+
+class RefusedRenewals(MemoryStore):
+    """A memory store that refuses every lease renewal while ``refuse`` is set (as a store does
+    once another instance took the run over, or the lease ran out)."""
+
+    refuse = False
+
+    async def renew_leases(self, owner: str, leases: dict[str, int], lease: float,
+                           now: float) -> Any:
+        if self.refuse:
+            return await super().renew_leases(owner, {}, lease, now)
+        return await super().renew_leases(owner, leases, lease, now)
+
+
+async def test_a_run_claimed_again_waits_for_its_earlier_execution_here(
+        clock: VirtualClock) -> None:
+    """The lease of a run whose plain-function step is in a thread is lost: the task is aborted
+    but the thread runs on. It holds its slot, and when this instance claims the run again the
+    new execution waits for that thread: the step never runs twice at once here."""
+    import threading
+
+    store = RefusedRenewals()
+    app = make_app(clock, store, max_concurrent_runs=2)
+    gate = threading.Event()
+    running: list[int] = []
+    most: list[int] = [0]
+    calls: list[int] = []
+
+    def work() -> str:
+        running.append(1)
+        most[0] = max(most[0], len(running))
+        calls.append(1)
+        gate.wait(10)
+        running.pop()
+        return "done"
+
+    @app.workflow(name="wf")
+    async def wf(ctx: shoal.RunContext, input: Any) -> str:
+        return str(await ctx.step("work", work))
+
+    @app.workflow(name="quick")
+    async def quick(ctx: shoal.RunContext, input: Any) -> int:
+        return 1
+
+    async def thread_started() -> bool:
+        await asyncio.sleep(0.001)
+        return bool(running)
+
+    async with app:
+        run = await app.dispatch("wf")
+        await until(thread_started)
+        store.refuse = True
+        await clock.advance(10)                   # the heartbeat is refused: the run is lost here
+        store.refuse = False
+        assert app._engine is not None and app._engine.running == 1   # the thread holds a slot
+        await clock.advance(31)                   # past the lease: recovered and claimed again
+        assert (await app.get_run(run.id)).lease_epoch == 2
+        one = await app.dispatch("quick")         # no slot for it while the thread and the
+        await clock.advance(1)                    # new execution waiting for it hold both
+        assert (await app.get_run(one.id)).status == "queued"
+        assert len(calls) == 1                    # the new execution has not started the step
+        gate.set()
+        assert await app.result(run.id, timeout=60) == "done"
+        assert await app.result(one.id, timeout=60) == 1
+    assert len(calls) == 2 and most[0] == 1

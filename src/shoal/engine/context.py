@@ -203,9 +203,9 @@ class Execution:
     # A step's thread still runs after the run was interrupted: the claim is not released, so
     # no other instance runs the step beside it before the lease lapses
     thread_running: bool = False
-    # the last step thread started: a thread cannot be stopped, so the engine counts the
-    # execution as alive (holding its slot, barring a new execution of the run) until it ends
-    thread: asyncio.Future[Any] | None = None
+    # step threads still running: a thread cannot be stopped, so the engine counts the
+    # execution as alive (holding its slot, barring a new execution of the run) until they end
+    threads: set[asyncio.Future[Any]] = field(default_factory=set)
     # ctx.step(...) calls whose coroutine has not started yet, and the names of those dropped
     # without ever starting (an await left out)
     unstarted: set[_StepCall] = field(default_factory=set)
@@ -434,7 +434,8 @@ class RunContext:
         (nobody runs it again); an interrupted one is not released but left to its lease, so
         another instance runs the step again only a lease later, not beside the thread."""
         work = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
-        self._x.thread = work
+        self._x.threads.add(work)
+        work.add_done_callback(self._x.threads.discard)
         try:
             return await asyncio.shield(work)
         except asyncio.CancelledError:

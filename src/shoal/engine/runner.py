@@ -64,31 +64,32 @@ async def _call_handler(fn: Callable[..., Any], timeout: float, *args: Any) -> N
 
 async def _ended(x: Execution) -> None:
     """Wait until the execution ``x`` and any step thread it left behind have ended."""
-    for work in (x.task, x.thread):
-        if work is not None and not work.done():
-            await asyncio.wait({work})
+    alive = {work for work in (x.task, *x.threads) if work is not None and not work.done()}
+    if alive:
+        await asyncio.wait(alive)
 
 
 class BackgroundPass:
     """A pass of background work (outbox delivery, pause notification) that runs at most once at
     a time, in a task of its own, so nothing else waits for it: ``trigger()`` starts it, or, if
-    it is running, has it go once more when done (work may have arrived after it looked)."""
+    it is running, has it go once more when done (work may have arrived after it looked). Once
+    stopped, it starts no more: a late trigger (a retry's timer, a step writing entries while
+    the instance drains) is ignored."""
 
     def __init__(self, name: str, job: Callable[[], Awaitable[None]]) -> None:
         self.name = name
         self._job = job
         self._task: asyncio.Task[None] | None = None
         self._again = False
+        self._stopped = False
 
     def trigger(self) -> None:
+        if self._stopped:
+            return
         if self._task is not None and not self._task.done():
             self._again = True
             return
         self._task = asyncio.create_task(self._run(), name=f"shoal-{self.name}")
-
-    @property
-    def running(self) -> bool:
-        return self._task is not None and not self._task.done()
 
     async def _run(self) -> None:
         while True:
@@ -102,6 +103,7 @@ class BackgroundPass:
                 return
 
     async def stop(self) -> None:
+        self._stopped = True
         task, self._task = self._task, None
         if task is not None:
             await _cancel_and_wait(task)
@@ -376,7 +378,7 @@ class Engine:
 
     def outbox_written(self) -> None:
         """A step just wrote outbox entries here: deliver them now, not at the next poll."""
-        if self._outbox_handlers and not self._closing:
+        if self._outbox_handlers:
             self._delivery.trigger()
 
     async def deliver_outbox(self) -> None:
@@ -431,7 +433,7 @@ class Engine:
 
     def pause_created(self) -> None:
         """A pause was just made here: announce it now rather than at the next poll."""
-        if self._on_pause_notify and not self._closing:
+        if self._on_pause_notify:
             self._notification.trigger()
 
     async def notify_pauses(self) -> None:
@@ -613,10 +615,10 @@ class Engine:
 
     def _retire(self, x: Execution) -> None:
         """``x`` is gone once its task ended and no step thread of it still runs."""
-        thread = x.thread
-        if thread is not None and not thread.done():
-            thread.add_done_callback(lambda _: self._retire(x))
-            return
+        for thread in x.threads:
+            if not thread.done():
+                thread.add_done_callback(lambda _: self._retire(x))
+                return
         if x in self._executions:
             self._executions.discard(x)
             self.kick()   # its slot is free
