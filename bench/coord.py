@@ -64,7 +64,8 @@ from typing import Any
 from _common import filesystem_of, machine, pct, pg_one
 
 import shoal
-from shoal.coord.base import CoordStore, LockWait
+from shoal.ports import CoordStore
+from shoal.types import LockWait
 
 NAMESPACE = "bench"
 KEY = "bench:k"
@@ -437,7 +438,7 @@ async def bench_redis(url: str, plan: Plan) -> Section:
     from redis.asyncio import Redis
     from redis.asyncio.lock import Lock as RedisLock
 
-    from shoal.stores.redis import RedisCoordStore
+    from shoal.backends.redis import RedisCoordStore
 
     section = Section("Redis")
     prefix = f"shoalbench{os.getpid()}"

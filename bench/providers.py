@@ -341,7 +341,7 @@ async def bare_rows(section: Section, bares: list[Bare], plan: Plan, when: str,
 async def bench_redis(url: str, plan: Plan) -> Section:
     from redis.asyncio import Redis
 
-    from shoal.stores.redis import RedisCoordStore
+    from shoal.backends.redis import RedisCoordStore
 
     section = Section("Redis")
     prefix = f"providerbench{os.getpid()}"

@@ -29,7 +29,8 @@ from shoal.errors import (
     WorkflowCodeError,
 )
 from shoal.health import Health, HealthStatus
-from shoal.stores.base import OutboxEntry, Pause, Run, RunStatus, Store
+from shoal.ports import Store
+from shoal.types import OutboxEntry, Pause, Run, RunStatus
 
 __version__ = "0.1.0"
 

@@ -17,7 +17,6 @@ from shoal import _checks, _ids, _json
 from shoal._checks import CALL, CONFIG
 from shoal.abort import AbortSignal
 from shoal.clock import Clock, SystemClock
-from shoal.coord.base import CoordStore, RateStore, SpendEntry
 from shoal.coord.lock import LockManager, LockRequest, lock_keys
 from shoal.coord.membership import Listener, Membership
 from shoal.coord.provider import (
@@ -50,8 +49,9 @@ from shoal.errors import (
     UnknownWorkflowError,
 )
 from shoal.health import PING_TIMEOUT, Health, HealthStatus, ping_within
-from shoal.stores import Store, mask_url, open_store
-from shoal.stores.base import NewRun, OutboxEntry, Pause, Run, RunStatus
+from shoal.ports import CoordStore, RateStore, Store
+from shoal.stores import mask_url, open_store
+from shoal.types import NewRun, OutboxEntry, Pause, Run, RunStatus, SpendEntry
 
 log = logging.getLogger("shoal")
 
@@ -416,7 +416,7 @@ class App:
         if not isinstance(self.store, CoordStore):
             raise ConfigurationError(
                 f"The store {mask_url(self.store.url)!r} does not implement coordination "
-                f"(shoal.coord.base.CoordStore): give App(coordination='redis://…') or a store "
+                f"(shoal.ports.CoordStore): give App(coordination='redis://…') or a store "
                 f"that does.")
         return self.store
 
@@ -509,7 +509,7 @@ class App:
             if not isinstance(coord, RateStore):
                 raise ConfigurationError(
                     f"The coordination store {coord!r} keeps no rate-limit state "
-                    f"(shoal.coord.base.RateStore): provider limits and budgets need one.")
+                    f"(shoal.ports.RateStore): provider limits and budgets need one.")
             self._rate_store = coord
         return self._rate_store
 
@@ -1060,7 +1060,7 @@ def _coordination(coordination: str | list[str] | CoordStore | None) -> CoordSto
                 f"{mask_url(address)!r} (leave coordination=None to coordinate through the "
                 f"store).")
     try:
-        from shoal.stores.redis import RedisCoordStore
+        from shoal.backends.redis import RedisCoordStore
     except ImportError as e:
         raise ConfigurationError(
             "coordination='redis://…' needs the redis client: pip install 'shoal[redis]'."
@@ -1069,5 +1069,5 @@ def _coordination(coordination: str | list[str] | CoordStore | None) -> CoordSto
     stores = [RedisCoordStore(a, password=password) for a in addresses]
     if len(stores) == 1:
         return stores[0]
-    from shoal.coord.redlock import Redlock
+    from shoal.backends.redis import Redlock
     return Redlock(stores)

@@ -32,10 +32,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from shoal.app import App
-from shoal.coord.base import SpendEntry
 from shoal.errors import ShoalError, UnknownPauseError, UnknownRunError
+from shoal.ports import Store
 from shoal.stores import mask_url, open_store
-from shoal.stores.base import Pause, Run, RunStatus, Step, Store, WorkflowInfo
+from shoal.types import Pause, Run, RunStatus, SpendEntry, Step, WorkflowInfo
 
 DEFAULT_STORE = "sqlite:///shoal.db"
 T = TypeVar("T")

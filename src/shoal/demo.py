@@ -42,7 +42,8 @@ from rich.text import Text
 from shoal.app import App
 from shoal.engine.context import RunContext
 from shoal.errors import ConfigurationError
-from shoal.stores.base import Run, Step, Store
+from shoal.ports import Store
+from shoal.types import Run, Step
 
 NAMESPACE = "demo"
 WORKFLOW = "order"

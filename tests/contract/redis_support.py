@@ -25,8 +25,7 @@ from typing import NoReturn, TypeVar
 import pytest
 import redis
 
-from shoal.coord.redlock import Redlock
-from shoal.stores.redis import RedisCoordStore
+from shoal.backends.redis import RedisCoordStore, Redlock
 
 S = TypeVar("S", RedisCoordStore, Redlock)
 

@@ -16,21 +16,22 @@ from pathlib import Path
 
 import pytest
 
-from shoal.coord.base import (
+from shoal.backends._sql import migrations
+from shoal.backends.memory import MemoryStore
+from shoal.backends.sqlite import SQLiteStore
+from shoal.backends.sqlite.store import _statements
+from shoal.ports import RateStore
+from shoal.testing.rate_contract import increasing, unwritten
+from shoal.types import (
     CircuitNeed,
     Need,
     PauseNeed,
-    RateStore,
     SlotGrant,
     SlotNeed,
     SpendEntry,
     WindowNeed,
     WindowResult,
 )
-from shoal.stores._sqlfiles import migrations
-from shoal.stores.memory import MemoryStore
-from shoal.stores.sqlite import SQLiteStore, _statements
-from shoal.testing.rate_contract import increasing, unwritten
 
 RATE_TABLES = {"rate_slots", "rate_window_entries", "rate_pauses", "rate_counters", "cost_ledger"}
 

@@ -19,8 +19,8 @@ import pytest
 from test_postgres import URL, _drop, _require_postgres, _url
 
 import shoal
+from shoal.backends.postgres import PostgresStore
 from shoal.errors import StoreUnavailableError
-from shoal.stores.postgres import PostgresStore
 from shoal.testing.contract import T0, add, claim
 
 BURST = 10_000

@@ -14,7 +14,7 @@ import pytest
 # pytest puts this directory on sys.path (rootdir-relative "prepend" imports, no __init__.py)
 from test_postgres import _listening, _open, _terminate
 
-from shoal.stores.postgres import PostgresStore
+from shoal.backends.postgres import PostgresStore
 from shoal.testing.coord_contract import NS, CoordContract, grant, queued
 
 

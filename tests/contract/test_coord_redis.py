@@ -27,12 +27,12 @@ from redis_support import (
     sync_client,
 )
 
-from shoal.coord.base import CoordStore, LockGrant
-from shoal.coord.redlock import Redlock
+from shoal.backends.memory import MemoryStore
+from shoal.backends.redis import RedisCoordStore, Redlock
 from shoal.errors import ConfigurationError, StoreUnavailableError
-from shoal.stores.memory import MemoryStore
-from shoal.stores.redis import RedisCoordStore
+from shoal.ports import CoordStore
 from shoal.testing.coord_contract import LEASE, NS, T0, CoordContract, grant, queued
+from shoal.types import LockGrant
 
 # -- retention: Redis collects its keys by itself ----------------------------------------------
 #
@@ -335,8 +335,8 @@ async def test_redlock_waits_for_a_majority_of_wake_ups_without_spinning(
     """A waiter named by one server of three waits the grace for a second one asleep: before,
     each round of that wait also waited on the watch already done, so it returned at once and
     the grace was a busy loop (about 4000 rounds and 50 ms of CPU per such wake-up)."""
-    from shoal.coord.base import EventWatch
-    from shoal.coord.redlock import _QUORUM_GRACE, _QuorumWatch
+    from shoal.backends._watches import EventWatch
+    from shoal.backends.redis.redlock import _QUORUM_GRACE, _QuorumWatch
 
     watches = [EventWatch(NS, ["k"], "h") for _ in range(3)]
     rounds = [0]

@@ -11,7 +11,7 @@ import pytest
 from redis_support import Server, new_prefix, redlock, running_servers, silent_server
 
 import shoal
-from shoal.stores.redis import RedisCoordStore
+from shoal.backends.redis import RedisCoordStore
 
 LEASE = 1.5
 

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 from sql_support import OnOneSQLiteFile, sqlite_file_at, sqlite_store
 
-from shoal.coord.base import CoordStore, LockGrant, LockWait, MemberView
-from shoal.stores._sqlfiles import migrations
-from shoal.stores.memory import MemoryStore
-from shoal.stores.sqlite import SQLiteStore
+from shoal.backends._sql import migrations
+from shoal.backends.memory import MemoryStore
+from shoal.backends.sqlite import SQLiteStore
+from shoal.ports import CoordStore
 from shoal.testing.coord_contract import CoordContract
+from shoal.types import LockGrant, LockWait, MemberView
 
 COORD_TABLES = {"locks", "lock_waiters", "lock_tickets", "members", "rosters", "meters"}
 

@@ -20,12 +20,13 @@ from psycopg import sql
 
 import shoal.testing
 import shoal.testing.contract
+from shoal.backends._sql import migrations
+from shoal.backends.postgres import PostgresStore
 from shoal.errors import ConfigurationError, StoreUnavailableError
+from shoal.ports import Store
 from shoal.stores import mask_url, open_store
-from shoal.stores._sqlfiles import migrations
-from shoal.stores.base import Fence, RunStatus, Settlement, Step, Store
-from shoal.stores.postgres import PostgresStore
 from shoal.testing.contract import NS, T0, StoreContract, add, claim, fence, new_run
+from shoal.types import Fence, RunStatus, Settlement, Step
 
 URL = os.environ.get("SHOAL_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 

@@ -22,8 +22,8 @@ from psycopg import sql
 from test_postgres import URL, _url
 
 import shoal
-from shoal.stores._sqlfiles import migrations
-from shoal.stores.postgres import PostgresStore
+from shoal.backends._sql import migrations
+from shoal.backends.postgres import PostgresStore
 from shoal.testing.contract import add
 
 

@@ -17,9 +17,9 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 from test_postgres import URL, _require_postgres
 
+from shoal.backends.postgres import PostgresStore
 from shoal.errors import ConfigurationError, StoreUnavailableError
 from shoal.stores import mask_url, open_store
-from shoal.stores.postgres import PostgresStore
 from shoal.testing.contract import add
 
 SOCKET_DIR = "/var/run/postgresql"

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from shoal.stores.memory import MemoryStore
+from shoal.backends.memory import MemoryStore
 from shoal.testing.rate_contract import RateContract
 
 

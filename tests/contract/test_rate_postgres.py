@@ -26,12 +26,13 @@ from sql_support import (
 )
 from test_postgres import URL, _open
 
-from shoal.coord.base import RateStore, SlotBusy, SlotGrant, SpendEntry, WindowResult
-from shoal.stores._sqlfiles import migrations
-from shoal.stores.memory import MemoryStore
-from shoal.stores.postgres import PostgresStore
-from shoal.stores.postgres_rate import _Q
+from shoal.backends._sql import migrations
+from shoal.backends.memory import MemoryStore
+from shoal.backends.postgres import PostgresStore
+from shoal.backends.postgres.rates import _Q
+from shoal.ports import RateStore
 from shoal.testing.rate_contract import RateContract, increasing, unwritten
+from shoal.types import SlotBusy, SlotGrant, SpendEntry, WindowResult
 
 
 class TestPostgresRateLimits(RateContract):

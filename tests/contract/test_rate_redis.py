@@ -16,11 +16,15 @@ import pytest
 from redis_support import URL, OnTheTrio, Server, opened, redlock, sync_client
 
 import shoal
-from shoal.coord.base import (
+from shoal.backends.memory import MemoryStore
+from shoal.backends.redis import RedisCoordStore, Redlock
+from shoal.ports import RateStore
+from shoal.testing import VirtualClock
+from shoal.testing.rate_contract import NS, T0, RateContract, increasing, unwritten
+from shoal.types import (
     CircuitNeed,
     Need,
     PauseNeed,
-    RateStore,
     SlotBusy,
     SlotGrant,
     SlotNeed,
@@ -28,11 +32,6 @@ from shoal.coord.base import (
     WindowNeed,
     WindowResult,
 )
-from shoal.coord.redlock import Redlock
-from shoal.stores.memory import MemoryStore
-from shoal.stores.redis import RedisCoordStore
-from shoal.testing import VirtualClock
-from shoal.testing.rate_contract import NS, T0, RateContract, increasing, unwritten
 
 # -- one server -------------------------------------------------------------------------------
 

@@ -20,12 +20,13 @@ from sql_support import (
     use_the_rate_tables,
 )
 
-from shoal.coord.base import RateStore, SpendEntry, WindowResult
-from shoal.stores._sqlfiles import migrations
-from shoal.stores.memory import MemoryStore
-from shoal.stores.sqlite import SQLiteStore
-from shoal.stores.sqlite_rate import _Q
+from shoal.backends._sql import migrations
+from shoal.backends.memory import MemoryStore
+from shoal.backends.sqlite import SQLiteStore
+from shoal.backends.sqlite.rates import _Q
+from shoal.ports import RateStore
 from shoal.testing.rate_contract import RateContract, increasing, unwritten
+from shoal.types import SpendEntry, WindowResult
 
 
 class TestSQLiteRateLimits(OnOneSQLiteFile, RateContract):

@@ -19,10 +19,10 @@ from sql_support import sqlite_file_at
 from test_postgres import URL, _url
 
 import shoal
+from shoal.backends._sql import migrations
+from shoal.backends.postgres import PostgresStore
 from shoal.errors import ConfigurationError, SchemaVersionError
 from shoal.stores import open_store
-from shoal.stores._sqlfiles import migrations
-from shoal.stores.postgres import PostgresStore
 
 NEWEST = max(number for number, _, _ in migrations("sqlite"))
 assert max(number for number, _, _ in migrations("postgres")) == NEWEST

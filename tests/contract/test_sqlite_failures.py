@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 import shoal
+from shoal.backends.sqlite import SQLiteStore
 from shoal.errors import StoreUnavailableError
-from shoal.stores.base import Step
-from shoal.stores.sqlite import SQLiteStore
 from shoal.testing.contract import LEASE, NS, T0, add, claim, entries, fence, new_run
+from shoal.types import Step
 
 BIG = {"text": "x" * 200_000}   # more than the pages a full file has left
 

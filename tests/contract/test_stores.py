@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 from sql_support import sqlite_file_at, sqlite_store
 
-from shoal.stores.base import Fence, Settlement, Store
-from shoal.stores.memory import MemoryStore
-from shoal.stores.sqlite import SQLiteStore
+from shoal.backends.memory import MemoryStore
+from shoal.backends.sqlite import SQLiteStore
+from shoal.ports import Store
 from shoal.testing.contract import StoreContract
+from shoal.types import Fence, Settlement
 
 
 class TestMemoryStore(StoreContract):

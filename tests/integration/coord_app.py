@@ -68,7 +68,7 @@ def make_app(env: dict[str, str] | None = None, clock: Any = None,
     env = dict(os.environ) if env is None else env
     coordination = None
     if env.get("COORD_REDIS"):
-        from shoal.stores.redis import RedisCoordStore
+        from shoal.backends.redis import RedisCoordStore
 
         coordination = RedisCoordStore(env["COORD_REDIS"], prefix=env["COORD_REDIS_PREFIX"])
     return shoal.App(NAMESPACE, store=env["COORD_STORE"], coordination=coordination,

@@ -66,7 +66,7 @@ def make_app(env: dict[str, str] | None = None, instance_id: str | None = None) 
     env = dict(os.environ) if env is None else env
     coordination = None
     if env.get("PROV_REDIS"):
-        from shoal.stores.redis import RedisCoordStore
+        from shoal.backends.redis import RedisCoordStore
 
         coordination = RedisCoordStore(env["PROV_REDIS"], prefix=env["PROV_REDIS_PREFIX"])
     return shoal.App(NAMESPACE, store=env["PROV_STORE"], coordination=coordination,

@@ -12,8 +12,8 @@ import pytest
 from click.testing import Result
 from test_cli import assert_fails, shoal_cli
 
-from shoal.stores._sqlfiles import migrations
-from shoal.stores.sqlite import _statements
+from shoal.backends._sql import migrations
+from shoal.backends.sqlite.store import _statements
 
 NEWEST = max(number for number, _, _ in migrations("sqlite"))
 

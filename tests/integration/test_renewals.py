@@ -17,7 +17,7 @@ import pytest
 from backends import postgres_schema
 
 import shoal
-from shoal.stores.memory import MemoryStore
+from shoal.backends.memory import MemoryStore
 
 pytestmark = pytest.mark.slow
 

@@ -12,11 +12,11 @@ import pytest
 from helpers import until
 
 import shoal
-from shoal.coord.base import CoordStore, LockGrant
-from shoal.stores.base import Store
-from shoal.stores.memory import MemoryStore
-from shoal.stores.sqlite import SQLiteStore
+from shoal.backends.memory import MemoryStore
+from shoal.backends.sqlite import SQLiteStore
+from shoal.ports import CoordStore, Store
 from shoal.testing import VirtualClock, cluster, settle
+from shoal.types import LockGrant
 
 LEASE = 30.0
 INTERVAL = 5.0

@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 import shoal
-from shoal.stores.memory import MemoryStore
+from shoal.backends.memory import MemoryStore
 from shoal.testing import VirtualClock, cluster, settle
 
 # 2026-01-01T00:00:00Z, on a minute boundary

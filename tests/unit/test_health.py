@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 import shoal
-from shoal.stores.memory import MemoryStore
+from shoal.backends.memory import MemoryStore
 from shoal.testing import VirtualClock, settle
 
 

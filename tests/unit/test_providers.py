@@ -13,10 +13,9 @@ import pytest
 from helpers import until
 
 import shoal
-from shoal.coord.base import RateStore
-from shoal.stores.base import Store
-from shoal.stores.memory import MemoryStore
-from shoal.stores.sqlite import SQLiteStore
+from shoal.backends.memory import MemoryStore
+from shoal.backends.sqlite import SQLiteStore
+from shoal.ports import RateStore, Store
 from shoal.testing import VirtualClock, cluster, settle
 
 
@@ -32,7 +31,7 @@ def clock() -> VirtualClock:
 @pytest.fixture(params=["memory", "sqlite"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
     if request.param == "sqlite":
-        pytest.importorskip("shoal.stores.sqlite_rate")
+        pytest.importorskip("shoal.backends.sqlite.rates")
     s: Store = MemoryStore() if request.param == "memory" else SQLiteStore(
         str(tmp_path / "rates.db"))
     await s.open()

@@ -9,7 +9,7 @@ import pytest
 from helpers import status_is, until
 
 import shoal
-from shoal.stores.memory import MemoryStore
+from shoal.backends.memory import MemoryStore
 from shoal.testing import VirtualClock
 
 

@@ -15,8 +15,8 @@ import pytest
 from helpers import status_is, until
 
 import shoal
+from shoal.backends.memory import MemoryStore
 from shoal.engine.context import TRACEBACK_LIMIT
-from shoal.stores.memory import MemoryStore
 from shoal.testing import VirtualClock
 
 

@@ -161,7 +161,7 @@ async def test_a_child_finished_on_one_instance_wakes_its_parent_on_the_other() 
 
 
 async def test_a_child_that_no_longer_exists_fails_in_the_parent() -> None:
-    from shoal.stores.memory import MemoryStore
+    from shoal.backends.memory import MemoryStore
 
     store, clock = MemoryStore(), VirtualClock()
     app = shoal.App("gone", store=store, clock=clock, lease=30.0)

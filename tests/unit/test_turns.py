@@ -1,5 +1,5 @@
-"""Turns at a store's connections (``shoal.stores._turns``): first come, first served, lease
-renewals first, and a caller's patience counted against the queue's progress."""
+"""Turns at a store's connections (``shoal.backends.postgres.turns``): first come, first served,
+lease renewals first, and a caller's patience counted against the queue's progress."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from shoal.stores._turns import Turns
+from shoal.backends.postgres.turns import Turns
 
 
 async def test_turns_go_in_order_and_urgent_ones_first() -> None:

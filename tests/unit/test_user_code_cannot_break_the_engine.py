@@ -11,7 +11,7 @@ from typing import Any
 from helpers import until
 
 import shoal
-from shoal.stores.memory import MemoryStore
+from shoal.backends.memory import MemoryStore
 from shoal.testing import VirtualClock, settle
 
 

@@ -10,7 +10,7 @@ import pytest
 from helpers import until
 
 import shoal
-from shoal.stores.memory import MemoryStore
+from shoal.backends.memory import MemoryStore
 from shoal.testing import VirtualClock
 
 

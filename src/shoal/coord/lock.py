@@ -23,8 +23,9 @@ from typing import Any, TypeVar
 
 from shoal.abort import AbortSignal
 from shoal.clock import Clock
-from shoal.coord.base import CoordStore, LockGrant
 from shoal.errors import LockLostError, StoreUnavailableError
+from shoal.ports import CoordStore
+from shoal.types import LockGrant
 
 log = logging.getLogger("shoal")
 T = TypeVar("T")

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from shoal.clock import Clock
-from shoal.coord.base import CoordStore, MemberView
 from shoal.coord.lock import first_of
+from shoal.ports import CoordStore
+from shoal.types import MemberView
 
 log = logging.getLogger("shoal")
 

@@ -33,18 +33,10 @@ from typing import Any, TypeVar
 
 from shoal import _checks
 from shoal.clock import Clock
-from shoal.coord.base import (
-    Admitted,
-    CircuitNeed,
-    Need,
-    PauseNeed,
-    RateStore,
-    SlotNeed,
-    SpendEntry,
-    WindowNeed,
-)
 from shoal.coord.lock import first_of
 from shoal.errors import BudgetExceededError, CircuitOpenError, RateLimitTimeoutError
+from shoal.ports import RateStore
+from shoal.types import Admitted, CircuitNeed, Need, PauseNeed, SlotNeed, SpendEntry, WindowNeed
 
 log = logging.getLogger("shoal")
 T = TypeVar("T")

@@ -27,7 +27,7 @@ from shoal.errors import (
     RunFailedError,
     WorkflowCodeError,
 )
-from shoal.stores.base import Fence, OutboxEntry, Pause, Run, Step
+from shoal.types import Fence, OutboxEntry, Pause, Run, Step
 
 if TYPE_CHECKING:
     from shoal.engine.runner import Engine

@@ -26,7 +26,8 @@ from shoal.engine.context import (
 )
 from shoal.engine.cron import CronTrigger
 from shoal.errors import LeaseLostError, NonDeterminismError
-from shoal.stores.base import Fence, Pause, Run, RunStatus, Settlement, Store
+from shoal.ports import Store
+from shoal.types import Fence, Pause, Run, RunStatus, Settlement
 
 log = logging.getLogger("shoal")
 

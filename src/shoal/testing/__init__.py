@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from shoal.app import App
+from shoal.backends.memory import MemoryStore
 from shoal.clock import Clock
-from shoal.stores.base import Store
-from shoal.stores.memory import MemoryStore
+from shoal.ports import Store
 
 
 class VirtualClock:

@@ -18,7 +18,9 @@ from shoal import _ids
 from shoal.app import App
 from shoal.engine.context import RunContext
 from shoal.errors import AdmissionRejectedError, LeaseLostError
-from shoal.stores.base import (
+from shoal.ports import Store
+from shoal.testing import VirtualClock, settle
+from shoal.types import (
     WORKFLOW_INSTANCE_RETENTION,
     Fence,
     NewRun,
@@ -29,10 +31,8 @@ from shoal.stores.base import (
     RunStatus,
     Settlement,
     Step,
-    Store,
     WorkflowInfo,
 )
-from shoal.testing import VirtualClock, settle
 
 T0 = 1_767_225_600.0
 NS = "contract"

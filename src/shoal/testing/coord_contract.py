@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from shoal.coord.base import CoordStore, LockGrant, LockWait
+from shoal.ports import CoordStore
+from shoal.types import LockGrant, LockWait
 
 T0 = 1_767_225_600.0
 NS = "contract"

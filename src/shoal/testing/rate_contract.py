@@ -21,12 +21,12 @@ from typing import Any
 
 import pytest
 
-from shoal.coord.base import (
+from shoal.ports import RateStore
+from shoal.types import (
     Admitted,
     CircuitNeed,
     Need,
     PauseNeed,
-    RateStore,
     Refused,
     SlotBusy,
     SlotGrant,

@@ -17,7 +17,7 @@
 -- ARGV[5]  keep      milliseconds of real time both keys outlive this write before they may be
 --                    garbage collected (at least 2 x window and an hour)
 --
--- Steps (the memory reference's, shoal.stores.memory_rate): the entries with at <= now - window
+-- Steps (the memory reference's, shoal.backends.memory.rates): the entries with at <= now - window
 -- leave, oldest first (a range by score, read and removed in chunks), and their amounts are
 -- subtracted from the running total; an empty window has a total of exactly 0 (its total hash is
 -- deleted). If amount > 0, limit is given and total + amount > limit: refused, nothing added, and

@@ -1,4 +1,5 @@
-"""SQL kept as files: versioned migrations ``NNNN_*.sql`` and named blocks in ``queries.sql``."""
+"""SQL kept as files beside each backend's code: versioned migrations ``migrations/NNNN_*.sql``
+and named blocks in ``queries.sql``."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ _NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
 
 
 def queries(backend: str) -> dict[str, str]:
-    """The named statements of ``sql/<backend>/queries.sql``."""
-    text = resources.files("shoal.stores").joinpath("sql", backend, "queries.sql").read_text()
+    """The named statements of ``shoal/backends/<backend>/queries.sql``."""
+    text = resources.files(f"shoal.backends.{backend}").joinpath("queries.sql").read_text()
     parts = _NAME.split(text)
     named: dict[str, str] = {}
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
@@ -22,7 +23,7 @@ def queries(backend: str) -> dict[str, str]:
 
 def migrations(backend: str) -> list[tuple[int, str, str]]:
     """``(version, file name, sql)`` of every migration, in version order."""
-    folder = resources.files("shoal.stores").joinpath("sql", backend)
+    folder = resources.files(f"shoal.backends.{backend}").joinpath("migrations")
     found = []
     for entry in folder.iterdir():
         match = re.match(r"^(\d{4})_\w+\.sql$", entry.name)

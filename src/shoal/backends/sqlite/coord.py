@@ -1,8 +1,8 @@
-"""Coordination (:mod:`shoal.coord.base`) in the SQLite store's own tables.
+"""Coordination (:mod:`shoal.ports`) in the SQLite store's own tables.
 
 Each method is one ``BEGIN IMMEDIATE`` transaction of the store (``_tx``), so it is atomic across
 the processes sharing the file; its semantics are those of the memory reference
-(:mod:`shoal.stores.memory_coord`). A release wakes the waiter it names (the new first waiter of
+(:mod:`shoal.backends.memory.coord`). A release wakes the waiter it names (the new first waiter of
 a key it left free) at once when that waiter's watch is on the same store object, and within
 milliseconds when it is on another connection: one poller task per store reads ``PRAGMA
 data_version`` while anything is watched and, when it changed, looks at where each watched
@@ -18,8 +18,9 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from shoal import _json
-from shoal.coord.base import EventWatch, LockGrant, LockWait, MemberView, WatchRegistry
-from shoal.stores._sqlfiles import queries
+from shoal.backends._sql import queries
+from shoal.backends._watches import EventWatch, WatchRegistry
+from shoal.types import LockGrant, LockWait, MemberView
 
 _Q = queries("sqlite")
 _POLL = 0.005   # seconds between two reads of data_version while a lock is watched
@@ -36,7 +37,7 @@ class _Watch(EventWatch):
 
 
 class SQLiteCoordination:
-    """Locks, membership and meters for :class:`~shoal.stores.sqlite.SQLiteStore`."""
+    """Locks, membership and meters for :class:`~shoal.backends.sqlite.SQLiteStore`."""
 
     if TYPE_CHECKING:   # provided by SQLiteStore
         _conn: sqlite3.Connection | None

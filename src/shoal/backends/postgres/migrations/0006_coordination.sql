@@ -2,7 +2,7 @@
 -- tables and columns as SQLite's. Every key is scoped by the app's namespace. Times are the app's
 -- clock (double precision), never the server's.
 --
--- Concurrency (shoal.stores.postgres_coord): a lock key's row is locked (FOR UPDATE, keys in
+-- Concurrency (shoal.backends.postgres.coord): a lock key's row is locked (FOR UPDATE, keys in
 -- "C" order) before anything of that key is read or written, its waiter rows included; the
 -- membership of a namespace is serialized by an advisory transaction lock; meter rows are locked
 -- in "C" order. Lock and meter rows are never deleted, so the lock order is the same for all.

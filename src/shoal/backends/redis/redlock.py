@@ -15,12 +15,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TypeVar
 
-from shoal.coord.base import (
+from shoal.backends.redis import RedisCoordStore
+from shoal.errors import ConfigurationError, StoreUnavailableError
+from shoal.ports import LockWatch
+from shoal.types import (
     Admitted,
     CounterResult,
     LockGrant,
     LockWait,
-    LockWatch,
     MemberView,
     Need,
     Refused,
@@ -29,8 +31,6 @@ from shoal.coord.base import (
     SpendEntry,
     WindowResult,
 )
-from shoal.errors import ConfigurationError, StoreUnavailableError
-from shoal.stores.redis import RedisCoordStore
 
 T = TypeVar("T")
 
@@ -72,7 +72,7 @@ class _QuorumWatch:
 
 
 class Redlock:
-    """A :class:`~shoal.coord.base.CoordStore` over an odd number of independent Redis servers.
+    """A :class:`~shoal.ports.CoordStore` over an odd number of independent Redis servers.
 
     - ``lock_acquire`` asks every server at once and grants only with a grant from a majority.
       The token is then the largest of the granted tokens, and each granting server's fencing
@@ -93,7 +93,7 @@ class Redlock:
       server it can reach; ``lock_watch`` wakes when a majority of the servers named the waiter
       as next in line, or a moment (50 ms) after the first one did.
     - ``heartbeat``, ``leave``, ``meter``, ``ping`` and the rate limits (a
-      :class:`~shoal.coord.base.RateStore`) use the first server only (slots, meters and rate
+      :class:`~shoal.ports.RateStore`) use the first server only (slots, meters and rate
       limits are not replicated).
     """
 

@@ -1,4 +1,4 @@
--- shoal schema version 7: rate-limit state (shoal.coord.base.RateStore): slots, sliding windows,
+-- shoal schema version 7: rate-limit state (shoal.ports.RateStore): slots, sliding windows,
 -- pauses, counters and the cost ledger. Every key is scoped by the app's namespace. Times are the
 -- app's clock (REAL), never SQLite's.
 

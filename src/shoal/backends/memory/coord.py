@@ -1,4 +1,4 @@
-"""The in-memory coordination store: the reference semantics of :mod:`shoal.coord.base`.
+"""The in-memory coordination store: the reference semantics of :mod:`shoal.ports`.
 
 Every method runs without an await between its reads and writes, so each is atomic on the event
 loop. :class:`MemoryStore` inherits it, so ``memory://`` apps of one process coordinate together.
@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-from shoal.coord.base import EventWatch, LockGrant, LockWait, MemberView, WatchRegistry
+from shoal.backends._watches import EventWatch, WatchRegistry
+from shoal.types import LockGrant, LockWait, MemberView
 
 
 @dataclass

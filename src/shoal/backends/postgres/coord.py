@@ -1,6 +1,6 @@
-"""Coordination (:mod:`shoal.coord.base`) in the PostgreSQL store's own tables.
+"""Coordination (:mod:`shoal.ports`) in the PostgreSQL store's own tables.
 
-The semantics are those of the memory reference (:mod:`shoal.stores.memory_coord`). Each method is
+The semantics are those of the memory reference (:mod:`shoal.backends.memory.coord`). Each method is
 one transaction, atomic against every other connection: its statements go in one pipeline, which
 the server runs as one implicit transaction (one round trip, committed at the pipeline's sync,
 rolled back whole if a statement fails). The first statements take the locks — the rows of the
@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import psycopg
 from psycopg.rows import DictRow
 
-from shoal.coord.base import EventWatch, LockGrant, LockWait, MemberView, WatchRegistry
-from shoal.stores._sqlfiles import queries
+from shoal.backends._sql import queries
+from shoal.backends._watches import EventWatch, WatchRegistry
+from shoal.types import LockGrant, LockWait, MemberView
 
 if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool
@@ -41,7 +42,7 @@ _LOCK = "lock "          # the payload prefix of lock notifications on the store
 
 
 class PostgresCoordination:
-    """Locks, membership and meters for :class:`~shoal.stores.postgres.PostgresStore`."""
+    """Locks, membership and meters for :class:`~shoal.backends.postgres.PostgresStore`."""
 
     if TYPE_CHECKING:   # provided by PostgresStore
         channel: str

@@ -660,8 +660,8 @@ ORDER BY created_at, id
 LIMIT %(limit)s;
 
 -- coordination
--- shoal.coord.base on PostgreSQL (shoal.stores.postgres_coord), with the semantics of the memory
--- reference (shoal.stores.memory_coord). Each operation is one transaction: its statements are
+-- shoal.ports on PostgreSQL (shoal.backends.postgres.coord), with the semantics of the memory
+-- reference (shoal.backends.memory.coord). Each operation is one transaction: its statements are
 -- sent in one pipeline, which the server runs as one implicit transaction (one round trip). In
 -- READ COMMITTED each statement takes its snapshot when it starts, so a statement that follows
 -- the one taking the locks sees what every earlier holder of those locks committed. Rows are
@@ -904,8 +904,8 @@ SELECT debt FROM charged ORDER BY i;
 
 -- name: rate_slot_acquire
 -- rate limits
--- shoal.coord.base.RateStore on PostgreSQL (shoal.stores.postgres_rate), with the semantics of the
--- memory reference (shoal.stores.memory_rate). Each operation is one transaction, its statements
+-- shoal.ports.RateStore on PostgreSQL (shoal.stores.postgres_rate), with the semantics of the
+-- memory reference (shoal.backends.memory.rates). Each operation is one transaction, its statements
 -- sent in one pipeline (one round trip) as the coordination statements above are. The operations
 -- on one slot key, or one window key, first take that key's advisory transaction lock
 -- (advisory_xact_lock): a key may have no row to lock. Counter rows are created if missing and
@@ -1037,7 +1037,7 @@ SELECT set_config('plan_cache_mode', 'force_generic_plan', true);
 -- window key of the request, taken in one order (slots then windows, each by key, as prune_rates
 -- takes the window keys), then the circuit's counter rows (rate_counter_keys_create,
 -- rate_counter_keys), and after rate_window_prune of each window (every entry is in its window).
--- A call's admission, all or nothing (shoal.coord.base.RateStore.admit): each need's verdict as
+-- A call's admission, all or nothing (shoal.ports.RateStore.admit): each need's verdict as
 -- its own operation gives it (rate_slot_acquire, rate_paused_until, rate_window_add; the circuit:
 -- its pause, then, while "opened" is above "closed", its trial slot of one place), the first need
 -- refused by position (:*_pos, 0-based), and only with none refused the slots taken (the trial's
@@ -1202,7 +1202,7 @@ CROSS JOIN verdict
 ORDER BY c.i;
 
 -- name: cost_ledger
--- A page of the ledger (shoal.coord.base.RateStore.ledger): rows with id > :after in id order, the
+-- A page of the ledger (shoal.ports.RateStore.ledger): rows with id > :after in id order, the
 -- walk of the namespace's rows through cost_ledger_namespace (migration 11) ending at :limit
 -- matches. The other cost_ledger_of_* statements are the same, each walking the index of its
 -- narrowest filter (a run, then a root, then a tenant) from :after; the other filters, and

@@ -1,4 +1,4 @@
-"""The in-memory rate-limit state: the reference semantics of :class:`shoal.coord.base.RateStore`.
+"""The in-memory rate-limit state: the reference semantics of :class:`shoal.ports.RateStore`.
 
 Every method runs without an await between its reads and writes, so each is atomic on the event
 loop. :class:`~shoal.stores.memory.MemoryStore` inherits it.
@@ -11,7 +11,8 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from shoal.coord.base import (
+from shoal.ports import check_counter_args, check_needs
+from shoal.types import (
     Admitted,
     CircuitNeed,
     CounterResult,
@@ -24,8 +25,6 @@ from shoal.coord.base import (
     SpendEntry,
     WindowNeed,
     WindowResult,
-    check_counter_args,
-    check_needs,
 )
 
 

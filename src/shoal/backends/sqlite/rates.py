@@ -1,6 +1,6 @@
-"""Rate-limit state (:class:`shoal.coord.base.RateStore`) in the SQLite store's own tables.
+"""Rate-limit state (:class:`shoal.ports.RateStore`) in the SQLite store's own tables.
 
-The semantics are those of the memory reference (:mod:`shoal.stores.memory_rate`). Each method
+The semantics are those of the memory reference (:mod:`shoal.backends.memory.rates`). Each method
 that writes is one ``BEGIN IMMEDIATE`` transaction of the store (``_tx``): it holds the file's
 write lock from its first read to its commit, so it is atomic across the processes sharing the
 file (a slot count, a window total or a counter cannot change between the check and the write).
@@ -17,7 +17,9 @@ from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
 from shoal import _json
-from shoal.coord.base import (
+from shoal.backends._sql import queries
+from shoal.ports import check_counter_args, check_needs
+from shoal.types import (
     Admitted,
     CircuitNeed,
     CounterResult,
@@ -30,17 +32,14 @@ from shoal.coord.base import (
     SpendEntry,
     WindowNeed,
     WindowResult,
-    check_counter_args,
-    check_needs,
 )
-from shoal.stores._sqlfiles import queries
 
 _Q = queries("sqlite")
 
 
 class SQLiteRateLimits:
     """Slots, windows, pauses, counters and the cost ledger for
-    :class:`~shoal.stores.sqlite.SQLiteStore`. It keeps no state of its own (no ``__init__``)."""
+    :class:`~shoal.backends.sqlite.SQLiteStore`. It keeps no state of its own (no ``__init__``)."""
 
     if TYPE_CHECKING:   # provided by SQLiteStore
         @property

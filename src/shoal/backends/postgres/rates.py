@@ -1,8 +1,8 @@
-"""Rate-limit state (:class:`shoal.coord.base.RateStore`) in the PostgreSQL store's own tables.
+"""Rate-limit state (:class:`shoal.ports.RateStore`) in the PostgreSQL store's own tables.
 
-The semantics are those of the memory reference (:mod:`shoal.stores.memory_rate`). Each method is
+The semantics are those of the memory reference (:mod:`shoal.backends.memory.rates`). Each method is
 one transaction, atomic against every other connection, sent as one pipeline (one round trip; the
-server runs it as one implicit transaction, as :mod:`shoal.stores.postgres_coord` does). The first
+server runs it as one implicit transaction, as :mod:`shoal.backends.postgres.coord` does). The first
 statements take the locks, and the ones after them, whose READ COMMITTED snapshots are taken once
 they are held, read and write (a window: the entries leaving, then the add):
 
@@ -30,7 +30,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from psycopg.rows import DictRow
 
-from shoal.coord.base import (
+from shoal.backends._sql import queries
+from shoal.ports import check_counter_args, check_needs
+from shoal.types import (
     Admitted,
     CircuitNeed,
     CounterResult,
@@ -43,10 +45,7 @@ from shoal.coord.base import (
     SpendEntry,
     WindowNeed,
     WindowResult,
-    check_counter_args,
-    check_needs,
 )
-from shoal.stores._sqlfiles import queries
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -57,7 +56,7 @@ _T = TypeVar("_T")
 
 class PostgresRateLimits:
     """Slots, windows, pauses, counters and the cost ledger for
-    :class:`~shoal.stores.postgres.PostgresStore`. It keeps no state of its own (no
+    :class:`~shoal.backends.postgres.PostgresStore`. It keeps no state of its own (no
     ``__init__``)."""
 
     if TYPE_CHECKING:   # provided by PostgresStore (and its PostgresCoordination base)

@@ -372,7 +372,7 @@ LIMIT :limit;
 DELETE FROM outbox WHERE run_id IN (SELECT value FROM json_each(:ids));
 
 -- name: lock_purge_waiters
--- coordination (shoal.coord.base): locks, membership, meters; :keys is a JSON array of keys.
+-- coordination (shoal.ports): locks, membership, meters; :keys is a JSON array of keys.
 -- (This heading sits under the name line: text between blocks would end the block above.)
 --
 -- Waiters of these keys whose lease ended leave the queue.
@@ -529,8 +529,8 @@ ON CONFLICT (namespace, key) DO UPDATE
 SET debt = excluded.debt, updated_at = excluded.updated_at;
 
 -- name: rate_slots_purge
--- rate limits (shoal.coord.base.RateStore): slots, sliding windows, pauses, counters and the cost
--- ledger, with the semantics of the memory reference (shoal.stores.memory_rate); each operation is
+-- rate limits (shoal.ports.RateStore): slots, sliding windows, pauses, counters and the cost
+-- ledger, with the semantics of the memory reference (shoal.backends.memory.rates); each operation is
 -- one transaction of shoal.stores.sqlite_rate. Times are the app's clock, passed as parameters.
 -- (This heading sits under the name line: text between blocks would end the block above.)
 --
@@ -624,7 +624,7 @@ INSERT INTO cost_ledger (namespace, tenant, run_id, root_id, amount, currency, a
 VALUES (:namespace, :tenant, :run_id, :root_id, :amount, :currency, :at);
 
 -- name: cost_ledger
--- A page of the ledger (shoal.coord.base.RateStore.ledger): rows with id > :after in id order, the
+-- A page of the ledger (shoal.ports.RateStore.ledger): rows with id > :after in id order, the
 -- walk of the namespace's rows through cost_ledger_namespace (migration 11) ending at :limit
 -- matches. The other cost_ledger_of_* statements are the same, each walking the index of its
 -- narrowest filter (a run, then a root, then a tenant) from :after; the other filters, and

@@ -1,8 +1,8 @@
 -- rate_admit: a call's admission, all or nothing: slots, pauses that must not be in force, room
 -- in windows, and a breaker's circuit, each looked at in order; the first need that cannot be
 -- met refuses the call and nothing is taken; otherwise every slot is taken and every window
--- amount counted at now (shoal.coord.base.RateStore.admit; the memory reference is
--- shoal.stores.memory_rate).
+-- amount counted at now (shoal.ports.RateStore.admit; the memory reference is
+-- shoal.backends.memory.rates).
 --
 -- KEYS, need after need, in the order of the request (each need's keys as its own script keeps
 -- them, with the same cleanup expiries):

@@ -1,0 +1,666 @@
+"""The in-memory store: one process, the reference semantics of the Store protocol.
+
+Every method runs without an await between its reads and writes, so each is atomic on the event
+loop. Several apps of one process may share one MemoryStore object (``shoal.testing.cluster``).
+JSON values are kept as a JSON round trip of what was written, so that they come back as from the
+SQL stores (a tuple as a list).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from shoal import _json
+from shoal.backends.memory.coord import MemoryCoordination
+from shoal.backends.memory.rates import MemoryRateLimits
+from shoal.errors import AdmissionRejectedError
+from shoal.types import (
+    JSON,
+    KEY_HOLDING_STATUSES,
+    WORKFLOW_INSTANCE_RETENTION,
+    Fence,
+    NewRun,
+    OutboxEntry,
+    Pause,
+    PauseWait,
+    Renewal,
+    Run,
+    RunStatus,
+    Settlement,
+    SignalWait,
+    Step,
+    WorkflowInfo,
+)
+
+_Q = RunStatus.QUEUED
+
+
+@dataclass
+class _Signal:
+    id: str
+    run_id: str
+    name: str
+    payload: JSON
+    created_at: float
+    consumed: bool = False
+
+
+class MemoryStore(MemoryCoordination, MemoryRateLimits):
+    """``memory://``: nothing is shared with other processes and nothing survives a restart."""
+
+    url = "memory://"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._runs: dict[str, Run] = {}
+        self._steps: dict[str, dict[int, Step]] = {}
+        self._signals: list[_Signal] = []
+        self._workflows: dict[tuple[str, str], tuple[JSON, float]] = {}
+        # (namespace, workflow) -> instance -> when it last registered the workflow
+        self._served: dict[tuple[str, str], dict[str, float]] = {}
+        self._pauses: dict[str, Pause] = {}
+        self._outbox: dict[str, OutboxEntry] = {}
+        # (root, key) -> value, claimant, tenant (the root run's)
+        self._tree: dict[tuple[str, str], tuple[JSON, str, str]] = {}
+        self._notifying: dict[str, float] = {}   # pause id -> taken until
+        self._waiters: list[asyncio.Future[None]] = []
+
+    async def open(self, *, migrate: bool = True) -> None:
+        return None   # no schema: nothing to migrate, nothing to refuse
+
+    async def close(self) -> None:
+        return None
+
+    async def migrate(self) -> int:
+        return 1
+
+    async def ping(self) -> None:
+        return None
+
+    def _touch(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+    async def wait_for_work(self, timeout: float) -> None:
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        # asyncio.wait, not wait_for: on 3.11 wait_for can swallow a cancellation.
+        await asyncio.wait({waiter}, timeout=timeout)
+        waiter.cancel()
+
+    # -- workflows -------------------------------------------------------------------------
+
+    async def register_workflows(
+        self, namespace: str, workflows: Mapping[str, JSON], now: float,
+        instance: str | None = None,
+    ) -> None:
+        for name, options in workflows.items():
+            self._workflows[(namespace, name)] = (_json.copy(options), now)
+            if instance is not None:
+                self._served.setdefault((namespace, name), {})[instance] = now
+        if instance is not None:
+            forget = now - WORKFLOW_INSTANCE_RETENTION
+            for (ns, _), served in self._served.items():
+                if ns == namespace:
+                    for old in [i for i, at in served.items() if at < forget]:
+                        del served[old]
+
+    async def get_workflow(self, namespace: str, name: str) -> JSON:
+        found = self._workflows.get((namespace, name))
+        return None if found is None else copy.deepcopy(found[0])
+
+    async def list_workflows(self, namespace: str | None) -> list[WorkflowInfo]:
+        out = []
+        for (ns, name), (options, at) in sorted(self._workflows.items(), key=lambda kv: kv[0]):
+            if namespace is not None and ns != namespace:
+                continue
+            served = self._served.get((ns, name), {})
+            instances = sorted(served.items(), key=lambda i: (-i[1], i[0]))
+            out.append(WorkflowInfo(ns, name, copy.deepcopy(options), at, tuple(instances)))
+        return out
+
+    # -- runs ------------------------------------------------------------------------------
+
+    def _in(self, namespace: str) -> Iterable[Run]:
+        return (r for r in self._runs.values() if r.namespace == namespace)
+
+    async def create_run(
+        self, new: NewRun, *, max_queued: int | None, admission: str
+    ) -> tuple[Run, bool]:
+        if new.idempotency_key is not None:
+            for r in self._in(new.namespace):
+                if (r.tenant, r.workflow, r.idempotency_key) == (
+                    new.tenant, new.workflow, new.idempotency_key
+                ):
+                    return r, False
+        held = False
+        if max_queued is not None:
+            queued = self._waiting_to_start(new.namespace)
+            parked = any(r.held for r in self._in(new.namespace))
+            if queued >= max_queued or parked:
+                if admission == "reject":
+                    raise AdmissionRejectedError(new.namespace, max_queued)
+                held = True
+        run = Run(
+            id=new.id, namespace=new.namespace, tenant=new.tenant, workflow=new.workflow,
+            input=_json.copy(new.input), output=None, error=None, status=_Q,
+            priority=new.priority, created_at=new.created_at, run_at=new.run_at, attempts=0,
+            max_attempts=new.max_attempts, concurrency_key=new.concurrency_key,
+            idempotency_key=new.idempotency_key, owner=None, lease_expires_at=None,
+            lease_epoch=0, cancel_requested=False, version=new.version,
+            parent_id=new.parent_id, root_id=new.root_id or new.id, wait_for=None, held=held,
+            started_at=None, finished_at=None,
+        )
+        self._runs[run.id] = run
+        self._touch()
+        return run, True
+
+    def _waiting_to_start(self, namespace: str) -> int:
+        """What admission control counts: queued runs never started and not held."""
+        return sum(1 for r in self._in(namespace)
+                   if r.status == _Q and not r.held and r.started_at is None)
+
+    async def get_run(self, run_id: str) -> Run | None:
+        return self._runs.get(run_id)
+
+    async def list_runs(
+        self,
+        namespace: str | None,
+        *,
+        status: str | None = None,
+        workflow: str | None = None,
+        tenant: str | None = None,
+        limit: int = 100,
+        after: str | None = None,
+    ) -> list[Run]:
+        found = [
+            r for r in self._runs.values()
+            if (namespace is None or r.namespace == namespace)
+            and (status is None or r.status == status)
+            and (workflow is None or r.workflow == workflow)
+            and (tenant is None or r.tenant == tenant)
+            and (after is None or r.id > after)
+        ]
+        return sorted(found, key=lambda r: r.id)[:limit]
+
+    def _key_held(self, run: Run) -> bool:
+        for o in self._in(run.namespace):
+            if (o.id != run.id and o.workflow == run.workflow
+                    and o.concurrency_key == run.concurrency_key
+                    and (o.status in KEY_HOLDING_STATUSES
+                         or (o.status == _Q and o.started_at is not None))):
+                return True
+        return False
+
+    async def claim_runs(
+        self,
+        namespace: str,
+        workflows: Sequence[str],
+        owner: str,
+        limit: int,
+        lease: float,
+        now: float,
+        *,
+        version: str | None = None,
+        any_version: Sequence[str] = (),
+    ) -> list[Run]:
+        if limit <= 0:
+            return []
+        wanted = set(workflows)
+        due = sorted(
+            (r for r in self._in(namespace)
+             if r.workflow in wanted and r.run_at is not None and r.run_at <= now
+             and ((r.status == _Q and not r.held)
+                  or r.status in (RunStatus.SLEEPING, RunStatus.WAITING))
+             and (r.started_at is None or r.version == version or r.workflow in any_version)),
+            key=lambda r: (-r.priority, r.created_at, r.id),
+        )
+        claimed: list[Run] = []
+        keys: set[tuple[str, str]] = set()
+        for r in due:
+            if r.concurrency_key is not None:
+                if (r.workflow, r.concurrency_key) in keys or self._key_held(r):
+                    continue
+                keys.add((r.workflow, r.concurrency_key))
+            if r.status == RunStatus.SLEEPING:
+                reason: str | None = "woke"
+            elif r.status == RunStatus.WAITING:
+                reason = "resumed"
+            elif r.started_at is None:
+                reason = r.resume_reason or "dispatched"   # "retried" after retry_run
+            else:
+                reason = r.resume_reason or "recovered"
+            run = replace(
+                r, status=RunStatus.RUNNING, owner=owner, lease_expires_at=now + lease,
+                lease_epoch=r.lease_epoch + 1, attempts=max(r.attempts, 1),
+                started_at=r.started_at if r.started_at is not None else now, wait_for=None,
+                run_at=now, version=version if r.started_at is None else r.version,
+                resume_reason=reason,
+            )
+            self._runs[r.id] = run
+            claimed.append(run)
+            if len(claimed) == limit:
+                break
+        return claimed
+
+    async def incompatible_runs(
+        self, namespace: str, workflows: Sequence[str], version: str | None,
+        any_version: Sequence[str], now: float, limit: int = 100,
+    ) -> list[Run]:
+        return [r for r in self._in(namespace)
+                if ((r.status == _Q and not r.held)
+                    or r.status in (RunStatus.SLEEPING, RunStatus.WAITING))
+                and r.run_at is not None and r.run_at <= now
+                and r.started_at is not None and r.version != version
+                and r.workflow in workflows and r.workflow not in any_version][:limit]
+
+    def _holds(self, fence: Fence) -> Run | None:
+        r = self._runs.get(fence.run_id)
+        if (r is not None and r.status == RunStatus.RUNNING and r.owner == fence.owner
+                and r.lease_epoch == fence.epoch):
+            return r
+        return None
+
+    async def renew_leases(
+        self, owner: str, leases: dict[str, int], lease: float, now: float
+    ) -> Renewal:
+        renewed, cancel = set(), set()
+        for run_id, epoch in leases.items():
+            r = self._holds(Fence(run_id, owner, epoch))
+            if r is not None:
+                self._runs[run_id] = replace(r, lease_expires_at=now + lease)
+                renewed.add(run_id)
+                if r.cancel_requested:
+                    cancel.add(run_id)
+        return Renewal(frozenset(renewed), frozenset(cancel))
+
+    async def load_steps(self, run_id: str) -> list[Step]:
+        steps = self._steps.get(run_id, {})
+        return [copy.deepcopy(steps[seq]) for seq in sorted(steps)]
+
+    def _put_step(self, fence: Fence, step: Step) -> None:
+        steps = self._steps.setdefault(fence.run_id, {})
+        old = steps.get(step.seq)
+        if old is None or not old.finished:
+            steps[step.seq] = Step(step.seq, step.name, _json.copy(step.output),
+                                   step.finished, fence.epoch)
+
+    async def checkpoint_step(
+        self, fence: Fence, step: Step, lease: float, now: float,
+        outbox: Sequence[OutboxEntry] = (),
+    ) -> bool:
+        r = self._holds(fence)
+        if r is None:
+            return False
+        self._runs[r.id] = replace(r, lease_expires_at=now + lease)
+        recorded = self._steps.get(fence.run_id, {}).get(step.seq)
+        if recorded is None or not recorded.finished:
+            taken = {(e.run_id, e.seq, e.index) for e in self._outbox.values()}
+            for entry in outbox:
+                if (entry.run_id, entry.seq, entry.index) not in taken:
+                    self._outbox[entry.id] = replace(entry, payload=_json.copy(entry.payload),
+                                                     next_at=now)
+        self._put_step(fence, step)
+        return True
+
+    def _suspend(self, r: Run, status: RunStatus, run_at: float | None,
+                 wait_for: str | None) -> None:
+        self._runs[r.id] = replace(r, status=status, run_at=run_at, wait_for=wait_for,
+                                   owner=None, lease_expires_at=None)
+
+    async def suspend_run(
+        self,
+        fence: Fence,
+        step: Step,
+        status: Literal["sleeping", "waiting"],
+        run_at: float | None,
+        wait_for: str | None,
+        now: float,
+    ) -> bool:
+        r = self._holds(fence)
+        if r is None:
+            return False
+        self._suspend(r, RunStatus(status), run_at, wait_for)
+        self._put_step(fence, step)
+        return True
+
+    async def wait_signal(
+        self, fence: Fence, step: Step, signal: str, deadline: float | None, now: float
+    ) -> SignalWait | None:
+        r = self._holds(fence)
+        if r is None:
+            return None
+        pending = sorted((s for s in self._signals
+                          if s.run_id == r.id and s.name == signal and not s.consumed),
+                         key=lambda s: (s.created_at, s.id))
+        if pending:
+            s = pending[0]
+            s.consumed = True
+            self._put_step(fence, Step(step.seq, step.name, {"payload": s.payload}, True,
+                                       fence.epoch))
+            return SignalWait(received=True, payload=copy.deepcopy(s.payload))
+        if deadline is not None and deadline <= now:
+            return SignalWait(received=False, parked=False)
+        self._suspend(r, RunStatus.WAITING, deadline, signal)
+        self._put_step(fence, step)
+        return SignalWait(received=False, parked=True)
+
+    async def settle_run(self, fence: Fence, settlement: Settlement, now: float) -> bool:
+        r = self._holds(fence)
+        if r is None:
+            return False
+        if settlement.outcome == "retry":
+            run = replace(r, status=_Q, run_at=settlement.run_at, attempts=r.attempts + 1,
+                          output=None, finished_at=None, owner=None, lease_expires_at=None,
+                          error=settlement.error, traceback=settlement.traceback,
+                          resume_reason="dispatched")
+        else:
+            output = _json.copy(settlement.output) if settlement.outcome == "succeeded" else None
+            run = replace(r, status=RunStatus(settlement.outcome), output=output,
+                          finished_at=now, run_at=now, owner=None, lease_expires_at=None,
+                          error=settlement.error, traceback=settlement.traceback)
+            self._ended(run, now)
+        self._runs[r.id] = run
+        self._touch()
+        return True
+
+    async def release_run(self, fence: Fence, now: float) -> bool:
+        r = self._holds(fence)
+        if r is None:
+            return False
+        self._runs[r.id] = replace(r, status=RunStatus.INTERRUPTED, owner=None,
+                                   lease_expires_at=None)
+        self._touch()
+        return True
+
+    async def recover_runs(self, namespace: str, now: float) -> list[Run]:
+        out = []
+        for r in list(self._in(namespace)):
+            run: Run | None = None
+            if (r.status == RunStatus.RUNNING and r.lease_expires_at is not None
+                    and r.lease_expires_at <= now):
+                if r.attempts >= r.max_attempts:
+                    run = replace(
+                        r, status=RunStatus.FAILED, finished_at=now, owner=None,
+                        lease_expires_at=None, traceback=None,
+                        error=f"the instance executing attempt {r.attempts} of {r.max_attempts} "
+                              f"stopped (crashed or lost its lease); no attempts are left",
+                    )
+                else:
+                    run = replace(r, status=_Q, attempts=r.attempts + 1, owner=None,
+                                  lease_expires_at=None, run_at=now, resume_reason="recovered")
+            elif r.status == RunStatus.INTERRUPTED:
+                if r.cancel_requested:
+                    run = replace(r, status=RunStatus.CANCELLED, finished_at=now)
+                else:
+                    run = replace(r, status=_Q, run_at=now, resume_reason="recovered")
+            if run is not None:
+                self._runs[r.id] = run
+                if run.status.final:
+                    self._ended(run, now)
+                out.append(run)
+        if out:
+            self._touch()
+        return out
+
+    async def cancel_run(self, run_id: str, now: float) -> Run | None:
+        r = self._runs.get(run_id)
+        if r is None:
+            return None
+        if r.id == r.root_id and not r.status.final:
+            for other in list(self._runs.values()):
+                if other.root_id == r.id and other.id != r.id:
+                    self._cancel_one(other, now)
+        return self._cancel_one(r, now)
+
+    def _cancel_one(self, r: Run, now: float) -> Run:
+        run_id = r.id
+        if r.status in (_Q, RunStatus.SLEEPING, RunStatus.WAITING, RunStatus.INTERRUPTED):
+            for p in list(self._pauses.values()):
+                if p.run_id == run_id and p.status == "pending":
+                    self._pauses[p.id] = replace(p, status="resolved", resolved_at=now, decision={
+                        "approved": False, "data": None, "by": None, "reason": "cancelled"})
+            r = replace(r, status=RunStatus.CANCELLED, cancel_requested=True, finished_at=now,
+                        held=False, owner=None, lease_expires_at=None)
+            self._ended(r, now)
+            self._touch()
+        elif r.status == RunStatus.RUNNING:
+            r = replace(r, cancel_requested=True)
+        self._runs[run_id] = r
+        return r
+
+    async def retry_run(
+        self, namespace: str, run_id: str, tenant: str | None, now: float
+    ) -> tuple[Run | None, bool]:
+        r = self._runs.get(run_id)
+        if r is None or r.namespace != namespace or (tenant is not None and r.tenant != tenant):
+            return None, False
+        if r.status not in (RunStatus.FAILED, RunStatus.CANCELLED):
+            return r, False
+        steps = self._steps.get(run_id, {})
+        for seq in [seq for seq, step in steps.items() if not step.finished]:
+            del steps[seq]
+        # not started: the claim takes its concurrency key and stamps its version anew
+        run = replace(r, status=_Q, attempts=0, run_at=now, started_at=None, finished_at=None,
+                      output=None, owner=None, lease_expires_at=None, wait_for=None,
+                      cancel_requested=False, held=False, resume_reason="retried")
+        self._runs[run_id] = run
+        self._touch()
+        return run, True
+
+    async def send_signal(
+        self, run_id: str, name: str, payload: JSON, signal_id: str, now: float
+    ) -> Run | None:
+        r = self._runs.get(run_id)
+        if r is None:
+            return None
+        self._signals.append(_Signal(signal_id, run_id, name, _json.copy(payload), now))
+        if r.status == RunStatus.WAITING and r.wait_for == name:
+            r = replace(r, run_at=now)
+            self._runs[run_id] = r
+            self._touch()
+        return r
+
+    def _ended(self, run: Run, now: float) -> None:
+        """A run just became final: wake a parent waiting for it; a root drops its tree."""
+        parent = self._runs.get(run.parent_id) if run.parent_id else None
+        if (parent is not None and parent.status == RunStatus.WAITING
+                and parent.wait_for == f"shoal.child:{run.id}"):
+            self._runs[parent.id] = replace(parent, run_at=now)
+            self._touch()
+        if run.id == run.root_id:
+            for k in [k for k in self._tree if k[0] == run.id]:
+                del self._tree[k]
+
+    # -- tree state and children ----------------------------------------------------------------
+
+    async def save_tree_key(
+        self, root_id: str, key: str, value: JSON, claimant: str, now: float
+    ) -> bool:
+        found = self._tree.get((root_id, key))
+        if found is None:
+            root = self._runs.get(root_id)
+            if root is None or root.status.final:   # no key may outlive its tree
+                return False
+            self._tree[(root_id, key)] = (_json.copy(value), claimant, root.tenant)
+            return True
+        return found[1] == claimant
+
+    async def get_tree_key(self, root_id: str, key: str) -> JSON:
+        found = self._tree.get((root_id, key))
+        return None if found is None else copy.deepcopy(found[0])
+
+    async def tree_keys(self, root_id: str) -> list[tuple[str, str]]:
+        return sorted((k, found[2]) for (root, k), found in self._tree.items() if root == root_id)
+
+    async def wait_child(self, fence: Fence, step: Step, child_id: str, now: float) -> Run | None:
+        r = self._holds(fence)
+        if r is None:
+            return None
+        child = self._runs.get(child_id)
+        if child is None:
+            raise KeyError(f"no child run {child_id!r}")
+        if child.status.final:
+            self._put_step(fence, Step(step.seq, step.name, {
+                "status": child.status.value, "output": copy.deepcopy(child.output),
+                "error": child.error}, True, fence.epoch))
+        else:
+            self._suspend(r, RunStatus.WAITING, None, f"shoal.child:{child_id}")
+            self._put_step(fence, step)
+        return child
+
+    # -- pauses ------------------------------------------------------------------------------
+
+    async def create_pause(self, fence: Fence, step: Step, pause: Pause, now: float) -> bool:
+        r = self._holds(fence)
+        if r is None:
+            return False
+        self._pauses[pause.id] = replace(pause, request=_json.copy(pause.request),
+                                         decision=_json.copy(pause.decision))
+        self._suspend(r, RunStatus.WAITING, None, f"shoal.pause:{pause.id}")
+        self._put_step(fence, step)
+        return True
+
+    async def get_pause(self, pause_id: str) -> Pause | None:
+        return copy.deepcopy(self._pauses.get(pause_id))
+
+    async def wait_pause(
+        self, fence: Fence, step: Step, pause_id: str, now: float
+    ) -> PauseWait | None:
+        r = self._holds(fence)
+        if r is None:
+            return None
+        p = self._pauses.get(pause_id)
+        if p is None or p.status != "pending":
+            return PauseWait(copy.deepcopy(p), parked=False)
+        self._suspend(r, RunStatus.WAITING, None, f"shoal.pause:{pause_id}")
+        self._put_step(fence, step)
+        return PauseWait(copy.deepcopy(p), parked=True)
+
+    def _resolve(self, p: Pause, decision: JSON, now: float) -> Pause:
+        p = replace(p, status="resolved", decision=_json.copy(decision), resolved_at=now)
+        self._pauses[p.id] = p
+        r = self._runs.get(p.run_id)
+        if r is not None and r.status == RunStatus.WAITING and r.wait_for == f"shoal.pause:{p.id}":
+            self._runs[r.id] = replace(r, run_at=now)
+            self._touch()
+        return copy.deepcopy(p)
+
+    async def resolve_pause(
+        self, pause_id: str, decision: JSON, now: float
+    ) -> tuple[Pause | None, bool]:
+        p = self._pauses.get(pause_id)
+        if p is None:
+            return None, False
+        if p.status != "pending":
+            return copy.deepcopy(p), False
+        return self._resolve(p, decision, now), True
+
+    async def list_pauses(
+        self, namespace: str, *, tenant: str | None = None, limit: int = 100
+    ) -> list[Pause]:
+        found = [p for p in self._pauses.values()
+                 if p.namespace == namespace and p.status == "pending"
+                 and (tenant is None or p.tenant == tenant)]
+        return copy.deepcopy(sorted(found, key=lambda p: (p.created_at, p.id))[:limit])
+
+    async def expire_pauses(self, namespace: str, now: float) -> list[Pause]:
+        expired = [p for p in self._pauses.values()
+                   if p.namespace == namespace and p.status == "pending"
+                   and p.expires_at is not None and p.expires_at <= now]
+        decision = {"approved": False, "data": None, "by": None, "reason": "expired"}
+        return [self._resolve(p, decision, now)
+                for p in sorted(expired, key=lambda p: (p.created_at, p.id))]
+
+    async def claim_notifications(
+        self, namespace: str, now: float, lease: float, limit: int
+    ) -> list[Pause]:
+        due = sorted((p for p in self._pauses.values()
+                      if p.namespace == namespace and not p.notified
+                      and self._notifying.get(p.id, float("-inf")) <= now),
+                     key=lambda p: (p.created_at, p.id))[:limit]
+        for p in due:
+            self._notifying[p.id] = now + lease
+        return copy.deepcopy(due)
+
+    async def mark_notified(self, pause_id: str) -> None:
+        p = self._pauses.get(pause_id)
+        if p is not None:
+            self._pauses[pause_id] = replace(p, notified=True)
+        self._notifying.pop(pause_id, None)
+
+    async def prune_pauses(self, namespace: str, before: float, limit: int) -> int:
+        old = sorted((p for p in self._pauses.values()
+                      if p.namespace == namespace and p.status == "resolved"
+                      and p.resolved_at is not None and p.resolved_at < before),
+                     key=lambda p: (p.resolved_at or 0.0, p.id))[:limit]
+        for p in old:
+            del self._pauses[p.id]
+            self._notifying.pop(p.id, None)
+        return len(old)
+
+    # -- outbox ------------------------------------------------------------------------------
+
+    async def claim_outbox(
+        self, namespace: str, topics: Sequence[str], now: float, lease: float, limit: int
+    ) -> list[OutboxEntry]:
+        wanted = set(topics)
+        due = sorted((e for e in self._outbox.values()
+                      if e.namespace == namespace and e.topic in wanted and not e.dead
+                      and e.delivered_at is None and e.next_at <= now),
+                     key=lambda e: (e.created_at, e.id))[:limit]
+        taken = [replace(e, next_at=now + lease) for e in due]
+        for e in taken:
+            self._outbox[e.id] = e
+        return copy.deepcopy(taken)
+
+    async def finish_delivery(
+        self, entry_id: str, now: float, error: str | None = None,
+        retry_at: float | None = None,
+    ) -> None:
+        e = self._outbox.get(entry_id)
+        if e is None or e.delivered_at is not None or e.dead:
+            return
+        if error is None:
+            self._outbox[entry_id] = replace(e, delivered_at=now, error=None)
+        else:
+            self._outbox[entry_id] = replace(e, attempts=e.attempts + 1, error=error,
+                                             dead=retry_at is None,
+                                             next_at=retry_at if retry_at is not None else now)
+
+    async def dead_letters(self, namespace: str, limit: int = 100) -> list[OutboxEntry]:
+        dead = sorted((e for e in self._outbox.values() if e.namespace == namespace and e.dead),
+                      key=lambda e: (e.created_at, e.id))
+        return copy.deepcopy(dead[:limit])
+
+    async def prune_runs(self, namespace: str, before: float, limit: int) -> int:
+        busy = {e.run_id for e in self._outbox.values() if e.delivered_at is None and not e.dead}
+        old = sorted((r for r in self._in(namespace)
+                      if r.status.final and r.finished_at is not None
+                      and r.finished_at < before and r.id not in busy),
+                     key=lambda r: (r.finished_at or 0.0, r.id))[:limit]
+        gone = {r.id for r in old}
+        for run_id in gone:
+            del self._runs[run_id]
+            self._steps.pop(run_id, None)
+        self._outbox = {k: e for k, e in self._outbox.items() if e.run_id not in gone}
+        if gone:
+            self._signals = [s for s in self._signals if s.run_id not in gone]
+        return len(gone)
+
+    async def release_held(self, namespace: str, max_queued: int, now: float) -> int:
+        queued = self._waiting_to_start(namespace)
+        held = sorted((r for r in self._in(namespace) if r.held),
+                      key=lambda r: (r.created_at, r.id))
+        n = max(0, min(len(held), max_queued - queued))
+        for r in held[:n]:
+            self._runs[r.id] = replace(r, held=False)
+        if n:
+            self._touch()
+        return n

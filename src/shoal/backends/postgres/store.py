@@ -1,0 +1,1207 @@
+"""PostgreSQL store: several replicas on several machines over one database.
+
+psycopg 3 (async) with a connection pool. Every table lives in the store's own schema (default
+``shoal``), set as each pooled connection's ``search_path``; migrations are versioned ``.sql`` files
+applied under an advisory lock, so instances that start together migrate once. Pooled connections
+run in autocommit: an operation that is one statement (a claim, a checkpoint, a settlement) costs
+one round trip and one commit; the others run in one explicit transaction. Claims lock their rows
+with ``FOR UPDATE SKIP LOCKED``, and a unique partial index makes the database itself refuse a
+second live run of a concurrency key. Writes that make work due for another instance
+``NOTIFY`` a channel named after the schema; :meth:`PostgresStore.wait_for_work` listens on a
+dedicated connection (outside the pool) that reconnects when it drops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import math
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Literal, LiteralString, TypeVar
+from urllib.parse import unquote, urlencode, urlsplit
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg import pq, sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import DictRow, dict_row
+from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
+
+from shoal import _json
+from shoal.backends._sql import behind, migrations, queries
+from shoal.backends._urls import mask_url
+from shoal.backends.postgres.coord import PostgresCoordination
+from shoal.backends.postgres.rates import PostgresRateLimits
+from shoal.backends.postgres.turns import Turns
+from shoal.errors import AdmissionRejectedError, ConfigurationError, StoreUnavailableError
+from shoal.types import (
+    JSON,
+    WORKFLOW_INSTANCE_RETENTION,
+    Fence,
+    NewRun,
+    OutboxEntry,
+    Pause,
+    PauseWait,
+    Renewal,
+    Run,
+    RunStatus,
+    Settlement,
+    SignalWait,
+    Step,
+    WorkflowInfo,
+)
+
+log = logging.getLogger("shoal.store.postgres")
+
+# The statements come from the package's own files, never from input (psycopg types queries as
+# LiteralString so that user data formatted into SQL is a type error).
+_Q = queries("postgres")
+_SCHEMA = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,48}$")
+# shoal's own URL options; every other query option goes to libpq as written
+_OPTIONS = {"schema", "pool_min_size", "pool_max_size", "open_timeout", "pool_timeout",
+            "reconnect_timeout"}
+# Transient refusals of one transaction: it did nothing, so it is run again.
+_RETRYABLE = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
+_Conn = psycopg.AsyncConnection[DictRow]
+_T = TypeVar("_T")
+_BATCH = 500   # rows per batched statement at most
+
+
+class PostgresStore(PostgresCoordination, PostgresRateLimits):
+    """The ``postgresql://user:password@host:port/db?schema=shoal`` store.
+
+    ``schema`` is created if missing and holds every table; ``pool_min_size``/``pool_max_size``
+    size the connection pool (default 1 and 10). Operations take turns at the connections, first
+    come, first served (renewals first); those waiting fail only when the queue has not moved
+    (no operation got a connection) for ``pool_timeout`` seconds (default 2), so a burst of any
+    size completes and an outage fails fast. ``reconnect_timeout`` (default 3 s) bounds the
+    pool's reconnect backoff, so work resumes as soon as the server is back (psycopg_pool's own
+    defaults, 30 s and 300 s with exponential backoff, left instances idle for tens of seconds
+    after a long outage). Other query options go to libpq as written (``sslmode``,
+    ``connect_timeout``, ``host=/socket/dir``, …).
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        schema: str = "shoal",
+        pool_min_size: int = 1,
+        pool_max_size: int = 10,
+        open_timeout: float = 10.0,
+        pool_timeout: float = 2.0,
+        reconnect_timeout: float = 3.0,
+    ) -> None:
+        super().__init__()
+        if not _SCHEMA.match(schema):
+            raise ConfigurationError(
+                f"Bad PostgreSQL schema name {schema!r}: use letters, digits and underscores, "
+                f"starting with a letter or an underscore, at most 49 characters."
+            )
+        _check_options(pool_min_size=pool_min_size, pool_max_size=pool_max_size,
+                       open_timeout=open_timeout, pool_timeout=pool_timeout,
+                       reconnect_timeout=reconnect_timeout)
+        self.conninfo = conninfo
+        self.schema = schema
+        self.url = f"{conninfo}{'&' if '?' in conninfo else '?'}{urlencode({'schema': schema})}"
+        # The runs_ended trigger (0003_trees.sql) builds the same name from its table's schema.
+        self.channel = f"shoal_{schema}"
+        self.pool_min_size = pool_min_size
+        self.pool_max_size = pool_max_size
+        self.open_timeout = open_timeout
+        self.pool_timeout = pool_timeout
+        self.reconnect_timeout = reconnect_timeout
+        self._pool: AsyncConnectionPool[_Conn] | None = None
+        self._work = asyncio.Event()
+        self._listener: asyncio.Task[None] | None = None
+        self._listening = asyncio.Event()   # set while the LISTEN connection is up
+        self._sweeping: asyncio.Task[None] | None = None
+        self._settles = _Batcher(self, "settle", ("id", "owner", "epoch", "status", "output",
+                                                  "error", "finished_at", "run_at",
+                                                  "attempt_inc", "traceback"))
+        self._checkpoints = _Batcher(self, "checkpoint", ("id", "owner", "epoch", "expires",
+                                                          "seq", "name", "output", "finished",
+                                                          "finished_at"))
+        self._busy = 0   # operations holding or waiting for a pooled connection
+        self._turns = Turns(pool_max_size, pool_timeout)
+
+    @property
+    def in_flight(self) -> int:
+        """Operations not answered yet (waiting on the server or queued for a batch): a test
+        that settles an event loop waits for 0."""
+        return self._busy + len(self._settles.queue) + len(self._checkpoints.queue)
+
+    @classmethod
+    def from_url(cls, url: str) -> PostgresStore:
+        """Any libpq URL (``postgresql://`` or ``postgres://``: Unix sockets, host lists,
+        ``?host=/dir``, ``sslmode`` and the other libpq parameters) as psycopg takes it, with
+        shoal's own options (``schema``, ``pool_min_size``, …) taken out of the query. An option
+        that is neither shoal's nor libpq's, or a bad value of shoal's, is a ConfigurationError
+        naming it."""
+        if not url.startswith(("postgresql://", "postgres://")):
+            raise ConfigurationError(
+                f"Bad PostgreSQL URL {mask_url(url)!r}: write "
+                f"'postgresql://user:password@host:5432/database?schema=shoal'."
+            )
+        conninfo, ours = _split_options(url)
+        try:
+            conninfo_to_dict(conninfo)   # libpq's own parser: what it refuses, it never connects
+        except psycopg.Error as e:
+            raise ConfigurationError(f"Bad PostgreSQL URL {mask_url(url)!r}: {e}") from None
+
+        def number(name: str, kind: type[int] | type[float], default: float) -> Any:
+            if name not in ours:
+                return default
+            try:
+                return kind(ours[name])
+            except ValueError:
+                raise ConfigurationError(
+                    f"{name}={ours[name]!r} in the PostgreSQL URL {mask_url(url)!r} is not "
+                    f"{'a whole number' if kind is int else 'a number of seconds'}."
+                ) from None
+
+        return cls(
+            conninfo,
+            schema=ours.get("schema", "shoal"),
+            pool_min_size=number("pool_min_size", int, 1),
+            pool_max_size=number("pool_max_size", int, 10),
+            open_timeout=number("open_timeout", float, 10.0),
+            pool_timeout=number("pool_timeout", float, 2.0),
+            reconnect_timeout=number("reconnect_timeout", float, 3.0),
+        )
+
+    # -- connection and schema -------------------------------------------------------------
+
+    async def open(self, *, migrate: bool = True) -> None:
+        if self._pool is not None:
+            return
+        await self._probe()
+        pool: AsyncConnectionPool[_Conn] = AsyncConnectionPool(
+            self.conninfo,
+            connection_class=_Conn,
+            kwargs={"autocommit": True, "row_factory": dict_row,
+                    **self._application_name("shoal")},
+            configure=self._configure,
+            min_size=self.pool_min_size,
+            max_size=self.pool_max_size,
+            timeout=self.pool_timeout,
+            reconnect_timeout=self.reconnect_timeout,
+            open=False,
+            name=f"shoal-{self.schema}",
+        )
+        try:
+            await pool.open(wait=True, timeout=self.open_timeout)
+        except PoolTimeout as e:
+            await pool.close()
+            raise self._unavailable(e) from None
+        self._pool = pool
+        try:
+            if migrate:
+                await self.migrate()
+            else:
+                behind(mask_url(self.url), "postgres", await self._version(), migrate=False)
+        except BaseException:
+            self._pool = None
+            await pool.close()
+            raise
+
+    async def _probe(self) -> None:
+        """One connection first: a wrong address, user or database fails at once with the
+        server's reason (a pool would retry in the background until its timeout)."""
+        try:
+            async with asyncio.timeout(self.open_timeout):
+                conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
+            await conn.close()
+        except (psycopg.Error, TimeoutError) as e:
+            raise self._unavailable(e) from None
+
+    async def exists(self) -> bool:
+        """Whether the schema holds a shoal store (its migrations table), read on one connection
+        without creating anything: a command that only reads must not make a store out of a
+        mistyped schema name."""
+        try:
+            async with asyncio.timeout(self.open_timeout):
+                conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
+                try:
+                    cur = await conn.execute("SELECT to_regclass(%(table)s) IS NOT NULL",
+                                             {"table": f'"{self.schema}".shoal_migrations'})
+                    row = await cur.fetchone()
+                finally:
+                    await conn.close()
+        except (psycopg.Error, TimeoutError) as e:
+            raise self._unavailable(e) from None
+        return bool(row and row[0])
+
+    def _unavailable(self, e: BaseException) -> StoreUnavailableError:
+        """Opening failed. "within N s" is said only when open_timeout really ran out (our
+        timeout, or the pool's wait for its first connections); a failure that came sooner
+        gives its own reason."""
+        if isinstance(e, TimeoutError | PoolTimeout):
+            reason = f"no answer within open_timeout={self.open_timeout:g} s."
+        else:
+            reason = self._reason(e)
+            if not reason.endswith((".", "?", "!")):
+                reason += "."
+        return StoreUnavailableError(
+            f"Cannot connect to the PostgreSQL store {mask_url(self.url)!r}: {reason} Check "
+            f"that the server runs and the URL (host, port, user, password, database) is right."
+        )
+
+    def _application_name(self, what: str) -> dict[str, str]:
+        """Name the connections after the schema in pg_stat_activity, unless the URL does."""
+        if "application_name" in self._params():
+            return {}
+        return {"application_name": f"{what} {self.schema}"}
+
+    def _params(self) -> dict[str, Any]:
+        """The connection parameters as libpq reads them (none if it cannot)."""
+        try:
+            return conninfo_to_dict(self.conninfo)
+        except psycopg.Error:
+            return {}
+
+    def _reason(self, e: BaseException) -> str:
+        """An error's text without the password the URL may carry."""
+        text = " ".join(str(e).split()) or type(e).__name__
+        for password in (urlsplit(self.conninfo).password, self._params().get("password")):
+            if password:
+                text = text.replace(str(password), "***")
+        return text
+
+    async def _configure(self, conn: _Conn) -> None:
+        await conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
+
+    async def close(self) -> None:
+        # writes already asked for are still made
+        await self._settles.drain()
+        await self._checkpoints.drain()
+        tasks = [t for t in (self._listener, self._sweeping) if t is not None]
+        self._listener = self._sweeping = None
+        self._turns.close()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+        self._work.set()
+
+    async def migrate(self) -> int:
+        """Apply the missing migrations under an advisory lock. A schema already current is only
+        read (no lock, no DDL): a role allowed rows and nothing else opens it."""
+        masked = mask_url(self.url)
+        found = await self._version()
+        if not behind(masked, "postgres", found, migrate=True):
+            return found
+        schema = sql.Identifier(self.schema)
+        table = sql.Identifier(self.schema, "shoal_migrations")
+        async with self._privileged(), self._connection() as conn, conn.transaction():
+            await conn.execute(_Q["advisory_xact_lock"], {"key": f"shoal:migrate:{self.schema}"})
+            cur = await conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s",
+                                     {"schema": self.schema})
+            if await cur.fetchone() is None:
+                await conn.execute(sql.SQL("CREATE SCHEMA {}").format(schema))
+            await conn.execute(sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} (version integer PRIMARY KEY, name text NOT NULL, "
+                "applied_at double precision NOT NULL)").format(table))
+            cur = await conn.execute(sql.SQL("SELECT version FROM {}").format(table))
+            done = {row["version"] for row in await cur.fetchall()}
+            version = max(done, default=0)
+            behind(masked, "postgres", version, migrate=True)   # a newer shoal came first
+            for number, name, text in migrations("postgres"):
+                if number in done:
+                    continue
+                # A file holds several statements and no parameters: sent as one simple query.
+                await conn.execute(text)
+                await conn.execute(
+                    sql.SQL("INSERT INTO {} (version, name, applied_at) "
+                            "VALUES (%(v)s, %(n)s, %(t)s)").format(table),
+                    {"v": number, "n": name, "t": time.time()},
+                )
+                version = number
+        return version
+
+    async def _version(self) -> int:
+        """The schema's version, 0 when it holds no shoal store; reads only."""
+        async with self._privileged(), self._connection() as conn:
+            cur = await conn.execute("SELECT to_regclass(%(table)s) AS t",
+                                     {"table": f'"{self.schema}".shoal_migrations'})
+            row = await cur.fetchone()
+            if row is None or row["t"] is None:
+                return 0
+            table = sql.Identifier(self.schema, "shoal_migrations")
+            cur = await conn.execute(
+                sql.SQL("SELECT coalesce(max(version), 0) AS v FROM {}").format(table))
+            row = await cur.fetchone()
+            return int(row["v"]) if row is not None else 0
+
+    @asynccontextmanager
+    async def _privileged(self) -> AsyncIterator[None]:
+        """A privilege the connecting role lacks is a ConfigurationError that says which grants
+        shoal needs (rather than psycopg's bare refusal)."""
+        try:
+            yield
+        except pg_errors.InsufficientPrivilege as e:
+            reason = self._reason(e).rstrip(".")
+            raise ConfigurationError(
+                f"The PostgreSQL store {mask_url(self.url)!r} refused this role: {reason}. "
+                f"To serve a schema, a role needs USAGE on it, SELECT, INSERT, UPDATE and "
+                f"DELETE on its tables and USAGE on its sequences; to create or upgrade it, "
+                f"run 'shoal migrate' as a role that may create tables there (its owner)."
+            ) from None
+
+    async def ping(self) -> None:
+        async with self._connection() as conn:
+            await conn.execute("SELECT 1")
+
+    @asynccontextmanager
+    async def _connection(self, *, urgent: bool = False) -> AsyncIterator[_Conn]:
+        """A pooled connection, in turn (``urgent`` ones first: renewals). A burst waits as
+        long as the queue moves; when no operation got a connection for ``pool_timeout``
+        seconds, or the server fails, it is a StoreUnavailableError."""
+        pool = self._pool
+        if pool is None:
+            raise StoreUnavailableError(
+                f"The PostgreSQL store {mask_url(self.url)!r} is not open."
+            )
+        task = asyncio.current_task()
+        asked = task.cancelling() if task is not None else 0
+        self._busy += 1
+        try:
+            try:
+                await self._turns.take(urgent=urgent)
+            except TimeoutError:
+                raise self._starved() from None
+            try:
+                async with pool.connection(timeout=self.pool_timeout) as conn:
+                    self._turns.served()
+                    if task is not None and task.cancelling() > asked:
+                        # Cancelled while the pool handed this connection over: psycopg_pool's
+                        # wait (asyncio.wait_for on Python 3.11) returns the connection and
+                        # drops the cancellation, so a stopping loop would go on forever.
+                        raise asyncio.CancelledError
+                    yield conn
+            except PoolTimeout:
+                self._turns.fail_waiting()   # at the front for pool_timeout: none would get one
+                raise
+            finally:
+                self._turns.give()
+        except PoolTimeout:
+            raise self._starved() from None
+        except PoolClosed:
+            raise StoreUnavailableError(
+                f"The PostgreSQL store {mask_url(self.url)!r} was closed before this operation "
+                f"got a connection."
+            ) from None
+        except psycopg.OperationalError as e:
+            if isinstance(e, _RETRYABLE):
+                raise
+            self._sweep(pool)
+            raise StoreUnavailableError(
+                f"The PostgreSQL store {mask_url(self.url)!r} failed: {self._reason(e)}"
+            ) from None
+        finally:
+            self._busy -= 1
+
+    def _starved(self) -> StoreUnavailableError:
+        """No operation got a connection for pool_timeout seconds: the server does not answer
+        (or every connection is held that long)."""
+        return StoreUnavailableError(
+            f"No connection to the PostgreSQL store {mask_url(self.url)!r}: no operation got one "
+            f"for pool_timeout={self.pool_timeout:g} s (the server does not answer, or every "
+            f"one of the pool_max_size={self.pool_max_size} connections stayed busy that long). "
+            f"Check the server; raise ?pool_timeout= or ?pool_max_size= in the store URL if it "
+            f"is only slow."
+        )
+
+    def _sweep(self, pool: AsyncConnectionPool[_Conn]) -> None:
+        """After a server restart every idle pooled connection is dead: test them all at once
+        (in the background) rather than fail one operation per stale connection."""
+        if self._sweeping is None or self._sweeping.done():
+            self._sweeping = asyncio.create_task(pool.check(), name=f"shoal-check-{self.schema}")
+
+    async def _one(self, query: LiteralString, args: dict[str, Any]) -> DictRow | None:
+        """One row of one statement (autocommit: the statement is its own transaction)."""
+        async with self._connection() as conn:
+            cur = await conn.execute(query, args)
+            return await cur.fetchone()
+
+    async def _all(
+        self, query: LiteralString, args: dict[str, Any], *, fetch: bool = True,
+        urgent: bool = False,
+    ) -> list[DictRow]:
+        async with self._connection(urgent=urgent) as conn:
+            cur = await conn.execute(query, args)
+            return await cur.fetchall() if fetch else []
+
+    # -- workflows -------------------------------------------------------------------------
+
+    async def register_workflows(
+        self, namespace: str, workflows: Mapping[str, JSON], now: float,
+        instance: str | None = None,
+    ) -> None:
+        if not workflows:
+            return
+        # in name order: two instances registering at once lock the rows in one order
+        names = sorted(workflows)
+        args = {"namespace": namespace, "names": names, "now": now, "instance": instance,
+                "options": [_json.dumps(workflows[n]) for n in names],
+                "before": now - WORKFLOW_INSTANCE_RETENTION}
+
+        async def register() -> None:
+            async with self._connection() as conn, conn.transaction():
+                await conn.execute(_Q["register_workflows"], args)
+                if instance is not None:
+                    await conn.execute(_Q["register_workflow_instances"], args)
+                    await conn.execute(_Q["forget_workflow_instances"], args)
+
+        await self._retry(register)
+
+    async def get_workflow(self, namespace: str, name: str) -> JSON:
+        row = await self._one(_Q["get_workflow"], {"namespace": namespace, "name": name})
+        return None if row is None else _json.loads(row["options"])
+
+    async def list_workflows(self, namespace: str | None) -> list[WorkflowInfo]:
+        args = {"namespace": namespace}
+        served: dict[tuple[str, str], list[tuple[str, float]]] = {}
+        for row in await self._all(_Q["list_workflow_instances"], args):
+            served.setdefault((row["namespace"], row["workflow"]), []).append(
+                (row["instance"], row["registered_at"]))
+        return [WorkflowInfo(row["namespace"], row["name"], _json.loads(row["options"]),
+                             row["registered_at"],
+                             tuple(served.get((row["namespace"], row["name"]), ())))
+                for row in await self._all(_Q["list_workflows"], args)]
+
+    # -- runs ------------------------------------------------------------------------------
+
+    async def create_run(
+        self, new: NewRun, *, max_queued: int | None, admission: str
+    ) -> tuple[Run, bool]:
+        args: dict[str, Any] = {
+            "id": new.id, "namespace": new.namespace, "tenant": new.tenant,
+            "workflow": new.workflow, "input": _json.dumps(new.input),
+            "priority": new.priority, "created_at": new.created_at, "run_at": new.run_at,
+            "max_attempts": new.max_attempts, "concurrency_key": new.concurrency_key,
+            "idempotency_key": new.idempotency_key, "version": new.version,
+            "parent_id": new.parent_id, "root_id": new.root_id or new.id, "held": False,
+            "channel": self.channel,
+        }
+        if max_queued is None:
+            # One statement; a concurrent insert of the same idempotency key makes it insert
+            # nothing, and the run that won is read back.
+            async with self._connection() as conn:
+                row = await (await conn.execute(_Q["insert_run"], args)).fetchone()
+                if row is None:
+                    row = await (await conn.execute(_Q["find_idempotent"], args)).fetchone()
+                    if row is None:
+                        raise StoreUnavailableError(
+                            f"The run of idempotency key {new.idempotency_key!r} was inserted "
+                            f"by another transaction but cannot be read back; try again."
+                        )
+                    return _run(row), False
+                return _run(row), True
+        return await self._retry(lambda: self._create_admitted(new, args, max_queued, admission))
+
+    async def _create_admitted(
+        self, new: NewRun, args: dict[str, Any], max_queued: int, admission: str
+    ) -> tuple[Run, bool]:
+        async with self._connection() as conn, conn.transaction():
+            admission_key = self._admission_key(new.namespace)
+            await conn.execute(_Q["advisory_xact_lock"], {"key": admission_key})
+            if new.idempotency_key is not None:
+                row = await (await conn.execute(_Q["find_idempotent"], args)).fetchone()
+                if row is not None:
+                    return _run(row), False
+            counts = await (await conn.execute(_Q["count_queued"], {
+                "namespace": new.namespace, "max_queued": max_queued})).fetchone()
+            assert counts is not None
+            if counts["queued"] >= max_queued or counts["parked"] > 0:
+                if admission == "reject":
+                    raise AdmissionRejectedError(new.namespace, max_queued)
+                args = {**args, "held": True}
+            row = await (await conn.execute(_Q["insert_run"], args)).fetchone()
+            if row is None:
+                row = await (await conn.execute(_Q["find_idempotent"], args)).fetchone()
+                assert row is not None
+                return _run(row), False
+            return _run(row), True
+
+    def _admission_key(self, namespace: str) -> str:
+        return f"shoal:admission:{self.schema}:{namespace}"
+
+    async def get_run(self, run_id: str) -> Run | None:
+        row = await self._one(_Q["get_run"], {"id": run_id})
+        return None if row is None else _run(row)
+
+    async def list_runs(
+        self,
+        namespace: str | None,
+        *,
+        status: str | None = None,
+        workflow: str | None = None,
+        tenant: str | None = None,
+        limit: int = 100,
+        after: str | None = None,
+    ) -> list[Run]:
+        where: list[sql.Composable] = []
+        args: dict[str, Any] = {"limit": limit}
+        for column, value in (("namespace", namespace), ("status", status),
+                              ("workflow", workflow), ("tenant", tenant)):
+            if value is not None:
+                where.append(sql.SQL("{} = {}").format(sql.Identifier(column),
+                                                       sql.Placeholder(column)))
+                args[column] = value
+        if after is not None:
+            where.append(sql.SQL("id > %(after)s"))
+            args["after"] = after
+        query = sql.SQL("SELECT * FROM runs {} ORDER BY id LIMIT %(limit)s").format(
+            sql.SQL("WHERE ") + sql.SQL(" AND ").join(where) if where else sql.SQL(""))
+        async with self._connection() as conn:
+            rows = await (await conn.execute(query, args)).fetchall()
+        return [_run(row) for row in rows]
+
+    async def claim_runs(
+        self,
+        namespace: str,
+        workflows: Sequence[str],
+        owner: str,
+        limit: int,
+        lease: float,
+        now: float,
+        *,
+        version: str | None = None,
+        any_version: Sequence[str] = (),
+    ) -> list[Run]:
+        if limit <= 0 or not workflows:
+            return []
+        args = {"namespace": namespace, "workflows": list(workflows), "owner": owner,
+                "limit": limit, "expires": now + lease, "now": now, "version": version,
+                "any_version": list(any_version)}
+        rows: list[DictRow] = []
+        for _ in range(3):
+            try:
+                rows = await self._all(_Q["claim"], args)
+                break
+            except pg_errors.UniqueViolation:
+                # Another claim of the same concurrency key committed after this statement's
+                # snapshot: runs_key_holder refused the second holder. Claiming again sees it.
+                log.debug("claim.key_race: claiming again")
+            except _RETRYABLE:
+                log.debug("claim.retry")
+        runs = sorted((_run(r) for r in rows), key=lambda r: (-r.priority, r.created_at, r.id))
+        return runs
+
+    async def incompatible_runs(
+        self, namespace: str, workflows: Sequence[str], version: str | None,
+        any_version: Sequence[str], now: float, limit: int = 100,
+    ) -> list[Run]:
+        if limit <= 0 or not workflows:
+            return []
+        rows = await self._all(_Q["incompatible_runs"], {
+            "namespace": namespace, "workflows": list(workflows), "version": version,
+            "any_version": list(any_version), "now": now, "limit": limit})
+        return [_run(r) for r in rows]
+
+    async def renew_leases(
+        self, owner: str, leases: dict[str, int], lease: float, now: float
+    ) -> Renewal:
+        if not leases:
+            return Renewal(frozenset(), frozenset())
+        ids = sorted(leases)
+        # urgent: a burst of other operations queued for a connection must not cost leases
+        rows = await self._retry(lambda: self._all(_Q["renew"], {
+            "expires": now + lease, "owner": owner, "ids": ids,
+            "epochs": [leases[i] for i in ids],
+        }, urgent=True))
+        return Renewal(frozenset(r["id"] for r in rows),
+                       frozenset(r["id"] for r in rows if r["cancel_requested"]))
+
+    async def load_steps(self, run_id: str) -> list[Step]:
+        rows = await self._all(_Q["load_steps"], {"run_id": run_id})
+        return [Step(r["seq"], r["name"], _json.loads(r["output"]), r["finished"], r["epoch"])
+                for r in rows]
+
+    @staticmethod
+    def _step_args(fence: Fence, step: Step, now: float) -> dict[str, Any]:
+        return {
+            "run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
+            "seq": step.seq, "name": step.name, "output": _json.dumps(step.output),
+            "finished": step.finished, "finished_at": now if step.finished else None,
+        }
+
+    async def checkpoint_step(
+        self, fence: Fence, step: Step, lease: float, now: float,
+        outbox: Sequence[OutboxEntry] = (),
+    ) -> bool:
+        if outbox:
+            # A step that sent entries takes a transaction of its own rather than the batch: the
+            # batch statement takes one row per run, and checking "this step is not finished
+            # yet" in it would read the steps as of before its row locks were granted. Here the
+            # run row is locked (fence_extend) before the statement that checks the step and
+            # writes entries and step together, so it sees every committed write of the run;
+            # fenced and atomic as a batched row is. Such steps are the few; the rest keep the
+            # group commit.
+            return await self._retry(
+                lambda: self._checkpoint_outbox(fence, step, lease, now, outbox))
+        return await self._checkpoints.write(fence.run_id, {
+            "id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
+            "expires": now + lease, "seq": step.seq, "name": step.name,
+            "output": _json.dumps(step.output), "finished": step.finished,
+            "finished_at": now if step.finished else None,
+        })
+
+    async def _checkpoint_outbox(
+        self, fence: Fence, step: Step, lease: float, now: float, outbox: Sequence[OutboxEntry]
+    ) -> bool:
+        async with self._connection() as conn, conn.transaction():
+            fenced = {"run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
+                      "expires": now + lease}
+            if await (await conn.execute(_Q["fence_extend"], fenced)).fetchone() is None:
+                return False
+            await conn.execute(_Q["checkpoint_outbox"], {
+                **self._step_args(fence, step, now), "now": now,
+                "o_id": [e.id for e in outbox], "o_namespace": [e.namespace for e in outbox],
+                "o_run_id": [e.run_id for e in outbox], "o_seq": [e.seq for e in outbox],
+                "o_idx": [e.index for e in outbox], "o_topic": [e.topic for e in outbox],
+                "o_payload": [_json.dumps(e.payload) for e in outbox],
+                "o_created_at": [e.created_at for e in outbox],
+            })
+            return True
+
+    async def suspend_run(
+        self,
+        fence: Fence,
+        step: Step,
+        status: Literal["sleeping", "waiting"],
+        run_at: float | None,
+        wait_for: str | None,
+        now: float,
+    ) -> bool:
+        args = {**self._step_args(fence, step, now), "status": status, "run_at": run_at,
+                "wait_for": wait_for}
+        row = await self._retry(lambda: self._one(_Q["suspend"], args))
+        return row is not None and row["held"] == 1
+
+    async def wait_signal(
+        self, fence: Fence, step: Step, signal: str, deadline: float | None, now: float
+    ) -> SignalWait | None:
+        return await self._retry(lambda: self._wait_signal(fence, step, signal, deadline, now))
+
+    async def _wait_signal(
+        self, fence: Fence, step: Step, signal: str, deadline: float | None, now: float
+    ) -> SignalWait | None:
+        async with self._connection() as conn, conn.transaction():
+            fenced = {"run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch}
+            if await (await conn.execute(_Q["fence_lock"], fenced)).fetchone() is None:
+                return None
+            row = await (await conn.execute(_Q["consume_signal"], {
+                "run_id": fence.run_id, "name": signal})).fetchone()
+            if row is not None:
+                payload = _json.loads(row["payload"])
+                done = Step(step.seq, step.name, {"payload": payload}, True, fence.epoch)
+                await conn.execute(_Q["put_step"], self._step_args(fence, done, now))
+                return SignalWait(received=True, payload=payload)
+            if deadline is not None and deadline <= now:
+                return SignalWait(received=False, parked=False)
+            await conn.execute(_Q["suspend"], {
+                **self._step_args(fence, step, now), "status": "waiting", "run_at": deadline,
+                "wait_for": signal,
+            })
+            return SignalWait(received=False, parked=True)
+
+    async def settle_run(self, fence: Fence, settlement: Settlement, now: float) -> bool:
+        outcome = settlement.outcome
+        return await self._settles.write(fence.run_id, {
+            "id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
+            "status": "queued" if outcome == "retry" else outcome,
+            "output": _json.dumps(settlement.output) if outcome == "succeeded" else None,
+            "error": settlement.error,
+            "finished_at": None if outcome == "retry" else now,
+            "run_at": settlement.run_at if outcome == "retry" else now,
+            "attempt_inc": 1 if outcome == "retry" else 0,
+            "traceback": settlement.traceback,
+        })
+
+    async def release_run(self, fence: Fence, now: float) -> bool:
+        args = {"run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
+                "channel": self.channel}
+        return await self._retry(lambda: self._one(_Q["release"], args)) is not None
+
+    async def recover_runs(self, namespace: str, now: float) -> list[Run]:
+        rows = await self._retry(lambda: self._all(_Q["recover"], {
+            "namespace": namespace, "now": now, "channel": self.channel}))
+        return [_run(r) for r in rows]
+
+    async def cancel_run(self, run_id: str, now: float) -> Run | None:
+        # one statement, with the tree of an unfinished root (see the query)
+        row = await self._retry(lambda: self._one(_Q["cancel"], {
+            "id": run_id, "now": now, "channel": self.channel}))
+        if row is None:
+            # unknown, or final already (a final run never changes again)
+            row = await self._one(_Q["get_run"], {"id": run_id})
+        return None if row is None else _run(row)
+
+    async def retry_run(
+        self, namespace: str, run_id: str, tenant: str | None, now: float
+    ) -> tuple[Run | None, bool]:
+        row = await self._retry(lambda: self._one(_Q["retry"], {
+            "id": run_id, "namespace": namespace, "tenant": tenant, "now": now,
+            "channel": self.channel}))
+        if row is not None:
+            return _run(row), True
+        found = await self._one(_Q["get_run"], {"id": run_id})
+        if found is None or found["namespace"] != namespace or (
+                tenant is not None and found["tenant"] != tenant):
+            return None, False
+        return _run(found), False
+
+    async def send_signal(
+        self, run_id: str, name: str, payload: JSON, signal_id: str, now: float
+    ) -> Run | None:
+        return await self._retry(lambda: self._send_signal(run_id, name, payload, signal_id, now))
+
+    async def _send_signal(
+        self, run_id: str, name: str, payload: JSON, signal_id: str, now: float
+    ) -> Run | None:
+        async with self._connection() as conn, conn.transaction():
+            row = await (await conn.execute(_Q["lock_run"], {"id": run_id})).fetchone()
+            if row is None:
+                return None
+            woken = await (await conn.execute(_Q["signal_and_wake"], {
+                "id": signal_id, "run_id": run_id, "name": name,
+                "payload": _json.dumps(payload), "now": now, "channel": self.channel,
+            })).fetchone()
+            return _run(woken if woken is not None else row)
+
+    async def release_held(self, namespace: str, max_queued: int, now: float) -> int:
+        counts = await self._one(_Q["count_queued"], {"namespace": namespace,
+                                                       "max_queued": max_queued})
+        assert counts is not None
+        if counts["parked"] == 0 or counts["queued"] >= max_queued:
+            return 0
+        return await self._retry(lambda: self._release_held(namespace, max_queued))
+
+    async def _release_held(self, namespace: str, max_queued: int) -> int:
+        async with self._connection() as conn, conn.transaction():
+            await conn.execute(_Q["advisory_xact_lock"], {"key": self._admission_key(namespace)})
+            counts = await (await conn.execute(_Q["count_queued"], {
+                "namespace": namespace, "max_queued": max_queued})).fetchone()
+            assert counts is not None
+            n = min(counts["parked"], max_queued - counts["queued"])
+            if n <= 0:
+                return 0
+            cur = await conn.execute(_Q["release_held"], {"namespace": namespace, "n": n,
+                                                          "channel": self.channel})
+            return len(await cur.fetchall())
+
+    # -- tree state and children -----------------------------------------------------------
+
+    async def save_tree_key(
+        self, root_id: str, key: str, value: JSON, claimant: str, now: float
+    ) -> bool:
+        args = {"root_id": root_id, "key": key, "value": _json.dumps(value),
+                "claimant": claimant, "now": now}
+        return await self._retry(lambda: self._save_tree_key(args, claimant))
+
+    async def _save_tree_key(self, args: dict[str, Any], claimant: str) -> bool:
+        # Two statements, each its own transaction: when the insert meets a concurrent insert of
+        # the key it waits for it and inserts nothing, and only a later statement's snapshot is
+        # sure to see the row that won.
+        async with self._connection() as conn:
+            if await (await conn.execute(_Q["insert_tree_key"], args)).fetchone() is not None:
+                return True
+            row = await (await conn.execute(_Q["get_tree_key"], args)).fetchone()
+            return row is not None and row["claimant"] == claimant
+
+    async def get_tree_key(self, root_id: str, key: str) -> JSON:
+        row = await self._one(_Q["get_tree_key"], {"root_id": root_id, "key": key})
+        return None if row is None else _json.loads(row["value"])
+
+    async def tree_keys(self, root_id: str) -> list[tuple[str, str]]:
+        rows = await self._all(_Q["list_tree_keys"], {"root_id": root_id})
+        return [(row["key"], row["tenant"]) for row in rows]
+
+    async def wait_child(self, fence: Fence, step: Step, child_id: str, now: float) -> Run | None:
+        return await self._retry(lambda: self._wait_child(fence, step, child_id, now))
+
+    async def _wait_child(
+        self, fence: Fence, step: Step, child_id: str, now: float
+    ) -> Run | None:
+        async with self._connection() as conn, conn.transaction():
+            fenced = {"run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch}
+            if await (await conn.execute(_Q["fence_lock"], fenced)).fetchone() is None:
+                return None
+            # The child's row is locked (after the parent's, as a statement ending the child
+            # locks them) until the park commits, so the child cannot end between this check
+            # and the park unseen: the runs_ended trigger of a statement ending it runs after
+            # this commit and finds the parent waiting.
+            row = await (await conn.execute(_Q["lock_child"], {"id": child_id})).fetchone()
+            if row is None:
+                raise KeyError(f"no child run {child_id!r}")
+            child = _run(row)
+            if child.status.final:
+                done = Step(step.seq, step.name, {"status": child.status.value,
+                                                  "output": child.output, "error": child.error},
+                            True, fence.epoch)
+                await conn.execute(_Q["put_step"], self._step_args(fence, done, now))
+            else:
+                await conn.execute(_Q["suspend"], {
+                    **self._step_args(fence, step, now), "status": "waiting", "run_at": None,
+                    "wait_for": _child_wait(child_id)})
+            return child
+
+    # -- pauses ----------------------------------------------------------------------------
+
+    async def create_pause(self, fence: Fence, step: Step, pause: Pause, now: float) -> bool:
+        args = {**self._step_args(fence, step, now), "wait_for": _pause_wait(pause.id),
+                "pause_id": pause.id, "namespace": pause.namespace, "tenant": pause.tenant,
+                "pause_name": pause.name, "request": _json.dumps(pause.request),
+                "created_at": pause.created_at, "expires_at": pause.expires_at}
+        row = await self._retry(lambda: self._one(_Q["park_on_pause"], args))
+        return row is not None and row["held"] == 1
+
+    async def get_pause(self, pause_id: str) -> Pause | None:
+        row = await self._one(_Q["get_pause"], {"id": pause_id})
+        return None if row is None else _pause(row)
+
+    async def wait_pause(
+        self, fence: Fence, step: Step, pause_id: str, now: float
+    ) -> PauseWait | None:
+        return await self._retry(lambda: self._wait_pause(fence, step, pause_id, now))
+
+    async def _wait_pause(
+        self, fence: Fence, step: Step, pause_id: str, now: float
+    ) -> PauseWait | None:
+        async with self._connection() as conn, conn.transaction():
+            fenced = {"run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch}
+            if await (await conn.execute(_Q["fence_lock"], fenced)).fetchone() is None:
+                return None
+            # The run row is locked until the park commits. resolve_pause locks it before the
+            # pause, so it resolves either before this read (seen here) or after the park; an
+            # expiry resolving the pause meanwhile updates the run last, waiting for this
+            # commit, and then finds it parked: either way the run is woken, never left behind.
+            row = await (await conn.execute(_Q["get_pause"], {"id": pause_id})).fetchone()
+            pause = None if row is None else _pause(row)
+            if pause is None or pause.status != "pending":
+                return PauseWait(pause, parked=False)
+            await conn.execute(_Q["suspend"], {
+                **self._step_args(fence, step, now), "status": "waiting", "run_at": None,
+                "wait_for": _pause_wait(pause_id)})
+            return PauseWait(pause, parked=True)
+
+    async def resolve_pause(
+        self, pause_id: str, decision: JSON, now: float
+    ) -> tuple[Pause | None, bool]:
+        return await self._retry(lambda: self._resolve_pause(pause_id, decision, now))
+
+    async def _resolve_pause(
+        self, pause_id: str, decision: JSON, now: float
+    ) -> tuple[Pause | None, bool]:
+        async with self._connection() as conn, conn.transaction():
+            # the run row first: a resolution racing the park or a cancel waits for it
+            await conn.execute(_Q["lock_pause_run"], {"id": pause_id})
+            row = await (await conn.execute(_Q["resolve_pause"], {
+                "id": pause_id, "decision": _json.dumps(decision), "now": now,
+                "channel": self.channel})).fetchone()
+            if row is not None:
+                return _pause(row), True
+            # unknown, or resolved already (by another call: exactly one wins)
+            row = await (await conn.execute(_Q["get_pause"], {"id": pause_id})).fetchone()
+            return (None if row is None else _pause(row)), False
+
+    async def list_pauses(
+        self, namespace: str, *, tenant: str | None = None, limit: int = 100
+    ) -> list[Pause]:
+        rows = await self._all(_Q["list_pauses"], {"namespace": namespace, "tenant": tenant,
+                                                   "limit": limit})
+        return [_pause(r) for r in rows]
+
+    async def expire_pauses(self, namespace: str, now: float) -> list[Pause]:
+        args: dict[str, Any] = {"namespace": namespace, "now": now}
+        # one cheap statement on every poll; a transaction only when something has expired
+        if await self._one(_Q["expiring_pauses"], args) is None:
+            return []
+        return await self._retry(lambda: self._expire_pauses(args))
+
+    async def _expire_pauses(self, args: dict[str, Any]) -> list[Pause]:
+        async with self._connection() as conn, conn.transaction():
+            locked = await (await conn.execute(_Q["lock_expiring_runs"], args)).fetchall()
+            if not locked:
+                return []
+            rows = await (await conn.execute(_Q["expire_pauses"], {
+                **args, "run_ids": [r["id"] for r in locked], "decision": _json.dumps(_EXPIRED),
+                "channel": self.channel})).fetchall()
+            return [_pause(r) for r in rows]
+
+    async def claim_notifications(
+        self, namespace: str, now: float, lease: float, limit: int
+    ) -> list[Pause]:
+        if limit <= 0:
+            return []
+        rows = await self._retry(lambda: self._all(_Q["claim_notifications"], {
+            "namespace": namespace, "now": now, "until": now + lease, "limit": limit}))
+        return sorted((_pause(r) for r in rows), key=lambda p: (p.created_at, p.id))
+
+    async def mark_notified(self, pause_id: str) -> None:
+        await self._retry(lambda: self._all(_Q["mark_notified"], {"id": pause_id}, fetch=False))
+
+    async def prune_pauses(self, namespace: str, before: float, limit: int) -> int:
+        args = {"namespace": namespace, "before": before, "limit": limit}
+        return len(await self._retry(lambda: self._all(_Q["prune_pauses"], args)))
+
+    # -- outbox ----------------------------------------------------------------------------
+
+    async def claim_outbox(
+        self, namespace: str, topics: Sequence[str], now: float, lease: float, limit: int
+    ) -> list[OutboxEntry]:
+        if limit <= 0 or not topics:
+            return []
+        rows = await self._retry(lambda: self._all(_Q["claim_outbox"], {
+            "namespace": namespace, "topics": list(topics), "now": now, "until": now + lease,
+            "limit": limit}))
+        return sorted((_entry(r) for r in rows), key=lambda e: (e.created_at, e.id))
+
+    async def finish_delivery(
+        self, entry_id: str, now: float, error: str | None = None,
+        retry_at: float | None = None,
+    ) -> None:
+        if error is None:
+            query, args = _Q["outbox_delivered"], {"id": entry_id, "now": now}
+        else:
+            query, args = _Q["outbox_failed"], {
+                "id": entry_id, "error": error, "dead": retry_at is None,
+                "next_at": retry_at if retry_at is not None else now}
+        await self._retry(lambda: self._all(query, args, fetch=False))
+
+    async def dead_letters(self, namespace: str, limit: int = 100) -> list[OutboxEntry]:
+        rows = await self._all(_Q["dead_letters"], {"namespace": namespace, "limit": limit})
+        return [_entry(r) for r in rows]
+
+    # -- retention -------------------------------------------------------------------------
+
+    async def prune_runs(self, namespace: str, before: float, limit: int) -> int:
+        args = {"namespace": namespace, "before": before, "limit": limit}
+        return len(await self._retry(lambda: self._all(_Q["prune_runs"], args)))
+
+    # -- wake-ups --------------------------------------------------------------------------
+
+    async def wait_for_work(self, timeout: float) -> None:
+        if self._pool is None:
+            return
+        self._start_listener()
+        # asyncio.wait, not wait_for: on 3.11 wait_for can swallow a cancellation.
+        waiter = asyncio.ensure_future(self._work.wait())
+        try:
+            await asyncio.wait({waiter}, timeout=timeout)
+        finally:
+            waiter.cancel()
+        self._work.clear()
+
+    def _start_listener(self) -> None:
+        """Run the LISTEN task, for wait_for_work and lock watches, unless it runs."""
+        if self._pool is not None and (self._listener is None or self._listener.done()):
+            self._listener = asyncio.create_task(self._listen(), name=f"shoal-listen-{self.schema}")
+
+    async def _listen(self) -> None:
+        """LISTEN on a connection of its own, and reconnect when it drops. After each
+        (re)connection, wake the waiter and every lock watch once: notifications may have been
+        missed meanwhile. Lock notifications wake lock watches only."""
+        delay = 0.1
+        listen = sql.SQL("LISTEN {}").format(sql.Identifier(self.channel))
+        while self._pool is not None:
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    make_conninfo(self.conninfo, **self._application_name("shoal-listen")),
+                    autocommit=True)
+                async with conn:
+                    await conn.execute(listen)
+                    self._listening.set()
+                    self._work.set()
+                    self._lock_listening()
+                    delay = 0.1
+                    while True:
+                        async for n in conn.notifies(timeout=30.0):
+                            if not self._lock_notified(n.payload):
+                                self._work.set()
+                        # quiet for a while: make sure the connection still answers
+                        await conn.execute("SELECT 1")
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                self._listening.clear()
+                log.warning("listen.failed: %s; reconnecting in %.1f s", self._reason(e), delay,
+                            extra={"event": "listen.failed"})
+                self._work.set()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    # -- transient errors ------------------------------------------------------------------
+
+    async def _retry(self, attempt: Callable[[], Awaitable[_T]]) -> _T:
+        """Run ``attempt()`` (one whole transaction) again when the server refused it as a
+        deadlock victim or a serialization failure: it wrote nothing."""
+        for n in range(4):
+            try:
+                return await attempt()
+            except _RETRYABLE:
+                if n == 3:
+                    raise
+                await asyncio.sleep(0.01 * (n + 1))
+        raise AssertionError("unreachable")
+
+
+class _Batcher:
+    """Fenced writes of different runs sharing one statement and one commit.
+
+    ``write`` queues a row; one task writes the queue as one statement per batch (the named
+    query takes one array per column and returns the ids of the rows whose fence held), and
+    rows that arrive while a batch is on its way go together in the next one, as group commit
+    does. A batch holds one row per run; a second write of a run waits for the next batch, so
+    each answers as if alone. The writing task is its own, so a cancelled caller never leaves
+    the others waiting.
+    """
+
+    def __init__(self, store: PostgresStore, query: str, columns: tuple[str, ...]) -> None:
+        self.store = store
+        self.query = query
+        self.columns = columns
+        self.queue: list[tuple[str, dict[str, Any], asyncio.Future[bool]]] = []
+        self.task: asyncio.Task[None] | None = None
+
+    async def write(self, run_id: str, row: dict[str, Any]) -> bool:
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self.queue.append((run_id, row, done))
+        if self.task is None or self.task.done():
+            self.task = asyncio.create_task(self._run(), name=f"shoal-{self.query}")
+        return await asyncio.shield(done)
+
+    async def drain(self) -> None:
+        if self.task is not None:
+            await asyncio.gather(self.task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while self.queue:
+            batch: list[tuple[str, dict[str, Any], asyncio.Future[bool]]] = []
+            rest: list[tuple[str, dict[str, Any], asyncio.Future[bool]]] = []
+            runs: set[str] = set()
+            for item in self.queue:
+                if item[0] in runs or len(batch) >= _BATCH:
+                    rest.append(item)
+                else:
+                    runs.add(item[0])
+                    batch.append(item)
+            self.queue = rest
+            args: dict[str, Any] = {c: [row[c] for _, row, _ in batch] for c in self.columns}
+            args["channel"] = self.store.channel
+            try:
+                written = await self.store._retry(
+                    functools.partial(self.store._all, _Q[self.query], args))
+            except Exception as e:
+                for _, _, done in batch:
+                    if not done.done():
+                        done.set_exception(e)
+                continue
+            held = {r["id"] for r in written}
+            for run_id, _, done in batch:
+                if not done.done():
+                    done.set_result(run_id in held)
+
+
+def _split_options(url: str) -> tuple[str, dict[str, str]]:
+    """The URL without shoal's own query options, every other character as written (libpq
+    parses it, not shoal), and shoal's options, decoded. An option that libpq does not know
+    either is a ConfigurationError."""
+    base, _, query = url.partition("?")
+    ours: dict[str, str] = {}
+    rest: list[str] = []
+    for pair in query.split("&") if query else []:
+        key, _, value = pair.partition("=")
+        name = unquote(key)
+        if name in _OPTIONS:
+            ours[name] = unquote(value)
+        elif name in _libpq_keywords():
+            rest.append(pair)
+        elif pair:
+            raise ConfigurationError(
+                f"Unknown option {name!r} in the PostgreSQL URL {mask_url(url)!r}: shoal's "
+                f"options are {', '.join(sorted(_OPTIONS))}; any other must be a libpq "
+                f"connection parameter (sslmode, connect_timeout, application_name, …; see "
+                f"https://www.postgresql.org/docs/current/libpq-connect.html)."
+            )
+    return base + ("?" + "&".join(rest) if rest else ""), ours
+
+
+@functools.cache
+def _libpq_keywords() -> frozenset[str]:
+    """The connection parameters of the libpq psycopg uses, and ``ssl``, libpq's URL alias
+    of ``sslmode=require``."""
+    return frozenset({d.keyword.decode() for d in pq.Conninfo.get_defaults()} | {"ssl"})
+
+
+def _check_options(*, pool_min_size: int, pool_max_size: int, **timeouts: float) -> None:
+    """Pool sizes are whole numbers with 1 <= pool_min_size <= pool_max_size; timeouts are
+    seconds > 0: a ConfigurationError names the first option that is not."""
+    for name, size in (("pool_min_size", pool_min_size), ("pool_max_size", pool_max_size)):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ConfigurationError(f"{name}={size!r} must be a whole number >= 1.")
+    if pool_max_size < pool_min_size:
+        raise ConfigurationError(
+            f"pool_max_size={pool_max_size} is below pool_min_size={pool_min_size}: "
+            f"need pool_min_size <= pool_max_size.")
+    for name, seconds in timeouts.items():
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) \
+                or not 0 < seconds < math.inf:
+            raise ConfigurationError(f"{name}={seconds!r} must be a number of seconds > 0.")
+
+
+_EXPIRED = {"approved": False, "data": None, "by": None, "reason": "expired"}
+
+
+def _pause_wait(pause_id: str) -> str:
+    """What a run parked on a pause waits for (``Run.wait_for``)."""
+    return f"shoal.pause:{pause_id}"
+
+
+def _child_wait(child_id: str) -> str:
+    """What a run parked on a child run waits for (``Run.wait_for``); the runs_ended trigger
+    (0003_trees.sql) matches it."""
+    return f"shoal.child:{child_id}"
+
+
+def _entry(row: DictRow) -> OutboxEntry:
+    return OutboxEntry(
+        id=row["id"], namespace=row["namespace"], run_id=row["run_id"], seq=row["seq"],
+        index=row["idx"], topic=row["topic"], payload=_json.loads(row["payload"]),
+        created_at=row["created_at"], attempts=row["attempts"], next_at=row["next_at"],
+        delivered_at=row["delivered_at"], dead=row["dead"], error=row["error"],
+    )
+
+
+def _pause(row: DictRow) -> Pause:
+    return Pause(
+        id=row["id"], namespace=row["namespace"], tenant=row["tenant"], run_id=row["run_id"],
+        name=row["name"], request=_json.loads(row["request"]), status=row["status"],
+        decision=_json.loads(row["decision"]), created_at=row["created_at"],
+        expires_at=row["expires_at"], resolved_at=row["resolved_at"], notified=row["notified"],
+    )
+
+
+def _run(row: DictRow) -> Run:
+    return Run(
+        id=row["id"], namespace=row["namespace"], tenant=row["tenant"],
+        workflow=row["workflow"], input=_json.loads(row["input"]),
+        output=_json.loads(row["output"]), error=row["error"], status=RunStatus(row["status"]),
+        priority=row["priority"], created_at=row["created_at"], run_at=row["run_at"],
+        attempts=row["attempts"], max_attempts=row["max_attempts"],
+        concurrency_key=row["concurrency_key"], idempotency_key=row["idempotency_key"],
+        owner=row["owner"], lease_expires_at=row["lease_expires_at"],
+        lease_epoch=row["lease_epoch"], cancel_requested=row["cancel_requested"],
+        version=row["version"], parent_id=row["parent_id"], root_id=row["root_id"],
+        wait_for=row["wait_for"], held=row["held"], started_at=row["started_at"],
+        finished_at=row["finished_at"], resume_reason=row["resume_reason"],
+        traceback=row["traceback"],
+    )

@@ -1,0 +1,886 @@
+"""SQLite store: several processes on one machine over one file.
+
+WAL mode (readers never block the writer), a busy timeout of 5 s (a writer waits for the other's
+lock, then fails with StoreUnavailableError; it never hangs), every atomic operation in one
+``BEGIN IMMEDIATE`` transaction, claims with ``UPDATE … RETURNING``. One connection per store
+object. Calls run on the event loop's thread: each transaction is a handful of statements with no
+await inside, so it never interleaves with another of the same process; the wait for the write
+lock is an asyncio sleep, so it does not block the loop.
+``sqlite:///:memory:`` is one connection, so it serves one process only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import inspect
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Literal, ParamSpec, TypeVar
+from urllib.parse import parse_qs, urlsplit
+
+from shoal import _json
+from shoal.backends._sql import behind, migrations, queries
+from shoal.backends.sqlite.coord import SQLiteCoordination
+from shoal.backends.sqlite.rates import SQLiteRateLimits
+from shoal.errors import AdmissionRejectedError, ConfigurationError, StoreUnavailableError
+from shoal.types import (
+    JSON,
+    WORKFLOW_INSTANCE_RETENTION,
+    Fence,
+    NewRun,
+    OutboxEntry,
+    Pause,
+    PauseWait,
+    Renewal,
+    Run,
+    RunStatus,
+    Settlement,
+    SignalWait,
+    Step,
+    WorkflowInfo,
+)
+
+_Q = queries("sqlite")
+_SYNCHRONOUS = {"off", "normal", "full", "extra"}
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+_C = TypeVar("_C", bound=type)
+# What to do about the failures a deployment meets, by SQLite's primary result code.
+_ADVICE = {
+    "SQLITE_FULL": "the disk (or the file system's quota) is full: free space, then retry",
+    "SQLITE_READONLY": "the file cannot be written: check the permissions of the file, of its "
+                       "folder and of its -wal and -shm files, and that the disk is not "
+                       "mounted read-only",
+}
+
+
+def _failed(path: str, e: sqlite3.DatabaseError) -> StoreUnavailableError:
+    name = getattr(e, "sqlite_errorname", None) or type(e).__name__
+    advice = _ADVICE.get("_".join(name.split("_")[:2]), "check the file, its folder and the disk")
+    return StoreUnavailableError(
+        f"The SQLite store {path!r} failed: {e} ({name}); {advice}. The call's transaction, if "
+        f"it had one, was rolled back: nothing of this call was written.")
+
+
+def _guarded(fn: Callable[_P, Awaitable[_R]]) -> Callable[_P, Awaitable[_R]]:
+    @functools.wraps(fn)
+    async def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return await fn(*args, **kwargs)
+        except sqlite3.DatabaseError as e:
+            # the file cannot be used (full, read-only, I/O error, corrupt); a constraint or a
+            # programming error is a bug and stays what it is
+            if not isinstance(e, (sqlite3.OperationalError, sqlite3.InternalError)) \
+                    and type(e) is not sqlite3.DatabaseError:
+                raise
+            raise _failed(str(getattr(args[0], "path", "?")), e) from e
+
+    return call
+
+
+def _unavailable_on_failure(cls: _C) -> _C:
+    """Every public coroutine method of ``cls`` (its mixins' too) raises StoreUnavailableError
+    with the cause when the file cannot be used, never sqlite3's own error: callers (the engine,
+    the App, the CLI) handle one kind of store failure on every backend."""
+    for name in dir(cls):
+        attr = getattr(cls, name)
+        if not name.startswith("_") and inspect.iscoroutinefunction(attr):
+            setattr(cls, name, _guarded(attr))
+    return cls
+
+
+@_unavailable_on_failure
+class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
+    """The ``sqlite:///path`` store. ``synchronous`` is SQLite's setting (default ``full``)."""
+
+    def __init__(self, path: str, *, busy_timeout: float = 5.0, synchronous: str = "full") -> None:
+        if synchronous.lower() not in _SYNCHRONOUS:
+            raise ConfigurationError(
+                f"synchronous={synchronous!r} is not one of {sorted(_SYNCHRONOUS)}."
+            )
+        super().__init__()
+        self.path = path
+        self.url = f"sqlite:///{path}"
+        self.busy_timeout = busy_timeout
+        self.synchronous = synchronous.lower()
+        self._conn: sqlite3.Connection | None = None
+        self._data_version = 0
+        self._waited = 0.0
+
+    @classmethod
+    def from_url(cls, url: str) -> SQLiteStore:
+        """``sqlite:///relative.db``, ``sqlite:////abs/path.db``, ``sqlite:///:memory:``;
+        query options ``busy_timeout`` (seconds) and ``synchronous``."""
+        parts = urlsplit(url)
+        if parts.scheme != "sqlite" or parts.netloc:
+            raise ConfigurationError(
+                f"Bad SQLite URL {url!r}: write 'sqlite:///relative/path.db' or "
+                f"'sqlite:////absolute/path.db'."
+            )
+        path = parts.path[1:] if parts.path.startswith("/") else parts.path
+        if not path:
+            raise ConfigurationError(f"The SQLite URL {url!r} names no file.")
+        options = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        unknown = set(options) - {"busy_timeout", "synchronous"}
+        if unknown:
+            raise ConfigurationError(f"Unknown SQLite URL options {sorted(unknown)} in {url!r}.")
+        try:
+            busy_timeout = float(options.get("busy_timeout", 5.0))
+        except ValueError:
+            busy_timeout = -1.0
+        if not busy_timeout >= 0:
+            raise ConfigurationError(
+                f"busy_timeout={options['busy_timeout']!r} in {url!r} must be a number of "
+                f"seconds >= 0.")
+        return cls(path, busy_timeout=busy_timeout,
+                   synchronous=options.get("synchronous", "full"))
+
+    # -- connection and schema -------------------------------------------------------------
+
+    async def exists(self) -> bool:
+        """Whether the file is there (an in-memory database always is), without creating it."""
+        return self.path == ":memory:" or Path(self.path).exists()
+
+    async def open(self, *, migrate: bool = True) -> None:
+        if self._conn is not None:
+            return
+        if self.path != ":memory:":
+            parent = Path(self.path).resolve().parent
+            if not parent.is_dir():
+                raise StoreUnavailableError(
+                    f"Cannot open the SQLite store {self.path!r}: the folder {str(parent)!r} "
+                    f"does not exist. Create it or give another path."
+                )
+            if not migrate and not Path(self.path).exists():
+                # connecting would create an empty file
+                behind(self.url, "sqlite", 0, migrate=False)
+        try:
+            # a short busy timeout inside SQLite; longer waits for the write lock happen in
+            # _begin without blocking the event loop
+            conn = sqlite3.connect(
+                self.path, timeout=0.002, isolation_level=None, check_same_thread=False,
+            )
+            conn.row_factory = sqlite3.Row
+        except sqlite3.Error as e:
+            raise StoreUnavailableError(f"Cannot open the SQLite store {self.path!r}: {e}") from e
+        self._conn = conn
+
+        def setup() -> None:
+            conn.execute("PRAGMA journal_mode = WAL").fetchall()
+            conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+            conn.execute("PRAGMA foreign_keys = ON")
+
+        try:
+            # several processes opening a new file at once: until it is in WAL mode, a reader
+            # can find it locked, and switching it to WAL takes a lock itself
+            await self._retry_busy(setup)
+            if migrate:
+                await self.migrate()
+            else:
+                behind(self.url, "sqlite", self._version(), migrate=False)
+        except (sqlite3.DatabaseError, StoreUnavailableError) as e:
+            await self.close()
+            raise StoreUnavailableError(
+                f"Cannot use {self.path!r} as a shoal SQLite store: {e}"
+            ) from e
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    async def migrate(self) -> int:
+        found = self._version()
+        if not behind(self.url, "sqlite", found, migrate=True):
+            return found   # up to date: no write lock needed to start
+        async with self._tx() as db:
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS shoal_migrations "
+                "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
+            )
+            done = {row[0] for row in db.execute("SELECT version FROM shoal_migrations")}
+            version = max(done, default=0)
+            behind(self.url, "sqlite", version, migrate=True)   # a newer shoal came first
+            for number, name, sql in migrations("sqlite"):
+                if number in done:
+                    continue
+                for statement in _statements(sql):
+                    db.execute(statement)
+                db.execute(
+                    "INSERT INTO shoal_migrations (version, name, applied_at) VALUES (?, ?, ?)",
+                    (number, name, time.time()),
+                )
+                version = number
+        return version
+
+    def _version(self) -> int:
+        """The file's schema version, 0 when it holds no shoal store; reads only."""
+        if self._one("SELECT 1 FROM sqlite_master WHERE name = 'shoal_migrations'") is None:
+            return 0
+        row = self._one("SELECT max(version) FROM shoal_migrations")
+        return int(row[0]) if row is not None and row[0] is not None else 0
+
+    async def ping(self) -> None:
+        self._one("SELECT 1")
+
+    def _one(self, sql: str, args: Any = ()) -> sqlite3.Row | None:
+        """One row of a read outside any transaction; the statement is finished at once so no
+        read snapshot stays open (a stale snapshot would make the next write fail busy)."""
+        cur = self._db.execute(sql, args)
+        try:
+            row: sqlite3.Row | None = cur.fetchone()
+            return row
+        finally:
+            cur.close()
+
+    @property
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StoreUnavailableError(f"The SQLite store {self.path!r} is not open.")
+        return self._conn
+
+    @asynccontextmanager
+    async def _tx(self) -> AsyncIterator[sqlite3.Connection]:
+        """One write transaction. The body must not await: it runs as one block on the loop."""
+        db = self._db
+        await self._begin(db)
+        try:
+            yield db
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                # a ROLLBACK failing too (the disk gone) must not hide why the body failed
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+            raise
+
+    async def _begin(self, db: sqlite3.Connection) -> None:
+        started = time.monotonic()
+        waited = await self._retry_busy(lambda: db.execute("BEGIN IMMEDIATE"))
+        # Time spent waiting for another writer, added to the lease times this transaction
+        # writes: ``now`` was read before the wait, and a lease must not be written expired.
+        self._waited = time.monotonic() - started if waited else 0.0
+
+    async def _retry_busy(self, attempt: Callable[[], object]) -> bool:
+        """Call ``attempt`` until the database is not busy; True if it had to wait."""
+        # SQLite's own busy handler would sleep on the event loop's thread and freeze every run
+        # of this instance (renewals included) while another process writes; wait here instead.
+        deadline = time.monotonic() + self.busy_timeout
+        delay = 0.0005
+        while True:
+            try:
+                attempt()
+                return delay > 0.0005
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) and "busy" not in str(e):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise StoreUnavailableError(
+                        f"The SQLite store {self.path!r} stayed locked by another writer for "
+                        f"more than busy_timeout ({self.busy_timeout:g} s); nothing was written. "
+                        f"Retry, or raise ?busy_timeout= in the store URL."
+                    ) from e
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.01)
+
+    # -- workflows -------------------------------------------------------------------------
+
+    async def register_workflows(
+        self, namespace: str, workflows: Mapping[str, JSON], now: float,
+        instance: str | None = None,
+    ) -> None:
+        async with self._tx() as db:
+            for name, options in workflows.items():
+                args = {"namespace": namespace, "name": name, "options": _json.dumps(options),
+                        "now": now, "instance": instance}
+                db.execute(_Q["register_workflow"], args)
+                if instance is not None:
+                    db.execute(_Q["register_workflow_instance"], args)
+            if instance is not None:
+                db.execute(_Q["forget_workflow_instances"], {
+                    "namespace": namespace, "before": now - WORKFLOW_INSTANCE_RETENTION})
+
+    async def get_workflow(self, namespace: str, name: str) -> JSON:
+        row = self._one(_Q["get_workflow"], {"namespace": namespace, "name": name})
+        return None if row is None else _json.loads(row["options"])
+
+    async def list_workflows(self, namespace: str | None) -> list[WorkflowInfo]:
+        args = {"namespace": namespace}
+        served: dict[tuple[str, str], list[tuple[str, float]]] = {}
+        for row in self._db.execute(_Q["list_workflow_instances"], args).fetchall():
+            served.setdefault((row["namespace"], row["workflow"]), []).append(
+                (row["instance"], row["registered_at"]))
+        return [WorkflowInfo(row["namespace"], row["name"], _json.loads(row["options"]),
+                             row["registered_at"],
+                             tuple(served.get((row["namespace"], row["name"]), ())))
+                for row in self._db.execute(_Q["list_workflows"], args).fetchall()]
+
+    # -- runs ------------------------------------------------------------------------------
+
+    async def create_run(
+        self, new: NewRun, *, max_queued: int | None, admission: str
+    ) -> tuple[Run, bool]:
+        async with self._tx() as db:
+            if new.idempotency_key is not None:
+                row = db.execute(_Q["find_idempotent"], {
+                    "namespace": new.namespace, "tenant": new.tenant, "workflow": new.workflow,
+                    "idempotency_key": new.idempotency_key,
+                }).fetchone()
+                if row is not None:
+                    return _run(row), False
+            held = 0
+            if max_queued is not None:
+                queued, parked = db.execute(_Q["count_queued"],
+                                            {"namespace": new.namespace}).fetchone()
+                if queued >= max_queued or parked > 0:
+                    if admission == "reject":
+                        raise AdmissionRejectedError(new.namespace, max_queued)
+                    held = 1
+            row = db.execute(_Q["insert_run"], {
+                "id": new.id, "namespace": new.namespace, "tenant": new.tenant,
+                "workflow": new.workflow, "input": _json.dumps(new.input),
+                "priority": new.priority, "created_at": new.created_at, "run_at": new.run_at,
+                "max_attempts": new.max_attempts, "concurrency_key": new.concurrency_key,
+                "idempotency_key": new.idempotency_key, "version": new.version,
+                "parent_id": new.parent_id, "root_id": new.root_id or new.id, "held": held,
+            }).fetchone()
+            return _run(row), True
+
+    async def incompatible_runs(
+        self, namespace: str, workflows: Sequence[str], version: str | None,
+        any_version: Sequence[str], now: float, limit: int = 100,
+    ) -> list[Run]:
+        rows = self._db.execute(_Q["incompatible_runs"], {
+            "namespace": namespace, "workflows": _json.dumps(list(workflows)),
+            "any_version": _json.dumps(list(any_version)), "version": version, "now": now,
+            "limit": limit}).fetchall()
+        return [_run(row) for row in rows]
+
+    async def get_run(self, run_id: str) -> Run | None:
+        row = self._one(_Q["get_run"], {"id": run_id})
+        return None if row is None else _run(row)
+
+    async def list_runs(
+        self,
+        namespace: str | None,
+        *,
+        status: str | None = None,
+        workflow: str | None = None,
+        tenant: str | None = None,
+        limit: int = 100,
+        after: str | None = None,
+    ) -> list[Run]:
+        where, args = [], []
+        for column, value in (("namespace", namespace), ("status", status),
+                              ("workflow", workflow), ("tenant", tenant)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        if after is not None:
+            where.append("id > ?")
+            args.append(after)
+        sql = "SELECT * FROM runs"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY id LIMIT ?"
+        rows = self._db.execute(sql, [*args, limit]).fetchall()
+        return [_run(row) for row in rows]
+
+    async def claim_runs(
+        self,
+        namespace: str,
+        workflows: Sequence[str],
+        owner: str,
+        limit: int,
+        lease: float,
+        now: float,
+        *,
+        version: str | None = None,
+        any_version: Sequence[str] = (),
+    ) -> list[Run]:
+        if limit <= 0 or not workflows:
+            return []
+        args: dict[str, Any] = {"namespace": namespace, "workflows": _json.dumps(list(workflows)),
+                                "now": now, "scan": limit * 4 + 16, "version": version,
+                                "any_version": _json.dumps(list(any_version))}
+        # A plain read first: an idle poll takes no write lock.
+        if self._one(_Q["claim_candidates"], args) is None:
+            return []
+        async with self._tx() as db:
+            ids: list[str] = []
+            keys: set[tuple[str, str]] = set()
+            for row in db.execute(_Q["claim_candidates"], args):
+                key = row["concurrency_key"]
+                if key is not None:
+                    if (row["workflow"], key) in keys:
+                        continue
+                    keys.add((row["workflow"], key))
+                ids.append(row["id"])
+                if len(ids) == limit:
+                    break
+            if not ids:
+                return []
+            rows = db.execute(_Q["claim"], {"owner": owner, "expires": now + self._waited + lease,
+                                            "now": now, "version": version,
+                                            "ids": _json.dumps(ids)}).fetchall()
+        runs = sorted((_run(r) for r in rows), key=lambda r: (-r.priority, r.created_at, r.id))
+        return runs
+
+    async def renew_leases(
+        self, owner: str, leases: dict[str, int], lease: float, now: float
+    ) -> Renewal:
+        renewed, cancel = set(), set()
+        if leases:
+            async with self._tx() as db:
+                for run_id, epoch in leases.items():
+                    row = db.execute(_Q["renew"], {"expires": now + self._waited + lease,
+                                                   "id": run_id,
+                                                   "owner": owner, "epoch": epoch}).fetchone()
+                    if row is not None:
+                        renewed.add(run_id)
+                        if row["cancel_requested"]:
+                            cancel.add(run_id)
+        return Renewal(frozenset(renewed), frozenset(cancel))
+
+    async def load_steps(self, run_id: str) -> list[Step]:
+        rows = self._db.execute(_Q["load_steps"], {"run_id": run_id}).fetchall()
+        return [Step(r["seq"], r["name"], _json.loads(r["output"]), bool(r["finished"]),
+                     r["epoch"]) for r in rows]
+
+    def _fenced(self, db: sqlite3.Connection, fence: Fence, lease: float, now: float) -> bool:
+        cur = db.execute(_Q["fence_extend"], {"expires": now + self._waited + lease,
+                                              "run_id": fence.run_id,
+                                              "owner": fence.owner, "epoch": fence.epoch})
+        return cur.rowcount == 1
+
+    def _put_step(self, db: sqlite3.Connection, fence: Fence, step: Step, now: float) -> None:
+        db.execute(_Q["put_step"], {
+            "run_id": fence.run_id, "seq": step.seq, "name": step.name,
+            "output": _json.dumps(step.output), "finished": int(step.finished),
+            "epoch": fence.epoch, "finished_at": now if step.finished else None,
+        })
+
+    async def checkpoint_step(
+        self, fence: Fence, step: Step, lease: float, now: float,
+        outbox: Sequence[OutboxEntry] = (),
+    ) -> bool:
+        async with self._tx() as db:
+            if not self._fenced(db, fence, lease, now):
+                return False
+            if outbox:
+                done = db.execute(_Q["step_finished"], {"run_id": fence.run_id,
+                                                        "seq": step.seq}).fetchone()
+                if done is None or not done["finished"]:
+                    for e in outbox:
+                        db.execute(_Q["insert_outbox"], {
+                            "id": e.id, "namespace": e.namespace, "run_id": e.run_id,
+                            "seq": e.seq, "idx": e.index, "topic": e.topic,
+                            "payload": _json.dumps(e.payload), "created_at": e.created_at,
+                            "now": now})
+            self._put_step(db, fence, step, now)
+            return True
+
+    async def suspend_run(
+        self,
+        fence: Fence,
+        step: Step,
+        status: Literal["sleeping", "waiting"],
+        run_at: float | None,
+        wait_for: str | None,
+        now: float,
+    ) -> bool:
+        async with self._tx() as db:
+            cur = db.execute(_Q["suspend"], {
+                "status": status, "run_at": run_at, "wait_for": wait_for,
+                "run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
+            })
+            if cur.rowcount != 1:
+                return False
+            self._put_step(db, fence, step, now)
+            return True
+
+    async def wait_signal(
+        self, fence: Fence, step: Step, signal: str, deadline: float | None, now: float
+    ) -> SignalWait | None:
+        async with self._tx() as db:
+            held = db.execute(_Q["fence_check"], {"run_id": fence.run_id, "owner": fence.owner,
+                                                  "epoch": fence.epoch}).fetchone()
+            if held is None:
+                return None
+            row = db.execute(_Q["next_signal"], {"run_id": fence.run_id,
+                                                 "name": signal}).fetchone()
+            if row is not None:
+                db.execute(_Q["consume_signal"], {"id": row["id"]})
+                payload = _json.loads(row["payload"])
+                self._put_step(db, fence, Step(step.seq, step.name, {"payload": payload}, True,
+                                               fence.epoch), now)
+                return SignalWait(received=True, payload=payload)
+            if deadline is not None and deadline <= now:
+                return SignalWait(received=False, parked=False)
+            db.execute(_Q["suspend"], {
+                "status": "waiting", "run_at": deadline, "wait_for": signal,
+                "run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
+            })
+            self._put_step(db, fence, step, now)
+            return SignalWait(received=False, parked=True)
+
+    async def settle_run(self, fence: Fence, settlement: Settlement, now: float) -> bool:
+        outcome = settlement.outcome
+        async with self._tx() as db:
+            cur = db.execute(_Q["settle"], {
+                "status": "queued" if outcome == "retry" else outcome,
+                "output": _json.dumps(settlement.output) if outcome == "succeeded" else None,
+                "error": settlement.error, "traceback": settlement.traceback,
+                "finished_at": None if outcome == "retry" else now,
+                "run_at": settlement.run_at if outcome == "retry" else now,
+                "attempt_inc": 1 if outcome == "retry" else 0,
+                "run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
+            })
+            return cur.rowcount == 1
+
+    async def release_run(self, fence: Fence, now: float) -> bool:
+        async with self._tx() as db:
+            cur = db.execute(_Q["release"], {"run_id": fence.run_id, "owner": fence.owner,
+                                             "epoch": fence.epoch})
+            return cur.rowcount == 1
+
+    async def recover_runs(self, namespace: str, now: float) -> list[Run]:
+        args = {"namespace": namespace, "now": now}
+        if self._one(_Q["anything_to_recover"], args) is None:
+            return []
+        async with self._tx() as db:
+            rows = [*db.execute(_Q["recover_crashed_final"], args).fetchall(),
+                    *db.execute(_Q["recover_crashed"], args).fetchall(),
+                    *db.execute(_Q["recover_cancelled_interrupted"], args).fetchall(),
+                    *db.execute(_Q["recover_interrupted"], args).fetchall()]
+        return [_run(r) for r in rows]
+
+    async def cancel_run(self, run_id: str, now: float) -> Run | None:
+        async with self._tx() as db:
+            root = db.execute(_Q["get_run"], {"id": run_id}).fetchone()
+            if (root is not None and root["id"] == root["root_id"]
+                    and root["status"] not in ("succeeded", "failed", "cancelled")):
+                for child in db.execute(_Q["cancel_tree_now"],
+                                        {"id": run_id, "now": now}).fetchall():
+                    db.execute(_Q["cancel_pauses_of_run"], {"run_id": child["id"], "now": now})
+                db.execute(_Q["cancel_tree_request"], {"id": run_id})
+            row = db.execute(_Q["cancel_now"], {"id": run_id, "now": now}).fetchone()
+            if row is not None:
+                db.execute(_Q["cancel_pauses_of_run"], {"run_id": run_id, "now": now})
+            if row is None:
+                row = db.execute(_Q["cancel_request"], {"id": run_id}).fetchone()
+            if row is None:
+                row = db.execute(_Q["get_run"], {"id": run_id}).fetchone()
+            return None if row is None else _run(row)
+
+    async def retry_run(
+        self, namespace: str, run_id: str, tenant: str | None, now: float
+    ) -> tuple[Run | None, bool]:
+        async with self._tx() as db:
+            row = db.execute(_Q["get_run"], {"id": run_id}).fetchone()
+            if row is None or row["namespace"] != namespace or (
+                    tenant is not None and row["tenant"] != tenant):
+                return None, False
+            retried = db.execute(_Q["retry"], {"id": run_id, "now": now}).fetchone()
+            if retried is None:
+                return _run(row), False
+            db.execute(_Q["retry_drop_unfinished"], {"id": run_id})
+            return _run(retried), True
+
+    async def send_signal(
+        self, run_id: str, name: str, payload: JSON, signal_id: str, now: float
+    ) -> Run | None:
+        async with self._tx() as db:
+            row = db.execute(_Q["get_run"], {"id": run_id}).fetchone()
+            if row is None:
+                return None
+            db.execute(_Q["insert_signal"], {"id": signal_id, "run_id": run_id, "name": name,
+                                             "payload": _json.dumps(payload), "now": now})
+            woken = db.execute(_Q["wake_waiter"], {"run_id": run_id, "name": name,
+                                                   "now": now}).fetchone()
+            return _run(woken if woken is not None else row)
+
+    async def release_held(self, namespace: str, max_queued: int, now: float) -> int:
+        counts = self._one(_Q["count_queued"], {"namespace": namespace})
+        assert counts is not None
+        queued, parked = counts
+        if parked == 0 or queued >= max_queued:
+            return 0
+        async with self._tx() as db:
+            queued, parked = db.execute(_Q["count_queued"], {"namespace": namespace}).fetchone()
+            n = min(parked, max_queued - queued)
+            if n <= 0:
+                return 0
+            return db.execute(_Q["release_held"], {"namespace": namespace, "n": n}).rowcount
+
+    # -- tree state and children ----------------------------------------------------------------
+
+    async def save_tree_key(
+        self, root_id: str, key: str, value: JSON, claimant: str, now: float
+    ) -> bool:
+        async with self._tx() as db:
+            cur = db.execute(_Q["insert_tree_key"], {
+                "root_id": root_id, "key": key, "value": _json.dumps(value),
+                "claimant": claimant, "now": now})
+            if cur.rowcount == 1:
+                return True
+            row = db.execute(_Q["get_tree_key"], {"root_id": root_id, "key": key}).fetchone()
+            return row is not None and row["claimant"] == claimant
+
+    async def get_tree_key(self, root_id: str, key: str) -> JSON:
+        row = self._one(_Q["get_tree_key"], {"root_id": root_id, "key": key})
+        return None if row is None else _json.loads(row["value"])
+
+    async def tree_keys(self, root_id: str) -> list[tuple[str, str]]:
+        rows = self._db.execute(_Q["list_tree_keys"], {"root_id": root_id}).fetchall()
+        return [(row["key"], row["tenant"]) for row in rows]
+
+    async def wait_child(self, fence: Fence, step: Step, child_id: str, now: float) -> Run | None:
+        async with self._tx() as db:
+            held = db.execute(_Q["fence_check"], {"run_id": fence.run_id, "owner": fence.owner,
+                                                  "epoch": fence.epoch}).fetchone()
+            if held is None:
+                return None
+            row = db.execute(_Q["get_run"], {"id": child_id}).fetchone()
+            if row is None:
+                raise KeyError(f"no child run {child_id!r}")
+            child = _run(row)
+            if child.status.final:
+                done = Step(step.seq, step.name, {"status": child.status.value,
+                                                  "output": child.output, "error": child.error},
+                            True, fence.epoch)
+                self._put_step(db, fence, done, now)
+            else:
+                db.execute(_Q["suspend"], {
+                    "status": "waiting", "run_at": None, "wait_for": f"shoal.child:{child_id}",
+                    "run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch})
+                self._put_step(db, fence, step, now)
+            return child
+
+    # -- pauses ------------------------------------------------------------------------------
+
+    async def create_pause(self, fence: Fence, step: Step, pause: Pause, now: float) -> bool:
+        async with self._tx() as db:
+            cur = db.execute(_Q["suspend"], {
+                "status": "waiting", "run_at": None, "wait_for": f"shoal.pause:{pause.id}",
+                "run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
+            })
+            if cur.rowcount != 1:
+                return False
+            db.execute(_Q["insert_pause"], {
+                "id": pause.id, "namespace": pause.namespace, "tenant": pause.tenant,
+                "run_id": pause.run_id, "name": pause.name,
+                "request": _json.dumps(pause.request), "created_at": pause.created_at,
+                "expires_at": pause.expires_at,
+            })
+            self._put_step(db, fence, step, now)
+            return True
+
+    async def get_pause(self, pause_id: str) -> Pause | None:
+        row = self._one(_Q["get_pause"], {"id": pause_id})
+        return None if row is None else _pause(row)
+
+    async def wait_pause(
+        self, fence: Fence, step: Step, pause_id: str, now: float
+    ) -> PauseWait | None:
+        async with self._tx() as db:
+            held = db.execute(_Q["fence_check"], {"run_id": fence.run_id, "owner": fence.owner,
+                                                  "epoch": fence.epoch}).fetchone()
+            if held is None:
+                return None
+            row = db.execute(_Q["get_pause"], {"id": pause_id}).fetchone()
+            pause = None if row is None else _pause(row)
+            if pause is None or pause.status != "pending":
+                return PauseWait(pause, parked=False)
+            db.execute(_Q["suspend"], {
+                "status": "waiting", "run_at": None, "wait_for": f"shoal.pause:{pause_id}",
+                "run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch})
+            self._put_step(db, fence, step, now)
+            return PauseWait(pause, parked=True)
+
+    def _resolve(self, db: sqlite3.Connection, pause_id: str, decision: JSON,
+                 now: float) -> Pause | None:
+        row = db.execute(_Q["resolve_pause"], {"id": pause_id, "decision": _json.dumps(decision),
+                                               "now": now}).fetchone()
+        if row is None:
+            return None
+        db.execute(_Q["wake_paused"], {"run_id": row["run_id"], "now": now,
+                                       "wait_for": f"shoal.pause:{pause_id}"})
+        return _pause(row)
+
+    async def resolve_pause(
+        self, pause_id: str, decision: JSON, now: float
+    ) -> tuple[Pause | None, bool]:
+        async with self._tx() as db:
+            resolved = self._resolve(db, pause_id, decision, now)
+            if resolved is not None:
+                return resolved, True
+            row = db.execute(_Q["get_pause"], {"id": pause_id}).fetchone()
+            return (None if row is None else _pause(row)), False
+
+    async def list_pauses(
+        self, namespace: str, *, tenant: str | None = None, limit: int = 100
+    ) -> list[Pause]:
+        rows = self._db.execute(_Q["list_pauses"], {"namespace": namespace, "tenant": tenant,
+                                                    "limit": limit}).fetchall()
+        return [_pause(r) for r in rows]
+
+    async def expire_pauses(self, namespace: str, now: float) -> list[Pause]:
+        args = {"namespace": namespace, "now": now}
+        if self._one(_Q["expiring_pauses"], args) is None:
+            return []
+        decision = {"approved": False, "data": None, "by": None, "reason": "expired"}
+        out = []
+        async with self._tx() as db:
+            for row in db.execute(_Q["expiring_pauses"], args).fetchall():
+                resolved = self._resolve(db, row["id"], decision, now)
+                if resolved is not None:
+                    out.append(resolved)
+        return out
+
+    async def claim_notifications(
+        self, namespace: str, now: float, lease: float, limit: int
+    ) -> list[Pause]:
+        args = {"namespace": namespace, "now": now, "limit": limit}
+        if self._one(_Q["notification_candidates"], args) is None:
+            return []
+        out = []
+        async with self._tx() as db:
+            for row in db.execute(_Q["notification_candidates"], args).fetchall():
+                taken = db.execute(_Q["take_notification"], {"id": row["id"], "now": now,
+                                                             "until": now + lease}).fetchone()
+                if taken is not None:
+                    out.append(_pause(taken))
+        return out
+
+    async def mark_notified(self, pause_id: str) -> None:
+        async with self._tx() as db:
+            db.execute(_Q["mark_notified"], {"id": pause_id})
+
+    async def prune_pauses(self, namespace: str, before: float, limit: int) -> int:
+        # an idle poll takes no write lock to find nothing to prune
+        if self._one(_Q["any_pause_to_prune"], {"namespace": namespace, "before": before}) is None:
+            return 0
+        async with self._tx() as db:
+            return db.execute(_Q["prune_pauses"], {"namespace": namespace, "before": before,
+                                                   "limit": limit}).rowcount
+
+    # -- outbox ------------------------------------------------------------------------------
+
+    async def claim_outbox(
+        self, namespace: str, topics: Sequence[str], now: float, lease: float, limit: int
+    ) -> list[OutboxEntry]:
+        args = {"namespace": namespace, "now": now, "limit": limit,
+                "topics": _json.dumps(list(topics))}
+        if not topics or self._one(_Q["outbox_candidates"], args) is None:
+            return []
+        out = []
+        async with self._tx() as db:
+            for row in db.execute(_Q["outbox_candidates"], args).fetchall():
+                taken = db.execute(_Q["take_outbox"], {"id": row["id"], "now": now,
+                                                       "until": now + lease}).fetchone()
+                if taken is not None:
+                    out.append(_entry(taken))
+        return out
+
+    async def finish_delivery(
+        self, entry_id: str, now: float, error: str | None = None,
+        retry_at: float | None = None,
+    ) -> None:
+        async with self._tx() as db:
+            if error is None:
+                db.execute(_Q["outbox_delivered"], {"id": entry_id, "now": now})
+            else:
+                db.execute(_Q["outbox_failed"], {
+                    "id": entry_id, "error": error, "dead": int(retry_at is None),
+                    "next_at": retry_at if retry_at is not None else now})
+
+    async def dead_letters(self, namespace: str, limit: int = 100) -> list[OutboxEntry]:
+        rows = self._db.execute(_Q["dead_letters"], {"namespace": namespace,
+                                                     "limit": limit}).fetchall()
+        return [_entry(r) for r in rows]
+
+    async def prune_runs(self, namespace: str, before: float, limit: int) -> int:
+        args = {"namespace": namespace, "before": before, "limit": limit}
+        if self._one(_Q["prunable"], args) is None:
+            return 0
+        async with self._tx() as db:
+            ids = [row[0] for row in db.execute(_Q["prunable"], args)]
+            batch = {"ids": _json.dumps(ids)}
+            db.execute(_Q["prune_steps"], batch)
+            db.execute(_Q["prune_outbox"], batch)
+            db.execute(_Q["prune_signals"], batch)
+            return db.execute(_Q["prune_runs"], batch).rowcount
+
+    async def wait_for_work(self, timeout: float) -> None:
+        # PRAGMA data_version changes when another connection commits: a cheap, local wake-up.
+        deadline = time.monotonic() + timeout
+        while self._conn is not None:
+            row = self._one("PRAGMA data_version")
+            version = row[0] if row is not None else 0
+            if version != self._data_version:
+                self._data_version = version
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            await asyncio.sleep(min(0.02, remaining))
+
+
+def _statements(sql: str) -> list[str]:
+    """Split a migration file into statements (sqlite3.complete_statement decides the ends)."""
+    out, buf = [], ""
+    for line in sql.splitlines(keepends=True):
+        buf += line
+        if sqlite3.complete_statement(buf):
+            out.append(buf.strip())
+            buf = ""
+    if buf.strip() and not all(
+        ln.strip().startswith("--") or not ln.strip() for ln in buf.splitlines()
+    ):
+        raise ConfigurationError(f"Incomplete SQL statement in a migration: {buf[:80]!r}")
+    return out
+
+
+def _entry(row: sqlite3.Row) -> OutboxEntry:
+    return OutboxEntry(
+        id=row["id"], namespace=row["namespace"], run_id=row["run_id"], seq=row["seq"],
+        index=row["idx"], topic=row["topic"], payload=_json.loads(row["payload"]),
+        created_at=row["created_at"], attempts=row["attempts"], next_at=row["next_at"],
+        delivered_at=row["delivered_at"], dead=bool(row["dead"]), error=row["error"],
+    )
+
+
+def _pause(row: sqlite3.Row) -> Pause:
+    return Pause(
+        id=row["id"], namespace=row["namespace"], tenant=row["tenant"], run_id=row["run_id"],
+        name=row["name"], request=_json.loads(row["request"]), status=row["status"],
+        decision=_json.loads(row["decision"]), created_at=row["created_at"],
+        expires_at=row["expires_at"], resolved_at=row["resolved_at"],
+        notified=bool(row["notified"]),
+    )
+
+
+def _run(row: sqlite3.Row) -> Run:
+    return Run(
+        id=row["id"], namespace=row["namespace"], tenant=row["tenant"],
+        workflow=row["workflow"], input=_json.loads(row["input"]),
+        output=_json.loads(row["output"]), error=row["error"], status=RunStatus(row["status"]),
+        priority=row["priority"], created_at=row["created_at"], run_at=row["run_at"],
+        attempts=row["attempts"], max_attempts=row["max_attempts"],
+        concurrency_key=row["concurrency_key"], idempotency_key=row["idempotency_key"],
+        owner=row["owner"], lease_expires_at=row["lease_expires_at"],
+        lease_epoch=row["lease_epoch"], cancel_requested=bool(row["cancel_requested"]),
+        version=row["version"], parent_id=row["parent_id"], root_id=row["root_id"],
+        wait_for=row["wait_for"], held=bool(row["held"]), started_at=row["started_at"],
+        finished_at=row["finished_at"], resume_reason=row["resume_reason"],
+        traceback=row["traceback"],
+    )

@@ -1,0 +1,368 @@
+"""shoal's records: the plain values that cross every layer (runs, steps, pauses, outbox entries,
+lock grants, rate-limit needs, ledger rows). A leaf module: it imports nothing of shoal, so a
+backend, the engine, the console and a user's code can all share these without depending on
+each other (River keeps ``rivertype`` for the same reason)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Literal
+
+JSON = Any
+
+
+class RunStatus(enum.StrEnum):
+    """Where a run stands. ``succeeded``, ``failed`` and ``cancelled`` are final."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SLEEPING = "sleeping"
+    WAITING = "waiting"
+    INTERRUPTED = "interrupted"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def final(self) -> bool:
+        return self in FINAL_STATUSES
+
+
+FINAL_STATUSES = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED})
+# A run that has started and is in one of these holds its concurrency key (besides a queued run that
+# has started before, i.e. one waiting for a retry or for recovery).
+KEY_HOLDING_STATUSES = ("running", "sleeping", "waiting", "interrupted")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run as the store keeps it. ``held`` is True while admission control parks it."""
+
+    id: str
+    namespace: str
+    tenant: str
+    workflow: str
+    input: JSON
+    output: JSON
+    error: str | None
+    status: RunStatus
+    priority: int
+    created_at: float
+    run_at: float | None
+    attempts: int
+    max_attempts: int
+    concurrency_key: str | None
+    idempotency_key: str | None
+    owner: str | None
+    lease_expires_at: float | None
+    lease_epoch: int
+    cancel_requested: bool
+    version: str | None
+    parent_id: str | None
+    root_id: str
+    wait_for: str | None
+    held: bool
+    started_at: float | None
+    finished_at: float | None
+    # why the run was last delivered: dispatched (first start, or a retry), woke (a sleep or a
+    # deadline), resumed (a signal, an approval, a child's end), recovered (after a crash or a
+    # stop), retried (started again by retry_run); set by claim_runs
+    resume_reason: str | None = None
+    # the traceback of the attempt that last settled (a failure, or a retry); None otherwise
+    traceback: str | None = None
+
+
+# how long ``list_workflows`` remembers an instance that has not registered a workflow since
+WORKFLOW_INSTANCE_RETENTION = 30 * 86400.0
+
+
+@dataclass(frozen=True)
+class WorkflowInfo:
+    """A workflow some instance of ``namespace`` registered: its dispatch options (the latest
+    registration's), when it was last registered, and the instances that registered it, each with
+    its latest registration time, newest first."""
+
+    namespace: str
+    name: str
+    options: JSON
+    registered_at: float
+    instances: tuple[tuple[str, float], ...]
+
+
+@dataclass(frozen=True)
+class NewRun:
+    """What ``create_run`` inserts; the store fills in status, attempts, owner and epoch."""
+
+    id: str
+    namespace: str
+    tenant: str
+    workflow: str
+    input: JSON
+    priority: int
+    created_at: float
+    run_at: float
+    max_attempts: int
+    concurrency_key: str | None
+    idempotency_key: str | None
+    version: str | None
+    parent_id: str | None = None
+    root_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Fence:
+    """The claim a write is conditional on: the run is ``running`` under this owner and epoch."""
+
+    run_id: str
+    owner: str
+    epoch: int
+
+
+@dataclass(frozen=True)
+class Step:
+    """A checkpoint at position ``seq`` of a run. ``finished`` False: a sleep or wait in progress,
+    whose ``output`` holds what it waits for (``{"until": t}`` or ``{"deadline": t}``)."""
+
+    seq: int
+    name: str
+    output: JSON
+    finished: bool
+    epoch: int
+
+
+@dataclass(frozen=True)
+class Pause:
+    """A human decision a run waits for. ``status`` is ``pending`` until resolved exactly once;
+    ``decision`` is then ``{"approved": bool, "data": ..., "by": str|None, "reason": str|None}``."""
+
+    id: str
+    namespace: str
+    tenant: str
+    run_id: str
+    name: str
+    request: JSON
+    status: str
+    decision: JSON
+    created_at: float
+    expires_at: float | None
+    resolved_at: float | None
+    notified: bool
+
+
+@dataclass(frozen=True)
+class OutboxEntry:
+    """A side effect recorded with the step that sent it, delivered by any instance. ``key`` is
+    stable (``run:seq:index``): the handler's idempotency key. ``dead`` once it failed
+    ``max_deliveries`` times."""
+
+    id: str
+    namespace: str
+    run_id: str
+    seq: int
+    index: int
+    topic: str
+    payload: JSON
+    created_at: float
+    attempts: int = 0
+    next_at: float = 0.0
+    delivered_at: float | None = None
+    dead: bool = False
+    error: str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.run_id}:{self.seq}:{self.index}"
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """How an attempt ends. ``retry`` requeues the run at ``run_at`` with ``attempts + 1``.
+    ``error`` and ``traceback`` replace the run's (a success clears them)."""
+
+    outcome: Literal["succeeded", "failed", "cancelled", "retry"]
+    output: JSON = None
+    error: str | None = None
+    run_at: float | None = None
+    traceback: str | None = None
+
+
+@dataclass(frozen=True)
+class Renewal:
+    """Result of ``renew_leases``: runs still held, and those of them asked to cancel."""
+
+    renewed: frozenset[str]
+    cancel_requested: frozenset[str]
+
+
+@dataclass(frozen=True)
+class SignalWait:
+    """Result of ``wait_signal``: ``received`` with the payload; else ``parked`` (the run now
+    waits), or neither when the deadline has passed."""
+
+    received: bool
+    payload: JSON = None
+    parked: bool = False
+
+
+@dataclass(frozen=True)
+class PauseWait:
+    """Result of ``wait_pause``: the pause as found (None when unknown or pruned), and whether
+    the run was parked waiting for it (only while it is pending)."""
+
+    pause: Pause | None
+    parked: bool
+
+
+# -- coordination: locks and membership ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LockGrant:
+    """The caller now holds every key of its request until ``expires_at`` (unless renewed)."""
+
+    token: int
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class LockWait:
+    """The caller is queued (its waiter row lives until ``now + lease``). ``ticket`` is its place.
+    ``retry_at`` is when to ask again even if no wake-up comes: the earliest end, among its keys,
+    of the lease of the live holder and of the lease of the live waiter right ahead of it, if any
+    (``now + lease`` if there is neither). The holder's end counts for every waiter, not only the
+    first: a waiter ahead that gives up while a dead holder's row is still there wakes nobody
+    (a release cannot tell that the lease ended), so the waiters behind must not depend on it."""
+
+    ticket: int
+    retry_at: float
+
+
+@dataclass(frozen=True)
+class MemberView:
+    """What a heartbeat sees: the roster (sorted member ids), its generation, and whether the
+    caller now holds that generation (the store has recorded it as held by the caller)."""
+
+    generation: int
+    members: tuple[str, ...]
+    granted: bool
+
+
+# -- rate limits, breakers and budgets (a model provider's limits shared by every replica) -------
+
+
+@dataclass(frozen=True)
+class SlotGrant:
+    """The caller holds one of the key's slots until ``expires_at`` (unless renewed)."""
+
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class SlotBusy:
+    """Every slot is held; ``retry_at`` is when the first of them ends by itself."""
+
+    retry_at: float
+
+
+@dataclass(frozen=True)
+class WindowResult:
+    """``added``: the amount was counted. ``total``: the window's total after the call.
+    ``retry_at`` (when refused): the earliest time the amount would fit, as old entries leave."""
+
+    added: bool
+    total: float
+    retry_at: float | None = None
+
+
+@dataclass(frozen=True)
+class SlotNeed:
+    """Admission needs one of ``key``'s slots (at most ``max_slots`` live holders), held until
+    ``now + lease``, as :meth:`RateStore.slot_acquire` gives it."""
+
+    key: str
+    max_slots: int
+    lease: float
+
+
+@dataclass(frozen=True)
+class PauseNeed:
+    """Admission needs ``key`` not paused at ``now`` (see :meth:`RateStore.paused_until`)."""
+
+    key: str
+
+
+@dataclass(frozen=True)
+class WindowNeed:
+    """Admission needs room for ``amount`` (> 0) in the window ``key`` of ``window`` seconds
+    under ``limit``, counted at ``now``, as :meth:`RateStore.window_add` counts it."""
+
+    key: str
+    amount: float
+    window: float
+    limit: float | None
+
+
+@dataclass(frozen=True)
+class CircuitNeed:
+    """Admission needs a breaker's circuit to let the call go: the pause ``open`` (the cooldown
+    after an opening) not in force, and, while the circuit is tripped (counter ``opened`` above
+    counter ``closed``), the one place of the trial slot ``trial``, held until ``now + lease``."""
+
+    open: str
+    opened: str
+    closed: str
+    trial: str
+    lease: float
+
+
+Need = SlotNeed | PauseNeed | WindowNeed | CircuitNeed
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """Every need was met: the slots are held until ``now + lease``, the window amounts were
+    counted at ``now``. ``trial``: the circuit was tripped and the caller holds its trial slot,
+    for the opening ``trial`` (the ``opened`` counter's value); None when the circuit was closed
+    (or no circuit was asked about)."""
+
+    trial: float | None = None
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Need ``part`` (its index in the request) was not met, and nothing was taken. ``retry_at``:
+    when it may be met: the first slot's end, the pause's end, when the window has room (None
+    if the amount can never fit), the circuit's cooldown end (None while a trial call holds
+    the trial slot)."""
+
+    part: int
+    retry_at: float | None
+
+
+@dataclass(frozen=True)
+class CounterResult:
+    """``added``: every amount was counted (all or nothing). ``totals``: per position, the
+    counter after that position's amount (a key named twice shows both steps); when refused,
+    each counter as it was. ``over``: the position that would have passed its limit."""
+
+    added: bool
+    totals: list[float]
+    over: int | None = None
+
+
+@dataclass(frozen=True)
+class SpendEntry:
+    """One row of the cost ledger: who spent what, where, when (``at``: the app's clock).
+
+    ``id`` is given by the store when the row is written (None on an entry not written yet):
+    strictly increasing within a namespace, in the order rows become visible to readers, never
+    reused, so ``ledger(after=rows[-1].id)`` reads on without a gap or a repeat."""
+
+    tenant: str
+    run_id: str | None
+    root_id: str | None
+    amount: float
+    currency: str
+    at: float
+    id: int | None = None
