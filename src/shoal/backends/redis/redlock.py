@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TypeVar
 
-from shoal.backends.redis import RedisCoordStore
+from shoal.backends.redis.store import RedisCoordStore
 from shoal.errors import ConfigurationError, StoreUnavailableError
 from shoal.ports import LockWatch
 from shoal.types import (
