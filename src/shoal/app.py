@@ -32,9 +32,11 @@ from shoal.engine.cron import CronTrigger
 from shoal.engine.runner import (
     PRUNE_BATCH,
     Engine,
+    EngineConfig,
     ErrorHandler,
     OutboxHandlerSpec,
     PauseHandler,
+    Registry,
     WorkflowSpec,
 )
 from shoal.errors import (
@@ -50,6 +52,7 @@ from shoal.errors import (
 )
 from shoal.health import PING_TIMEOUT, Health, HealthStatus, ping_within
 from shoal.ports import CoordStore, RateStore, Store
+from shoal.scope import RunScope
 from shoal.stores import mask_url, open_store
 from shoal.types import NewRun, OutboxEntry, Pause, Run, RunStatus, SpendEntry
 
@@ -122,15 +125,10 @@ class App:
         self.run_retention = run_retention
         # False: never change the schema, refuse one that is behind (a role allowed rows only)
         self.migrate = migrate
-        self._workflows: dict[str, WorkflowSpec] = {}
-        self._on_error: list[ErrorHandler] = []
-        self._crons: dict[str, CronTrigger] = {}
-        self._on_pause_notify: list[PauseHandler] = []
-        self._outbox_handlers: dict[str, OutboxHandlerSpec] = {}
-        self._observers: list[Any] = []
+        self._registry = Registry()   # workflows, handlers, crons: what the engine serves
         self._engine: Engine | None = None
         self._locks = LockManager(self._coord, self.clock, namespace, self.instance_id,
-                                  self.lease, self._observers)
+                                  self.lease, self._registry.observers)
         self._membership: Membership | None = None
         self._rate_store: RateStore | None = None
         self._ledger = Ledger(self._rates, self.clock, namespace)
@@ -209,11 +207,11 @@ class App:
             wf_name = f.__name__ if name is None else name
             _check_workflow_options(wf_name, max_attempts, priority, concurrency_key, backoff,
                                     max_backoff, on_incompatible)
-            if wf_name in self._workflows:
+            if wf_name in self._registry.workflows:
                 raise ConfigurationError(f"A workflow named {wf_name!r} is already registered.")
             spec = WorkflowSpec(wf_name, f, max_attempts, priority, concurrency_key, backoff,
                                 max_backoff, on_incompatible)
-            self._workflows[wf_name] = spec
+            self._registry.workflows[wf_name] = spec
             return Workflow(spec)
 
         if fn is not None:
@@ -244,11 +242,11 @@ class App:
             # everything is checked before anything is registered
             trigger = CronTrigger.parse(expression, name=trigger_name, workflow=wf_name, tz=tz,
                                         catch_up=catch_up)
-            if trigger_name in self._crons:
+            if trigger_name in self._registry.crons:
                 raise ConfigurationError(
                     f"A cron trigger named {trigger_name!r} is already registered.")
             wf = target if isinstance(target, Workflow) else self.workflow(target)
-            self._crons[trigger_name] = trigger
+            self._registry.crons[trigger_name] = trigger
             return wf
 
         return register
@@ -267,14 +265,14 @@ class App:
         _checks.text(topic, "@app.outbox_handler(topic)", CONFIG)
         _checks.integer(max_deliveries, f"@app.outbox_handler({topic!r}, max_deliveries)",
                         CONFIG, low=1)
-        if topic in self._outbox_handlers:
+        if topic in self._registry.outbox_handlers:
             raise ConfigurationError(f"An outbox handler for {topic!r} is already registered.")
 
         def register(fn: Callable[[Any, str], Any]) -> Callable[[Any, str], Any]:
             if not callable(fn):
                 raise ConfigurationError(f"@app.outbox_handler({topic!r}) decorates a function "
                                          f"fn(payload, key), not {fn!r:.80}.")
-            self._outbox_handlers[topic] = OutboxHandlerSpec(fn, max_deliveries)
+            self._registry.outbox_handlers[topic] = OutboxHandlerSpec(fn, max_deliveries)
             return fn
 
         return register
@@ -290,19 +288,19 @@ class App:
         ``recovered``, or ``retried`` after ``app.retry``), ``on_run_pause(run)`` and
         ``on_run_end(run)``, sync or async, called on the instance executing the run. An
         observer that raises is logged and ignored. Returns the observer."""
-        self._observers.append(observer)
+        self._registry.observers.append(observer)
         return observer
 
     def on_pause_notify(self, fn: PauseHandler) -> PauseHandler:
         """Call ``fn(pause)`` (sync or async) for each new pause, on whichever instance takes
         it; the poll sends it again until ``fn`` returns without raising. Returns ``fn``."""
-        self._on_pause_notify.append(fn)
+        self._registry.on_pause_notify.append(fn)
         return fn
 
     def on_error(self, fn: ErrorHandler) -> ErrorHandler:
         """Call ``fn(error)`` (sync or async) for errors that reach no caller: a lost lease
         (``LeaseLostError``), a failed poll. Returns ``fn`` (usable as a decorator)."""
-        self._on_error.append(fn)
+        self._registry.on_error.append(fn)
         return fn
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -334,20 +332,16 @@ class App:
             return
         await self._open_store()
         await self.store.register_workflows(
-            self.namespace, {name: spec.options() for name, spec in self._workflows.items()},
+            self.namespace,
+            {name: spec.options() for name, spec in self._registry.workflows.items()},
             self.clock.now(), instance=self.instance_id)
-        self._engine = Engine(
-            store=self.store, clock=self.clock, namespace=self.namespace,
-            instance_id=self.instance_id, slots=self.max_concurrent_runs, lease=self.lease,
-            workflows=self._workflows, max_queued=self.max_queued, on_error=self._on_error,
-            run_retention=self.run_retention, pause_retention=self.pause_retention,
-            on_pause_notify=self._on_pause_notify, crons=list(self._crons.values()),
-            dispatch_child=self._dispatch_child, outbox_handlers=self._outbox_handlers,
-            version=self.version, observers=self._observers,
-            fire=self._fire_cron, spend=self._spend, prune_more=self._prune_coordination,
-            heartbeat=self.heartbeat,
-            max_payload_bytes=self.max_payload_bytes,
-        )
+        config = EngineConfig(
+            namespace=self.namespace, instance_id=self.instance_id,
+            slots=self.max_concurrent_runs, lease=self.lease, heartbeat=self.heartbeat,
+            max_queued=self.max_queued, run_retention=self.run_retention,
+            pause_retention=self.pause_retention, version=self.version,
+            max_payload_bytes=self.max_payload_bytes)
+        self._engine = Engine(self.store, self.clock, config, self._registry, _Host(self))
         membership = self._membership_for() if self._coordinates() else None
         self._engine.start()
         if membership is not None:
@@ -427,7 +421,7 @@ class App:
         if self._membership is None:
             self._membership = Membership(self._coord(), self.clock, self.namespace,
                                           self.instance_id, self.membership_interval,
-                                          self._observers)
+                                          self._registry.observers)
         return self._membership
 
     def lock(self, key_or_keys: str | Sequence[str]) -> LockRequest:
@@ -594,8 +588,8 @@ class App:
         if isinstance(coord, RateStore):
             await coord.prune_rates(self.namespace, before, PRUNE_BATCH)
 
-    async def _spend(self, ctx: RunContext, amount: float, currency: str) -> None:
-        await self._ledger.record(Spender(ctx.tenant, ctx.run_id, ctx.root_id), amount,
+    async def _spend(self, run: RunScope, amount: float, currency: str) -> None:
+        await self._ledger.record(Spender(run.tenant, run.run_id, run.root_id), amount,
                                   currency)
 
     async def spend(self, amount: float, *, tenant: str = "default",
@@ -759,7 +753,7 @@ class App:
         _check_dispatch_options(idempotency_key, concurrency_key, priority, tenant, delay,
                                 max_attempts)
         await self._open_store()
-        spec = self._workflows.get(name)
+        spec = self._registry.workflows.get(name)
         options = spec.options() if spec is not None else await self.store.get_workflow(
             self.namespace, name)
         if options is None:
@@ -805,7 +799,7 @@ class App:
             if not workflow:
                 raise UnknownWorkflowError(workflow, self.namespace)
             return workflow
-        for spec in self._workflows.values():
+        for spec in self._registry.workflows.values():
             if spec.fn is workflow:
                 return spec.name
         raise TypeError(f"dispatch takes a workflow registered with @app.workflow or its name, "
@@ -1071,3 +1065,24 @@ def _coordination(coordination: str | list[str] | CoordStore | None) -> CoordSto
         return stores[0]
     from shoal.backends.redis import Redlock
     return Redlock(stores)
+
+
+class _Host:
+    """The app as its engine's :class:`~shoal.engine.runner.EngineHost`: the four things the
+    engine cannot do alone, without making them part of the app's public face."""
+
+    def __init__(self, app: App) -> None:
+        self._app = app
+
+    async def dispatch_child(self, parent: Run, workflow: Any, input: Any, key: str,
+                             options: dict[str, Any]) -> Run:
+        return await self._app._dispatch_child(parent, workflow, input, key, options)
+
+    async def fire_cron(self, trigger: CronTrigger, tick: float) -> None:
+        await self._app._fire_cron(trigger, tick)
+
+    async def spend(self, scope: RunScope, amount: float, currency: str) -> None:
+        await self._app._spend(scope, amount, currency)
+
+    async def prune_coordination(self, before: float) -> None:
+        await self._app._prune_coordination(before)

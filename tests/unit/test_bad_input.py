@@ -184,7 +184,7 @@ def test_workflow_refuses_options_that_cannot_work(options: dict[str, Any], matc
         @app.workflow(**options)
         async def wf(ctx: shoal.RunContext, input: Any) -> None:
             return None
-    assert app._workflows == {}
+    assert app._registry.workflows == {}
 
 
 # -- app.dispatch(...) ---------------------------------------------------------------------
@@ -242,7 +242,7 @@ def test_cron_refuses_options_that_cannot_work(options: dict[str, Any], match: s
         @app.cron("*/5 * * * *", **options)
         async def tick(ctx: shoal.RunContext, input: Any) -> None:
             return None
-    assert app._crons == {} and app._workflows == {}
+    assert app._registry.crons == {} and app._registry.workflows == {}
 
 
 @pytest.mark.parametrize("topic, options, match", [
@@ -260,7 +260,7 @@ def test_outbox_handler_refuses_options_that_cannot_work(
         app.outbox_handler(topic, **options)
     with pytest.raises(shoal.ConfigurationError, match="decorates a function"):
         app.outbox_handler("email")("not a function")  # type: ignore[arg-type]
-    assert app._outbox_handlers == {}
+    assert app._registry.outbox_handlers == {}
 
 
 @pytest.mark.parametrize("options, match", [

@@ -91,7 +91,7 @@ def test_bad_cron_input_is_refused_at_registration() -> None:
         app.cron("every 5 minutes", name="bad")(job)
     with pytest.raises(shoal.ConfigurationError, match="unknown time zone 'Mars/Olympus'"):
         app.cron("* * * * *", name="tz", tz="Mars/Olympus")(job)
-    assert "job" not in app._workflows
+    assert "job" not in app._registry.workflows
     ok = app.cron("*/5 * * * *", name="ok")(job)
     with pytest.raises(shoal.ConfigurationError, match="already registered"):
         app.cron("*/5 * * * *", name="ok")(ok)

@@ -36,6 +36,7 @@ from shoal.clock import Clock
 from shoal.coord.lock import first_of
 from shoal.errors import BudgetExceededError, CircuitOpenError, RateLimitTimeoutError
 from shoal.ports import RateStore
+from shoal.scope import current_run
 from shoal.types import Admitted, CircuitNeed, Need, PauseNeed, SlotNeed, SpendEntry, WindowNeed
 
 log = logging.getLogger("shoal")
@@ -711,8 +712,7 @@ class ProviderCall:
             raise RuntimeError("This provider.call(…) was already entered; make a new one.")
         self._entered = True
         p = self.provider
-        from shoal.engine.context import current_context
-        ctx = current_context.get()
+        ctx = current_run.get()
         tenant = self._tenant or (ctx.tenant if ctx is not None else "default")
         self.spender = Spender(tenant, ctx.run_id if ctx is not None else None,
                                ctx.root_id if ctx is not None else None)

@@ -14,7 +14,7 @@ import types
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, Protocol, TypeVar, cast, overload
 
 from shoal import _checks, _json
 from shoal._checks import CALL
@@ -27,10 +27,11 @@ from shoal.errors import (
     RunFailedError,
     WorkflowCodeError,
 )
+from shoal.ports import Checkpoints, Pauses, Trees
 from shoal.types import Fence, OutboxEntry, Pause, Run, Step
 
 if TYPE_CHECKING:
-    from shoal.engine.runner import Engine
+    from shoal.clock import Clock
 
 log = logging.getLogger("shoal")
 
@@ -88,13 +89,13 @@ class Tree:
         ctx = self._ctx
         ctx._outside_step(f"ctx.tree.save_if_absent({key!r}, ...)")
         _json.check_json(value, f"the value of tree key {key!r}")
-        engine = ctx._engine
-        value = _json.checked(value, f"the value of tree key {key!r}", engine.max_payload_bytes)
+        host = ctx._host
+        value = _json.checked(value, f"the value of tree key {key!r}", host.max_payload_bytes)
 
         async def save() -> bool:
             claimant = ctx.step_key or ctx.run_id
-            return await engine.store.save_tree_key(ctx.root_id, key, value, claimant,
-                                                    engine.clock.now())
+            return await host.store.save_tree_key(ctx.root_id, key, value, claimant,
+                                                    host.clock.now())
 
         return bool(await ctx.step(f"shoal.tree.save_if_absent:{key}", save))
 
@@ -102,17 +103,13 @@ class Tree:
         """The value under ``key``, or None."""
         ctx = self._ctx
         ctx._outside_step(f"ctx.tree.get({key!r})")
-        engine = ctx._engine
+        host = ctx._host
 
         async def read() -> Any:
-            return await engine.store.get_tree_key(ctx.root_id, key)
+            return await host.store.get_tree_key(ctx.root_id, key)
 
         return await ctx.step(f"shoal.tree.get:{key}", read)
 
-
-# the run whose workflow code is executing (provider calls find their run and tenant here)
-current_context: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar(
-    "shoal_run_context", default=None)
 
 _current_outbox: contextvars.ContextVar[list[tuple[str, Any]] | None] = contextvars.ContextVar(
     "shoal_outbox", default=None)
@@ -283,11 +280,45 @@ class StepCaller:
         return StepCaller(self._ctx, retries)
 
 
+class RunStore(Checkpoints, Pauses, Trees, Protocol):
+    """The store as a running attempt writes it: checkpoints, pauses, tree keys, child waits."""
+
+
+class RunHost(Protocol):
+    """What a :class:`RunContext` needs from the instance executing its run (the engine): the
+    store it writes through, the clock, the lease its writes extend, and four callbacks."""
+
+    @property
+    def store(self) -> RunStore: ...
+
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def lease(self) -> float: ...
+
+    @property
+    def max_payload_bytes(self) -> int: ...
+
+    async def spend(self, ctx: RunContext, amount: float, currency: str) -> None:
+        """Charge ``amount`` to the run's budgets and the ledger."""
+
+    async def start_child(self, parent: Run, workflow: Any, input: Any, key: str,
+                          options: dict[str, Any]) -> Run:
+        """Dispatch a run in ``parent``'s tree, idempotently under ``key``."""
+
+    def outbox_written(self) -> None:
+        """A step just wrote outbox entries: deliver them soon."""
+
+    def pause_created(self) -> None:
+        """A pause was just made: announce it soon."""
+
+
 class RunContext:
     """The handle a workflow function gets as its first argument."""
 
-    def __init__(self, engine: Engine, execution: Execution) -> None:
-        self._engine = engine
+    def __init__(self, host: RunHost, execution: Execution) -> None:
+        self._host = host
         self._x = execution
         run = execution.run
         self.run_id: str = run.id
@@ -301,7 +332,7 @@ class RunContext:
         # await ctx.step(name, fn, *args, **kwargs); options: ctx.step.with_options(retries=N)
         self.step = StepCaller(self)
         self.tree = Tree(self)
-        self.outbox = Outbox(engine.max_payload_bytes)
+        self.outbox = Outbox(host.max_payload_bytes)
 
     def _next(self, name: str) -> tuple[int, Step | None]:
         # Sticky: once the run has durably yielded or lost its claim, every later ctx call
@@ -331,13 +362,10 @@ class RunContext:
             raise ValueError(f"ctx.spend(amount): a finite number >= 0, not {amount!r}.")
         if not isinstance(currency, str) or not currency:
             raise ValueError(f"ctx.spend(currency=…): a non-empty str, not {currency!r}.")
-        if self._engine.spend is None:
-            raise RuntimeError("ctx.spend needs an app with a rate store (every built-in store "
-                               "has one).")
-        await self._engine.spend(self, float(amount), currency)
+        await self._host.spend(self, float(amount), currency)
 
     def _check_lease(self) -> None:
-        if self._engine.clock.now() >= self._x.held_until:
+        if self._host.clock.now() >= self._x.held_until:
             self._lost()
 
     async def _write(self, write: Awaitable[T]) -> T:
@@ -410,20 +438,20 @@ class RunContext:
         if self._x.misuse is not None:   # refused inside the function, which caught it
             raise self._x.misuse
         result = _json.checked(result, f"the result of step {name!r}",
-                               self._engine.max_payload_bytes)
+                               self._host.max_payload_bytes)
         step = Step(seq, name, result, True, self._x.fence.epoch)
-        engine = self._engine
-        sent = engine.clock.now()
+        host = self._host
+        sent = host.clock.now()
         run = self._x.run
         entries = [OutboxEntry(id=new_id(sent), namespace=run.namespace, run_id=run.id, seq=seq,
                                index=i, topic=topic, payload=payload, created_at=sent)
                    for i, (topic, payload) in enumerate(sent_here)]
-        if not await self._write(engine.store.checkpoint_step(
-                self._x.fence, step, engine.lease, sent, entries)):
+        if not await self._write(host.store.checkpoint_step(
+                self._x.fence, step, host.lease, sent, entries)):
             self._lost()
         if entries:
-            engine.outbox_written()
-        self._x.held_until = max(self._x.held_until, sent + engine.lease)
+            host.outbox_written()
+        self._x.held_until = max(self._x.held_until, sent + host.lease)
         self._x.steps[seq] = step
         return copy.deepcopy(result)
 
@@ -440,7 +468,7 @@ class RunContext:
             return await asyncio.shield(work)
         except asyncio.CancelledError:
             if not work.done() and self._x.abort in ("interrupt", "cancel"):
-                await asyncio.wait({work}, timeout=self._engine.lease / 2)
+                await asyncio.wait({work}, timeout=self._host.lease / 2)
                 if not work.done():
                     self._x.thread_running = self._x.abort == "interrupt"
                     what = ("left to its lease" if self._x.thread_running
@@ -466,7 +494,7 @@ class RunContext:
                 if tries >= retries or self._x.misuse is not None:
                     raise
                 tries += 1
-                await self._engine.clock.sleep(min(30.0, 0.5 * 2 ** (tries - 1))
+                await self._host.clock.sleep(min(30.0, 0.5 * 2 ** (tries - 1))
                                                * random.uniform(0.5, 1.0))
                 self.signal.raise_if_aborted()
 
@@ -478,19 +506,19 @@ class RunContext:
         seq, recorded = self._next("shoal.sleep")
         if recorded is not None and recorded.finished:
             return
-        engine = self._engine
-        now = engine.clock.now()
+        host = self._host
+        now = host.clock.now()
         until = float(recorded.output["until"]) if recorded is not None else now + seconds
         if now >= until:
             step = Step(seq, "shoal.sleep", {"until": until}, True, self._x.fence.epoch)
-            if not await self._write(engine.store.checkpoint_step(
-                    self._x.fence, step, engine.lease, now)):
+            if not await self._write(host.store.checkpoint_step(
+                    self._x.fence, step, host.lease, now)):
                 self._lost()
             self._x.steps[seq] = step
             return
         pending = Step(seq, "shoal.sleep", {"until": until}, False, self._x.fence.epoch)
         self._x.finishing = True
-        if not await self._write(engine.store.suspend_run(
+        if not await self._write(host.store.suspend_run(
                 self._x.fence, pending, "sleeping", until, None, now)):
             self._lost()
         raise self._suspend("sleeping", until)
@@ -507,15 +535,15 @@ class RunContext:
         seq, recorded = self._next(step_name)
         if recorded is not None and recorded.finished:
             return self._waited(recorded.output, name)
-        engine = self._engine
-        now = engine.clock.now()
+        host = self._host
+        now = host.clock.now()
         if recorded is not None:
             deadline = recorded.output.get("deadline")
         else:
             deadline = None if timeout is None else now + timeout
         pending = Step(seq, step_name, {"deadline": deadline}, False, self._x.fence.epoch)
         self._x.finishing = True
-        got = await self._write(engine.store.wait_signal(
+        got = await self._write(host.store.wait_signal(
             self._x.fence, pending, name, deadline, now))
         if got is None:
             self._lost()
@@ -527,8 +555,8 @@ class RunContext:
         if got.parked:
             raise self._suspend("waiting", deadline)
         done = Step(seq, step_name, {"timeout": deadline}, True, self._x.fence.epoch)
-        if not await self._write(engine.store.checkpoint_step(
-                self._x.fence, done, engine.lease, now)):
+        if not await self._write(host.store.checkpoint_step(
+                self._x.fence, done, host.lease, now)):
             self._lost()
         self._x.steps[seq] = done
         return self._waited(done.output, name)
@@ -548,11 +576,11 @@ class RunContext:
         seq, recorded = self._next(step_name)
         if recorded is not None and recorded.finished:
             return Decision(**recorded.output)
-        engine = self._engine
-        now = engine.clock.now()
+        host = self._host
+        now = host.clock.now()
         if recorded is None:
             request = _json.checked(request, f"the request of approval {name!r}",
-                                    engine.max_payload_bytes)
+                                    host.max_payload_bytes)
             run = self._x.run
             pause = Pause(
                 id=new_id(now), namespace=run.namespace, tenant=run.tenant, run_id=run.id,
@@ -562,18 +590,18 @@ class RunContext:
             )
             pending = Step(seq, step_name, {"pause_id": pause.id}, False, self._x.fence.epoch)
             self._x.finishing = True
-            if not await self._write(engine.store.create_pause(self._x.fence, pending, pause,
+            if not await self._write(host.store.create_pause(self._x.fence, pending, pause,
                                                                now)):
                 self._lost()
-            engine.pause_created()
+            host.pause_created()
             raise self._suspend("waiting", None)
         pause_id = recorded.output["pause_id"]
-        found = await engine.store.get_pause(pause_id)
+        found = await host.store.get_pause(pause_id)
         if found is not None and found.status == "pending":
             # delivered while its pause is pending (a stray signal named after the pause): park
             # again, in one operation that parks only if it is still pending
             self._x.finishing = True
-            got = await self._write(engine.store.wait_pause(self._x.fence, recorded, pause_id,
+            got = await self._write(host.store.wait_pause(self._x.fence, recorded, pause_id,
                                                             now))
             if got is None:
                 self._lost()
@@ -589,7 +617,7 @@ class RunContext:
         else:
             decision = found.decision
         done = Step(seq, step_name, decision, True, self._x.fence.epoch)
-        if not await self._write(engine.store.checkpoint_step(self._x.fence, done, engine.lease,
+        if not await self._write(host.store.checkpoint_step(self._x.fence, done, host.lease,
                                                               now)):
             self._lost()
         self._x.steps[seq] = done
@@ -601,11 +629,11 @@ class RunContext:
         never a second one. ``options`` are those of ``app.dispatch`` (priority, delay, ...)."""
         name = workflow if isinstance(workflow, str) else getattr(workflow, "name", "?")
         self._outside_step(f"ctx.start_child({name!r}, ...)")
-        engine = self._engine
+        host = self._host
         seq_hint = self._x.seq + 1
 
         async def start() -> str:
-            child = await engine.start_child(self._x.run, workflow, input,
+            child = await host.start_child(self._x.run, workflow, input,
                                              f"child:{self.run_id}:{seq_hint}", options)
             return child.id
 
@@ -617,12 +645,12 @@ class RunContext:
         step_name = f"shoal.child:{child_id}"
         seq, recorded = self._next(step_name)
         if recorded is None or not recorded.finished:
-            engine = self._engine
+            host = self._host
             pending = Step(seq, step_name, {"child": child_id}, False, self._x.fence.epoch)
             self._x.finishing = True
             try:
-                child = await self._write(engine.store.wait_child(
-                    self._x.fence, pending, child_id, engine.clock.now()))
+                child = await self._write(host.store.wait_child(
+                    self._x.fence, pending, child_id, host.clock.now()))
             except StoreWriteFailed as e:
                 if not isinstance(e.error, KeyError):
                     raise
@@ -638,8 +666,8 @@ class RunContext:
             self._x.finishing = False
             if child is None:   # record the missing child as a failure, once
                 recorded = Step(seq, step_name, gone, True, self._x.fence.epoch)
-                if not await self._write(engine.store.checkpoint_step(
-                        self._x.fence, recorded, engine.lease, engine.clock.now())):
+                if not await self._write(host.store.checkpoint_step(
+                        self._x.fence, recorded, host.lease, host.clock.now())):
                     self._lost()
             else:
                 recorded = Step(seq, step_name, {"status": child.status.value,

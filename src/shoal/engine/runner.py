@@ -11,8 +11,8 @@ import inspect
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from shoal import _json
 from shoal.clock import Clock
@@ -21,12 +21,12 @@ from shoal.engine.context import (
     RunContext,
     StoreWriteFailed,
     Suspended,
-    current_context,
     format_traceback,
 )
 from shoal.engine.cron import CronTrigger
 from shoal.errors import LeaseLostError, NonDeterminismError
 from shoal.ports import Store
+from shoal.scope import RunScope, current_run
 from shoal.types import Fence, Pause, Run, RunStatus, Settlement
 
 log = logging.getLogger("shoal")
@@ -167,62 +167,75 @@ class WorkflowSpec:
         }
 
 
-class Engine:
-    """Executes the runs this instance claims, at most ``slots`` at once."""
+@dataclass(frozen=True)
+class EngineConfig:
+    """The app's options an engine runs by (validated by the app)."""
 
-    def __init__(
-        self,
-        *,
-        store: Store,
-        clock: Clock,
-        namespace: str,
-        instance_id: str,
-        slots: int,
-        lease: float,
-        workflows: dict[str, WorkflowSpec],
-        max_queued: int | None,
-        on_error: list[ErrorHandler],
-        run_retention: float = 7 * 86400.0,
-        pause_retention: float = 86400.0,
-        on_pause_notify: list[PauseHandler] | None = None,
-        crons: list[CronTrigger] | None = None,
-        fire: Callable[[CronTrigger, float], Awaitable[None]] | None = None,
-        dispatch_child: ChildDispatcher | None = None,
-        outbox_handlers: dict[str, OutboxHandlerSpec] | None = None,
-        version: str | None = None,
-        observers: list[Any] | None = None,
-        spend: Callable[[RunContext, float, str], Awaitable[None]] | None = None,
-        prune_more: Callable[[float], Awaitable[None]] | None = None,
-        heartbeat: float | None = None,
-        max_payload_bytes: int = _json.MAX_PAYLOAD_BYTES,
-    ) -> None:
+    namespace: str
+    instance_id: str
+    slots: int                      # runs executed here at once (max_concurrent_runs)
+    lease: float
+    heartbeat: float | None = None  # between renewal passes; None: lease / 3
+    max_queued: int | None = None
+    run_retention: float = 7 * 86400.0
+    pause_retention: float = 86400.0
+    version: str | None = None
+    max_payload_bytes: int = _json.MAX_PAYLOAD_BYTES
+
+
+@dataclass
+class Registry:
+    """What the app registered: its workflows, handlers and cron triggers. The engine reads
+    the app's own collections, so a handler registered later is seen too."""
+
+    workflows: dict[str, WorkflowSpec] = field(default_factory=dict)
+    outbox_handlers: dict[str, OutboxHandlerSpec] = field(default_factory=dict)
+    on_pause_notify: list[PauseHandler] = field(default_factory=list)
+    on_error: list[ErrorHandler] = field(default_factory=list)
+    observers: list[Any] = field(default_factory=list)
+    crons: dict[str, CronTrigger] = field(default_factory=dict)
+
+
+class EngineHost(Protocol):
+    """What the engine asks of the app that owns it: the work that needs the app's dispatch
+    path, its ledger or its coordination store."""
+
+    async def dispatch_child(self, parent: Run, workflow: Any, input: Any, key: str,
+                             options: dict[str, Any]) -> Run:
+        """Dispatch a run in ``parent``'s tree, idempotently under ``key``."""
+
+    async def fire_cron(self, trigger: CronTrigger, tick: float) -> None:
+        """Dispatch the run of ``trigger``'s ``tick`` (once across every instance)."""
+
+    async def spend(self, scope: RunScope, amount: float, currency: str) -> None:
+        """Charge a run's budgets and write the ledger row."""
+
+    async def prune_coordination(self, before: float) -> None:
+        """Retention of coordination and rate-limit state (a bounded batch)."""
+
+
+class Engine:
+    """Executes the runs this instance claims, at most ``config.slots`` at once. It is the
+    :class:`~shoal.engine.context.RunHost` of every run it executes."""
+
+    def __init__(self, store: Store, clock: Clock, config: EngineConfig, registry: Registry,
+                 host: EngineHost) -> None:
         self.store = store
-        self.max_payload_bytes = max_payload_bytes
-        self.spend = spend
-        self._prune_more = prune_more
         self.clock = clock
-        self.namespace = namespace
-        self.instance_id = instance_id
-        self.slots = slots
-        self.lease = lease
-        self.poll_interval = lease / 3
+        self.config = config
+        self.registry = registry
+        self._host = host
+        self.namespace = config.namespace
+        self.instance_id = config.instance_id
+        self.lease = config.lease
+        self.max_payload_bytes = config.max_payload_bytes
+        self.poll_interval = config.lease / 3
         # renewals keep a schedule of their own: nothing else the engine does waits in front
-        self.heartbeat = heartbeat if heartbeat is not None else lease / 3
-        self.workflows = workflows
-        self.max_queued = max_queued
-        self.run_retention = run_retention
-        self.pause_retention = pause_retention
-        self._on_pause_notify = on_pause_notify if on_pause_notify is not None else []
-        self.crons = crons or []
-        self._fire = fire
-        self._dispatch_child = dispatch_child
-        self._outbox_handlers = outbox_handlers if outbox_handlers is not None else {}
-        self.version = version
-        self._observers = observers if observers is not None else []
+        self.heartbeat = config.heartbeat if config.heartbeat is not None else config.lease / 3
+        self.workflows = registry.workflows
         self._incompatible_logged: set[str] = set()
         self._delivery = BackgroundPass("outbox.delivery", self.deliver_outbox)
         self._notification = BackgroundPass("pause.notify", self.notify_pauses)
-        self._on_error = on_error
         self._local: dict[str, Execution] = {}   # the newest execution of each run here
         # every execution still alive here (its task, or a step's thread it left behind): each
         # holds a slot, and a run is never executed twice at once in this process
@@ -245,7 +258,7 @@ class Engine:
     def start(self) -> None:
         self.started_at = self.clock.now()
         self._accepting = True
-        for trigger in self.crons:
+        for trigger in self.registry.crons.values():
             self._background.append(asyncio.create_task(self._cron_loop(trigger)))
         for coro in (self._poll_loop(), self._schedule_loop(), self._watch_loop()):
             self._background.append(asyncio.create_task(coro))
@@ -352,18 +365,18 @@ class Engine:
                 log.error("recovery.failed: %s %s: %s", run.workflow, run.id, run.error,
                           extra={"event": "recovery.failed", "run_id": run.id})
         await self._log_incompatible(now)
-        if self.max_queued is not None:
-            await self.store.release_held(self.namespace, self.max_queued, now)
+        if self.config.max_queued is not None:
+            await self.store.release_held(self.namespace, self.config.max_queued, now)
         await self._pass()
         # retention, a bounded batch per poll: any instance may do it, the deletes are idempotent
-        await self.store.prune_runs(self.namespace, now - self.run_retention, PRUNE_BATCH)
-        await self.store.prune_pauses(self.namespace, now - self.pause_retention, PRUNE_BATCH)
-        if self._prune_more is not None:
-            try:     # coordination may live elsewhere (Redis): its outage is not the poll's
-                await self._prune_more(now - self.run_retention)
-            except Exception as e:
-                log.warning("prune.failed: %s: %s", type(e).__name__, e,
-                            extra={"event": "prune.failed"})
+        config = self.config
+        await self.store.prune_runs(self.namespace, now - config.run_retention, PRUNE_BATCH)
+        await self.store.prune_pauses(self.namespace, now - config.pause_retention, PRUNE_BATCH)
+        try:     # coordination may live elsewhere (Redis): its outage is not the poll's
+            await self._host.prune_coordination(now - self.config.run_retention)
+        except Exception as e:
+            log.warning("prune.failed: %s: %s", type(e).__name__, e,
+                        extra={"event": "prune.failed"})
         self.last_poll_at = self.clock.now()
 
     async def tick(self) -> None:
@@ -372,21 +385,21 @@ class Engine:
         for pause in await self.store.expire_pauses(self.namespace, self.clock.now()):
             log.info("pause.expired: %s of run %s", pause.id, pause.run_id,
                      extra={"event": "pause.expired", "run_id": pause.run_id})
-        if self._on_pause_notify:
+        if self.registry.on_pause_notify:
             self._notification.trigger()
-        if self._outbox_handlers:
+        if self.registry.outbox_handlers:
             self._delivery.trigger()
 
     def outbox_written(self) -> None:
         """A step just wrote outbox entries here: deliver them now, not at the next poll."""
-        if self._outbox_handlers:
+        if self.registry.outbox_handlers:
             self._delivery.trigger()
 
     async def deliver_outbox(self) -> None:
         """Hand due entries of the topics this instance handles to their handlers: delivered on
         success; otherwise due again after a backoff, or dead after ``max_deliveries``. Called
         by the delivery pass only (one at a time: each entry is taken once here)."""
-        if not self._outbox_handlers:
+        if not self.registry.outbox_handlers:
             return
         while await self._deliver_batch():
             pass
@@ -394,7 +407,7 @@ class Engine:
     async def _deliver_batch(self) -> bool:
         """Deliver one batch; True when it was full (more may be due)."""
         claimed_at = self.clock.now()
-        entries = await self.store.claim_outbox(self.namespace, list(self._outbox_handlers),
+        entries = await self.store.claim_outbox(self.namespace, list(self.registry.outbox_handlers),
                                                 claimed_at, self.lease, DELIVERY_BATCH)
         # Entries are taken for one lease; one not handed over before a margin of it is left
         # is left alone, to be taken again (by anyone) once the lease passes.
@@ -403,7 +416,7 @@ class Engine:
             remaining = deadline - self.clock.now()
             if remaining <= 0:
                 return False
-            spec = self._outbox_handlers[entry.topic]
+            spec = self.registry.outbox_handlers[entry.topic]
             try:
                 await _call_handler(spec.fn, remaining, copy.deepcopy(entry.payload), entry.key)
             except Exception as e:
@@ -428,20 +441,22 @@ class Engine:
     async def start_child(self, parent: Run, workflow: Any, input: Any, key: str,
                           options: dict[str, Any]) -> Run:
         """Dispatch a run in ``parent``'s tree, idempotently under ``key``."""
-        if self._dispatch_child is None:
-            raise RuntimeError("this engine cannot start child runs")
-        return await self._dispatch_child(parent, workflow, input, key, options)
+        return await self._host.dispatch_child(parent, workflow, input, key, options)
+
+    async def spend(self, ctx: RunContext, amount: float, currency: str) -> None:
+        """Charge ``amount`` to the run's budgets and the ledger."""
+        await self._host.spend(ctx, amount, currency)
 
     def pause_created(self) -> None:
         """A pause was just made here: announce it now rather than at the next poll."""
-        if self._on_pause_notify:
+        if self.registry.on_pause_notify:
             self._notification.trigger()
 
     async def notify_pauses(self) -> None:
         """Call every on_pause_notify handler for each pause not yet announced; one taken by
         this instance is not sent by another for a lease, and is sent again until every
         handler returned without raising. Called by the notification pass only."""
-        if not self._on_pause_notify:
+        if not self.registry.on_pause_notify:
             return
         claimed_at = self.clock.now()
         pauses = await self.store.claim_notifications(self.namespace, claimed_at,
@@ -454,7 +469,7 @@ class Engine:
 
     async def _notify_one(self, pause: Pause, deadline: float) -> None:
         try:
-            for handler in self._on_pause_notify:
+            for handler in self.registry.on_pause_notify:
                 await _call_handler(handler, deadline - self.clock.now(), pause)
         except Exception as e:
             log.warning("pause.notify_failed: %s of run %s: %s", pause.id, pause.run_id, e,
@@ -469,7 +484,7 @@ class Engine:
     async def _log_incompatible(self, now: float) -> None:
         """Log, once per run, the started runs left to an instance of their own version."""
         found = await self.store.incompatible_runs(
-            self.namespace, list(self.workflows), self.version, self._any_version(), now)
+            self.namespace, list(self.workflows), self.config.version, self._any_version(), now)
         for run in found:
             if run.id in self._incompatible_logged:
                 continue
@@ -479,11 +494,11 @@ class Engine:
             log.warning("recovery.incompatible: %s %s was started by version %r; this instance "
                         "is %r and leaves it to an instance of that version (or set "
                         "on_incompatible='resume' on the workflow)", run.workflow, run.id,
-                        run.version, self.version,
+                        run.version, self.config.version,
                         extra={"event": "recovery.incompatible", "run_id": run.id})
 
     async def _observe(self, event: str, *args: Any) -> None:
-        for observer in list(self._observers):
+        for observer in list(self.registry.observers):
             method = getattr(observer, event, None)
             if method is None:
                 continue
@@ -499,9 +514,9 @@ class Engine:
         while not self._closing:
             now = self.clock.now()
             tick = trigger.due(now)
-            if tick is not None and self._fire is not None:
+            if tick is not None:
                 try:
-                    await self._fire(trigger, tick)
+                    await self._host.fire_cron(trigger, tick)
                 except Exception as e:
                     log.warning("cron.failed: %s at %s: %s", trigger.name, tick, e,
                                 extra={"event": "cron.failed"})
@@ -527,7 +542,7 @@ class Engine:
             except Exception as e:
                 log.debug("watch.failed: %s", e)
                 await asyncio.sleep(1.0)
-            if self._accepting and len(self._executions) < self.slots:
+            if self._accepting and len(self._executions) < self.config.slots:
                 self.kick()
 
     async def _pass(self) -> None:
@@ -542,13 +557,13 @@ class Engine:
 
     async def _claim_free_slots(self) -> None:
         while self._accepting and not self._renewals_stalled():
-            free = self.slots - len(self._executions)
+            free = self.config.slots - len(self._executions)
             if free <= 0:
                 return
             sent = self.clock.now()
             runs = await self.store.claim_runs(
                 self.namespace, list(self.workflows), self.instance_id, free, self.lease, sent,
-                version=self.version, any_version=self._any_version())
+                version=self.config.version, any_version=self._any_version())
             for run in runs:
                 self._launch(run, held_until=sent + self.lease)
             if len(runs) < free:
@@ -627,9 +642,9 @@ class Engine:
     async def _execute(self, x: Execution, earlier: list[Execution]) -> None:
         run = x.run
         spec = self.workflows[run.workflow]
-        ctx = RunContext(self, x)
+        ctx = RunContext(self, x)   # the engine is the run's host
         x.context = ctx
-        current_context.set(ctx)     # this task's context only
+        current_run.set(ctx)     # this task's context only: provider calls find their run
         try:
             try:
                 for e in earlier:
@@ -776,7 +791,7 @@ class Engine:
         await self._report(e)
 
     async def _report(self, error: BaseException) -> None:
-        for handler in list(self._on_error):
+        for handler in list(self.registry.on_error):
             try:
                 result = handler(error)
                 if inspect.isawaitable(result):
