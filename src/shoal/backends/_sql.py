@@ -1,5 +1,6 @@
-"""SQL kept as files beside each backend's code: versioned migrations ``migrations/NNNN_*.sql``
-and named blocks in ``queries.sql``."""
+"""SQL kept as files beside each backend's code: versioned migrations ``migrations/NNNN_*.sql``,
+the current schema as one script ``schema.sql`` (what a new store gets; it records the versions it
+holds) and named blocks in ``queries.sql``."""
 
 from __future__ import annotations
 
@@ -30,6 +31,12 @@ def migrations(backend: str) -> list[tuple[int, str, str]]:
         if match:
             found.append((int(match.group(1)), entry.name, entry.read_text()))
     return sorted(found)
+
+
+def current_schema(backend: str) -> str:
+    """``shoal/backends/<backend>/schema.sql``: the whole current schema, for a store that holds
+    none yet, ending with the rows of ``shoal_migrations`` for every migration it holds."""
+    return resources.files(f"shoal.backends.{backend}").joinpath("schema.sql").read_text()
 
 
 def behind(store: str, backend: str, found: int, *, migrate: bool) -> bool:

@@ -1,14 +1,15 @@
 """PostgreSQL store: several replicas on several machines over one database.
 
 psycopg 3 (async) with a connection pool. Every table lives in the store's own schema (default
-``shoal``), set as each pooled connection's ``search_path``; migrations are versioned ``.sql`` files
-applied under an advisory lock, so instances that start together migrate once. Pooled connections
-run in autocommit: an operation that is one statement (a claim, a checkpoint, a settlement) costs
-one round trip and one commit; the others run in one explicit transaction. Claims lock their rows
-with ``FOR UPDATE SKIP LOCKED``, and a unique partial index makes the database itself refuse a
-second live run of a concurrency key. Writes that make work due for another instance
-``NOTIFY`` a channel named after the schema; :meth:`PostgresStore.wait_for_work` listens on a
-dedicated connection (outside the pool) that reconnects when it drops.
+``shoal``), set as each pooled connection's ``search_path``; the schema is created from
+``schema.sql`` and upgraded by versioned ``.sql`` migrations, under an advisory lock, so instances
+that start together migrate once. Pooled connections run in autocommit: an operation that is one
+statement (a claim, a checkpoint, a settlement) costs one round trip and one commit; the others run
+in one explicit transaction. Claims lock their rows with ``FOR UPDATE SKIP LOCKED``, and a unique
+partial index makes the database itself refuse a second live run of a concurrency key. Writes
+that make work due for another instance ``NOTIFY`` a channel named after the schema;
+:meth:`PostgresStore.wait_for_work` listens on a dedicated connection (outside the pool) that
+reconnects when it drops.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from shoal import _json
-from shoal.backends._sql import behind, migrations, queries
+from shoal.backends._sql import behind, current_schema, migrations, queries
 from shoal.backends._urls import mask_url
 from shoal.backends.postgres.coord import PostgresCoordination
 from shoal.backends.postgres.rates import PostgresRateLimits
@@ -108,7 +109,8 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
         self.conninfo = conninfo
         self.schema = schema
         self.url = f"{conninfo}{'&' if '?' in conninfo else '?'}{urlencode({'schema': schema})}"
-        # The runs_ended trigger (0003_trees.sql) builds the same name from its table's schema.
+        # The runs_ended trigger (schema.sql, 0003_trees.sql) builds the same name from its
+        # table's schema.
         self.channel = f"shoal_{schema}"
         self.pool_min_size = pool_min_size
         self.pool_max_size = pool_max_size
@@ -291,8 +293,10 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
         self._work.set()
 
     async def migrate(self) -> int:
-        """Apply the missing migrations under an advisory lock. A schema already current is only
-        read (no lock, no DDL): a role allowed rows and nothing else opens it."""
+        """Bring the schema to the newest version in one transaction under an advisory lock: a
+        schema with no shoal store gets ``schema.sql`` in one go, one behind gets its missing
+        migrations in order. A schema already current is only read (no lock, no DDL): a role
+        allowed rows and nothing else opens it."""
         masked = mask_url(self.url)
         found = await self._version()
         if not behind(masked, "postgres", found, migrate=True):
@@ -312,6 +316,12 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
             done = {row["version"] for row in await cur.fetchall()}
             version = max(done, default=0)
             behind(masked, "postgres", version, migrate=True)   # a newer shoal came first
+            if not done:
+                await conn.execute(current_schema("postgres"))
+                # what the script recorded; a migration newer than the script still follows
+                cur = await conn.execute(sql.SQL("SELECT version FROM {}").format(table))
+                done = {row["version"] for row in await cur.fetchall()}
+                version = max(done, default=0)
             for number, name, text in migrations("postgres"):
                 if number in done:
                     continue

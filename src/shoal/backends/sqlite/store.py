@@ -24,7 +24,7 @@ from typing import Any, Literal, ParamSpec, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from shoal import _json
-from shoal.backends._sql import behind, migrations, queries
+from shoal.backends._sql import behind, current_schema, migrations, queries
 from shoal.backends.sqlite.coord import SQLiteCoordination
 from shoal.backends.sqlite.rates import SQLiteRateLimits
 from shoal.errors import AdmissionRejectedError, ConfigurationError, StoreUnavailableError
@@ -198,6 +198,9 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
             self._conn = None
 
     async def migrate(self) -> int:
+        """Bring the file to the newest version in one ``BEGIN IMMEDIATE`` transaction: a file
+        with no shoal schema gets ``schema.sql`` in one go, one behind gets its missing
+        migrations in order. A current file is only read."""
         found = self._version()
         if not behind(self.url, "sqlite", found, migrate=True):
             return found   # up to date: no write lock needed to start
@@ -209,6 +212,12 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
             done = {row[0] for row in db.execute("SELECT version FROM shoal_migrations")}
             version = max(done, default=0)
             behind(self.url, "sqlite", version, migrate=True)   # a newer shoal came first
+            if not done:
+                for statement in _statements(current_schema("sqlite")):
+                    db.execute(statement)
+                # what the script recorded; a migration newer than the script still follows
+                done = {row[0] for row in db.execute("SELECT version FROM shoal_migrations")}
+                version = max(done, default=0)
             for number, name, sql in migrations("sqlite"):
                 if number in done:
                     continue
@@ -836,7 +845,8 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
 
 
 def _statements(sql: str) -> list[str]:
-    """Split a migration file into statements (sqlite3.complete_statement decides the ends)."""
+    """Split a migration or schema file into statements (sqlite3.complete_statement decides the
+    ends)."""
     out, buf = [], ""
     for line in sql.splitlines(keepends=True):
         buf += line
@@ -846,7 +856,7 @@ def _statements(sql: str) -> list[str]:
     if buf.strip() and not all(
         ln.strip().startswith("--") or not ln.strip() for ln in buf.splitlines()
     ):
-        raise ConfigurationError(f"Incomplete SQL statement in a migration: {buf[:80]!r}")
+        raise ConfigurationError(f"Incomplete SQL statement in a schema file: {buf[:80]!r}")
     return out
 
 
