@@ -30,7 +30,6 @@ from shoal.coord.provider import (
 from shoal.engine.context import RunContext
 from shoal.engine.cron import CronTrigger
 from shoal.engine.runner import (
-    PRUNE_BATCH,
     Engine,
     EngineConfig,
     ErrorHandler,
@@ -51,6 +50,8 @@ from shoal.errors import (
     UnknownWorkflowError,
 )
 from shoal.health import PING_TIMEOUT, Health, HealthStatus, ping_within
+from shoal.maintenance import Maintenance
+from shoal.maintenance.retention import PRUNE_BATCH
 from shoal.ports import CoordStore, RateStore, Store
 from shoal.scope import RunScope
 from shoal.stores import mask_url, open_store
@@ -127,6 +128,7 @@ class App:
         self.migrate = migrate
         self._registry = Registry()   # workflows, handlers, crons: what the engine serves
         self._engine: Engine | None = None
+        self._maintenance: Maintenance | None = None
         self._locks = LockManager(self._coord, self.clock, namespace, self.instance_id,
                                   self.lease, self._registry.observers)
         self._membership: Membership | None = None
@@ -341,9 +343,14 @@ class App:
             max_queued=self.max_queued, run_retention=self.run_retention,
             pause_retention=self.pause_retention, version=self.version,
             max_payload_bytes=self.max_payload_bytes)
-        self._engine = Engine(self.store, self.clock, config, self._registry, _Host(self))
+        host = _Host(self)
+        self._engine = engine = Engine(self.store, self.clock, config, self._registry, host)
+        self._maintenance = host.maintenance = Maintenance.build(
+            engine, self.store, self.clock, config, self._registry, self._fire_cron,
+            self._prune_coordination)
         membership = self._membership_for() if self._coordinates() else None
-        self._engine.start()
+        engine.start()
+        self._maintenance.start()
         if membership is not None:
             membership.start()
         else:
@@ -360,10 +367,15 @@ class App:
         if self._engine is not None:
             self._stopping = True
             engine, self._engine = self._engine, None
+            maintenance, self._maintenance = self._maintenance, None
             try:
                 if self._membership is not None:
                     await self._membership.stop()
+                if maintenance is not None:
+                    await maintenance.stop()      # the heartbeat goes on while runs drain
                 await engine.close(timeout)
+                if maintenance is not None:
+                    await maintenance.stop_heartbeat()
             finally:
                 self._stopping = False
         self._started = False
@@ -634,21 +646,26 @@ class App:
     # -- health ----------------------------------------------------------------------------
 
     def check_liveness(self) -> Health:
-        """No I/O. Unhealthy while stopping or not started, or when the poll loop has not
-        completed a poll for three poll intervals, or the heartbeat a renewal pass for three
-        heartbeats (each waits on a store that never answers)."""
-        engine = self._engine
+        """No I/O. Unhealthy while stopping or not started, or when a maintenance service
+        (recovery, retention, ...) has not completed a pass for three of its intervals, or the
+        heartbeat a renewal pass for three heartbeats (each waits on a store that never
+        answers)."""
+        maintenance = self._maintenance
         if self._stopping:
             return Health(HealthStatus.UNHEALTHY, "stopping")
-        if engine is None:
+        if self._engine is None or maintenance is None:
             return Health(HealthStatus.UNHEALTHY, "not started")
-        for what, last, every in (("poll", engine.last_loop_at, engine.poll_interval),
-                                  ("lease renewal pass", engine.last_beat_at, engine.heartbeat)):
-            stuck_for = self.clock.now() - (last if last is not None else engine.started_at)
-            if stuck_for > 3 * every:
-                return Health(HealthStatus.UNHEALTHY,
-                              f"stuck: no {what} completed for {stuck_for:.0f} s "
-                              f"(every {every:g} s expected)")
+        stuck = maintenance.stuck()
+        if stuck is not None:
+            service, stuck_for, every = stuck
+            return Health(HealthStatus.UNHEALTHY,
+                          f"stuck: no poll completed for {stuck_for:.0f} s (every {every:g} s "
+                          f"expected; {service} is stuck)")
+        beat = maintenance.heartbeat
+        if beat.stuck_for() > 3 * beat.interval:
+            return Health(HealthStatus.UNHEALTHY,
+                          f"stuck: no lease renewal pass completed for {beat.stuck_for():.0f} s "
+                          f"(every {beat.interval:g} s expected)")
         return Health(HealthStatus.HEALTHY)
 
     async def check_readiness(self) -> Health:
@@ -698,9 +715,9 @@ class App:
         """Renew this instance's leases and run one maintenance poll now (recover, release,
         schedule, retention; delivery and notification start in the background). The engine
         renews every ``heartbeat`` and polls every lease/3 by itself."""
-        if self._engine is None:
+        if self._maintenance is None:
             raise ShoalError("The app is not started: use 'async with app:' or await app.start().")
-        await self._engine.poll()
+        await self._maintenance.poll()
 
     # -- runs ------------------------------------------------------------------------------
 
@@ -1068,21 +1085,24 @@ def _coordination(coordination: str | list[str] | CoordStore | None) -> CoordSto
 
 
 class _Host:
-    """The app as its engine's :class:`~shoal.engine.runner.EngineHost`: the four things the
-    engine cannot do alone, without making them part of the app's public face."""
+    """The app as its engine's :class:`~shoal.engine.runner.EngineHost`: what the engine cannot
+    do alone, without making it part of the app's public face."""
 
     def __init__(self, app: App) -> None:
         self._app = app
+        self.maintenance: Maintenance | None = None
 
     async def dispatch_child(self, parent: Run, workflow: Any, input: Any, key: str,
                              options: dict[str, Any]) -> Run:
         return await self._app._dispatch_child(parent, workflow, input, key, options)
 
-    async def fire_cron(self, trigger: CronTrigger, tick: float) -> None:
-        await self._app._fire_cron(trigger, tick)
-
     async def spend(self, scope: RunScope, amount: float, currency: str) -> None:
         await self._app._spend(scope, amount, currency)
 
-    async def prune_coordination(self, before: float) -> None:
-        await self._app._prune_coordination(before)
+    def outbox_written(self) -> None:
+        if self.maintenance is not None:
+            self.maintenance.outbox_written()
+
+    def pause_created(self) -> None:
+        if self.maintenance is not None:
+            self.maintenance.pause_created()
