@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 
 from shoal.clock import Clock
 from shoal.engine.runner import Engine, EngineConfig, Registry
+from shoal.health import Health, HealthStatus
 from shoal.maintenance.admission import AdmissionRelease
 from shoal.maintenance.cron import Cron, Fire
 from shoal.maintenance.heartbeat import Heartbeat
@@ -113,12 +114,20 @@ class Maintenance:
         await self._engine.schedule_pass()
         await self.retention.run_once()
 
-    def stuck(self) -> tuple[str, float, float] | None:
-        """The periodic service whose pass has not come back for longest, if over three of its
-        intervals: ``(name, seconds, interval)``."""
+    def liveness(self) -> Health:
+        """Unhealthy when a periodic service's pass has not come back for three of its
+        intervals (the one stuck longest, in intervals, is named), or the heartbeat's."""
         worst = max(self.services, key=lambda s: s.stuck_for() / s.interval)
-        stuck_for = worst.stuck_for()
-        return (worst.name, stuck_for, worst.interval) if stuck_for > 3 * worst.interval else None
+        if worst.stuck_for() > 3 * worst.interval:
+            return Health(HealthStatus.UNHEALTHY,
+                          f"stuck: no poll completed for {worst.stuck_for():.0f} s (every "
+                          f"{worst.interval:g} s expected; {worst.name} is stuck)")
+        beat = self.heartbeat
+        if beat.stuck_for() > 3 * beat.interval:
+            return Health(HealthStatus.UNHEALTHY,
+                          f"stuck: no lease renewal pass completed for {beat.stuck_for():.0f} s "
+                          f"(every {beat.interval:g} s expected)")
+        return Health(HealthStatus.HEALTHY)
 
     def outbox_written(self) -> None:
         self.delivery.trigger()
