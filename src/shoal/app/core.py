@@ -345,7 +345,7 @@ class App:
             max_queued=self.max_queued, run_retention=self.run_retention,
             pause_retention=self.pause_retention, version=self.version,
             max_payload_bytes=self.max_payload_bytes)
-        host = Host(self)
+        host = Host(self._dispatch_child, self._spend)
         self._engine = engine = Engine(self.store, self.clock, config, self._registry, host)
         self._maintenance = host.maintenance = Maintenance.build(
             engine, self.store, self.clock, config, self._registry, self._fire_cron,

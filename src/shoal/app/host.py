@@ -2,30 +2,32 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from shoal.maintenance import Maintenance
 from shoal.scope import RunScope
 from shoal.types import Run
 
-if TYPE_CHECKING:
-    from shoal.app.core import App
+ChildDispatcher = Callable[[Run, Any, Any, str, dict[str, Any]], Awaitable[Run]]
+Spender = Callable[[RunScope, float, str], Awaitable[None]]
 
 
 class Host:
-    """The app as its engine's :class:`~shoal.engine.runner.EngineHost`: what the engine cannot
-    do alone, without making it part of the app's public face."""
+    """An :class:`~shoal.engine.runner.EngineHost` made of the app's dispatch path for child
+    runs, its ledger, and the maintenance services to wake (set once they are built)."""
 
-    def __init__(self, app: App) -> None:
-        self._app = app
+    def __init__(self, dispatch_child: ChildDispatcher, spend: Spender) -> None:
+        self._dispatch_child = dispatch_child
+        self._spend = spend
         self.maintenance: Maintenance | None = None
 
     async def dispatch_child(self, parent: Run, workflow: Any, input: Any, key: str,
                              options: dict[str, Any]) -> Run:
-        return await self._app._dispatch_child(parent, workflow, input, key, options)
+        return await self._dispatch_child(parent, workflow, input, key, options)
 
     async def spend(self, scope: RunScope, amount: float, currency: str) -> None:
-        await self._app._spend(scope, amount, currency)
+        await self._spend(scope, amount, currency)
 
     def outbox_written(self) -> None:
         if self.maintenance is not None:
