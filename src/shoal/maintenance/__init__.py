@@ -116,12 +116,14 @@ class Maintenance:
 
     def liveness(self) -> Health:
         """Unhealthy when a periodic service's pass has not come back for three of its
-        intervals (the one stuck longest, in intervals, is named), or the heartbeat's."""
-        worst = max(self.services, key=lambda s: s.stuck_for() / s.interval)
-        if worst.stuck_for() > 3 * worst.interval:
+        intervals (every such service is named), or the heartbeat's."""
+        stuck = [s for s in self.services if s.stuck_for() > 3 * s.interval]
+        if stuck:
+            worst = max(stuck, key=lambda s: s.stuck_for() / s.interval)
             return Health(HealthStatus.UNHEALTHY,
                           f"stuck: no poll completed for {worst.stuck_for():.0f} s (every "
-                          f"{worst.interval:g} s expected; {worst.name} is stuck)")
+                          f"{worst.interval:g} s expected; stuck: "
+                          f"{', '.join(s.name for s in stuck)})")
         beat = self.heartbeat
         if beat.stuck_for() > 3 * beat.interval:
             return Health(HealthStatus.UNHEALTHY,
