@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 
@@ -39,3 +40,46 @@ async def ping_within(ping: asyncio.Future[None] | asyncio.Task[None], timeout: 
         return f"no answer within {timeout:g} s"
     error = ping.exception()
     return "ok" if error is None else f"{type(error).__name__}: {error}"
+
+
+Ping = Callable[[], Awaitable[None]]
+
+
+async def readiness(live: Health, store: Ping, coordination: Ping | None,
+                    breakers: Mapping[str, Callable[[], Awaitable[float | None]]]) -> Health:
+    """Readiness from liveness ``live`` and pings, each under ``PING_TIMEOUT`` real seconds:
+    unhealthy without the run ``store``; degraded without a separate ``coordination`` store
+    (runs go on; locks wait, slots answer None, meters raise) or while a provider's circuit is
+    open (``breakers``: each provider's ``open_until``; it still serves, failing fast)."""
+    if not live.healthy and live.reason != "not started":
+        return Health(live.status, live.reason, {"liveness": live.reason})
+    checks = {"liveness": live.reason}
+    try:
+        checks["store"] = await ping_within(asyncio.ensure_future(store()), PING_TIMEOUT)
+    except Exception as e:
+        checks["store"] = f"{type(e).__name__}: {e}"
+    if checks["store"] != "ok":
+        return Health(HealthStatus.UNHEALTHY, f"store: {checks['store']}", checks)
+    if coordination is not None:
+        try:
+            checks["coordination"] = await ping_within(asyncio.ensure_future(coordination()),
+                                                       PING_TIMEOUT)
+        except Exception as e:
+            checks["coordination"] = f"{type(e).__name__}: {e}"
+        if checks["coordination"] != "ok":
+            return Health(HealthStatus.DEGRADED, f"coordination: {checks['coordination']}",
+                          checks)
+    open_circuits = []
+    for name, open_until in breakers.items():
+        try:
+            until = await asyncio.wait_for(open_until(), PING_TIMEOUT)
+        except Exception as e:
+            checks[f"provider:{name}"] = f"{type(e).__name__}: {e}"
+            continue
+        checks[f"provider:{name}"] = "ok" if until is None else "circuit open"
+        if until is not None:
+            open_circuits.append(name)
+    if open_circuits:
+        return Health(HealthStatus.DEGRADED, f"circuit open: {', '.join(open_circuits)}",
+                      checks)
+    return Health(HealthStatus.HEALTHY, "ok", checks)

@@ -484,6 +484,7 @@ class CoordStore(Protocol):
         ...
 
     async def close(self) -> None:
+        """Release connections. Idempotent."""
         ...
 
     async def ping(self) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from shoal import _json
+from shoal._tasks import cancel_and_wait, report
 from shoal.clock import Clock
 from shoal.engine.context import (
     Execution,
@@ -31,102 +32,13 @@ from shoal.types import Fence, Pause, Run, RunStatus, Settlement
 
 log = logging.getLogger("shoal")
 
-PRUNE_BATCH = 500   # finished runs deleted per poll at most
-DELIVERY_BATCH = 10  # outbox entries or notifications taken at once
 
-
-def _really_cancelled() -> bool:
-    """Whether the current task is being cancelled from outside (not a CancelledError that
-    user code raised)."""
-    task = asyncio.current_task()
-    return task is None or task.cancelling() > 0
-
-
-async def _call_handler(fn: Callable[..., Any], timeout: float, *args: Any) -> None:
-    """Call a user handler: a coroutine function on the loop, a plain one in a thread (so a
-    blocking client never stalls renewals), for at most ``timeout`` seconds (real time)."""
-    if inspect.iscoroutinefunction(fn):
-        call: Awaitable[Any] = fn(*args)
-    else:
-        call = asyncio.to_thread(fn, *args)
-    task = asyncio.ensure_future(call)
-    try:
-        done, _ = await asyncio.wait({task}, timeout=max(0.0, timeout))
-    finally:
-        if not task.done():
-            task.cancel()   # also when we are cancelled: no handler outlives its pass
-    if not done:
-        raise TimeoutError(f"the handler took longer than {timeout:.1f} s (its lease)")
-    if task.cancelled():
-        raise RuntimeError("the handler raised asyncio.CancelledError")
-    result = task.result()
-    if inspect.isawaitable(result):
-        await result
 
 async def _ended(x: Execution) -> None:
     """Wait until the execution ``x`` and any step thread it left behind have ended."""
     alive = {work for work in (x.task, *x.threads) if work is not None and not work.done()}
     if alive:
         await asyncio.wait(alive)
-
-
-class BackgroundPass:
-    """A pass of background work (outbox delivery, pause notification) that runs at most once at
-    a time, in a task of its own, so nothing else waits for it: ``trigger()`` starts it, or, if
-    it is running, has it go once more when done (work may have arrived after it looked). Once
-    stopped, it starts no more: a late trigger (a retry's timer, a step writing entries while
-    the instance drains) is ignored."""
-
-    def __init__(self, name: str, job: Callable[[], Awaitable[None]]) -> None:
-        self.name = name
-        self._job = job
-        self._task: asyncio.Task[None] | None = None
-        self._again = False
-        self._stopped = False
-
-    def trigger(self) -> None:
-        if self._stopped:
-            return
-        if self._task is not None and not self._task.done():
-            self._again = True
-            return
-        self._task = asyncio.create_task(self._run(), name=f"shoal-{self.name}")
-
-    async def _run(self) -> None:
-        while True:
-            self._again = False
-            try:
-                await self._job()
-            except Exception as e:
-                log.warning("%s.failed: %s: %s", self.name, type(e).__name__, e,
-                            extra={"event": f"{self.name}.failed"})
-            if not self._again:
-                return
-
-    async def stop(self) -> None:
-        self._stopped = True
-        task, self._task = self._task, None
-        if task is not None:
-            await _cancel_and_wait(task)
-
-
-async def _cancel_and_wait(task: asyncio.Task[Any], grace: float = 1.0) -> None:
-    """Cancel ``task`` and wait for it to end, at most ``grace`` real seconds: a task that
-    swallows its cancellation (a library racing it with its own wait) is cancelled again
-    until it ends or the grace is over, so a stop never hangs on it."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + grace
-    while not task.done():
-        task.cancel()
-        await asyncio.wait({task}, timeout=min(0.05, max(0.0, deadline - loop.time())))
-        if loop.time() >= deadline:
-            break
-    if not task.done():
-        log.warning("stop.stuck: task %s did not end within %.1f s of its cancellation",
-                    task.get_name(), grace, extra={"event": "stop.stuck"})
-        return
-    if not task.cancelled() and task.exception() is not None:
-        log.debug("task %s ended with %r", task.get_name(), task.exception())
 
 
 WorkflowFn = Callable[[RunContext, Any], Awaitable[Any]]
@@ -195,23 +107,29 @@ class Registry:
     observers: list[Any] = field(default_factory=list)
     crons: dict[str, CronTrigger] = field(default_factory=dict)
 
+    def any_version(self) -> list[str]:
+        """The workflows whose started runs any code version may continue."""
+        return [name for name, spec in self.workflows.items()
+                if spec.on_incompatible == "resume"]
+
 
 class EngineHost(Protocol):
-    """What the engine asks of the app that owns it: the work that needs the app's dispatch
-    path, its ledger or its coordination store."""
+    """What the engine asks of the app that owns it: dispatching a child run (the app's
+    dispatch path), charging a budget (its ledger), and waking the maintenance services that
+    deliver what a run just wrote."""
 
     async def dispatch_child(self, parent: Run, workflow: Any, input: Any, key: str,
                              options: dict[str, Any]) -> Run:
         """Dispatch a run in ``parent``'s tree, idempotently under ``key``."""
 
-    async def fire_cron(self, trigger: CronTrigger, tick: float) -> None:
-        """Dispatch the run of ``trigger``'s ``tick`` (once across every instance)."""
-
     async def spend(self, scope: RunScope, amount: float, currency: str) -> None:
         """Charge a run's budgets and write the ledger row."""
 
-    async def prune_coordination(self, before: float) -> None:
-        """Retention of coordination and rate-limit state (a bounded batch)."""
+    def outbox_written(self) -> None:
+        """A step here just wrote outbox entries: deliver them now, not at the next poll."""
+
+    def pause_created(self) -> None:
+        """A pause was just made here: announce it now rather than at the next poll."""
 
 
 class Engine:
@@ -233,9 +151,6 @@ class Engine:
         # renewals keep a schedule of their own: nothing else the engine does waits in front
         self.heartbeat = config.heartbeat if config.heartbeat is not None else config.lease / 3
         self.workflows = registry.workflows
-        self._incompatible_logged: set[str] = set()
-        self._delivery = BackgroundPass("outbox.delivery", self.deliver_outbox)
-        self._notification = BackgroundPass("pause.notify", self.notify_pauses)
         self._local: dict[str, Execution] = {}   # the newest execution of each run here
         # every execution still alive here (its task, or a step's thread it left behind): each
         # holds a slot, and a run is never executed twice at once in this process
@@ -243,13 +158,10 @@ class Engine:
         self._accepting = False
         self._kicked = asyncio.Event()
         self._background: list[asyncio.Task[None]] = []
-        self._heartbeat: asyncio.Task[None] | None = None
         self._timers: set[asyncio.Task[None]] = set()
         self._settled = asyncio.Event()
         self._closing = False
         self._pass_lock = asyncio.Lock()
-        self.last_poll_at: float | None = None   # the last poll that succeeded
-        self.last_loop_at: float | None = None   # the last poll that came back at all
         self.last_beat_at: float | None = None   # the last renewal pass that came back
         self.started_at = clock.now()
 
@@ -258,23 +170,19 @@ class Engine:
     def start(self) -> None:
         self.started_at = self.clock.now()
         self._accepting = True
-        for trigger in self.registry.crons.values():
-            self._background.append(asyncio.create_task(self._cron_loop(trigger)))
-        for coro in (self._poll_loop(), self._schedule_loop(), self._watch_loop()):
+        for coro in (self._schedule_loop(), self._watch_loop()):
             self._background.append(asyncio.create_task(coro))
-        self._heartbeat = asyncio.create_task(self._heartbeat_loop(), name="shoal-heartbeat")
 
     async def close(self, timeout: float) -> None:
         """Stop claiming, wait up to ``timeout`` for local runs, then interrupt the rest: each
-        releases its claim at once (``interrupted``) for another instance's next poll."""
+        releases its claim at once (``interrupted``) for another instance's next poll. The
+        heartbeat (a maintenance service) goes on renewing the runs still draining; the caller
+        stops it after this returns."""
         self._accepting = False
         self._closing = True
-        # Maintenance stops first; the heartbeat goes on renewing the runs still draining.
         background, self._background = self._background, []
         for task in background:
-            await _cancel_and_wait(task)
-        await self._delivery.stop()
-        await self._notification.stop()
+            await cancel_and_wait(task)
         async with self._pass_lock:
             pass   # a pass already inside claim_runs launches what it got: count those too
         tasks = [x.task for x in self._executions if x.task is not None]
@@ -290,9 +198,8 @@ class Engine:
         remaining = [x.task for x in self._executions if x.task is not None]
         if remaining:
             await asyncio.wait(remaining)
-        for task in [self._heartbeat, *self._timers] if self._heartbeat else list(self._timers):
-            await _cancel_and_wait(task)
-        self._heartbeat = None
+        for task in list(self._timers):
+            await cancel_and_wait(task)
         self._timers.clear()
 
     def kick(self) -> None:
@@ -312,132 +219,6 @@ class Engine:
 
     # -- loops -----------------------------------------------------------------------------
 
-    async def _heartbeat_loop(self) -> None:
-        # Runs until close() cancels it, after the last local run ended: while a stop drains,
-        # it keeps renewing the leases of the runs still finishing, so a drain longer than the
-        # lease does not hand them to another instance as crashed. It does nothing but renew,
-        # so no other work (delivery, recovery, a slow handler) can make a healthy instance
-        # lose its own runs.
-        while True:
-            try:
-                await self._renew()
-            except asyncio.CancelledError:
-                if _really_cancelled():
-                    raise
-            except Exception as e:
-                log.warning("renew.failed: %s", e, extra={"event": "renew.failed"})
-                await self._report(e)
-            self.last_beat_at = self.clock.now()
-            await self.clock.sleep(self.heartbeat)
-
-    async def _poll_loop(self) -> None:
-        while not self._closing:
-            try:
-                await self.maintain()
-            except asyncio.CancelledError:
-                if _really_cancelled():
-                    raise
-                log.warning("poll.failed: a handler raised CancelledError",
-                            extra={"event": "poll.failed"})
-            except Exception as e:
-                log.warning("poll.failed: %s", e, extra={"event": "poll.failed"})
-                await self._report(e)
-            # liveness watches the loop, not the store: a poll that failed fast still came
-            # back (readiness reports the store); one that never returns does not
-            self.last_loop_at = self.clock.now()
-            await self.clock.sleep(self.poll_interval)
-
-    async def poll(self) -> None:
-        """One poll now: renew local leases, then :meth:`maintain`."""
-        await self._renew()
-        await self.maintain()
-
-    async def maintain(self) -> None:
-        """Maintenance, every poll interval: deny expired approvals, start the notification
-        and delivery passes (in the background), recover expired or released claims, release
-        held runs, a scheduling pass, retention. Renewals are not here: see the heartbeat."""
-        await self.tick()
-        now = self.clock.now()
-        for run in await self.store.recover_runs(self.namespace, now):
-            log.info("run.recovered: %s %s -> %s", run.workflow, run.id, run.status,
-                     extra={"event": "run.recovered", "run_id": run.id})
-            if run.status.final:
-                log.error("recovery.failed: %s %s: %s", run.workflow, run.id, run.error,
-                          extra={"event": "recovery.failed", "run_id": run.id})
-        await self._log_incompatible(now)
-        if self.config.max_queued is not None:
-            await self.store.release_held(self.namespace, self.config.max_queued, now)
-        await self._pass()
-        # retention, a bounded batch per poll: any instance may do it, the deletes are idempotent
-        config = self.config
-        await self.store.prune_runs(self.namespace, now - config.run_retention, PRUNE_BATCH)
-        await self.store.prune_pauses(self.namespace, now - config.pause_retention, PRUNE_BATCH)
-        try:     # coordination may live elsewhere (Redis): its outage is not the poll's
-            await self._host.prune_coordination(now - self.config.run_retention)
-        except Exception as e:
-            log.warning("prune.failed: %s: %s", type(e).__name__, e,
-                        extra={"event": "prune.failed"})
-        self.last_poll_at = self.clock.now()
-
-    async def tick(self) -> None:
-        """Deny expired approvals (their runs become due); start the notification and delivery
-        passes, which run in the background, one of each at a time."""
-        for pause in await self.store.expire_pauses(self.namespace, self.clock.now()):
-            log.info("pause.expired: %s of run %s", pause.id, pause.run_id,
-                     extra={"event": "pause.expired", "run_id": pause.run_id})
-        if self.registry.on_pause_notify:
-            self._notification.trigger()
-        if self.registry.outbox_handlers:
-            self._delivery.trigger()
-
-    def outbox_written(self) -> None:
-        """A step just wrote outbox entries here: deliver them now, not at the next poll."""
-        if self.registry.outbox_handlers:
-            self._delivery.trigger()
-
-    async def deliver_outbox(self) -> None:
-        """Hand due entries of the topics this instance handles to their handlers: delivered on
-        success; otherwise due again after a backoff, or dead after ``max_deliveries``. Called
-        by the delivery pass only (one at a time: each entry is taken once here)."""
-        if not self.registry.outbox_handlers:
-            return
-        while await self._deliver_batch():
-            pass
-
-    async def _deliver_batch(self) -> bool:
-        """Deliver one batch; True when it was full (more may be due)."""
-        claimed_at = self.clock.now()
-        entries = await self.store.claim_outbox(self.namespace, list(self.registry.outbox_handlers),
-                                                claimed_at, self.lease, DELIVERY_BATCH)
-        # Entries are taken for one lease; one not handed over before a margin of it is left
-        # is left alone, to be taken again (by anyone) once the lease passes.
-        deadline = claimed_at + self.lease * 0.8
-        for entry in entries:
-            remaining = deadline - self.clock.now()
-            if remaining <= 0:
-                return False
-            spec = self.registry.outbox_handlers[entry.topic]
-            try:
-                await _call_handler(spec.fn, remaining, copy.deepcopy(entry.payload), entry.key)
-            except Exception as e:
-                now = self.clock.now()
-                error = f"{type(e).__name__}: {e}"
-                if entry.attempts + 1 >= spec.max_deliveries:
-                    log.error("outbox.dead: %s %s after %d deliveries: %s", entry.topic,
-                              entry.key, entry.attempts + 1, error,
-                              extra={"event": "outbox.dead", "run_id": entry.run_id})
-                    await self.store.finish_delivery(entry.id, now, error, None)
-                else:
-                    delay = min(300.0, 2.0 ** entry.attempts) * random.uniform(0.5, 1.0)
-                    log.warning("outbox.retry: %s %s: %s; again in %.1fs", entry.topic,
-                                entry.key, error, delay,
-                                extra={"event": "outbox.retry", "run_id": entry.run_id})
-                    await self.store.finish_delivery(entry.id, now, error, now + delay)
-                    self._wake_at(now + delay, self._delivery.trigger)
-                continue
-            await self.store.finish_delivery(entry.id, self.clock.now())
-        return len(entries) == DELIVERY_BATCH
-
     async def start_child(self, parent: Run, workflow: Any, input: Any, key: str,
                           options: dict[str, Any]) -> Run:
         """Dispatch a run in ``parent``'s tree, idempotently under ``key``."""
@@ -447,55 +228,13 @@ class Engine:
         """Charge ``amount`` to the run's budgets and the ledger."""
         await self._host.spend(ctx, amount, currency)
 
+    def outbox_written(self) -> None:
+        """A step just wrote outbox entries here: deliver them now, not at the next poll."""
+        self._host.outbox_written()
+
     def pause_created(self) -> None:
         """A pause was just made here: announce it now rather than at the next poll."""
-        if self.registry.on_pause_notify:
-            self._notification.trigger()
-
-    async def notify_pauses(self) -> None:
-        """Call every on_pause_notify handler for each pause not yet announced; one taken by
-        this instance is not sent by another for a lease, and is sent again until every
-        handler returned without raising. Called by the notification pass only."""
-        if not self.registry.on_pause_notify:
-            return
-        claimed_at = self.clock.now()
-        pauses = await self.store.claim_notifications(self.namespace, claimed_at,
-                                                      self.lease, DELIVERY_BATCH)
-        deadline = claimed_at + self.lease * 0.8
-        for pause in pauses:
-            if self.clock.now() >= deadline:
-                return   # the rest is taken again once the lease passes
-            await self._notify_one(pause, deadline)
-
-    async def _notify_one(self, pause: Pause, deadline: float) -> None:
-        try:
-            for handler in self.registry.on_pause_notify:
-                await _call_handler(handler, deadline - self.clock.now(), pause)
-        except Exception as e:
-            log.warning("pause.notify_failed: %s of run %s: %s", pause.id, pause.run_id, e,
-                        extra={"event": "pause.notify_failed", "run_id": pause.run_id})
-            return
-        await self.store.mark_notified(pause.id)
-
-    def _any_version(self) -> list[str]:
-        return [name for name, spec in self.workflows.items()
-                if spec.on_incompatible == "resume"]
-
-    async def _log_incompatible(self, now: float) -> None:
-        """Log, once per run, the started runs left to an instance of their own version."""
-        found = await self.store.incompatible_runs(
-            self.namespace, list(self.workflows), self.config.version, self._any_version(), now)
-        for run in found:
-            if run.id in self._incompatible_logged:
-                continue
-            if len(self._incompatible_logged) > 100_000:
-                self._incompatible_logged.clear()
-            self._incompatible_logged.add(run.id)
-            log.warning("recovery.incompatible: %s %s was started by version %r; this instance "
-                        "is %r and leaves it to an instance of that version (or set "
-                        "on_incompatible='resume' on the workflow)", run.workflow, run.id,
-                        run.version, self.config.version,
-                        extra={"event": "recovery.incompatible", "run_id": run.id})
+        self._host.pause_created()
 
     async def _observe(self, event: str, *args: Any) -> None:
         for observer in list(self.registry.observers):
@@ -509,28 +248,12 @@ class Engine:
             except Exception:
                 log.exception("observer %r raised in %s", observer, event)
 
-    async def _cron_loop(self, trigger: CronTrigger) -> None:
-        """Fire the trigger's due tick (idempotent across instances), then sleep to the next."""
-        while not self._closing:
-            now = self.clock.now()
-            tick = trigger.due(now)
-            if tick is not None:
-                try:
-                    await self._host.fire_cron(trigger, tick)
-                except Exception as e:
-                    log.warning("cron.failed: %s at %s: %s", trigger.name, tick, e,
-                                extra={"event": "cron.failed"})
-                    await self._report(e)
-                    await self.clock.sleep(min(self.poll_interval, 5.0))
-                    continue
-            await self.clock.sleep(max(0.0, trigger.next_tick(now) - self.clock.now()))
-
     async def _schedule_loop(self) -> None:
         while not self._closing:
             await self._kicked.wait()
             self._kicked.clear()
             try:
-                await self._pass()
+                await self.schedule_pass()
             except Exception as e:
                 log.warning("schedule.failed: %s", e, extra={"event": "schedule.failed"})
                 await self._report(e)
@@ -545,7 +268,9 @@ class Engine:
             if self._accepting and len(self._executions) < self.config.slots:
                 self.kick()
 
-    async def _pass(self) -> None:
+    async def schedule_pass(self) -> None:
+        """Claim due runs for the free slots now (a maintenance service asks for one with
+        :meth:`kick`; ``app.poll`` runs one inline)."""
         async with self._pass_lock:   # two passes at once would claim past the free slots
             await self._claim_free_slots()
 
@@ -563,11 +288,19 @@ class Engine:
             sent = self.clock.now()
             runs = await self.store.claim_runs(
                 self.namespace, list(self.workflows), self.instance_id, free, self.lease, sent,
-                version=self.config.version, any_version=self._any_version())
+                version=self.config.version, any_version=self.registry.any_version())
             for run in runs:
                 self._launch(run, held_until=sent + self.lease)
             if len(runs) < free:
                 return
+
+    async def renew(self) -> None:
+        """A renewal pass (the heartbeat's): extend the lease of each run executing here; a run
+        whose lease was lost is aborted here, one asked to cancel is cancelled."""
+        try:
+            await self._renew()
+        finally:
+            self.last_beat_at = self.clock.now()
 
     async def _renew(self) -> None:
         # an execution stopping (interrupted, cancelled) keeps its lease while it winds down
@@ -663,7 +396,7 @@ class Engine:
                                        self.max_payload_bytes)
             except Suspended as s:
                 if s.until is not None:
-                    self._wake_at(s.until)
+                    self.wake_at(s.until)
                 # the run may be claimed again (here too) while observers run: leave first
                 self._leave(x)
                 await self._observe("on_run_pause", dataclasses.replace(
@@ -756,7 +489,7 @@ class Engine:
             settled = Settlement("retry", error=error, run_at=self.clock.now() + delay,
                                  traceback=trace)
             if await self._settle(x, settled):
-                self._wake_at(self.clock.now() + delay)
+                self.wake_at(self.clock.now() + delay)
         else:
             log.error("run.failed: %s %s after %d attempts: %s\n%s", run.workflow, run.id,
                       run.attempts, error, trace,
@@ -791,25 +524,14 @@ class Engine:
         await self._report(e)
 
     async def _report(self, error: BaseException) -> None:
-        for handler in list(self.registry.on_error):
-            try:
-                result = handler(error)
-                if inspect.isawaitable(result):
-                    await result
-            except Exception:
-                log.exception("on_error handler %r raised", handler)
+        await report(self.registry.on_error, error)
 
     def wake_at(self, when: float) -> None:
         """Run a scheduling pass at ``when`` (app clock): a delayed run or a sleeper is due."""
-        self._wake_at(when)
-
-    def _wake_at(self, when: float, then: Callable[[], None] | None = None) -> None:
         async def wake() -> None:
             await self.clock.sleep(max(0.0, when - self.clock.now()))
-            (then or self.kick)()
+            self.kick()
 
         task = asyncio.create_task(wake())
         self._timers.add(task)
         task.add_done_callback(self._timers.discard)
-
-

@@ -16,6 +16,8 @@ from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
 from shoal import _checks, _ids, _json
 from shoal._checks import CALL, CONFIG
 from shoal.abort import AbortSignal
+from shoal.app.host import Host
+from shoal.app.options import check_app_options, check_dispatch_options, check_workflow_options
 from shoal.clock import Clock, SystemClock
 from shoal.coord.lock import LockManager, LockRequest, lock_keys
 from shoal.coord.membership import Listener, Membership
@@ -30,7 +32,6 @@ from shoal.coord.provider import (
 from shoal.engine.context import RunContext
 from shoal.engine.cron import CronTrigger
 from shoal.engine.runner import (
-    PRUNE_BATCH,
     Engine,
     EngineConfig,
     ErrorHandler,
@@ -50,10 +51,12 @@ from shoal.errors import (
     UnknownRunError,
     UnknownWorkflowError,
 )
-from shoal.health import PING_TIMEOUT, Health, HealthStatus, ping_within
+from shoal.health import Health, HealthStatus, readiness
+from shoal.maintenance import Maintenance
+from shoal.maintenance.retention import PRUNE_BATCH
 from shoal.ports import CoordStore, RateStore, Store
 from shoal.scope import RunScope
-from shoal.stores import mask_url, open_store
+from shoal.stores import mask_url, open_coordination, open_store
 from shoal.types import NewRun, OutboxEntry, Pause, Run, RunStatus, SpendEntry
 
 log = logging.getLogger("shoal")
@@ -100,7 +103,7 @@ class App:
         migrate: bool = True,
         max_payload_bytes: int = _json.MAX_PAYLOAD_BYTES,
     ) -> None:
-        _check_app_options(namespace, store, instance_id, max_concurrent_runs, lease, clock,
+        check_app_options(namespace, store, instance_id, max_concurrent_runs, lease, clock,
                            version, max_queued, admission, membership_interval,
                            pause_retention, run_retention, max_payload_bytes, heartbeat, migrate)
         self.namespace = namespace
@@ -109,7 +112,7 @@ class App:
         self._owns_store = isinstance(store, str)
         self.coordination = coordination
         # None: the run store coordinates; else Redis (one address, or a Redlock quorum)
-        self._coord_store: CoordStore | None = _coordination(coordination)
+        self._coord_store: CoordStore | None = open_coordination(coordination)
         self._coord_opened = False
         self.instance_id = instance_id or f"{socket.gethostname()}-{os.getpid()}"
         self.max_concurrent_runs = max_concurrent_runs
@@ -127,6 +130,7 @@ class App:
         self.migrate = migrate
         self._registry = Registry()   # workflows, handlers, crons: what the engine serves
         self._engine: Engine | None = None
+        self._maintenance: Maintenance | None = None
         self._locks = LockManager(self._coord, self.clock, namespace, self.instance_id,
                                   self.lease, self._registry.observers)
         self._membership: Membership | None = None
@@ -205,7 +209,7 @@ class App:
                     f"Workflow {getattr(f, '__name__', f)!r} must be an async function "
                     f"'async def {getattr(f, '__name__', 'fn')}(ctx, input)'.")
             wf_name = f.__name__ if name is None else name
-            _check_workflow_options(wf_name, max_attempts, priority, concurrency_key, backoff,
+            check_workflow_options(wf_name, max_attempts, priority, concurrency_key, backoff,
                                     max_backoff, on_incompatible)
             if wf_name in self._registry.workflows:
                 raise ConfigurationError(f"A workflow named {wf_name!r} is already registered.")
@@ -341,9 +345,14 @@ class App:
             max_queued=self.max_queued, run_retention=self.run_retention,
             pause_retention=self.pause_retention, version=self.version,
             max_payload_bytes=self.max_payload_bytes)
-        self._engine = Engine(self.store, self.clock, config, self._registry, _Host(self))
+        host = Host(self._dispatch_child, self._spend)
+        self._engine = engine = Engine(self.store, self.clock, config, self._registry, host)
+        self._maintenance = host.maintenance = Maintenance.build(
+            engine, self.store, self.clock, config, self._registry, self._fire_cron,
+            self._prune_coordination)
         membership = self._membership_for() if self._coordinates() else None
-        self._engine.start()
+        engine.start()
+        self._maintenance.start()
         if membership is not None:
             membership.start()
         else:
@@ -360,10 +369,15 @@ class App:
         if self._engine is not None:
             self._stopping = True
             engine, self._engine = self._engine, None
+            maintenance, self._maintenance = self._maintenance, None
             try:
                 if self._membership is not None:
                     await self._membership.stop()
+                if maintenance is not None:
+                    await maintenance.stop()      # the heartbeat goes on while runs drain
                 await engine.close(timeout)
+                if maintenance is not None:
+                    await maintenance.stop_heartbeat()
             finally:
                 self._stopping = False
         self._started = False
@@ -634,73 +648,37 @@ class App:
     # -- health ----------------------------------------------------------------------------
 
     def check_liveness(self) -> Health:
-        """No I/O. Unhealthy while stopping or not started, or when the poll loop has not
-        completed a poll for three poll intervals, or the heartbeat a renewal pass for three
-        heartbeats (each waits on a store that never answers)."""
-        engine = self._engine
+        """No I/O. Unhealthy while stopping or not started, or when a maintenance service
+        (recovery, retention, ...) has not completed a pass for three of its intervals, or the
+        heartbeat a renewal pass for three heartbeats (each waits on a store that never
+        answers)."""
         if self._stopping:
             return Health(HealthStatus.UNHEALTHY, "stopping")
-        if engine is None:
+        if self._engine is None or self._maintenance is None:
             return Health(HealthStatus.UNHEALTHY, "not started")
-        for what, last, every in (("poll", engine.last_loop_at, engine.poll_interval),
-                                  ("lease renewal pass", engine.last_beat_at, engine.heartbeat)):
-            stuck_for = self.clock.now() - (last if last is not None else engine.started_at)
-            if stuck_for > 3 * every:
-                return Health(HealthStatus.UNHEALTHY,
-                              f"stuck: no {what} completed for {stuck_for:.0f} s "
-                              f"(every {every:g} s expected)")
-        return Health(HealthStatus.HEALTHY)
+        return self._maintenance.liveness()
 
     async def check_readiness(self) -> Health:
         """Liveness, then a ping of each store under a 2 s timeout: unhealthy without the run
-        store, degraded without a separate coordination store (Redis)."""
-        live = self.check_liveness()
-        if not live.healthy and live.reason != "not started":
-            return Health(live.status, live.reason, {"liveness": live.reason})
-        checks = {"liveness": live.reason}
-        try:
+        store, degraded without a separate coordination store (Redis) or while a provider's
+        circuit is open."""
+        async def ping_store() -> None:
             await self._open_store()
-            checks["store"] = await ping_within(asyncio.ensure_future(self.store.ping()),
-                                                PING_TIMEOUT)
-        except Exception as e:
-            checks["store"] = f"{type(e).__name__}: {e}"
-        if checks["store"] != "ok":
-            return Health(HealthStatus.UNHEALTHY, f"store: {checks['store']}", checks)
-        if self._coord_store is not None:
-            # runs go on without it; locks wait, slots answer None, meters raise
-            try:
-                checks["coordination"] = await ping_within(
-                    asyncio.ensure_future(self._coord_store.ping()), PING_TIMEOUT)
-            except Exception as e:
-                checks["coordination"] = f"{type(e).__name__}: {e}"
-            if checks["coordination"] != "ok":
-                return Health(HealthStatus.DEGRADED,
-                              f"coordination: {checks['coordination']}", checks)
-        open_circuits = []
-        for provider in self._providers.values():
-            if provider.breaker is None:
-                continue
-            try:
-                until = await asyncio.wait_for(provider.open_until(), PING_TIMEOUT)
-            except Exception as e:
-                checks[f"provider:{provider.name}"] = f"{type(e).__name__}: {e}"
-                continue
-            checks[f"provider:{provider.name}"] = "ok" if until is None else "circuit open"
-            if until is not None:
-                open_circuits.append(provider.name)
-        if open_circuits:
-            # it still serves: calls to those providers fail fast or go to a fallback
-            return Health(HealthStatus.DEGRADED,
-                          f"circuit open: {', '.join(open_circuits)}", checks)
-        return Health(HealthStatus.HEALTHY, "ok", checks)
+            await self.store.ping()
+
+        coord = self._coord_store
+        breakers = {p.name: p.open_until for p in self._providers.values()
+                    if p.breaker is not None}
+        return await readiness(self.check_liveness(), ping_store,
+                               coord.ping if coord is not None else None, breakers)
 
     async def poll(self) -> None:
         """Renew this instance's leases and run one maintenance poll now (recover, release,
         schedule, retention; delivery and notification start in the background). The engine
         renews every ``heartbeat`` and polls every lease/3 by itself."""
-        if self._engine is None:
+        if self._maintenance is None:
             raise ShoalError("The app is not started: use 'async with app:' or await app.start().")
-        await self._engine.poll()
+        await self._maintenance.poll()
 
     # -- runs ------------------------------------------------------------------------------
 
@@ -750,7 +728,7 @@ class App:
     ) -> Run:
         name = self._workflow_name(workflow)
         input = _json.checked(input, "input", self.max_payload_bytes)
-        _check_dispatch_options(idempotency_key, concurrency_key, priority, tenant, delay,
+        check_dispatch_options(idempotency_key, concurrency_key, priority, tenant, delay,
                                 max_attempts)
         await self._open_store()
         spec = self._registry.workflows.get(name)
@@ -951,138 +929,3 @@ class App:
             raise UnknownRunError(run_id)
         if self._engine is not None:
             self._engine.kick()
-
-
-def _check_dispatch_options(idempotency_key: object, concurrency_key: object, priority: object,
-                            tenant: object, delay: object, max_attempts: object) -> None:
-    """Raise ``TypeError`` (a value of the wrong type) or ``ValueError`` naming the first
-    option of ``app.dispatch(...)`` that cannot be stored as it is."""
-    for what, key in (("idempotency_key", idempotency_key),
-                      ("concurrency_key", concurrency_key)):
-        if key is not None:
-            _checks.text(key, f"app.dispatch({what})", CALL, empty=True)
-    _checks.text(tenant, "app.dispatch(tenant)", CALL)
-    if priority is not None:
-        _checks.integer(priority, "app.dispatch(priority)", CALL, low=_checks.INT32_MIN,
-                        high=_checks.INT32_MAX)
-    if delay is not None:   # ValueError, as it always was
-        _checks.seconds(delay, "app.dispatch(delay)", _checks.VALUE)
-    if max_attempts is not None:
-        _checks.integer(max_attempts, "app.dispatch(max_attempts)", _checks.VALUE, low=1,
-                        high=_checks.INT32_MAX)
-
-
-def _check_workflow_options(name: object, max_attempts: object, priority: object,
-                            concurrency_key: object, backoff: object, max_backoff: object,
-                            on_incompatible: object) -> None:
-    """Raise ``ConfigurationError`` naming the first option of ``@app.workflow(...)`` that
-    cannot work."""
-    _checks.text(name, "@app.workflow(name)", CONFIG)
-    what = f"@app.workflow(name={name!r}"
-    _checks.integer(max_attempts, f"{what}, max_attempts)", CONFIG, low=1,
-                    high=_checks.INT32_MAX)
-    _checks.integer(priority, f"{what}, priority)", CONFIG, low=_checks.INT32_MIN,
-                    high=_checks.INT32_MAX)
-    if isinstance(concurrency_key, str):
-        _checks.text(concurrency_key, f"{what}, concurrency_key)", CONFIG, empty=True)
-    elif concurrency_key is not None and not callable(concurrency_key):
-        raise ConfigurationError(f"{what}, concurrency_key) must be None, a str or a function "
-                                 f"of the input giving a str, not {concurrency_key!r:.80}.")
-    _checks.seconds(backoff, f"{what}, backoff)", CONFIG)
-    _checks.seconds(max_backoff, f"{what}, max_backoff)", CONFIG)
-    _checks.one_of(on_incompatible, f"{what}, on_incompatible)", CONFIG, ("wait", "resume"))
-
-
-def _check_app_options(namespace: object, store: object, instance_id: object,
-                       max_concurrent_runs: object, lease: object, clock: object,
-                       version: object, max_queued: object, admission: object,
-                       membership_interval: object, pause_retention: object,
-                       run_retention: object, max_payload_bytes: object, heartbeat: object,
-                       migrate: object) -> None:
-    """Raise ``ConfigurationError`` naming the first option of ``App(...)`` that cannot work."""
-    _checks.text(namespace, "App(namespace)", CONFIG)
-    if not isinstance(store, (str, Store)):
-        raise ConfigurationError(f"App(store) must be a store URL ('memory://', "
-                                 f"'sqlite:///path', 'postgresql://…') or a shoal Store, not "
-                                 f"{store!r:.80}.")
-    if instance_id is not None:
-        _checks.text(instance_id, "App(instance_id)", CONFIG)
-    if version is not None:
-        _checks.text(version, "App(version)", CONFIG)
-    _checks.integer(max_concurrent_runs, "App(max_concurrent_runs)", CONFIG, low=1)
-    _checks.seconds(lease, "App(lease)", CONFIG, low=_checks.MIN_LEASE)
-    if clock is not None and not isinstance(clock, Clock):
-        raise ConfigurationError(f"App(clock) must be None or a shoal Clock (with now() and "
-                                 f"async sleep(seconds)), not {clock!r:.80}.")
-    if max_queued is not None:
-        _checks.integer(max_queued, "App(max_queued)", CONFIG, low=1)
-    _checks.one_of(admission, "App(admission)", CONFIG, ("reject", "park"))
-    _checks.seconds(membership_interval, "App(membership_interval)", CONFIG, above=True)
-    _checks.seconds(pause_retention, "App(pause_retention)", CONFIG)
-    _checks.seconds(run_retention, "App(run_retention)", CONFIG)
-    _checks.integer(max_payload_bytes, "App(max_payload_bytes)", CONFIG, low=1)
-    if heartbeat is not None:
-        _checks.seconds(heartbeat, "App(heartbeat)", CONFIG, above=True)
-        assert isinstance(heartbeat, (int, float)) and isinstance(lease, (int, float))
-        if heartbeat > lease / 2:
-            raise ConfigurationError(
-                f"App(heartbeat) must be at most lease / 2 ({lease / 2:g} s, so one late "
-                f"renewal never loses a lease), not {heartbeat!r}.")
-    if not isinstance(migrate, bool):
-        raise ConfigurationError(f"App(migrate) must be True or False, not {migrate!r}.")
-
-
-def _coordination(coordination: str | list[str] | CoordStore | None) -> CoordStore | None:
-    """The coordination store named by ``App(coordination=…)`` (None: the run store)."""
-    if coordination is None:
-        return None
-    if isinstance(coordination, CoordStore):
-        return coordination
-    addresses = [coordination] if isinstance(coordination, str) else coordination
-    if not isinstance(addresses, list) or not addresses or not all(
-            isinstance(a, str) for a in addresses):
-        raise ConfigurationError(
-            f"coordination must be None, a redis:// address or a list of them, not "
-            f"{coordination!r}.")
-    if len(addresses) % 2 == 0:
-        raise ConfigurationError(
-            f"Atomicity takes an odd number of addresses, {len(addresses)} given.")
-    for address in addresses:
-        if not address.startswith(("redis://", "rediss://")):
-            raise ConfigurationError(
-                f"A coordination address is a redis:// or rediss:// URL, not "
-                f"{mask_url(address)!r} (leave coordination=None to coordinate through the "
-                f"store).")
-    try:
-        from shoal.backends.redis import RedisCoordStore
-    except ImportError as e:
-        raise ConfigurationError(
-            "coordination='redis://…' needs the redis client: pip install 'shoal[redis]'."
-        ) from e
-    password = os.environ.get("SHOAL_REDIS_PASSWORD") or None
-    stores = [RedisCoordStore(a, password=password) for a in addresses]
-    if len(stores) == 1:
-        return stores[0]
-    from shoal.backends.redis import Redlock
-    return Redlock(stores)
-
-
-class _Host:
-    """The app as its engine's :class:`~shoal.engine.runner.EngineHost`: the four things the
-    engine cannot do alone, without making them part of the app's public face."""
-
-    def __init__(self, app: App) -> None:
-        self._app = app
-
-    async def dispatch_child(self, parent: Run, workflow: Any, input: Any, key: str,
-                             options: dict[str, Any]) -> Run:
-        return await self._app._dispatch_child(parent, workflow, input, key, options)
-
-    async def fire_cron(self, trigger: CronTrigger, tick: float) -> None:
-        await self._app._fire_cron(trigger, tick)
-
-    async def spend(self, scope: RunScope, amount: float, currency: str) -> None:
-        await self._app._spend(scope, amount, currency)
-
-    async def prune_coordination(self, before: float) -> None:
-        await self._app._prune_coordination(before)

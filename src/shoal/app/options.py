@@ -1,0 +1,89 @@
+"""Validation of the options of ``App(...)``, ``@app.workflow(...)`` and ``app.dispatch(...)``:
+each raises an error naming the first option that cannot work, before anything is stored."""
+
+from __future__ import annotations
+
+from shoal import _checks
+from shoal._checks import CALL, CONFIG
+from shoal.clock import Clock
+from shoal.errors import ConfigurationError
+from shoal.ports import Store
+
+
+def check_dispatch_options(idempotency_key: object, concurrency_key: object, priority: object,
+                           tenant: object, delay: object, max_attempts: object) -> None:
+    """Raise ``TypeError`` (a value of the wrong type) or ``ValueError`` naming the first
+    option of ``app.dispatch(...)`` that cannot be stored as it is."""
+    for what, key in (("idempotency_key", idempotency_key),
+                      ("concurrency_key", concurrency_key)):
+        if key is not None:
+            _checks.text(key, f"app.dispatch({what})", CALL, empty=True)
+    _checks.text(tenant, "app.dispatch(tenant)", CALL)
+    if priority is not None:
+        _checks.integer(priority, "app.dispatch(priority)", CALL, low=_checks.INT32_MIN,
+                        high=_checks.INT32_MAX)
+    if delay is not None:   # ValueError, as it always was
+        _checks.seconds(delay, "app.dispatch(delay)", _checks.VALUE)
+    if max_attempts is not None:
+        _checks.integer(max_attempts, "app.dispatch(max_attempts)", _checks.VALUE, low=1,
+                        high=_checks.INT32_MAX)
+
+
+def check_workflow_options(name: object, max_attempts: object, priority: object,
+                           concurrency_key: object, backoff: object, max_backoff: object,
+                           on_incompatible: object) -> None:
+    """Raise ``ConfigurationError`` naming the first option of ``@app.workflow(...)`` that
+    cannot work."""
+    _checks.text(name, "@app.workflow(name)", CONFIG)
+    what = f"@app.workflow(name={name!r}"
+    _checks.integer(max_attempts, f"{what}, max_attempts)", CONFIG, low=1,
+                    high=_checks.INT32_MAX)
+    _checks.integer(priority, f"{what}, priority)", CONFIG, low=_checks.INT32_MIN,
+                    high=_checks.INT32_MAX)
+    if isinstance(concurrency_key, str):
+        _checks.text(concurrency_key, f"{what}, concurrency_key)", CONFIG, empty=True)
+    elif concurrency_key is not None and not callable(concurrency_key):
+        raise ConfigurationError(f"{what}, concurrency_key) must be None, a str or a function "
+                                 f"of the input giving a str, not {concurrency_key!r:.80}.")
+    _checks.seconds(backoff, f"{what}, backoff)", CONFIG)
+    _checks.seconds(max_backoff, f"{what}, max_backoff)", CONFIG)
+    _checks.one_of(on_incompatible, f"{what}, on_incompatible)", CONFIG, ("wait", "resume"))
+
+
+def check_app_options(namespace: object, store: object, instance_id: object,
+                      max_concurrent_runs: object, lease: object, clock: object,
+                      version: object, max_queued: object, admission: object,
+                      membership_interval: object, pause_retention: object,
+                      run_retention: object, max_payload_bytes: object, heartbeat: object,
+                      migrate: object) -> None:
+    """Raise ``ConfigurationError`` naming the first option of ``App(...)`` that cannot work."""
+    _checks.text(namespace, "App(namespace)", CONFIG)
+    if not isinstance(store, (str, Store)):
+        raise ConfigurationError(f"App(store) must be a store URL ('memory://', "
+                                 f"'sqlite:///path', 'postgresql://…') or a shoal Store, not "
+                                 f"{store!r:.80}.")
+    if instance_id is not None:
+        _checks.text(instance_id, "App(instance_id)", CONFIG)
+    if version is not None:
+        _checks.text(version, "App(version)", CONFIG)
+    _checks.integer(max_concurrent_runs, "App(max_concurrent_runs)", CONFIG, low=1)
+    _checks.seconds(lease, "App(lease)", CONFIG, low=_checks.MIN_LEASE)
+    if clock is not None and not isinstance(clock, Clock):
+        raise ConfigurationError(f"App(clock) must be None or a shoal Clock (with now() and "
+                                 f"async sleep(seconds)), not {clock!r:.80}.")
+    if max_queued is not None:
+        _checks.integer(max_queued, "App(max_queued)", CONFIG, low=1)
+    _checks.one_of(admission, "App(admission)", CONFIG, ("reject", "park"))
+    _checks.seconds(membership_interval, "App(membership_interval)", CONFIG, above=True)
+    _checks.seconds(pause_retention, "App(pause_retention)", CONFIG)
+    _checks.seconds(run_retention, "App(run_retention)", CONFIG)
+    _checks.integer(max_payload_bytes, "App(max_payload_bytes)", CONFIG, low=1)
+    if heartbeat is not None:
+        _checks.seconds(heartbeat, "App(heartbeat)", CONFIG, above=True)
+        assert isinstance(heartbeat, (int, float)) and isinstance(lease, (int, float))
+        if heartbeat > lease / 2:
+            raise ConfigurationError(
+                f"App(heartbeat) must be at most lease / 2 ({lease / 2:g} s, so one late "
+                f"renewal never loses a lease), not {heartbeat!r}.")
+    if not isinstance(migrate, bool):
+        raise ConfigurationError(f"App(migrate) must be True or False, not {migrate!r}.")

@@ -1,0 +1,141 @@
+"""Maintenance: the work an instance does beside executing runs, as small services, each its own
+loop with its own interval and its own failure handling, started and stopped together:
+
+=================  =========================================================  ===============
+service            does                                                        every
+=================  =========================================================  ===============
+heartbeat          renews the leases of the runs executing here                ``heartbeat``
+pause.expiry       denies approvals whose time ran out                         lease / 3
+pause.notify       calls the ``on_pause_notify`` handlers for new pauses        lease / 3, and
+                                                                               when one is made
+outbox.delivery    hands due outbox entries to their handlers                  lease / 3, and
+                                                                               when a step
+                                                                               wrote some
+recovery           requeues expired or released claims, then a claim pass      lease / 3
+admission          releases parked runs under ``max_queued``                   lease / 3
+retention          deletes old final runs, resolved pauses, stale coordination  lease / 3
+cron               one loop per trigger, firing each tick once                  its schedule
+=================  =========================================================  ===============
+
+A new service subclasses :class:`~shoal.maintenance.service.Service` (a pass every interval) or
+:class:`~shoal.maintenance.service.Triggered` (a pass in the background, also on demand), and is
+added in :meth:`Maintenance.build`. The engine itself keeps claim, execute and settle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from shoal.clock import Clock
+from shoal.engine.runner import Engine, EngineConfig, Registry
+from shoal.health import Health, HealthStatus
+from shoal.maintenance.admission import AdmissionRelease
+from shoal.maintenance.cron import Cron, Fire
+from shoal.maintenance.heartbeat import Heartbeat
+from shoal.maintenance.outbox import OutboxDelivery
+from shoal.maintenance.pauses import PauseExpiry, PauseNotification
+from shoal.maintenance.recovery import Recovery
+from shoal.maintenance.retention import Retention
+from shoal.maintenance.service import Reporter, Service, Triggered
+from shoal.ports import Store
+
+
+class Maintenance:
+    """The maintenance services of one instance, beside its engine."""
+
+    def __init__(self, heartbeat: Heartbeat, periodic: list[Service], cron: Cron,
+                 recovery: Recovery, admission: AdmissionRelease | None, retention: Retention,
+                 expiry: PauseExpiry, notification: PauseNotification,
+                 delivery: OutboxDelivery, engine: Engine) -> None:
+        self.heartbeat = heartbeat
+        self.services = periodic          # every loop but the heartbeat and cron, start order
+        self.cron = cron
+        self.recovery = recovery
+        self.admission = admission
+        self.retention = retention
+        self.expiry = expiry
+        self.notification = notification
+        self.delivery = delivery
+        self._engine = engine
+
+    @classmethod
+    def build(cls, engine: Engine, store: Store, clock: Clock, config: EngineConfig,
+              registry: Registry, fire: Fire,
+              prune_coordination: Callable[[float], Awaitable[None]]) -> Maintenance:
+        every = config.lease / 3
+        reporter = Reporter(clock, registry.on_error, every)
+        ns = config.namespace
+        heartbeat = Heartbeat(clock, engine.heartbeat, reporter, engine.renew)
+        expiry = PauseExpiry(clock, every, reporter, store, ns, engine.kick)
+        notification = PauseNotification(clock, every, reporter, store, ns, config.lease,
+                                         registry.on_pause_notify)
+        delivery = OutboxDelivery(clock, every, reporter, store, ns, config.lease,
+                                  registry.outbox_handlers)
+        recovery = Recovery(clock, every, reporter, store, ns, config.version, registry,
+                            engine.kick)
+        admission = (AdmissionRelease(clock, every, reporter, store, ns, config.max_queued,
+                                      engine.kick)
+                     if config.max_queued is not None else None)
+        retention = Retention(clock, every, reporter, store, ns, config.run_retention,
+                              config.pause_retention, prune_coordination)
+        cron = Cron(clock, every, reporter, list(registry.crons.values()), fire)
+        periodic: list[Service] = [expiry, notification, delivery, recovery,
+                                   *([admission] if admission is not None else []), retention]
+        return cls(heartbeat, periodic, cron, recovery, admission, retention, expiry,
+                   notification, delivery, engine)
+
+    def start(self) -> None:
+        self.cron.start()
+        for service in self.services:
+            service.start()
+        self.heartbeat.start()
+
+    async def stop(self) -> None:
+        """Stop every service but the heartbeat, which renews the runs still draining."""
+        await self.cron.stop()
+        for service in self.services:
+            await service.stop()
+
+    async def stop_heartbeat(self) -> None:
+        """After the last local run ended."""
+        await self.heartbeat.stop()
+
+    async def poll(self) -> None:
+        """One round now, in order, each pass raising its failure (``app.poll``): renew, deny
+        expired approvals, start notification and delivery, recover, release held runs, a
+        scheduling pass, retention."""
+        await self.heartbeat.run_once()
+        await self.expiry.run_once()
+        self.notification.trigger()
+        self.delivery.trigger()
+        await self.recovery.recover()
+        if self.admission is not None:
+            await self.admission.run_once()
+        await self._engine.schedule_pass()
+        await self.retention.run_once()
+
+    def liveness(self) -> Health:
+        """Unhealthy when a periodic service's pass has not come back for three of its
+        intervals (every such service is named), or the heartbeat's."""
+        stuck = [s for s in self.services if s.stuck_for() > 3 * s.interval]
+        if stuck:
+            worst = max(stuck, key=lambda s: s.stuck_for() / s.interval)
+            return Health(HealthStatus.UNHEALTHY,
+                          f"stuck: no poll completed for {worst.stuck_for():.0f} s (every "
+                          f"{worst.interval:g} s expected; stuck: "
+                          f"{', '.join(s.name for s in stuck)})")
+        beat = self.heartbeat
+        if beat.stuck_for() > 3 * beat.interval:
+            return Health(HealthStatus.UNHEALTHY,
+                          f"stuck: no lease renewal pass completed for {beat.stuck_for():.0f} s "
+                          f"(every {beat.interval:g} s expected)")
+        return Health(HealthStatus.HEALTHY)
+
+    def outbox_written(self) -> None:
+        self.delivery.trigger()
+
+    def pause_created(self) -> None:
+        self.notification.trigger()
+
+
+__all__ = ["Maintenance", "Reporter", "Service", "Triggered"]
