@@ -25,6 +25,7 @@ added in :meth:`Maintenance.build`. The engine itself keeps claim, execute and s
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from shoal.clock import Clock
 from shoal.engine.runner import Engine, EngineConfig, Registry
@@ -36,27 +37,30 @@ from shoal.maintenance.outbox import OutboxDelivery
 from shoal.maintenance.pauses import PauseExpiry, PauseNotification
 from shoal.maintenance.recovery import Recovery
 from shoal.maintenance.retention import Retention
-from shoal.maintenance.service import Reporter, Service, Triggered
+from shoal.maintenance.service import Pass, Reporter, Service, Triggered
 from shoal.ports import Store
 
 
+@dataclass
 class Maintenance:
     """The maintenance services of one instance, beside its engine."""
 
-    def __init__(self, heartbeat: Heartbeat, periodic: list[Service], cron: Cron,
-                 recovery: Recovery, admission: AdmissionRelease | None, retention: Retention,
-                 expiry: PauseExpiry, notification: PauseNotification,
-                 delivery: OutboxDelivery, engine: Engine) -> None:
-        self.heartbeat = heartbeat
-        self.services = periodic          # every loop but the heartbeat and cron, start order
-        self.cron = cron
-        self.recovery = recovery
-        self.admission = admission
-        self.retention = retention
-        self.expiry = expiry
-        self.notification = notification
-        self.delivery = delivery
-        self._engine = engine
+    heartbeat: Heartbeat
+    expiry: PauseExpiry
+    notification: PauseNotification
+    delivery: OutboxDelivery
+    recovery: Recovery
+    admission: AdmissionRelease | None     # only with App(max_queued=...)
+    retention: Retention
+    cron: Cron
+    schedule_pass: Pass                    # the engine's, for app.poll()
+
+    @property
+    def services(self) -> list[Service]:
+        """Every periodic loop but the heartbeat, in start order."""
+        admission = [self.admission] if self.admission is not None else []
+        return [self.expiry, self.notification, self.delivery, self.recovery, *admission,
+                self.retention]
 
     @classmethod
     def build(cls, engine: Engine, store: Store, clock: Clock, config: EngineConfig,
@@ -65,24 +69,23 @@ class Maintenance:
         every = config.lease / 3
         reporter = Reporter(clock, registry.on_error, every)
         ns = config.namespace
-        heartbeat = Heartbeat(clock, engine.heartbeat, reporter, engine.renew)
-        expiry = PauseExpiry(clock, every, reporter, store, ns, engine.kick)
-        notification = PauseNotification(clock, every, reporter, store, ns, config.lease,
-                                         registry.on_pause_notify)
-        delivery = OutboxDelivery(clock, every, reporter, store, ns, config.lease,
-                                  registry.outbox_handlers)
-        recovery = Recovery(clock, every, reporter, store, ns, config.version, registry,
-                            engine.kick)
-        admission = (AdmissionRelease(clock, every, reporter, store, ns, config.max_queued,
-                                      engine.kick)
-                     if config.max_queued is not None else None)
-        retention = Retention(clock, every, reporter, store, ns, config.run_retention,
-                              config.pause_retention, prune_coordination)
-        cron = Cron(clock, every, reporter, list(registry.crons.values()), fire)
-        periodic: list[Service] = [expiry, notification, delivery, recovery,
-                                   *([admission] if admission is not None else []), retention]
-        return cls(heartbeat, periodic, cron, recovery, admission, retention, expiry,
-                   notification, delivery, engine)
+        return cls(
+            heartbeat=Heartbeat(clock, engine.heartbeat, reporter, engine.renew),
+            expiry=PauseExpiry(clock, every, reporter, store, ns, engine.kick),
+            notification=PauseNotification(clock, every, reporter, store, ns, config.lease,
+                                           registry.on_pause_notify),
+            delivery=OutboxDelivery(clock, every, reporter, store, ns, config.lease,
+                                    registry.outbox_handlers),
+            recovery=Recovery(clock, every, reporter, store, ns, config.version, registry,
+                              engine.kick),
+            admission=(AdmissionRelease(clock, every, reporter, store, ns, config.max_queued,
+                                        engine.kick)
+                       if config.max_queued is not None else None),
+            retention=Retention(clock, every, reporter, store, ns, config.run_retention,
+                                config.pause_retention, prune_coordination),
+            cron=Cron(clock, every, reporter, list(registry.crons.values()), fire),
+            schedule_pass=engine.schedule_pass,
+        )
 
     def start(self) -> None:
         self.cron.start()
@@ -111,7 +114,7 @@ class Maintenance:
         await self.recovery.recover()
         if self.admission is not None:
             await self.admission.run_once()
-        await self._engine.schedule_pass()
+        await self.schedule_pass()
         await self.retention.run_once()
 
     def liveness(self) -> Health:
