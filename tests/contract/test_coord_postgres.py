@@ -12,13 +12,14 @@ from collections.abc import AsyncIterator
 import pytest
 
 # pytest puts this directory on sys.path (rootdir-relative "prepend" imports, no __init__.py)
+from handoffs import LockManagerHandOffs
 from test_postgres import _listening, _open, _terminate
 
 from shoal.backends.postgres import PostgresStore
 from shoal.testing.coord_contract import NS, CoordContract, grant, queued
 
 
-class TestPostgresCoordination(CoordContract):
+class TestPostgresCoordination(CoordContract, LockManagerHandOffs):
     @pytest.fixture
     async def coord(self, schema: str) -> AsyncIterator[PostgresStore]:
         s = await _open(schema)

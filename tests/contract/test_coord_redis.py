@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from handoffs import LockManagerHandOffs
 from redis_support import (
     URL,
     OnTheTrio,
@@ -70,7 +71,7 @@ async def _prune_deletes_nothing(coord: CoordStore) -> None:
 # -- one server -------------------------------------------------------------------------------
 
 
-class TestRedisCoordination(CoordContract):
+class TestRedisCoordination(CoordContract, LockManagerHandOffs):
     @pytest.fixture
     async def coord(self, prefix: str) -> AsyncIterator[RedisCoordStore]:
         async with opened(RedisCoordStore(URL, prefix=prefix)) as s:
@@ -245,7 +246,7 @@ async def test_a_restart_of_redis_wakes_every_watch_and_the_store_carries_on(
 # -- Redlock over three servers ---------------------------------------------------------------
 
 
-class TestRedlockCoordination(OnTheTrio, CoordContract):
+class TestRedlockCoordination(OnTheTrio, CoordContract, LockManagerHandOffs):
     # FIFO is best effort across three queues: a split vote costs a few asks (about 1 per
     # acquisition mostly, up to ~2 seen; 7-24 when every waiter was woken)
     refused_per_handoff = 4.0

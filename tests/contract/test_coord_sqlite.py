@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
+from handoffs import LockManagerHandOffs
 from sql_support import OnOneSQLiteFile, sqlite_file_at, sqlite_store
 
 from shoal.backends._sql import migrations
@@ -20,7 +21,7 @@ from shoal.types import LockGrant, LockWait, MemberView
 COORD_TABLES = {"locks", "lock_waiters", "lock_tickets", "members", "rosters", "meters"}
 
 
-class TestSQLiteCoordination(OnOneSQLiteFile, CoordContract):
+class TestSQLiteCoordination(OnOneSQLiteFile, CoordContract, LockManagerHandOffs):
     @pytest.fixture
     def coord(self, sqlite: SQLiteStore) -> SQLiteStore:
         return sqlite

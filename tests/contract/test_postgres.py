@@ -18,8 +18,6 @@ import psycopg
 import pytest
 from psycopg import sql
 
-import shoal.testing
-import shoal.testing.contract
 from shoal.backends._sql import migrations
 from shoal.backends.postgres import PostgresStore
 from shoal.errors import ConfigurationError, StoreUnavailableError
@@ -83,28 +81,6 @@ class TestPostgresStore(StoreContract):
         s = await _open(store.schema)
         yield s
         await s.close()
-
-    @pytest.fixture(autouse=True)
-    def settle_waits_for_the_server(
-        self, store: PostgresStore, other: PostgresStore, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        """``shoal.testing.settle`` lets ready tasks run, which suffices for an in-process
-        store; over a network, a task waiting for the server's answer can make progress too.
-        So settling also waits until no store operation is in flight."""
-
-        async def settle(rounds: int = 50) -> None:
-            quiet = 0
-            while quiet < 2:
-                for _ in range(rounds):
-                    await asyncio.sleep(0)
-                if store.in_flight or other.in_flight:
-                    quiet = 0
-                    await asyncio.sleep(0.0005)
-                else:
-                    quiet += 1
-
-        monkeypatch.setattr(shoal.testing, "settle", settle)
-        monkeypatch.setattr(shoal.testing.contract, "settle", settle)
 
 
 # -- what only PostgreSQL has to show ---------------------------------------------------------
