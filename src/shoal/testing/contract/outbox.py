@@ -63,3 +63,19 @@ class OutboxContract:
         await store.finish_delivery(audit.id, T0 + 9, "late failure", T0 + 10)   # ignored
         assert await store.claim_outbox(NS, ["audit"], T0 + 999, 30.0, 10) == []
         assert [d.id for d in await store.dead_letters(NS)] == [e.id]
+
+    async def test_outbox_entries_are_taken_earliest_due_first(self, store: Store) -> None:
+        """Which entries a claim with a limit takes: the earliest due, then the oldest."""
+        await add(store)
+        [a] = await claim(store)
+        assert await store.checkpoint_step(fence(a), Step(1, "s", 1, True, 0), LEASE, T0,
+                                           entries(a, 1, "email"))
+        assert await store.checkpoint_step(fence(a), Step(2, "t", 2, True, 0), LEASE, T0 + 1,
+                                           entries(a, 2, "email", now=T0 + 1))
+        [old] = await store.claim_outbox(NS, ["email"], T0 + 1, 30.0, 1)
+        assert old.seq == 1
+        await store.finish_delivery(old.id, T0 + 2, "ConnectionError: down", T0 + 50)
+        [first] = await store.claim_outbox(NS, ["email"], T0 + 60, 30.0, 1)   # due since T0 + 1
+        assert first.seq == 2
+        [then] = await store.claim_outbox(NS, ["email"], T0 + 60, 30.0, 1)    # due at T0 + 50
+        assert then.id == old.id

@@ -219,6 +219,16 @@ class RunContract:
         [c] = await claim(store, now=T0 + LEASE)
         assert c.resume_reason == "recovered"
 
+    async def test_a_run_that_ends_keeps_why_it_was_last_delivered(self, store: Store) -> None:
+        run = await add(store)
+        await claim(store)
+        await store.recover_runs(NS, T0 + LEASE)                  # its first instance died
+        [c] = await claim(store, now=T0 + LEASE)
+        assert c.resume_reason == "recovered"
+        assert await store.settle_run(fence(c), Settlement("failed", error="E"), T0 + LEASE)
+        r = await store.get_run(run.id)
+        assert r is not None and r.status == RunStatus.FAILED and r.resume_reason == "recovered"
+
     # -- leases and fencing ----------------------------------------------------------------
 
     async def test_renew_extends_only_the_holders_lease(self, store: Store) -> None:
