@@ -8,7 +8,7 @@ import pytest
 from handoffs import LockManagerHandOffs
 
 from shoal.backends.memory import MemoryStore
-from shoal.testing.coord_contract import CoordContract
+from shoal.testing.contract import CoordContract
 
 
 class TestMemoryCoordination(CoordContract, LockManagerHandOffs):

@@ -1,4 +1,5 @@
-"""The store contract suite on PostgreSQL, plus what only PostgreSQL has to show.
+"""The store contract suites on PostgreSQL (and random calls that must get the memory reference's
+answers), plus what only PostgreSQL has to show.
 
 Each test gets a schema of its own (``shoal_t_<random>``), dropped with everything in it afterwards.
 The server is ``SHOAL_TEST_POSTGRES`` (default ``postgresql://postgres@127.0.0.1:5432/test``).
@@ -23,7 +24,16 @@ from shoal.backends.postgres import PostgresStore
 from shoal.errors import ConfigurationError, StoreUnavailableError
 from shoal.ports import Store
 from shoal.stores import mask_url, open_store
-from shoal.testing.contract import NS, T0, StoreContract, add, claim, fence, new_run
+from shoal.testing.contract import (
+    NS,
+    T0,
+    RunDifferential,
+    StoreContract,
+    add,
+    claim,
+    fence,
+    new_run,
+)
 from shoal.types import Fence, RunStatus, Settlement, Step
 
 URL = os.environ.get("SHOAL_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
@@ -68,7 +78,7 @@ async def _open(schema: str) -> PostgresStore:
     return s
 
 
-class TestPostgresStore(StoreContract):
+class TestPostgresStore(StoreContract, RunDifferential):
     @pytest.fixture
     async def store(self, schema: str) -> AsyncIterator[Store]:
         s = await _open(schema)
