@@ -358,8 +358,9 @@ class Outbox(Protocol):
     async def claim_outbox(
         self, namespace: str, topics: Sequence[str], now: float, lease: float, limit: int
     ) -> list[OutboxEntry]:
-        """Due entries of these topics (not delivered, not dead, ``next_at <= now``), oldest
-        first; each is taken for ``lease`` seconds (``next_at = now + lease``)."""
+        """Due entries of these topics (not delivered, not dead, ``next_at <= now``), the
+        earliest due first (then the oldest); each is taken for ``lease`` seconds
+        (``next_at = now + lease``)."""
 
     async def finish_delivery(
         self, entry_id: str, now: float, error: str | None = None,

@@ -2,8 +2,9 @@
 of the test's own (helpers in ``test_postgres.py``, imported lazily), the Redis fixtures of
 ``test_coord_redis.py`` and ``test_rate_redis.py`` (their helpers are ``redis_support.py``,
 imported lazily so that no other test here needs the redis client), and assert rewriting for
-``sql_support.py`` (its failures show their values, as in a test file; pytest must be told
-before the module is imported)."""
+``sql_support.py``, ``handoffs.py`` and the contract suites of ``shoal.testing.contract`` (their
+failures show their values, as in a test file; pytest must be told before a module is
+imported)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 if TYPE_CHECKING:
     from redis_support import Server
 
-pytest.register_assert_rewrite("sql_support")
+pytest.register_assert_rewrite("sql_support", "handoffs", "shoal.testing.contract")
 
 
 @pytest.fixture

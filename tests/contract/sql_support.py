@@ -2,13 +2,11 @@
 ``test_rate_sqlite.py``, ``test_rate_postgres.py``; pytest puts this directory on sys.path, and
 ``conftest.py`` has pytest rewrite the asserts here as in a test file): an open SQLite store, the
 two stores on one file a contract wants, a SQLite file as an older shoal left it, the checks of
-a store just migrated to the rate-limit tables and of the ledger's filters, and random calls
-that must get the memory reference's answers (admissions among them)."""
+a store just migrated to the rate-limit tables and of the ledger's filters (the random calls
+that must get the memory reference's answers are ``shoal.testing.contract.differential``'s)."""
 
 from __future__ import annotations
 
-import dataclasses
-import random
 import sqlite3
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -17,21 +15,11 @@ from pathlib import Path
 import pytest
 
 from shoal.backends._sql import migrations
-from shoal.backends.memory import MemoryStore
 from shoal.backends.sqlite import SQLiteStore
 from shoal.backends.sqlite.store import _statements
 from shoal.ports import RateStore
-from shoal.testing.rate_contract import increasing, unwritten
-from shoal.types import (
-    CircuitNeed,
-    Need,
-    PauseNeed,
-    SlotGrant,
-    SlotNeed,
-    SpendEntry,
-    WindowNeed,
-    WindowResult,
-)
+from shoal.testing.contract.rates import unwritten
+from shoal.types import SlotGrant, SpendEntry
 
 RATE_TABLES = {"rate_slots", "rate_window_entries", "rate_pauses", "rate_counters", "cost_ledger"}
 
@@ -127,90 +115,3 @@ async def trim_the_exported_ledger(store: RateStore, delete: Callable[[int], obj
     await store.counter_add("ns", [], [], [], 9.0, SpendEntry("t", None, None, 9, "usd", 9.0))
     [new] = await store.ledger("ns", after=final)
     assert new.id is not None and new.id > final and new.amount == 9
-
-
-def random_needs(rnd: random.Random) -> list[Need]:
-    """What an admission among :func:`random_calls` asks for, in a random order: maybe a
-    circuit (its pause "a" or "b", counters "x" and "y", trial slot "c"), slots "a" and "b",
-    pauses, and room in windows "a" and "b" (the lengths and limits random_calls gives them)."""
-    needs: list[Need] = []
-    if rnd.random() < 0.2:
-        needs.append(CircuitNeed(rnd.choice(["a", "b"]), "x", "y", "c", 10.0))
-    for key in rnd.sample(["a", "b"], rnd.randint(0, 2)):
-        needs.append(SlotNeed(key, rnd.choice([1, 2, 3]), rnd.choice([5.0, 30.0])))
-    opens = {n.open for n in needs if isinstance(n, CircuitNeed)}
-    needs.extend(PauseNeed(key) for key in rnd.sample(["a", "b"], rnd.randint(0, 1))
-                 if key not in opens)
-    for key in rnd.sample(["a", "b"], rnd.randint(0, 2)):
-        limit = {"a": 6, "b": 10}[key] if rnd.random() < 0.85 else None
-        needs.append(WindowNeed(key, rnd.choice([1, 2, 0.25, 12]), {"a": 10.0, "b": 60.0}[key],
-                                limit))
-    rnd.shuffle(needs)
-    return needs
-
-
-async def random_calls(rnd: random.Random, memory: MemoryStore, store: RateStore) -> None:
-    """250 random calls on both stores, answer for answer. The amounts of limited windows and of
-    counters are small multiples of 1/4, so that every sum, and so every verdict and retry time,
-    is exact whatever the order the backend adds in. A window's total is a running total, whose
-    last bit depends on the order of its additions and subtractions (which differs between
-    backends): totals are compared to 1e-9, and a window never limited ("c") gets amounts whose
-    sums round. Negative window amounts (corrections) may be dated before other entries."""
-
-    async def both(method: str, *args: object, **kwargs: object) -> object:
-        answer = await getattr(memory, method)(*args, **kwargs)
-        got = await getattr(store, method)(*args, **kwargs)
-        if isinstance(answer, WindowResult) and isinstance(got, WindowResult):
-            assert got.total == pytest.approx(answer.total, rel=1e-9, abs=1e-9), (
-                method, args, got, answer)
-            got = dataclasses.replace(got, total=answer.total)   # the rest compares exactly
-        if method == "ledger":   # ids of a SQL ledger are shared by its namespaces
-            assert isinstance(got, list) and increasing(got), got
-            got = [unwritten(r) for r in got]
-            answer = [unwritten(r) for r in answer]
-        assert got == answer, (method, args, kwargs)
-        return answer
-
-    now = 1000.0
-    for _ in range(250):
-        now += rnd.choice([0, 0, 0, 0.25, 0.5, 1]) if rnd.random() < 0.98 else 40
-        ns, op = rnd.choice(["n1", "n2"]), rnd.random()
-        key = rnd.choice(["a", "b"])
-        if rnd.random() < 0.15:
-            await both("admit", ns, rnd.choice([f"h{i}" for i in range(5)]),
-                       random_needs(rnd), now)
-            continue
-        if op < 0.2:
-            holder = rnd.choice([f"h{i}" for i in range(5)])
-            await both("slot_acquire", ns, key, holder, rnd.choice([1, 2, 3]),
-                       rnd.choice([5.0, 30.0]), now)
-        elif op < 0.27:
-            await both("slot_renew", ns, key, rnd.choice(["h0", "h1", "h2"]), 10.0, now)
-        elif op < 0.32:
-            await both("slot_release", ns, key, rnd.choice(["h0", "h1", "h2"]))
-        elif op < 0.6:
-            amount = rnd.choice([0, 1, 1, 2, 2, 3, 0.25, -1, -0.5, 12])
-            limit = {"a": 6, "b": 10}[key] if rnd.random() < 0.85 else None
-            if rnd.random() < 0.3:
-                key, amount, limit = "c", rnd.choice([0, 0.1, 0.7, 1 / 3, -0.2]), None
-            at = now - rnd.choice([0, 0.25, 3]) if amount < 0 else now
-            await both("window_add", ns, key, amount, {"a": 10.0, "b": 60.0, "c": 5.0}[key],
-                       limit, at)
-        elif op < 0.62:
-            await both("window_clear", ns, key)
-        elif op < 0.66:
-            await both("pause_until", ns, key, now + rnd.choice([-5, 0, 5, 30]), now)
-        elif op < 0.72:
-            await both("paused_until", ns, key, now)
-        elif op < 0.95:
-            n = rnd.randint(0, 3)
-            names = [rnd.choice("xyz") for _ in range(n)]
-            amounts = [rnd.choice([0, 0.25, 1, 2.5, -0.5, 3]) for _ in range(n)]
-            limits = [rnd.choice([None, 2, 5, 8]) for _ in range(n)]
-            entry = (None if rnd.random() < 0.3 else
-                     SpendEntry(rnd.choice(["t1", "t2"]), rnd.choice([None, "r1", "r2"]),
-                                rnd.choice([None, "r1", "r9"]), sum(amounts), "usd", now))
-            await both("counter_add", ns, names, amounts, limits, now, entry)
-        else:
-            await both("ledger", ns, tenant=rnd.choice([None, "t1", "t2"]),
-                       root_id=rnd.choice([None, "r1", "r9"]), limit=rnd.choice([3, 1000]))

@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
+from handoffs import LockManagerHandOffs
 
 from shoal.backends.memory import MemoryStore
-from shoal.testing.coord_contract import CoordContract
+from shoal.testing.contract import CoordContract
 
 
-class TestMemoryCoordination(CoordContract):
+class TestMemoryCoordination(CoordContract, LockManagerHandOffs):
     @pytest.fixture
     async def coord(self) -> AsyncIterator[MemoryStore]:
         s = MemoryStore()

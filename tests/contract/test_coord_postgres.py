@@ -1,4 +1,5 @@
-"""The coordination contract on PostgreSQL, plus how lock watches use the LISTEN connection.
+"""The coordination contract on PostgreSQL (and random calls that must get the memory reference's
+answers), plus how lock watches use the LISTEN connection.
 
 Two stores, each with its own pool and LISTEN connection, share a schema of their own, dropped
 after each test (test_postgres.py's fixture, server, skip and CI failure)."""
@@ -12,13 +13,17 @@ from collections.abc import AsyncIterator
 import pytest
 
 # pytest puts this directory on sys.path (rootdir-relative "prepend" imports, no __init__.py)
+from handoffs import LockManagerHandOffs
 from test_postgres import _listening, _open, _terminate
 
 from shoal.backends.postgres import PostgresStore
-from shoal.testing.coord_contract import NS, CoordContract, grant, queued
+from shoal.testing.contract import NS, CoordContract, CoordDifferential
+from shoal.testing.contract.coordination import grant, queued
 
 
-class TestPostgresCoordination(CoordContract):
+class TestPostgresCoordination(CoordContract, CoordDifferential, LockManagerHandOffs):
+    differential_seeds = (0, 1, 2, 3)
+
     @pytest.fixture
     async def coord(self, schema: str) -> AsyncIterator[PostgresStore]:
         s = await _open(schema)

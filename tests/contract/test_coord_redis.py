@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from handoffs import LockManagerHandOffs
 from redis_support import (
     URL,
     OnTheTrio,
@@ -31,7 +31,8 @@ from shoal.backends.memory import MemoryStore
 from shoal.backends.redis import RedisCoordStore, Redlock
 from shoal.errors import ConfigurationError, StoreUnavailableError
 from shoal.ports import CoordStore
-from shoal.testing.coord_contract import LEASE, NS, T0, CoordContract, grant, queued
+from shoal.testing.contract import NS, T0, CoordContract, CoordDifferential
+from shoal.testing.contract.coordination import LEASE, grant, queued
 from shoal.types import LockGrant
 
 # -- retention: Redis collects its keys by itself ----------------------------------------------
@@ -70,7 +71,10 @@ async def _prune_deletes_nothing(coord: CoordStore) -> None:
 # -- one server -------------------------------------------------------------------------------
 
 
-class TestRedisCoordination(CoordContract):
+class TestRedisCoordination(CoordContract, CoordDifferential, LockManagerHandOffs):
+    differential_seeds = (20261129,)
+    differential_calls = 400
+
     @pytest.fixture
     async def coord(self, prefix: str) -> AsyncIterator[RedisCoordStore]:
         async with opened(RedisCoordStore(URL, prefix=prefix)) as s:
@@ -245,7 +249,7 @@ async def test_a_restart_of_redis_wakes_every_watch_and_the_store_carries_on(
 # -- Redlock over three servers ---------------------------------------------------------------
 
 
-class TestRedlockCoordination(OnTheTrio, CoordContract):
+class TestRedlockCoordination(OnTheTrio, CoordContract, LockManagerHandOffs):
     # FIFO is best effort across three queues: a split vote costs a few asks (about 1 per
     # acquisition mostly, up to ~2 seen; 7-24 when every waiter was woken)
     refused_per_handoff = 4.0
@@ -439,44 +443,3 @@ async def test_redlock_split_votes_resolve(trio: list[Server]) -> None:
             await r.close()
         for server in trio:
             drop(server.url, prefix)
-
-
-async def test_matches_the_memory_reference_on_random_operations(prefix: str) -> None:
-    """The same random sequence of lock, membership and meter calls on Redis and on the memory
-    store (the reference) gets the same answers, call for call."""
-    rng = random.Random(20261129)
-    s = RedisCoordStore(URL, prefix=prefix)
-    ref = MemoryStore()
-    await s.open()
-    try:
-        now = T0
-        keys, holders, members = ["a", "b", "c"], [f"h{i}" for i in range(5)], ["m1", "m2", "m3"]
-        held: dict[str, int | None] = dict.fromkeys(members)
-        for step in range(400):
-            now += rng.choice([0.0, 0.5, 1.0, 3.0, 7.5])
-            op = rng.choice(["acquire", "acquire", "renew", "release", "beat", "leave", "meter"])
-            picked = rng.sample(keys, rng.randint(1, 2))
-            holder = rng.choice(holders)
-            if op == "acquire":
-                lease = rng.choice([2.0, 5.0, 10.0])
-                calls = [st.lock_acquire(NS, picked, holder, lease, now) for st in (s, ref)]
-            elif op == "renew":
-                calls = [st.lock_renew(NS, picked, holder, 5.0, now) for st in (s, ref)]
-            elif op == "release":
-                calls = [st.lock_release(NS, picked, holder) for st in (s, ref)]
-            elif op == "beat":
-                m = rng.choice(members)
-                calls = [st.heartbeat(NS, m, held[m], now, 6.0, 3.0) for st in (s, ref)]
-            elif op == "leave":
-                m = rng.choice(members)
-                held[m] = None
-                calls = [st.leave(NS, m) for st in (s, ref)]
-            else:
-                deltas = [rng.choice([0.0, 250.5, 1000.0, 1 / 3]) for _ in picked]
-                calls = [st.meter(NS, picked, deltas, now) for st in (s, ref)]
-            got, expected = await calls[0], await calls[1]
-            assert got == expected, (step, op, picked, holder, got, expected)
-            if op == "beat":
-                held[m] = expected.generation if expected.granted else None
-    finally:
-        await s.close()

@@ -1,26 +1,30 @@
 """The coordination contract on the SQLite store: two store objects (two connections) on one file,
-and the migration that brings a file made by an older shoal up to the coordination tables."""
+random calls that must get the memory reference's answers, and the migration that brings a file
+made by an older shoal up to the coordination tables."""
 
 from __future__ import annotations
 
 import asyncio
-import random
 from pathlib import Path
 
 import pytest
+from handoffs import LockManagerHandOffs
 from sql_support import OnOneSQLiteFile, sqlite_file_at, sqlite_store
 
 from shoal.backends._sql import migrations
-from shoal.backends.memory import MemoryStore
 from shoal.backends.sqlite import SQLiteStore
 from shoal.ports import CoordStore
-from shoal.testing.coord_contract import CoordContract
-from shoal.types import LockGrant, LockWait, MemberView
+from shoal.testing.contract import CoordContract, CoordDifferential
+from shoal.types import LockGrant, LockWait
 
 COORD_TABLES = {"locks", "lock_waiters", "lock_tickets", "members", "rosters", "meters"}
 
 
-class TestSQLiteCoordination(OnOneSQLiteFile, CoordContract):
+class TestSQLiteCoordination(OnOneSQLiteFile, CoordContract, CoordDifferential,
+                             LockManagerHandOffs):
+    differential_seeds = tuple(range(8))
+    differential_calls = 250
+
     @pytest.fixture
     def coord(self, sqlite: SQLiteStore) -> SQLiteStore:
         return sqlite
@@ -95,50 +99,3 @@ async def test_closing_the_store_wakes_its_watches(tmp_path: Path) -> None:
         assert not waiting.done()
         await store.close()
         await asyncio.wait_for(waiting, 3.0)
-
-
-@pytest.mark.parametrize("seed", range(8))
-async def test_the_same_answers_as_the_memory_reference(tmp_path: Path, seed: int) -> None:
-    """Random calls on both stores, answer for answer (tickets, tokens, retry times, rosters,
-    generations, debts)."""
-    rnd = random.Random(seed)
-    sqlite = SQLiteStore(str(tmp_path / "shoal.db"))
-    await sqlite.open()
-    memory = MemoryStore()
-
-    async def both(method: str, *args: object) -> object:
-        answer = await getattr(memory, method)(*args)
-        assert await getattr(sqlite, method)(*args) == answer, (method, args)
-        return answer
-
-    keysets = [["a"], ["b"], ["a", "b"], ["b", "c"], ["c", "a", "b"]]
-    held: dict[tuple[str, str], int] = {}
-    now = 1000.0
-    try:
-        for _ in range(250):
-            now += rnd.choice([0, 0, 0.5, 1, 3, 7])
-            ns, op = rnd.choice(["n1", "n2"]), rnd.random()
-            holder, keys = rnd.choice([f"h{i}" for i in range(6)]), rnd.choice(keysets)
-            member, lease = rnd.choice(["m1", "m2", "m3"]), rnd.choice([5.0, 10.0])
-            if op < 0.35:
-                await both("lock_acquire", ns, keys, holder, lease, now)
-            elif op < 0.5:
-                await both("lock_renew", ns, keys, holder, lease, now)
-            elif op < 0.65:
-                await both("lock_release", ns, keys, holder)
-            elif op < 0.85:
-                mine = rnd.choice([None, held.get((ns, member)), 1, 2])
-                warmup = rnd.choice([0.0, 10.0])
-                view = await both("heartbeat", ns, member, mine, now, 15.0, warmup)
-                assert isinstance(view, MemberView)
-                if view.granted:
-                    held[(ns, member)] = view.generation
-            elif op < 0.9:
-                await both("leave", ns, member)
-            else:
-                names = [rnd.choice("xyz") for _ in range(rnd.randint(1, 4))]
-                deltas = [rnd.choice([0, 100, 2500.5, 7]) for _ in names]
-                at = now - rnd.choice([0, 0, 2])
-                await both("meter", ns, names, deltas, at)
-    finally:
-        await sqlite.close()

@@ -1,4 +1,5 @@
-"""The store contract suite on PostgreSQL, plus what only PostgreSQL has to show.
+"""The store contract suites on PostgreSQL (and random calls that must get the memory reference's
+answers), plus what only PostgreSQL has to show.
 
 Each test gets a schema of its own (``shoal_t_<random>``), dropped with everything in it afterwards.
 The server is ``SHOAL_TEST_POSTGRES`` (default ``postgresql://postgres@127.0.0.1:5432/test``).
@@ -18,14 +19,21 @@ import psycopg
 import pytest
 from psycopg import sql
 
-import shoal.testing
-import shoal.testing.contract
 from shoal.backends._sql import migrations
 from shoal.backends.postgres import PostgresStore
 from shoal.errors import ConfigurationError, StoreUnavailableError
 from shoal.ports import Store
 from shoal.stores import mask_url, open_store
-from shoal.testing.contract import NS, T0, StoreContract, add, claim, fence, new_run
+from shoal.testing.contract import (
+    NS,
+    T0,
+    RunDifferential,
+    StoreContract,
+    add,
+    claim,
+    fence,
+    new_run,
+)
 from shoal.types import Fence, RunStatus, Settlement, Step
 
 URL = os.environ.get("SHOAL_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
@@ -70,7 +78,7 @@ async def _open(schema: str) -> PostgresStore:
     return s
 
 
-class TestPostgresStore(StoreContract):
+class TestPostgresStore(StoreContract, RunDifferential):
     @pytest.fixture
     async def store(self, schema: str) -> AsyncIterator[Store]:
         s = await _open(schema)
@@ -83,28 +91,6 @@ class TestPostgresStore(StoreContract):
         s = await _open(store.schema)
         yield s
         await s.close()
-
-    @pytest.fixture(autouse=True)
-    def settle_waits_for_the_server(
-        self, store: PostgresStore, other: PostgresStore, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        """``shoal.testing.settle`` lets ready tasks run, which suffices for an in-process
-        store; over a network, a task waiting for the server's answer can make progress too.
-        So settling also waits until no store operation is in flight."""
-
-        async def settle(rounds: int = 50) -> None:
-            quiet = 0
-            while quiet < 2:
-                for _ in range(rounds):
-                    await asyncio.sleep(0)
-                if store.in_flight or other.in_flight:
-                    quiet = 0
-                    await asyncio.sleep(0.0005)
-                else:
-                    quiet += 1
-
-        monkeypatch.setattr(shoal.testing, "settle", settle)
-        monkeypatch.setattr(shoal.testing.contract, "settle", settle)
 
 
 # -- what only PostgreSQL has to show ---------------------------------------------------------

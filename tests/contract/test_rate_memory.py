@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from shoal.backends.memory import MemoryStore
-from shoal.testing.rate_contract import RateContract
+from shoal.testing.contract import RateContract
 
 
 class TestMemoryRateLimits(RateContract):

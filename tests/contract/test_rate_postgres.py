@@ -20,22 +20,23 @@ from psycopg import sql
 from sql_support import (
     RATE_TABLES,
     check_the_ledger_filters,
-    random_calls,
     trim_the_exported_ledger,
     use_the_rate_tables,
 )
 from test_postgres import URL, _open
 
 from shoal.backends._sql import migrations
-from shoal.backends.memory import MemoryStore
 from shoal.backends.postgres import PostgresStore
 from shoal.backends.postgres.rates import _Q
 from shoal.ports import RateStore
-from shoal.testing.rate_contract import RateContract, increasing, unwritten
+from shoal.testing.contract import RateContract, RateDifferential
+from shoal.testing.contract.rates import increasing, unwritten
 from shoal.types import SlotBusy, SlotGrant, SpendEntry, WindowResult
 
 
-class TestPostgresRateLimits(RateContract):
+class TestPostgresRateLimits(RateContract, RateDifferential):
+    differential_seeds = (0, 1, 2, 3)
+
     @pytest.fixture
     async def rates(self, schema: str) -> AsyncIterator[PostgresStore]:
         s = await _open(schema)
@@ -247,17 +248,6 @@ async def test_concurrent_slot_takers_on_an_expired_slot(schema: str) -> None:
     finally:
         await a.close()
         await b.close()
-
-
-@pytest.mark.parametrize("seed", range(4))
-async def test_the_same_answers_as_the_memory_reference(
-    schema: str, seed: int
-) -> None:
-    store = await _open(schema)
-    try:
-        await random_calls(random.Random(seed), MemoryStore(), store)
-    finally:
-        await store.close()
 
 
 async def test_a_spend_waits_for_the_one_before_it_to_commit(schema: str) -> None:

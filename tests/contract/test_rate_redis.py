@@ -1,9 +1,9 @@
 """The rate-limit contract on Redis (one server) and on Redlock (three servers, the rate limits on
 the first), plus what only Redis has to show: which keys expire, which are pruned and which never
 go, the ledger as a stream read in pages, floats that come back exactly, and the same answers as
-the memory reference over random calls (servers,
-key prefixes, and the skip without a server or failure under ``CI``: ``redis_support.py``; the
-fixtures ``prefix``, ``trio`` and ``rl_prefix``: ``conftest.py``).
+the memory reference over random calls (``RateDifferential``'s, and a window near its limit)
+(servers, key prefixes, and the skip without a server or failure under ``CI``:
+``redis_support.py``; the fixtures ``prefix``, ``trio`` and ``rl_prefix``: ``conftest.py``).
 """
 
 from __future__ import annotations
@@ -20,18 +20,9 @@ from shoal.backends.memory import MemoryStore
 from shoal.backends.redis import RedisCoordStore, Redlock
 from shoal.ports import RateStore
 from shoal.testing import VirtualClock
-from shoal.testing.rate_contract import NS, T0, RateContract, increasing, unwritten
-from shoal.types import (
-    CircuitNeed,
-    Need,
-    PauseNeed,
-    SlotBusy,
-    SlotGrant,
-    SlotNeed,
-    SpendEntry,
-    WindowNeed,
-    WindowResult,
-)
+from shoal.testing.contract import NS, T0, RateContract, RateDifferential
+from shoal.testing.contract.rates import increasing, unwritten
+from shoal.types import SlotBusy, SlotGrant, SpendEntry, WindowResult
 
 # -- one server -------------------------------------------------------------------------------
 
@@ -42,7 +33,12 @@ async def store(prefix: str) -> AsyncIterator[RedisCoordStore]:
         yield s
 
 
-class TestRedisRateLimits(RateContract):
+class TestRedisRateLimits(RateContract, RateDifferential):
+    # replicas' clocks apart, amounts whose sums round: Redis adds in the reference's order
+    differential = "apart"
+    differential_seeds = (20261129,)
+    differential_calls = 1500
+
     @pytest.fixture
     async def rates(self, store: RedisCoordStore) -> RedisCoordStore:
         return store
@@ -357,90 +353,6 @@ def _same(got: object, expected: object) -> bool:
         return (got.added, got.retry_at) == (expected.added, expected.retry_at) and \
             got.total == pytest.approx(expected.total, rel=1e-9, abs=1e-9)
     return got == expected
-
-
-async def test_matches_the_memory_reference_on_random_operations(
-    store: RedisCoordStore,
-) -> None:
-    """The same random sequence of slot, window, pause, counter, ledger and admit calls on Redis
-    and on the memory store (the reference) gets the same answers, call for call, with replicas'
-    clocks a little apart, amounts that are ints and floats, and keys named twice."""
-    rng = random.Random(20261129)
-    ref = MemoryStore()
-    clock = T0
-    keys, holders = ["a", "b", "c"], [f"h{i}" for i in range(6)]
-    tenants, roots = ["t1", "t2"], ["r1", "r2", None]
-    for step in range(1500):
-        clock += rng.choice([0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.5])
-        now = clock + rng.choice([0.0, 0.0, -0.3, 0.2, -2.0])          # skewed replicas
-        key = rng.choice(keys)
-        op = rng.choice(["slot", "slot", "renew", "release", "window", "window", "window",
-                         "clear", "pause", "paused", "counter", "counter", "ledger",
-                         "admit", "admit"])
-        if op == "slot":
-            holder, top, lease = rng.choice(holders), rng.randint(1, 3), rng.choice([5.0, 12.5])
-            calls = [st.slot_acquire(NS, key, holder, top, lease, now) for st in (store, ref)]
-        elif op == "renew":
-            holder, lease = rng.choice(holders), rng.choice([5.0, 10 / 3])
-            calls = [st.slot_renew(NS, key, holder, lease, now) for st in (store, ref)]
-        elif op == "release":
-            holder = rng.choice(holders)
-            calls = [st.slot_release(NS, key, holder) for st in (store, ref)]
-        elif op == "window":
-            amount = rng.choice([0, 1, 2, 0.0, 0.1, 1 / 3, 0.7, 2.5, -0.4, 1e-9, 7, -1, 12])
-            window = rng.choice([10.0, 30.0, 60.0])
-            limit = rng.choice([None, 5, 10.5, 100 / 3, 6.2])
-            calls = [st.window_add(NS, key, amount, window, limit, now) for st in (store, ref)]
-        elif op == "clear":
-            calls = [st.window_clear(NS, key) for st in (store, ref)]
-        elif op == "pause":
-            until = now + rng.choice([-1.0, 0.0, 0.5, 10.0, 30.0, 10 / 3])
-            calls = [st.pause_until(NS, key, until, now) for st in (store, ref)]
-        elif op == "paused":
-            calls = [st.paused_until(NS, key, now) for st in (store, ref)]
-        elif op == "counter":
-            named = rng.choices(keys, k=rng.randint(0, 3))
-            amounts = [rng.choice([0.0, 0.1, 1 / 3, -0.25, 0.7, 1e-7, 1]) for _ in named]
-            limits = [rng.choice([None, 3.0, 10.0, 7.35, 50]) for _ in named]
-            entry = None if rng.random() < 0.3 else SpendEntry(
-                rng.choice(tenants), rng.choice(["run1", None]), rng.choice(roots),
-                rng.choice([0.1, 1 / 3, 2]), rng.choice(["usd", "eur"]), now)
-            calls = [st.counter_add(NS, named, amounts, limits, now, entry)
-                     for st in (store, ref)]
-        elif op == "admit":
-            needs = _random_needs(rng, keys)
-            holder = rng.choice(holders)
-            calls = [st.admit(NS, holder, needs, now) for st in (store, ref)]
-        else:
-            tenant, root, top = rng.choice([None, *tenants]), rng.choice(roots), \
-                rng.choice([1000, 3, 0])
-            run, after = rng.choice([None, "run1"]), rng.choice([None, 0, 3, step // 20])
-            calls = [st.ledger(NS, tenant, root, top, after=after, run_id=run)
-                     for st in (store, ref)]
-        got, expected = await calls[0], await calls[1]
-        assert _same(got, expected), (step, op, key, got, expected)
-    assert await store.ledger(NS, limit=10_000) == await ref.ledger(NS, limit=10_000)
-
-
-def _random_needs(rng: random.Random, keys: list[str]) -> list[Need]:
-    """An admission's needs over the random test's keys: maybe a circuit (its pause, two of the
-    counters, its trial slot), slots, pauses and windows (amounts > 0), in a random order."""
-    needs: list[Need] = []
-    named = {"slot": rng.sample(keys, rng.randint(0, 2)),
-             "pause": rng.sample(keys, rng.randint(0, 1)),
-             "window": rng.sample(keys, rng.randint(0, 2))}
-    if rng.random() < 0.25:
-        opened, closed = rng.sample(keys, 2)
-        free = [k for k in keys if k not in named["slot"] and k not in named["pause"]]
-        if len(free) >= 2:
-            needs.append(CircuitNeed(free[0], opened, closed, free[1], rng.choice([5.0, 12.5])))
-    needs += [SlotNeed(k, rng.randint(1, 3), rng.choice([5.0, 12.5])) for k in named["slot"]]
-    needs += [PauseNeed(k) for k in named["pause"]]
-    needs += [WindowNeed(k, rng.choice([1, 2, 0.1, 1 / 3, 0.7, 2.5, 7, 12]),
-                         rng.choice([10.0, 30.0, 60.0]), rng.choice([None, 5, 10.5, 100 / 3]))
-              for k in named["window"]]
-    rng.shuffle(needs)
-    return needs
 
 
 async def test_windows_near_their_limits_match_the_reference(store: RedisCoordStore) -> None:

@@ -5,7 +5,6 @@ that must get the memory reference's answers."""
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,6 @@ from sql_support import (
     RATE_TABLES,
     OnOneSQLiteFile,
     check_the_ledger_filters,
-    random_calls,
     sqlite_file_at,
     sqlite_store,
     trim_the_exported_ledger,
@@ -21,15 +19,17 @@ from sql_support import (
 )
 
 from shoal.backends._sql import migrations
-from shoal.backends.memory import MemoryStore
 from shoal.backends.sqlite import SQLiteStore
 from shoal.backends.sqlite.rates import _Q
 from shoal.ports import RateStore
-from shoal.testing.rate_contract import RateContract, increasing, unwritten
+from shoal.testing.contract import RateContract, RateDifferential
+from shoal.testing.contract.rates import increasing, unwritten
 from shoal.types import SpendEntry, WindowResult
 
 
-class TestSQLiteRateLimits(OnOneSQLiteFile, RateContract):
+class TestSQLiteRateLimits(OnOneSQLiteFile, RateContract, RateDifferential):
+    differential_seeds = tuple(range(8))
+
     @pytest.fixture
     def rates(self, sqlite: SQLiteStore) -> SQLiteStore:
         return sqlite
@@ -124,12 +124,6 @@ async def test_a_window_keeps_only_its_entries(tmp_path: Path) -> None:
 async def test_the_ledger_filters_by_tenant_and_root_together(tmp_path: Path) -> None:
     async with sqlite_store(tmp_path / "shoal.db") as store:
         await check_the_ledger_filters(store)
-
-
-@pytest.mark.parametrize("seed", range(8))
-async def test_the_same_answers_as_the_memory_reference(tmp_path: Path, seed: int) -> None:
-    async with sqlite_store(tmp_path / "shoal.db") as store:
-        await random_calls(random.Random(seed), MemoryStore(), store)
 
 
 async def test_a_ledger_page_reads_through_an_index(tmp_path: Path) -> None:

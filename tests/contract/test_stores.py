@@ -1,4 +1,5 @@
-"""The store contract suite, run against every backend."""
+"""The store contract suites on the memory and SQLite stores (and random calls that must get the
+memory reference's answers on SQLite), plus the migrations that bring an older SQLite file up."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from sql_support import sqlite_file_at, sqlite_store
 from shoal.backends.memory import MemoryStore
 from shoal.backends.sqlite import SQLiteStore
 from shoal.ports import Store
-from shoal.testing.contract import StoreContract
+from shoal.testing.contract import RunDifferential, StoreContract
 from shoal.types import Fence, Settlement
 
 
@@ -28,7 +29,9 @@ class TestMemoryStore(StoreContract):
         return store
 
 
-class TestSQLiteStore(StoreContract):
+class TestSQLiteStore(StoreContract, RunDifferential):
+    differential_seeds = tuple(range(8))
+
     @pytest.fixture
     async def store(self, tmp_path: Path) -> AsyncIterator[Store]:
         s = SQLiteStore(str(tmp_path / "shoal.db"))

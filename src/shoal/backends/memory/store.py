@@ -614,7 +614,7 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
         due = sorted((e for e in self._outbox.values()
                       if e.namespace == namespace and e.topic in wanted and not e.dead
                       and e.delivered_at is None and e.next_at <= now),
-                     key=lambda e: (e.created_at, e.id))[:limit]
+                     key=lambda e: (e.next_at, e.created_at, e.id))[:limit]
         taken = [replace(e, next_at=now + lease) for e in due]
         for e in taken:
             self._outbox[e.id] = e

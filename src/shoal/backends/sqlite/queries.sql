@@ -126,7 +126,8 @@ UPDATE signals SET consumed = 1 WHERE id = :id AND consumed = 0;
 UPDATE runs
 SET status = :status, output = :output, error = :error, traceback = :traceback,
     finished_at = :finished_at, run_at = :run_at, attempts = attempts + :attempt_inc,
-    owner = NULL, lease_expires_at = NULL, resume_reason = 'dispatched'
+    owner = NULL, lease_expires_at = NULL,
+    resume_reason = CASE WHEN :status = 'queued' THEN 'dispatched' ELSE resume_reason END
 WHERE id = :run_id AND owner = :owner AND lease_epoch = :epoch AND status = 'running';
 
 -- name: release

@@ -1,110 +1,28 @@
-"""The store contract: one body of tests every Store backend must pass.
+"""The run queue's contract: creating and reading runs, the workflow registry, claims under a
+lease, concurrency keys, versions, renewals and fencing, settlements, recovery, retries, durable
+sleeps and signals, cancel, admission control and retention (:class:`~shoal.ports.RunQueue`,
+:class:`~shoal.ports.WorkflowRegistry`, :class:`~shoal.ports.Checkpoints`).
 
-Subclass :class:`StoreContract` in a pytest module and provide two async fixtures: ``store``, an
-opened, empty store, and ``other``, a second opened handle to the *same* data (another connection
-to the same file or database; for an in-process store, the same object). Needs pytest and
-pytest-asyncio (``asyncio_mode = "auto"``).
+Subclass :class:`RunContract` and provide the ``store`` and ``other`` fixtures (see
+:mod:`shoal.testing.contract`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-from typing import Any
 
 import pytest
 
 from shoal import _ids
-from shoal.app import App
-from shoal.engine.context import RunContext
-from shoal.errors import AdmissionRejectedError, LeaseLostError
+from shoal.errors import AdmissionRejectedError
 from shoal.ports import Store
-from shoal.testing import VirtualClock, settle
-from shoal.types import (
-    WORKFLOW_INSTANCE_RETENTION,
-    Fence,
-    NewRun,
-    OutboxEntry,
-    Pause,
-    PauseWait,
-    Run,
-    RunStatus,
-    Settlement,
-    Step,
-    WorkflowInfo,
-)
-
-T0 = 1_767_225_600.0
-NS = "contract"
-LEASE = 30.0
+from shoal.testing.contract.support import LEASE, NS, T0, add, claim, entries, fence, new_run
+from shoal.types import WORKFLOW_INSTANCE_RETENTION, RunStatus, Settlement, Step, WorkflowInfo
 
 
-def new_run(
-    now: float = T0,
-    *,
-    workflow: str = "wf",
-    priority: int = 0,
-    key: str | None = None,
-    idem: str | None = None,
-    tenant: str = "default",
-    delay: float = 0.0,
-    max_attempts: int = 3,
-    namespace: str = NS,
-    input: Any = None,
-) -> NewRun:
-    run_id = _ids.new_id(now)
-    return NewRun(
-        id=run_id, namespace=namespace, tenant=tenant, workflow=workflow,
-        input=input if input is not None else {"n": 1}, priority=priority, created_at=now,
-        run_at=now + delay, max_attempts=max_attempts, concurrency_key=key,
-        idempotency_key=idem, version=None, root_id=run_id,
-    )
-
-
-async def add(store: Store, *args: Any, **kwargs: Any) -> Run:
-    run, created = await store.create_run(new_run(*args, **kwargs), max_queued=None,
-                                          admission="reject")
-    assert created
-    return run
-
-
-async def claim(store: Store, owner: str = "a", now: float = T0, limit: int = 10,
-                workflows: tuple[str, ...] = ("wf", "other")) -> list[Run]:
-    return await store.claim_runs(NS, list(workflows), owner, limit, LEASE, now)
-
-
-def new_pause(run: Run, now: float = T0, *, expires_in: float | None = 100.0,
-              name: str = "refund") -> Pause:
-    return Pause(
-        id=_ids.new_id(now), namespace=run.namespace, tenant=run.tenant, run_id=run.id,
-        name=name, request={"amount": 40}, status="pending", decision=None, created_at=now,
-        expires_at=None if expires_in is None else now + expires_in, resolved_at=None,
-        notified=False,
-    )
-
-
-APPROVED = {"approved": True, "data": {"note": "ok"}, "by": "ana", "reason": None}
-
-
-def replace_parent(new: NewRun, parent: Run) -> NewRun:
-    """``new`` as a child of ``parent``: same tree and tenant."""
-    return dataclasses.replace(new, parent_id=parent.id, root_id=parent.root_id,
-                               tenant=parent.tenant)
-
-
-def entries(run: Run, seq: int, *topics: str, now: float = T0) -> list[OutboxEntry]:
-    return [OutboxEntry(id=_ids.new_id(now), namespace=run.namespace, run_id=run.id, seq=seq,
-                        index=i, topic=t, payload={"n": i}, created_at=now)
-            for i, t in enumerate(topics)]
-
-
-def fence(run: Run) -> Fence:
-    assert run.owner is not None
-    return Fence(run.id, run.owner, run.lease_epoch)
-
-
-class StoreContract:
-    """Behaviour every backend must show. The store gets ``now`` explicitly in every call."""
+class RunContract:
+    """Runs from dispatch to their end: every backend of the run queue behaves like this.
+    The store gets ``now`` explicitly in every call."""
 
     # -- creating and reading runs ---------------------------------------------------------
 
@@ -300,6 +218,16 @@ class StoreContract:
         await store.recover_runs(NS, T0 + LEASE)
         [c] = await claim(store, now=T0 + LEASE)
         assert c.resume_reason == "recovered"
+
+    async def test_a_run_that_ends_keeps_why_it_was_last_delivered(self, store: Store) -> None:
+        run = await add(store)
+        await claim(store)
+        await store.recover_runs(NS, T0 + LEASE)                  # its first instance died
+        [c] = await claim(store, now=T0 + LEASE)
+        assert c.resume_reason == "recovered"
+        assert await store.settle_run(fence(c), Settlement("failed", error="E"), T0 + LEASE)
+        r = await store.get_run(run.id)
+        assert r is not None and r.status == RunStatus.FAILED and r.resume_reason == "recovered"
 
     # -- leases and fencing ----------------------------------------------------------------
 
@@ -635,295 +563,6 @@ class StoreContract:
         assert await store.release_held(NS, 5, T0 + 7) == 2
         assert [r.id for r in await claim(store, now=T0 + 7)] == [held[1].id, held[2].id]
 
-    # -- pauses ----------------------------------------------------------------------------
-
-    async def test_pause_parks_the_run_and_resolves_exactly_once(
-        self, store: Store, other: Store
-    ) -> None:
-        run = await add(store, key="k")
-        blocked = await add(store, T0 + 1, key="k")
-        [c] = await claim(store, limit=1)
-        pause = new_pause(c)
-        step = Step(1, "shoal.approval:refund", {"pause_id": pause.id}, False, 0)
-        assert await store.create_pause(fence(c), step, pause, T0 + 1)
-        r = await store.get_run(run.id)
-        assert r is not None and r.status == RunStatus.WAITING and r.owner is None
-        assert await claim(store, now=T0 + 50) == []          # no slot, and it keeps its key
-        assert [p.id for p in await other.list_pauses(NS)] == [pause.id]
-        got = await other.get_pause(pause.id)
-        assert got is not None and got.status == "pending" and got.request == {"amount": 40}
-        results = await asyncio.gather(
-            store.resolve_pause(pause.id, APPROVED, T0 + 2),
-            other.resolve_pause(pause.id, {**APPROVED, "approved": False}, T0 + 2))
-        assert sorted(won for _, won in results) == [False, True]
-        final = await store.get_pause(pause.id)
-        winner = next(p for p, won in results if won)
-        assert final is not None and final.status == "resolved"
-        assert final.decision == winner.decision and final.resolved_at == T0 + 2  # type: ignore[union-attr]
-        assert await store.list_pauses(NS) == []
-        [again] = await claim(store, now=T0 + 2)               # the run is due at once
-        assert again.id == run.id and again.attempts == 1
-        assert blocked.id != again.id
-        assert await store.resolve_pause("missing", APPROVED, T0) == (None, False)
-        assert not await store.create_pause(fence(c), step, new_pause(c), T0 + 3)  # old claim
-
-    async def test_wait_pause_parks_only_while_the_pause_is_pending(
-        self, store: Store, other: Store
-    ) -> None:
-        run = await add(store)
-        [c] = await claim(store)
-        pause = new_pause(c)
-        step = Step(1, "shoal.approval:refund", {"pause_id": pause.id}, False, 0)
-        assert await store.create_pause(fence(c), step, pause, T0)
-        # a stray signal named after the pause delivers the run while the pause is pending
-        await other.send_signal(run.id, f"shoal.pause:{pause.id}", None, "stray", T0 + 1)
-        [c] = await claim(store, now=T0 + 1)
-        assert c.id == run.id
-        got = await store.wait_pause(fence(c), step, pause.id, T0 + 2)
-        assert got is not None and got.parked
-        assert got.pause is not None and got.pause.status == "pending"
-        r = await store.get_run(run.id)
-        assert r is not None and r.status == RunStatus.WAITING and r.owner is None
-        assert await claim(store, now=T0 + 3) == []
-        assert await store.wait_pause(fence(c), step, pause.id, T0 + 3) is None   # old claim
-        _, won = await other.resolve_pause(pause.id, APPROVED, T0 + 4)
-        assert won
-        [c] = await claim(store, now=T0 + 4)          # the resolution found it parked
-        got = await store.wait_pause(fence(c), step, pause.id, T0 + 5)
-        assert got is not None and not got.parked
-        assert got.pause is not None and got.pause.decision == APPROVED
-        r = await store.get_run(run.id)
-        assert r is not None and r.status == RunStatus.RUNNING and r.owner == c.owner
-        assert await store.prune_pauses(NS, T0 + 5, 10) == 1
-        assert await store.wait_pause(fence(c), step, pause.id, T0 + 6) == PauseWait(None, False)
-
-    async def test_wait_pause_racing_a_resolution_never_strands_the_run(
-        self, store: Store, other: Store
-    ) -> None:
-        for i in range(5):
-            now = T0 + 100 * i
-            run = await add(store, now)
-            [c] = await claim(store, now=now)
-            pause = new_pause(c, now)
-            step = Step(1, "shoal.approval:refund", {"pause_id": pause.id}, False, 0)
-            assert await store.create_pause(fence(c), step, pause, now)
-            await other.send_signal(run.id, f"shoal.pause:{pause.id}", None, f"s{i}", now + 1)
-            [c] = await claim(store, now=now + 1)
-            got, (_, won) = await asyncio.gather(
-                store.wait_pause(fence(c), step, pause.id, now + 2),
-                other.resolve_pause(pause.id, APPROVED, now + 2))
-            assert won and got is not None
-            if got.parked:       # parked first: the resolution woke it
-                [again] = await claim(store, now=now + 2)
-                assert again.id == run.id
-                c = again
-            else:                # resolved first: seen, and the run still held
-                assert got.pause is not None and got.pause.status == "resolved"
-            assert await store.settle_run(fence(c), Settlement("succeeded"), now + 3)
-
-    async def test_pauses_expire_and_are_pruned(self, store: Store) -> None:
-        run = await add(store)
-        [c] = await claim(store)
-        pause = new_pause(c, expires_in=60)
-        assert await store.create_pause(fence(c), Step(1, "a", {}, False, 0), pause, T0)
-        assert await store.expire_pauses(NS, T0 + 59) == []
-        [expired] = await store.expire_pauses(NS, T0 + 60)
-        assert expired.id == pause.id and expired.decision["reason"] == "expired"
-        assert expired.decision["approved"] is False
-        assert await store.expire_pauses(NS, T0 + 61) == []
-        [c] = await claim(store, now=T0 + 60)
-        assert c.id == run.id
-        _, won = await store.resolve_pause(pause.id, APPROVED, T0 + 61)
-        assert not won
-        assert await store.prune_pauses(NS, T0 + 60, 10) == 0
-        assert await store.prune_pauses(NS, T0 + 61, 10) == 1
-        assert await store.get_pause(pause.id) is None
-
-    async def test_notifications_are_taken_by_one_instance_until_sent(
-        self, store: Store, other: Store
-    ) -> None:
-        await add(store)
-        [c] = await claim(store)
-        pause = new_pause(c, expires_in=None)
-        assert await store.create_pause(fence(c), Step(1, "a", {}, False, 0), pause, T0)
-        [taken] = await store.claim_notifications(NS, T0, 30.0, 10)
-        assert taken.id == pause.id and not taken.notified
-        assert await other.claim_notifications(NS, T0 + 29, 30.0, 10) == []
-        [retaken] = await other.claim_notifications(NS, T0 + 30, 30.0, 10)   # sender failed
-        assert retaken.id == pause.id
-        await other.mark_notified(pause.id)
-        assert await store.claim_notifications(NS, T0 + 100, 30.0, 10) == []
-        got = await store.get_pause(pause.id)
-        assert got is not None and got.notified
-
-    async def test_cancel_resolves_the_runs_pending_pause(self, store: Store) -> None:
-        run = await add(store)
-        [c] = await claim(store)
-        pause = new_pause(c)
-        assert await store.create_pause(fence(c), Step(1, "a", {}, False, 0), pause, T0)
-        cancelled = await store.cancel_run(run.id, T0 + 1)
-        assert cancelled is not None and cancelled.status == RunStatus.CANCELLED
-        got = await store.get_pause(pause.id)
-        assert got is not None and got.status == "resolved"
-        assert got.decision["reason"] == "cancelled"
-        assert await store.list_pauses(NS) == []
-
-    # -- trees: request-wide state and child runs ---------------------------------------------
-
-    async def test_tree_keys_first_wins_and_go_with_the_root(
-        self, store: Store, other: Store
-    ) -> None:
-        root = await add(store)
-        got = await asyncio.gather(
-            store.save_tree_key(root.id, "subtopic:7", {"by": "a"}, "a", T0),
-            other.save_tree_key(root.id, "subtopic:7", {"by": "b"}, "b", T0))
-        assert sorted(got) == [False, True]
-        winner = "a" if got[0] else "b"
-        assert await other.get_tree_key(root.id, "subtopic:7") == {"by": winner}
-        # the claimant that stored it gets True again (a re-executed step)
-        assert await store.save_tree_key(root.id, "subtopic:7", {"by": "x"}, winner, T0)
-        assert await store.get_tree_key(root.id, "missing") is None
-        assert await store.get_tree_key("other-root", "subtopic:7") is None
-        [c] = await claim(store)
-        assert await store.suspend_run(fence(c), Step(1, "shoal.sleep", {}, False, 0),
-                                       "sleeping", T0 + 5, None, T0)
-        assert await store.get_tree_key(root.id, "subtopic:7") == {"by": winner}  # kept
-        [c] = await claim(store, now=T0 + 5)
-        assert await store.settle_run(fence(c), Settlement("succeeded"), T0 + 6)
-        assert await store.get_tree_key(root.id, "subtopic:7") is None           # gone
-
-    async def test_a_tree_key_carries_its_roots_tenant(self, store: Store, other: Store) -> None:
-        """Each key carries the tenant of its tree's root run, whichever run of the tree stored
-        it; the keys of another tree carry theirs."""
-        acme = await add(store, tenant="acme")
-        plain = await add(store)
-        child, _ = await store.create_run(replace_parent(new_run(T0 + 1), acme),
-                                          max_queued=None, admission="reject")
-        assert child.tenant == "acme" and child.root_id == acme.id
-        assert await store.save_tree_key(acme.id, "paper:2", 1, "root-step", T0)
-        assert await other.save_tree_key(child.root_id, "paper:1", 2, "child-step", T0 + 1)
-        assert await store.save_tree_key(plain.id, "paper:1", 3, "s", T0)
-        assert not await store.save_tree_key(acme.id, "paper:1", 4, "late", T0 + 2)   # taken
-        assert await other.tree_keys(acme.id) == [("paper:1", "acme"), ("paper:2", "acme")]
-        assert await store.tree_keys(plain.id) == [("paper:1", "default")]
-        assert not await store.save_tree_key("no-such-root", "paper:1", 5, "s", T0)
-        assert await store.tree_keys("no-such-root") == []
-        await store.cancel_run(acme.id, T0 + 3)                          # the root ends
-        assert await store.tree_keys(acme.id) == []
-        assert await other.tree_keys(plain.id) == [("paper:1", "default")]
-
-    async def test_a_child_ending_wakes_its_waiting_parent(self, store: Store) -> None:
-        parent = await add(store)
-        [p] = await claim(store, limit=1)
-        child, _ = await store.create_run(replace_parent(new_run(T0 + 1), parent),
-                                          max_queued=None, admission="reject")
-        assert child.parent_id == parent.id and child.root_id == parent.id
-        waiting = await store.wait_child(fence(p), Step(1, "shoal.child", {}, False, 0),
-                                         child.id, T0 + 1)
-        assert waiting is not None and not waiting.status.final
-        r = await store.get_run(parent.id)
-        assert r is not None and r.status == RunStatus.WAITING
-        [c] = await claim(store, owner="b", now=T0 + 2)
-        assert c.id == child.id
-        assert await claim(store, now=T0 + 2) == []                  # the parent is not due
-        assert await store.settle_run(fence(c), Settlement("succeeded", output=7), T0 + 3)
-        [p] = await claim(store, now=T0 + 3)                          # due at once
-        assert p.id == parent.id
-        done = await store.wait_child(fence(p), Step(1, "shoal.child", {}, False, 0),
-                                      child.id, T0 + 4)
-        assert done is not None and done.status == RunStatus.SUCCEEDED
-        [s] = await store.load_steps(parent.id)
-        assert s.finished and s.output == {"status": "succeeded", "output": 7, "error": None}
-
-    async def test_a_child_that_fails_by_recovery_or_cancel_wakes_the_parent(
-        self, store: Store
-    ) -> None:
-        parent = await add(store)
-        [p] = await claim(store, limit=1)
-        child, _ = await store.create_run(replace_parent(new_run(T0 + 1, max_attempts=1),
-                                                         parent),
-                                          max_queued=None, admission="reject")
-        await store.wait_child(fence(p), Step(1, "c", {}, False, 0), child.id, T0 + 1)
-        [c] = await claim(store, now=T0 + 1)
-        [failed] = await store.recover_runs(NS, T0 + 1 + LEASE)        # its worker died
-        assert failed.id == child.id and failed.status == RunStatus.FAILED
-        [p] = await claim(store, now=T0 + 1 + LEASE)
-        assert p.id == parent.id
-        second, _ = await store.create_run(replace_parent(new_run(T0 + 40), parent),
-                                           max_queued=None, admission="reject")
-        await store.wait_child(fence(p), Step(2, "c", {}, False, 0), second.id, T0 + 41)
-        await store.cancel_run(second.id, T0 + 42)
-        [p] = await claim(store, now=T0 + 42)
-        assert p.id == parent.id and c.id == child.id
-
-    async def test_cancelling_a_root_cancels_its_tree(self, store: Store) -> None:
-        root = await add(store)
-        [r] = await claim(store, limit=1)
-        queued, _ = await store.create_run(replace_parent(new_run(T0 + 1), root),
-                                           max_queued=None, admission="reject")
-        running, _ = await store.create_run(replace_parent(new_run(T0 + 2), root),
-                                            max_queued=None, admission="reject")
-        [c] = await claim(store, owner="b", now=T0 + 2, limit=1)
-        assert c.id == queued.id
-        [c2] = await claim(store, owner="b", now=T0 + 2, limit=1)
-        assert c2.id == running.id
-        assert await store.settle_run(fence(c), Settlement("retry", error="x", run_at=T0 + 99),
-                                      T0 + 3)
-        cancelled = await store.cancel_run(root.id, T0 + 4)
-        assert cancelled is not None and cancelled.cancel_requested
-        q = await store.get_run(queued.id)
-        assert q is not None and q.status == RunStatus.CANCELLED
-        rn = await store.get_run(running.id)
-        assert rn is not None and rn.status == RunStatus.RUNNING and rn.cancel_requested
-        assert r.id == root.id
-
-    # -- outbox ------------------------------------------------------------------------------
-
-    async def test_outbox_entries_are_written_once_with_their_step(
-        self, store: Store, other: Store
-    ) -> None:
-        run = await add(store)
-        [a] = await claim(store)
-        sent = entries(a, 1, "email", "sms")
-        assert await store.checkpoint_step(fence(a), Step(1, "s", 1, True, 0), LEASE, T0, sent)
-        # the same step checkpointed again (it is finished): its entries are not added again
-        again = entries(a, 1, "email", "sms", now=T0 + 1)
-        assert await store.checkpoint_step(fence(a), Step(1, "s", 1, True, 0), LEASE, T0 + 1,
-                                           again)
-        # a fenced-out writer adds nothing
-        await store.recover_runs(NS, T0 + 1 + LEASE)
-        [b] = await claim(other, owner="b", now=T0 + 1 + LEASE)
-        assert not await store.checkpoint_step(fence(a), Step(2, "t", 2, True, 0), LEASE,
-                                               T0 + 40, entries(a, 2, "email"))
-        got = await other.claim_outbox(NS, ["email", "sms"], T0 + 50, 30.0, 10)
-        assert sorted((e.topic, e.key) for e in got) == [("email", f"{run.id}:1:0"),
-                                                         ("sms", f"{run.id}:1:1")]
-        assert b.id == run.id
-
-    async def test_outbox_delivery_is_taken_retried_and_dead_lettered(
-        self, store: Store, other: Store
-    ) -> None:
-        await add(store)
-        [a] = await claim(store)
-        assert await store.checkpoint_step(fence(a), Step(1, "s", 1, True, 0), LEASE, T0,
-                                           entries(a, 1, "email", "audit"))
-        [e] = await store.claim_outbox(NS, ["email"], T0, 30.0, 10)     # only its topics
-        assert e.topic == "email" and e.attempts == 0 and e.payload == {"n": 0}
-        assert await other.claim_outbox(NS, ["email"], T0 + 29, 30.0, 10) == []   # taken
-        await store.finish_delivery(e.id, T0 + 1, "ConnectionError: down", T0 + 5)
-        assert await other.claim_outbox(NS, ["email"], T0 + 4, 30.0, 10) == []
-        [e2] = await other.claim_outbox(NS, ["email"], T0 + 5, 30.0, 10)
-        assert e2.id == e.id and e2.attempts == 1 and e2.error == "ConnectionError: down"
-        await other.finish_delivery(e2.id, T0 + 6, "ConnectionError: down", None)   # dead
-        [dead] = await store.dead_letters(NS)
-        assert dead.id == e.id and dead.dead and dead.attempts == 2
-        assert await store.claim_outbox(NS, ["email"], T0 + 999, 30.0, 10) == []
-        [audit] = await store.claim_outbox(NS, ["audit"], T0 + 7, 30.0, 10)
-        await store.finish_delivery(audit.id, T0 + 8)
-        await store.finish_delivery(audit.id, T0 + 9, "late failure", T0 + 10)   # ignored
-        assert await store.claim_outbox(NS, ["audit"], T0 + 999, 30.0, 10) == []
-        assert [d.id for d in await store.dead_letters(NS)] == [e.id]
-
     # -- retention -------------------------------------------------------------------------
 
     async def test_prune_deletes_only_old_final_runs(self, store: Store) -> None:
@@ -943,66 +582,3 @@ class StoreContract:
         assert (await store.get_run(live.id)) is not None         # running: never pruned
         assert await store.prune_runs("elsewhere", T0 + 1000, 10) == 0
         assert b.id == live.id
-
-    # -- through the app, under a VirtualClock ---------------------------------------------
-
-    async def test_lease_expiry_under_the_virtual_clock(self, store: Store, other: Store) -> None:
-        """A holder frozen past its lease loses the run; its late writes are refused and the
-        new owner continues from the last checkpoint."""
-        clock = VirtualClock(T0)
-        frozen_clock = VirtualClock(T0)   # instance a's time stands still: it is frozen
-        release = asyncio.Event()
-        executed: list[tuple[str, str]] = []
-        lost: list[BaseException] = []
-
-        def make(s: Store, c: Any, name: str) -> App:
-            app = App(NS, store=s, clock=c, instance_id=name, lease=LEASE)
-
-            @app.workflow(name="wf")
-            async def wf(ctx: RunContext, input: Any) -> Any:
-                async def one() -> str:
-                    executed.append((name, "one"))
-                    return name
-
-                async def two() -> str:
-                    executed.append((name, "two"))
-                    if name == "a":
-                        await release.wait()
-                    return name
-
-                first = await ctx.step("one", one)
-                second = await ctx.step("two", two)
-                return [first, second]
-
-            app.on_error(lost.append)
-            return app
-
-        a = make(store, frozen_clock, "a")
-        b = make(other, clock, "b")
-        async with a:
-            run = await a.dispatch("wf", {})
-            for _ in range(100):
-                await settle()
-                if ("a", "two") in executed:
-                    break
-            assert executed == [("a", "one"), ("a", "two")]
-            async with b:
-                await clock.advance(LEASE + 1)
-                for _ in range(200):
-                    await settle()
-                    if (await b.get_run(run.id)).status == RunStatus.SUCCEEDED:
-                        break
-                done = await b.get_run(run.id)
-                assert done.status == RunStatus.SUCCEEDED and done.output == ["a", "b"]
-                assert executed == [("a", "one"), ("a", "two"), ("b", "two")]
-                release.set()
-                for _ in range(100):
-                    await settle()
-                    if lost:
-                        break
-                assert len(lost) == 1 and isinstance(lost[0], LeaseLostError)
-                final = await b.get_run(run.id)
-                assert final.output == ["a", "b"] and final.attempts == 2
-                steps = await b.store.load_steps(run.id)
-                assert [(s.name, s.output, s.epoch) for s in steps] == [("one", "a", 1),
-                                                                       ("two", "b", 2)]

@@ -1,0 +1,114 @@
+"""The store contracts: the behaviour every backend must show, one suite per concern of
+:mod:`shoal.ports`, for shoal's own backends and for yours.
+
+- :class:`RunContract`: the run queue, the workflow registry, checkpoints, sleeps and signals,
+  admission and retention (fixtures ``store`` and ``other``);
+- :class:`PauseContract`: pauses (approvals) and their notifications (``store``, ``other``);
+- :class:`TreeContract`: tree keys, child runs, a root's cancel (``store``, ``other``);
+- :class:`OutboxContract`: the outbox (``store``, ``other``);
+- :class:`StoreContract`: the four above, a whole :class:`~shoal.ports.Store`;
+- :class:`CoordContract`: locks, membership and meters, a :class:`~shoal.ports.CoordStore`
+  (``coord``, ``other``);
+- :class:`RateContract`: rate limits and the ledger, a :class:`~shoal.ports.RateStore`
+  (``rates``, ``other``);
+- :class:`RunDifferential`, :class:`CoordDifferential`, :class:`RateDifferential`: seeded random
+  calls that must get the answers the memory reference gives (``store``, ``coord``, ``rates``;
+  :mod:`shoal.testing.contract.differential`, whose generators can also be called directly).
+
+Subclass the suites your backend implements in a pytest module and provide their fixtures as
+async fixtures: the store (``store``, ``coord`` or ``rates``), opened and empty, and ``other``, a
+second opened handle to the *same* data (another connection to the same file or database; for an
+in-process store, the same object)::
+
+    import pytest
+    from shoal.testing.contract import RunDifferential, StoreContract
+
+    class TestMyStore(StoreContract, RunDifferential):
+        @pytest.fixture
+        async def store(self, tmp_path):
+            s = MyStore(tmp_path / "db")
+            await s.open()
+            yield s
+            await s.close()
+
+        @pytest.fixture
+        async def other(self, store):
+            s = MyStore(store.path)
+            await s.open()
+            yield s
+            await s.close()
+
+Every time is passed as ``now``: the suites need no clock. They need pytest and pytest-asyncio
+(``asyncio_mode = "auto"``); ``pytest.register_assert_rewrite("shoal.testing.contract")`` in your
+``conftest.py`` (before the import) makes their failures show the values compared. A suite imports
+:mod:`shoal.types`, :mod:`shoal.ports` and :mod:`shoal.errors` (a differential one also the
+memory backend, its reference), never an app or the engine: a backend is held to the ports, not
+to how shoal happens to call them. The helpers the suites build
+their records with (``new_run``, ``add``, ``claim``, ``fence``, ``T0``, ``NS``, ``LEASE``...) are
+:mod:`.support`'s.
+"""
+
+from __future__ import annotations
+
+from shoal.testing.contract.coordination import CoordContract
+from shoal.testing.contract.differential import (
+    CoordDifferential,
+    RateDifferential,
+    RunDifferential,
+    coord_calls,
+    rate_calls,
+    rate_calls_apart,
+    run_calls,
+)
+from shoal.testing.contract.outbox import OutboxContract
+from shoal.testing.contract.pauses import PauseContract
+from shoal.testing.contract.rates import RateContract
+from shoal.testing.contract.runs import RunContract
+from shoal.testing.contract.support import (
+    APPROVED,
+    LEASE,
+    NS,
+    T0,
+    add,
+    claim,
+    entries,
+    fence,
+    new_pause,
+    new_run,
+    replace_parent,
+)
+from shoal.testing.contract.trees import TreeContract
+
+
+class StoreContract(RunContract, PauseContract, TreeContract, OutboxContract):
+    """A whole :class:`~shoal.ports.Store`: every run-store suite. Provide the ``store`` and
+    ``other`` fixtures."""
+
+
+__all__ = [
+    "APPROVED",
+    "LEASE",
+    "NS",
+    "T0",
+    "CoordContract",
+    "CoordDifferential",
+    "OutboxContract",
+    "PauseContract",
+    "RateContract",
+    "RateDifferential",
+    "RunContract",
+    "RunDifferential",
+    "StoreContract",
+    "TreeContract",
+    "add",
+    "claim",
+    "coord_calls",
+    "entries",
+    "fence",
+    "new_pause",
+    "new_run",
+    "rate_calls",
+    "rate_calls_apart",
+    "replace_parent",
+    "run_calls",
+]
