@@ -82,7 +82,8 @@ class Redlock:
       whose ``ticket`` is the smallest of the servers' tickets.
     - FIFO between waiters is best effort: each server queues in its own ticket order, and two
       waiters can come first on different servers. A split like that is resolved by releasing
-      the partial grants and asking again after a short random delay (``retry_at``).
+      the partial grants, and pausing a random 20-200 ms (real time) before answering: the
+      contenders of a split ask again out of step.
     - A server that cannot be reached counts as a refusal, not an error. If no majority can be
       reached at all, ``lock_acquire`` raises StoreUnavailableError (having given back what a
       minority granted: the caller retries, and gives up once that has lasted a lease) and
@@ -158,9 +159,12 @@ class Redlock:
             raise StoreUnavailableError(
                 f"Redlock: only {answered} of {len(self.stores)} servers answered the lock "
                 f"request for {list(keys)}; a majority ({self.quorum}) is needed.")
-        # after a split vote, shortly; else when the majority's queues say
-        retry_at = (now + random.uniform(0.02, 0.2) if granted
-                    else min(w.retry_at for w in waits))
+        if granted:
+            # A split vote: contenders that split were woken by the same release and would ask
+            # again in lockstep (each woken at once by the next release), splitting again. A
+            # random pause here, before the answer, puts them out of step; then ask at once.
+            await asyncio.sleep(random.uniform(0.02, 0.2))
+        retry_at = now if granted else min(w.retry_at for w in waits)
         ticket = min((w.ticket for w in waits), default=0)
         return LockWait(ticket, retry_at)
 
