@@ -10,6 +10,8 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from shoal.clock import Clock
+
 log = logging.getLogger("shoal")
 
 
@@ -69,3 +71,22 @@ async def report(handlers: Sequence[Callable[[BaseException], Any]], error: Base
                 await result
         except Exception:
             log.exception("on_error handler %r raised", handler)
+
+
+async def first_of(awaitable: Awaitable[Any], clock: Clock, seconds: float) -> bool:
+    """Await ``awaitable`` for at most ``seconds`` on ``clock``; True if it finished first."""
+    task = asyncio.ensure_future(awaitable)
+    timer = asyncio.ensure_future(clock.sleep(max(0.0, seconds)))
+    try:
+        await asyncio.wait({task, timer}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        pending = [t for t in (task, timer) if not t.done()]
+        for t in pending:
+            t.cancel()
+        if pending:
+            # not gather under suppress: that would swallow a cancel of the caller itself
+            await asyncio.wait(pending)
+    if task.cancelled():
+        return False
+    task.result()
+    return True

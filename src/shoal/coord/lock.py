@@ -21,6 +21,7 @@ import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
+from shoal._tasks import first_of
 from shoal.abort import AbortSignal
 from shoal.clock import Clock
 from shoal.errors import LockLostError, StoreUnavailableError
@@ -65,25 +66,6 @@ def lock_keys(key_or_keys: str | Sequence[str]) -> tuple[str, ...]:
 def key_group(keys: Sequence[str]) -> str:
     """The metrics group of a request: the part of its first key before ':'."""
     return keys[0].split(":", 1)[0]
-
-
-async def first_of(awaitable: Awaitable[Any], clock: Clock, seconds: float) -> bool:
-    """Await ``awaitable`` for at most ``seconds`` on ``clock``; True if it finished first."""
-    task = asyncio.ensure_future(awaitable)
-    timer = asyncio.ensure_future(clock.sleep(max(0.0, seconds)))
-    try:
-        await asyncio.wait({task, timer}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        pending = [t for t in (task, timer) if not t.done()]
-        for t in pending:
-            t.cancel()
-        if pending:
-            # not gather under suppress: that would swallow a cancel of the caller itself
-            await asyncio.wait(pending)
-    if task.cancelled():
-        return False
-    task.result()
-    return True
 
 
 class LockRequest:

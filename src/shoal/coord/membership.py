@@ -21,8 +21,8 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from shoal._tasks import first_of
 from shoal.clock import Clock
-from shoal.coord.lock import first_of
 from shoal.ports import CoordStore
 from shoal.types import MemberView
 

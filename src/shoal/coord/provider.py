@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from shoal import _checks
+from shoal._tasks import first_of
 from shoal.clock import Clock
-from shoal.coord.lock import first_of
 from shoal.errors import BudgetExceededError, CircuitOpenError, RateLimitTimeoutError
 from shoal.ports import RateStore
 from shoal.scope import current_run

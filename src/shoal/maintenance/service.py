@@ -78,14 +78,17 @@ class Service:
         # (readiness reports the store); one that never returns does not
         self.last_loop_at = self.clock.now()
 
-    async def _loop(self) -> None:
+    async def _loop(self, first: bool) -> None:
+        if not first:
+            await self.clock.sleep(self.interval)
         while not self._stopped:
             await self.pass_once()
             await self.clock.sleep(self.interval)
 
-    def start(self) -> None:
-        self.started_at = self.clock.now()
-        self._task = asyncio.create_task(self._loop(), name=f"shoal-{self.name}")
+    def start(self, *, first: bool = True) -> None:
+        """Start the loop; with ``first`` False, its first pass is one interval away (the
+        caller made one)."""
+        self._task = asyncio.create_task(self._loop(first), name=f"shoal-{self.name}")
 
     async def stop(self) -> None:
         self._stopped = True
