@@ -235,6 +235,21 @@ class RunQueue(Protocol):
 
 
 @runtime_checkable
+class TransactionalDispatch(Protocol):
+    """Runs created in the caller's own open transaction on the store's database, so that they
+    exist if and only if it commits (``app.dispatch(..., connection=conn)``): the SQLite and
+    PostgreSQL stores; the memory store has no transaction to join."""
+
+    async def create_run_in(
+        self, connection: object, new: NewRun, *, max_queued: int | None, admission: str
+    ) -> tuple[Run, bool]:
+        """``create_run`` on ``connection`` inside its transaction, committing nothing: the run
+        and the workers' wake-up come with the caller's commit. Admission counts what that
+        transaction sees. A connection of another kind is a TypeError; one to another database,
+        or in autocommit outside a transaction, a ConfigurationError (nothing done)."""
+
+
+@runtime_checkable
 class Checkpoints(Protocol):
     """A run's steps, durable sleeps and signals: what replay reads and a running attempt writes."""
 

@@ -54,7 +54,7 @@ from shoal.errors import (
 from shoal.health import Health, HealthStatus, readiness
 from shoal.maintenance import Maintenance
 from shoal.maintenance.retention import PRUNE_BATCH
-from shoal.ports import CoordStore, RateStore, Store
+from shoal.ports import CoordStore, RateStore, Store, TransactionalDispatch
 from shoal.scope import RunScope
 from shoal.stores import mask_url, open_coordination, open_store
 from shoal.types import NewRun, OutboxEntry, Pause, Run, RunStatus, SpendEntry
@@ -693,15 +693,24 @@ class App:
         tenant: str = "default",
         delay: float | None = None,
         max_attempts: int | None = None,
+        connection: object | None = None,
     ) -> Run:
         """Store a new queued run and return it; with an ``idempotency_key`` already used for
         this (tenant, workflow), return that run instead. Raises ``TypeError`` for input that is
         not JSON (or nests deeper than 256) and for an option of the wrong type, ``ValueError``
         for input over ``max_payload_bytes`` and for an option out of range, and
-        ``UnknownWorkflowError`` for a name no instance registered; nothing is stored then."""
+        ``UnknownWorkflowError`` for a name no instance registered; nothing is stored then.
+
+        With ``connection`` (a psycopg 3 connection to a PostgreSQL store's database, or a
+        ``sqlite3`` connection to a SQLite store's file), the run is written in that
+        connection's open transaction and nothing is committed: it exists, and workers are
+        woken, when the caller commits; never if it rolls back. Admission counts what that
+        transaction sees. The memory store, with no transaction to join, refuses it
+        (``ConfigurationError``)."""
         return await self._dispatch(
             workflow, input, idempotency_key=idempotency_key, concurrency_key=concurrency_key,
-            priority=priority, tenant=tenant, delay=delay, max_attempts=max_attempts)
+            priority=priority, tenant=tenant, delay=delay, max_attempts=max_attempts,
+            connection=connection)
 
     async def _dispatch_child(self, parent: Run, workflow: Any, input: Any, key: str,
                               options: dict[str, Any]) -> Run:
@@ -725,12 +734,18 @@ class App:
         delay: float | None = None,
         max_attempts: int | None = None,
         parent: Run | None = None,
+        connection: object | None = None,
     ) -> Run:
         name = self._workflow_name(workflow)
         input = _json.checked(input, "input", self.max_payload_bytes)
         check_dispatch_options(idempotency_key, concurrency_key, priority, tenant, delay,
                                 max_attempts)
         await self._open_store()
+        if connection is not None and not isinstance(self.store, TransactionalDispatch):
+            raise ConfigurationError(
+                f"dispatch(connection=...) writes the run in your own database transaction; "
+                f"the store {mask_url(self.store.url)!r} ({type(self.store).__name__}) has none "
+                f"to join. Use a PostgreSQL or SQLite store, or dispatch without connection=.")
         spec = self._registry.workflows.get(name)
         options = spec.options() if spec is not None else await self.store.get_workflow(
             self.namespace, name)
@@ -762,6 +777,15 @@ class App:
             parent_id=None if parent is None else parent.id,
             root_id=run_id if parent is None else parent.root_id,
         )
+        if connection is not None:
+            assert isinstance(self.store, TransactionalDispatch)
+            run, created = await self.store.create_run_in(
+                connection, new, max_queued=self.max_queued, admission=self.admission)
+            if created and delay and self._engine is not None:
+                # not kicked: the run is not there before the caller commits, and its commit
+                # wakes the workers (NOTIFY, data_version); a delayed one is due later
+                self._engine.wake_at(new.run_at or now)
+            return run
         run, created = await self.store.create_run(new, max_queued=self.max_queued,
                                                    admission=self.admission)
         if created and self._engine is not None:

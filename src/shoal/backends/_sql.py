@@ -4,12 +4,16 @@ holds) and named blocks in ``queries.sql``."""
 
 from __future__ import annotations
 
+import functools
 import re
 from importlib import resources
 
 from shoal.errors import SchemaVersionError
 
 _NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
+_TABLE = re.compile(r"^CREATE TABLE (\w+)", re.MULTILINE)
+# a table named where a statement reads or writes it (the files write keywords in capitals)
+_TABLE_REF = re.compile(r"\b(FROM|INTO|UPDATE|JOIN)(\s+)([A-Za-z_]\w*)\b")
 
 
 def queries(backend: str) -> dict[str, str]:
@@ -48,3 +52,23 @@ def behind(store: str, backend: str, found: int, *, migrate: bool) -> bool:
     if found > newest or (found < newest and not migrate):
         raise SchemaVersionError(store, found, newest)
     return found < newest
+
+
+@functools.cache
+def tables(backend: str) -> frozenset[str]:
+    """The tables ``schema.sql`` of ``backend`` creates."""
+    return frozenset(_TABLE.findall(current_schema(backend)))
+
+
+def qualified(query: str, schema: str, backend: str) -> str:
+    """``query`` (a statement of ``queries.sql``) with every table of the store it names after
+    FROM, INTO, UPDATE or JOIN written ``"schema".table``: what runs on a caller's connection,
+    whose search path (PostgreSQL) or attached names (SQLite) are the caller's own."""
+    ours = tables(backend)
+    quoted = '"' + schema.replace('"', '""') + '"'
+
+    def qualify(m: re.Match[str]) -> str:
+        keyword, space, name = m.groups()
+        return f"{keyword}{space}{quoted}.{name}" if name in ours else m.group(0)
+
+    return _TABLE_REF.sub(qualify, query)

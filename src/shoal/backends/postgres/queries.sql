@@ -24,6 +24,16 @@ SELECT * FROM runs
 WHERE namespace = %(namespace)s AND tenant = %(tenant)s AND workflow = %(workflow)s
   AND idempotency_key = %(idempotency_key)s;
 
+-- name: database_identity
+-- The server (by its start time), the database and whether the schema holds a shoal store: what a
+-- caller's connection (app.dispatch(..., connection=conn)) must share with the store's. Catalogs
+-- and built-in functions only: it cannot fail, so it never aborts the caller's transaction.
+SELECT current_database() AS database,
+       (SELECT oid FROM pg_database WHERE datname = current_database()) AS database_oid,
+       pg_postmaster_start_time() AS started,
+       EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+               WHERE n.nspname = %(schema)s AND c.relname = 'shoal_migrations') AS has_store;
+
 -- name: advisory_xact_lock
 -- Held until the transaction ends: serializes migrations per schema and admission per namespace.
 SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0));

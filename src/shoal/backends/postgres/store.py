@@ -35,6 +35,7 @@ from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 from shoal import _json
 from shoal.backends._sql import behind, current_schema, migrations, queries
 from shoal.backends._urls import mask_url
+from shoal.backends.postgres import joined
 from shoal.backends.postgres.coord import PostgresCoordination
 from shoal.backends.postgres.rates import PostgresRateLimits
 from shoal.backends.postgres.turns import Turns
@@ -130,6 +131,9 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
                                                           "finished_at"))
         self._busy = 0   # operations holding or waiting for a pooled connection
         self._turns = Turns(pool_max_size, pool_timeout)
+        self._callers = joined.CallerConnections(
+            schema, mask_url(self.url),
+            lambda: self._one(_Q["database_identity"], {"schema": schema}))
 
     @property
     def in_flight(self) -> int:
@@ -491,15 +495,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
     async def create_run(
         self, new: NewRun, *, max_queued: int | None, admission: str
     ) -> tuple[Run, bool]:
-        args: dict[str, Any] = {
-            "id": new.id, "namespace": new.namespace, "tenant": new.tenant,
-            "workflow": new.workflow, "input": _json.dumps(new.input),
-            "priority": new.priority, "created_at": new.created_at, "run_at": new.run_at,
-            "max_attempts": new.max_attempts, "concurrency_key": new.concurrency_key,
-            "idempotency_key": new.idempotency_key, "version": new.version,
-            "parent_id": new.parent_id, "root_id": new.root_id or new.id, "held": False,
-            "channel": self.channel,
-        }
+        args = self._run_args(new)
         if max_queued is None:
             # One statement; a concurrent insert of the same idempotency key makes it insert
             # nothing, and the run that won is read back.
@@ -515,6 +511,28 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
                     return _run(row), False
                 return _run(row), True
         return await self._retry(lambda: self._create_admitted(new, args, max_queued, admission))
+
+    def _run_args(self, new: NewRun) -> dict[str, Any]:
+        """The arguments of ``insert_run`` (and ``find_idempotent``) for ``new``."""
+        return {
+            "id": new.id, "namespace": new.namespace, "tenant": new.tenant,
+            "workflow": new.workflow, "input": _json.dumps(new.input),
+            "priority": new.priority, "created_at": new.created_at, "run_at": new.run_at,
+            "max_attempts": new.max_attempts, "concurrency_key": new.concurrency_key,
+            "idempotency_key": new.idempotency_key, "version": new.version,
+            "parent_id": new.parent_id, "root_id": new.root_id or new.id, "held": False,
+            "channel": self.channel,
+        }
+
+    async def create_run_in(
+        self, connection: object, new: NewRun, *, max_queued: int | None, admission: str
+    ) -> tuple[Run, bool]:
+        """``create_run`` in the transaction of the caller's psycopg 3 connection (see
+        :mod:`shoal.backends.postgres.joined`); its errors are the caller's connection's."""
+        execute = await self._callers.join(connection)
+        row, created = await joined.create_run(execute, self._run_args(new),
+                                               max_queued=max_queued, admission=admission)
+        return _run(row), created
 
     async def _create_admitted(
         self, new: NewRun, args: dict[str, Any], max_queued: int, admission: str

@@ -25,6 +25,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from shoal import _json
 from shoal.backends._sql import behind, current_schema, migrations, queries
+from shoal.backends.sqlite import joined
 from shoal.backends.sqlite.coord import SQLiteCoordination
 from shoal.backends.sqlite.rates import SQLiteRateLimits
 from shoal.errors import AdmissionRejectedError, ConfigurationError, StoreUnavailableError
@@ -83,13 +84,20 @@ def _guarded(fn: Callable[_P, Awaitable[_R]]) -> Callable[_P, Awaitable[_R]]:
     return call
 
 
+# Methods that run on the caller's own connection: its errors are the caller's to see as they
+# are (a StoreUnavailableError would say the store's transaction was rolled back; the caller's
+# transaction is still the caller's).
+_CALLERS_ERRORS = {"create_run_in"}
+
+
 def _unavailable_on_failure(cls: _C) -> _C:
     """Every public coroutine method of ``cls`` (its mixins' too) raises StoreUnavailableError
     with the cause when the file cannot be used, never sqlite3's own error: callers (the engine,
     the App, the CLI) handle one kind of store failure on every backend."""
     for name in dir(cls):
         attr = getattr(cls, name)
-        if not name.startswith("_") and inspect.iscoroutinefunction(attr):
+        if not name.startswith("_") and name not in _CALLERS_ERRORS \
+                and inspect.iscoroutinefunction(attr):
             setattr(cls, name, _guarded(attr))
     return cls
 
@@ -338,30 +346,25 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
         self, new: NewRun, *, max_queued: int | None, admission: str
     ) -> tuple[Run, bool]:
         async with self._tx() as db:
-            if new.idempotency_key is not None:
-                row = db.execute(_Q["find_idempotent"], {
-                    "namespace": new.namespace, "tenant": new.tenant, "workflow": new.workflow,
-                    "idempotency_key": new.idempotency_key,
-                }).fetchone()
-                if row is not None:
-                    return _run(row), False
-            held = 0
-            if max_queued is not None:
-                queued, parked = db.execute(_Q["count_queued"],
-                                            {"namespace": new.namespace}).fetchone()
-                if queued >= max_queued or parked > 0:
-                    if admission == "reject":
-                        raise AdmissionRejectedError(new.namespace, max_queued)
-                    held = 1
-            row = db.execute(_Q["insert_run"], {
-                "id": new.id, "namespace": new.namespace, "tenant": new.tenant,
-                "workflow": new.workflow, "input": _json.dumps(new.input),
-                "priority": new.priority, "created_at": new.created_at, "run_at": new.run_at,
-                "max_attempts": new.max_attempts, "concurrency_key": new.concurrency_key,
-                "idempotency_key": new.idempotency_key, "version": new.version,
-                "parent_id": new.parent_id, "root_id": new.root_id or new.id, "held": held,
-            }).fetchone()
-            return _run(row), True
+            row, created = _create_run(db.cursor(), _Q, new, max_queued, admission)
+            return _run(row), created
+
+    async def create_run_in(
+        self, connection: object, new: NewRun, *, max_queued: int | None, admission: str
+    ) -> tuple[Run, bool]:
+        """``create_run`` in the transaction of the caller's ``sqlite3`` connection (see
+        :mod:`shoal.backends.sqlite.joined`); its errors are the caller's connection's."""
+        name = joined.caller_schema(connection, self.path)
+        assert isinstance(connection, sqlite3.Connection)
+        cur = connection.cursor()
+        cur.row_factory = sqlite3.Row
+        try:
+            q = {n: joined.query(n, name) for n in ("find_idempotent", "count_queued",
+                                                   "insert_run")}
+            row, created = _create_run(cur, q, new, max_queued, admission)
+        finally:
+            cur.close()
+        return _run(row), created
 
     async def incompatible_runs(
         self, namespace: str, workflows: Sequence[str], version: str | None,
@@ -842,6 +845,45 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
             if remaining <= 0:
                 return
             await asyncio.sleep(min(0.02, remaining))
+
+
+def _create_run(
+    cur: sqlite3.Cursor, q: Mapping[str, str], new: NewRun, max_queued: int | None,
+    admission: str,
+) -> tuple[sqlite3.Row, bool]:
+    """``create_run``'s statements (``q``: the named ones) on ``cur``, in its connection's
+    transaction: the store's own write transaction, or a caller's."""
+    args = {"namespace": new.namespace, "tenant": new.tenant, "workflow": new.workflow,
+            "idempotency_key": new.idempotency_key}
+    if new.idempotency_key is not None:
+        row = cur.execute(q["find_idempotent"], args).fetchone()
+        if row is not None:
+            return row, False
+    held = 0
+    if max_queued is not None:
+        queued, parked = cur.execute(q["count_queued"], {"namespace": new.namespace}).fetchone()
+        if queued >= max_queued or parked > 0:
+            if admission == "reject":
+                raise AdmissionRejectedError(new.namespace, max_queued)
+            held = 1
+    try:
+        row = cur.execute(q["insert_run"], {
+            "id": new.id, "namespace": new.namespace, "tenant": new.tenant,
+            "workflow": new.workflow, "input": _json.dumps(new.input),
+            "priority": new.priority, "created_at": new.created_at, "run_at": new.run_at,
+            "max_attempts": new.max_attempts, "concurrency_key": new.concurrency_key,
+            "idempotency_key": new.idempotency_key, "version": new.version,
+            "parent_id": new.parent_id, "root_id": new.root_id or new.id, "held": held,
+        }).fetchone()
+    except sqlite3.IntegrityError:
+        # a caller's transaction that read before another committed the same key (the store's
+        # own write transaction holds the lock from its first read: never there)
+        row = cur.execute(q["find_idempotent"], args).fetchone() \
+            if new.idempotency_key is not None else None
+        if row is None:
+            raise
+        return row, False
+    return row, True
 
 
 def _statements(sql: str) -> list[str]:

@@ -11,6 +11,9 @@
   (``coord``, ``other``);
 - :class:`RateContract`: rate limits and the ledger, a :class:`~shoal.ports.RateStore`
   (``rates``, ``other``);
+- :class:`TransactionalContract`: runs dispatched in the caller's own transaction, a
+  :class:`~shoal.ports.TransactionalDispatch` (``store``, ``other``, and factories of the
+  caller's transactions ``caller`` and ``stranger``: see its module);
 - :class:`RunDifferential`, :class:`CoordDifferential`, :class:`RateDifferential`: seeded random
   calls that must get the answers the memory reference gives (``store``, ``coord``, ``rates``;
   :mod:`shoal.testing.contract.differential`, whose generators can also be called directly).
@@ -77,6 +80,7 @@ from shoal.testing.contract.support import (
     new_run,
     replace_parent,
 )
+from shoal.testing.contract.transactional import CallerTransaction, TransactionalContract
 from shoal.testing.contract.trees import TreeContract
 
 
@@ -90,6 +94,7 @@ __all__ = [
     "LEASE",
     "NS",
     "T0",
+    "CallerTransaction",
     "CoordContract",
     "CoordDifferential",
     "OutboxContract",
@@ -99,6 +104,7 @@ __all__ = [
     "RunContract",
     "RunDifferential",
     "StoreContract",
+    "TransactionalContract",
     "TreeContract",
     "add",
     "claim",

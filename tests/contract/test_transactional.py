@@ -1,0 +1,266 @@
+"""Runs dispatched in the caller's own transaction (``TransactionalContract``) on SQLite and on
+PostgreSQL, with each kind of connection a caller has: a ``sqlite3`` connection to the store's
+file (or to a file of its own that attached the store's), a psycopg 3 ``AsyncConnection`` and a
+sync ``Connection``. The caller keeps a table named ``runs`` of its own where its unqualified
+names go, so a statement of the store that missed its schema would write there, or fail.
+
+PostgreSQL: each test gets a store schema (``schema``) and a schema for the caller's own tables;
+the stranger is a connection to another database of the server, made once for the module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from sql_support import sqlite_store
+from test_postgres import URL, _open, _require_postgres
+
+from shoal.backends.postgres import PostgresStore
+from shoal.backends.sqlite import SQLiteStore
+from shoal.testing.contract import CallerTransaction, TransactionalContract
+
+Callers = Callable[[], Any]
+
+
+# -- SQLite ----------------------------------------------------------------------------------------
+
+
+class SQLiteCaller:
+    """A caller's transaction on a ``sqlite3`` connection (the legacy default: the first write
+    begins it); ``path`` is the file its own tables are in."""
+
+    def __init__(self, connection: sqlite3.Connection, path: str) -> None:
+        self.connection = connection
+        self.path = path
+
+    async def note(self, text: str) -> None:
+        self.connection.execute("INSERT INTO notes (text) VALUES (?)", (text,))
+
+    async def notes(self) -> list[str]:
+        with sqlite3.connect(self.path) as reader:
+            rows = reader.execute("SELECT text FROM notes ORDER BY rowid").fetchall()
+        reader.close()
+        return [r[0] for r in rows]
+
+    async def commit(self) -> None:
+        self.connection.commit()
+
+    async def rollback(self) -> None:
+        self.connection.rollback()
+
+
+def sqlite_callers(path: Path, attach: Path | None = None) -> Callers:
+    """Transactions on ``path``, which gets the caller's ``notes`` table and, when it is the
+    store's file, a TEMP ``runs`` table (shadowing the store's for unqualified names); with
+    ``attach``, the store's file attached as ``jobs`` and a ``runs`` table of the caller's own
+    in ``path``."""
+
+    @asynccontextmanager
+    async def caller() -> AsyncIterator[CallerTransaction]:
+        conn = sqlite3.connect(path)
+        try:
+            conn.execute("CREATE TABLE IF NOT EXISTS notes (text TEXT)")
+            if attach is None:
+                conn.execute("CREATE TEMP TABLE runs (mine TEXT)")
+            else:
+                conn.execute("CREATE TABLE IF NOT EXISTS runs (mine TEXT)")
+                conn.execute("ATTACH DATABASE ? AS jobs", (str(attach),))
+            conn.commit()
+            yield SQLiteCaller(conn, str(path))
+            conn.rollback()
+        finally:
+            conn.close()
+
+    return caller
+
+
+class TestSQLiteTransactional(TransactionalContract):
+    @pytest.fixture
+    async def store(self, tmp_path: Path) -> AsyncIterator[SQLiteStore]:
+        async with sqlite_store(tmp_path / "shoal.db") as s:
+            yield s
+
+    @pytest.fixture
+    async def other(self, store: SQLiteStore) -> AsyncIterator[SQLiteStore]:
+        async with sqlite_store(store.path) as s:
+            yield s
+
+    @pytest.fixture
+    def caller(self, store: SQLiteStore) -> Callers:
+        return sqlite_callers(Path(store.path))
+
+    @pytest.fixture
+    async def stranger(self, tmp_path: Path) -> Callers:
+        # another shoal store: refused by its file, not by what it holds
+        async with sqlite_store(tmp_path / "elsewhere.db"):
+            pass
+        return sqlite_callers(tmp_path / "elsewhere.db")
+
+
+class TestSQLiteAttached(TestSQLiteTransactional):
+    """The caller's own file, with the store's attached: the store's tables are the attached
+    ones, whatever the caller's file holds."""
+
+    @pytest.fixture
+    def caller(self, store: SQLiteStore, tmp_path: Path) -> Callers:
+        return sqlite_callers(tmp_path / "app.db", attach=Path(store.path))
+
+
+async def test_sqlite_refuses_an_autocommit_connection_and_the_memory_store(
+    tmp_path: Path,
+) -> None:
+    from shoal.errors import ConfigurationError
+    from shoal.testing.contract import new_run
+
+    async with sqlite_store(tmp_path / "shoal.db") as store:
+        conn = sqlite3.connect(store.path, isolation_level=None)
+        try:
+            with pytest.raises(ConfigurationError, match="autocommit"):
+                await store.create_run_in(conn, new_run(), max_queued=None, admission="reject")
+            conn.execute("BEGIN")   # in a transaction it is welcome
+            run, created = await store.create_run_in(conn, new_run(), max_queued=None,
+                                                     admission="reject")
+            assert created and await store.get_run(run.id) is None
+            conn.execute("COMMIT")
+            assert await store.get_run(run.id) is not None
+        finally:
+            conn.close()
+    memory = SQLiteStore(":memory:")
+    await memory.open()
+    try:
+        with pytest.raises(ConfigurationError, match="memory"):
+            await memory.create_run_in(sqlite3.connect(":memory:"), new_run(), max_queued=None,
+                                       admission="reject")
+    finally:
+        await memory.close()
+
+
+# -- PostgreSQL ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def other_database() -> Iterator[str]:
+    """The URL of another database on the test server, for the module."""
+    _require_postgres()
+    name = f"shoal_t_db_{secrets.token_hex(4)}"
+    with psycopg.connect(URL, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield psycopg.conninfo.make_conninfo(URL, dbname=name)
+    finally:
+        with psycopg.connect(URL, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def _app_schema(url: str, name: str) -> None:
+    """The caller's own schema: ``notes``, and a ``runs`` table of the caller's."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(name)))
+        for table in ("CREATE TABLE IF NOT EXISTS {}.notes (text text)",
+                      "CREATE TABLE IF NOT EXISTS {}.runs (mine text)"):
+            conn.execute(sql.SQL(table).format(sql.Identifier(name)))
+
+
+def _drop_app_schema(url: str, name: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+class PostgresCaller:
+    """A caller's transaction on a psycopg connection in its default mode (the first statement
+    begins it), whose search_path is the caller's own schema; a sync connection is driven in a
+    thread, as a caller in async code would."""
+
+    def __init__(self, connection: psycopg.AsyncConnection[Any] | psycopg.Connection[Any],
+                 url: str, schema: str) -> None:
+        self.connection = connection
+        self.url = url
+        self.schema = schema
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        fn = getattr(self.connection, method)
+        if isinstance(self.connection, psycopg.AsyncConnection):
+            return await fn(*args)
+        return await asyncio.to_thread(fn, *args)
+
+    async def note(self, text: str) -> None:
+        await self._call("execute", "INSERT INTO notes (text) VALUES (%s)", (text,))
+
+    async def notes(self) -> list[str]:
+        async with await psycopg.AsyncConnection.connect(self.url) as reader:
+            cur = await reader.execute(sql.SQL("SELECT text FROM {}.notes").format(
+                sql.Identifier(self.schema)))
+            return [r[0] for r in await cur.fetchall()]
+
+    async def commit(self) -> None:
+        await self._call("commit")
+
+    async def rollback(self) -> None:
+        await self._call("rollback")
+
+
+def postgres_callers(url: str, schema: str, *, sync: bool) -> Callers:
+    @asynccontextmanager
+    async def caller() -> AsyncIterator[CallerTransaction]:
+        options = f"-c search_path={schema}"
+        if sync:
+            conn: Any = await asyncio.to_thread(psycopg.connect, url, options=options)
+        else:
+            conn = await psycopg.AsyncConnection.connect(url, options=options)
+        try:
+            yield PostgresCaller(conn, url, schema)
+        finally:
+            if sync:
+                await asyncio.to_thread(conn.close)
+            else:
+                await conn.close()
+
+    return caller
+
+
+class TestPostgresTransactional(TransactionalContract):
+    """With a psycopg AsyncConnection."""
+
+    sync = False
+
+    @pytest.fixture
+    async def store(self, schema: str) -> AsyncIterator[PostgresStore]:
+        s = await _open(schema)
+        yield s
+        await s.close()
+
+    @pytest.fixture
+    async def other(self, store: PostgresStore) -> AsyncIterator[PostgresStore]:
+        s = await _open(store.schema)
+        yield s
+        await s.close()
+
+    @pytest.fixture
+    def caller(self, store: PostgresStore) -> Iterator[Callers]:
+        mine = f"{store.schema}_app"
+        _app_schema(URL, mine)
+        yield postgres_callers(URL, mine, sync=self.sync)
+        _drop_app_schema(URL, mine)
+
+    @pytest.fixture
+    def stranger(self, store: PostgresStore, other_database: str) -> Iterator[Callers]:
+        # the store's schema name is free there: refused for the database, not the schema
+        mine = f"{store.schema}_app"
+        _app_schema(other_database, mine)
+        yield postgres_callers(other_database, mine, sync=self.sync)
+        _drop_app_schema(other_database, mine)
+
+
+class TestPostgresSyncTransactional(TestPostgresTransactional):
+    """With a sync psycopg Connection."""
+
+    sync = True
