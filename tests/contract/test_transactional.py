@@ -264,3 +264,93 @@ class TestPostgresSyncTransactional(TestPostgresTransactional):
     """With a sync psycopg Connection."""
 
     sync = True
+
+
+async def test_sqlite_a_key_committed_between_the_lookup_and_the_insert(tmp_path: Path) -> None:
+    """The caller's transaction had not written yet when another process committed the key
+    after shoal looked it up: the insert finds the key taken and answers that run."""
+    from shoal.backends.sqlite import joined
+    from shoal.backends.sqlite.store import _create_run, _run
+    from shoal.testing.contract import new_run
+
+    async with sqlite_store(tmp_path / "shoal.db") as store:
+        rival = sqlite3.connect(store.path, isolation_level=None)
+        rival_id: list[str] = []
+
+        class Racing(sqlite3.Cursor):
+            def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:   # type: ignore[override]
+                if sql.startswith("INSERT") and not rival_id:
+                    run = new_run(idem="k")   # another process's dispatch of the key
+                    rival_id.append(run.id)
+                    rival.execute(
+                        "INSERT INTO runs (id, namespace, tenant, workflow, input, status, "
+                        "created_at, run_at, max_attempts, idempotency_key, root_id) VALUES "
+                        "(?, ?, ?, ?, '1', 'queued', 0, 0, 3, ?, ?)",
+                        (run.id, run.namespace, run.tenant, run.workflow, "k", run.id))
+                return super().execute(sql, *args)
+
+        conn = sqlite3.connect(store.path)
+        try:
+            cur = conn.cursor(Racing)
+            cur.row_factory = sqlite3.Row
+            q = {n: joined.query(n, "main") for n in ("find_idempotent", "count_queued",
+                                                       "insert_run")}
+            row, created = _create_run(cur, q, new_run(idem="k"), None, "reject")
+            assert not created and _run(row).id == rival_id[0]
+            conn.commit()
+            assert [r.id for r in await store.list_runs(None)] == rival_id
+        finally:
+            conn.close()
+            rival.close()
+
+
+async def test_postgres_a_key_dispatched_in_an_open_transaction_waits_for_its_end(
+    schema: str,
+) -> None:
+    """Two callers' transactions dispatch one idempotency key: the second waits for the first,
+    then gets its run if it committed, or inserts its own if it rolled back."""
+    from shoal.testing.contract import new_run
+
+    store = await _open(schema)
+    first = await psycopg.AsyncConnection.connect(URL)
+    second = await psycopg.AsyncConnection.connect(URL)
+    try:
+        for commit in (True, False):
+            key = f"k-{commit}"
+            run, created = await store.create_run_in(first, new_run(idem=key), max_queued=None,
+                                                     admission="reject")
+            assert created
+            waiting = asyncio.create_task(store.create_run_in(
+                second, new_run(idem=key), max_queued=None, admission="reject"))
+            await asyncio.sleep(0.2)   # it waits on the key's index entry
+            assert not waiting.done()
+            await (first.commit() if commit else first.rollback())
+            other, created = await asyncio.wait_for(waiting, 10)
+            assert (other.id == run.id and not created) if commit else (
+                other.id != run.id and created)
+            await second.commit()
+    finally:
+        await first.close()
+        await second.close()
+        await store.close()
+
+
+async def test_postgres_a_raw_cursor_factory_and_pipeline_mode(schema: str) -> None:
+    """shoal's statements use psycopg's default cursor, whatever the connection's factory, and
+    read their rows in pipeline mode too."""
+    from shoal.testing.contract import new_run
+
+    store = await _open(schema)
+    try:
+        conn = await psycopg.AsyncConnection.connect(URL, autocommit=True,
+                                                     cursor_factory=psycopg.AsyncRawCursor)
+        async with conn, conn.transaction(), conn.pipeline():
+            a, created = await store.create_run_in(conn, new_run(idem="p"), max_queued=None,
+                                                   admission="reject")
+            assert created
+            b, created = await store.create_run_in(conn, new_run(idem="p"), max_queued=None,
+                                                   admission="reject")
+            assert not created and b.id == a.id
+        assert [r.id for r in await store.list_runs(None)] == [a.id]
+    finally:
+        await store.close()

@@ -120,19 +120,23 @@ class CallerConnections:
                 f"store's ({self.store}): pass a connection to the store's database, or "
                 f"dispatch without connection=.")
 
+    # Cursors of psycopg's default class whatever the connection's cursor_factory (a raw cursor
+    # would not take %(name)s); every statement run here returns rows (fetched even in
+    # pipeline mode, where a result is known only once fetched).
+
     def _async(self, connection: psycopg.AsyncConnection[Any]) -> Execute:
         async def execute(name: str, args: dict[str, Any]) -> list[DictRow]:
-            async with connection.cursor(row_factory=dict_row) as cur:
+            async with psycopg.AsyncCursor(connection, row_factory=dict_row) as cur:
                 await cur.execute(self.query(name), args)
-                return await cur.fetchall() if cur.description is not None else []
+                return await cur.fetchall()
 
         return execute
 
     def _sync(self, connection: psycopg.Connection[Any]) -> Execute:
         def run(name: str, args: dict[str, Any]) -> list[DictRow]:
-            with connection.cursor(row_factory=dict_row) as cur:
+            with psycopg.Cursor(connection, row_factory=dict_row) as cur:
                 cur.execute(self.query(name), args)
-                return cur.fetchall() if cur.description is not None else []
+                return cur.fetchall()
 
         async def execute(name: str, args: dict[str, Any]) -> list[DictRow]:
             return await asyncio.to_thread(run, name, args)
