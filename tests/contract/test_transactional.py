@@ -304,6 +304,19 @@ async def test_sqlite_a_key_committed_between_the_lookup_and_the_insert(tmp_path
             rival.close()
 
 
+async def _waits_for_a_lock(pid: int) -> None:
+    """Return once the backend ``pid`` waits for a lock (within 10 s)."""
+    async with await psycopg.AsyncConnection.connect(URL, autocommit=True) as watcher:
+        async with asyncio.timeout(10):
+            while True:
+                cur = await watcher.execute(
+                    "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,))
+                row = await cur.fetchone()
+                if row is not None and row[0] == "Lock":
+                    return
+                await asyncio.sleep(0.01)
+
+
 async def test_postgres_a_key_dispatched_in_an_open_transaction_waits_for_its_end(
     schema: str,
 ) -> None:
@@ -322,7 +335,7 @@ async def test_postgres_a_key_dispatched_in_an_open_transaction_waits_for_its_en
             assert created
             waiting = asyncio.create_task(store.create_run_in(
                 second, new_run(idem=key), max_queued=None, admission="reject"))
-            await asyncio.sleep(0.2)   # it waits on the key's index entry
+            await _waits_for_a_lock(second.info.backend_pid)   # on the key's index entry
             assert not waiting.done()
             await (first.commit() if commit else first.rollback())
             other, created = await asyncio.wait_for(waiting, 10)
