@@ -176,9 +176,11 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
                     key := (r.tenant, r.workflow, r.idempotency_key)) in keys:
                 stored[key] = r
         fresh = [news[i] for i in firsts(news, stored)]
-        parked = sum(1 for r in self._in(namespace) if r.held)
-        held = held_flags(namespace, len(fresh), self._waiting_to_start(namespace), parked,
-                          max_queued, admission)
+        queued = parked = 0
+        if max_queued is not None:
+            queued = self._waiting_to_start(namespace)
+            parked = sum(1 for r in self._in(namespace) if r.held)
+        held = held_flags(namespace, len(fresh), queued, parked, max_queued, admission)
         inserted = {new.id: queued_run(new, h) for new, h in zip(fresh, held, strict=True)}
         self._runs.update(inserted)
         if inserted:

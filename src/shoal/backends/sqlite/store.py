@@ -392,15 +392,16 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
                 queued, parked = db.execute(_Q["count_queued"],
                                             {"namespace": namespace}).fetchone()
             held = held_flags(namespace, len(fresh), queued, parked, max_queued, admission)
+            rows = list(zip(fresh, held, (_json.dumps(n.input) for n in fresh), strict=True))
             db.executemany(_Q["insert_runs"], [{
                 "id": new.id, "namespace": namespace, "tenant": new.tenant,
-                "workflow": new.workflow, "input": _json.dumps(new.input),
-                "priority": new.priority, "created_at": new.created_at, "run_at": new.run_at,
+                "workflow": new.workflow, "input": text, "priority": new.priority,
+                "created_at": new.created_at, "run_at": new.run_at,
                 "max_attempts": new.max_attempts, "concurrency_key": new.concurrency_key,
                 "idempotency_key": new.idempotency_key, "version": new.version,
                 "parent_id": new.parent_id, "root_id": new.root_id or new.id, "held": int(h),
-            } for new, h in zip(fresh, held, strict=True)])
-        inserted = {new.id: queued_run(new, h) for new, h in zip(fresh, held, strict=True)}
+            } for new, h, text in rows])
+        inserted = {new.id: queued_run(new, h, text) for new, h, text in rows}
         return answers(news, inserted, stored)
 
     async def incompatible_runs(
