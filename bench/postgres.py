@@ -5,7 +5,8 @@ bench/README.md, "PostgreSQL"). One script, one run, on one PostgreSQL server:
 2. runs/s end to end, no-op jobs, N dispatched first, then 2 worker processes: shoal (``App`` over
    ``postgresql://...?schema=...``) vs pgqueuer, procrastinate and DBOS queues (each in the
    benchmark's own virtual environment, bench/.venv-peers, made on first use; never shoal
-   dependencies);
+   dependencies); beside each system's enqueue rate, shoal's with ``app.dispatch_many`` in
+   batches of 100 and 1,000 (``--bulk-batches``);
 3. dispatch -> start latency with idle workers, one dispatch every ``--interval``;
 4. ``store.claim_runs`` latency over an empty table vs 1,000,000 finished + 100,000 queued rows
    (``--no-large`` skips the large table).
@@ -129,8 +130,9 @@ def shoal_worker(args: argparse.Namespace) -> None:
 
 
 async def dispatch_batched(store: str, n: int, batch: int) -> float:
-    """Dispatch ``n`` no-op runs, ``batch`` dispatches in flight at a time (shoal has no batch
-    dispatch call; concurrent dispatches share the store's pool). Returns the seconds."""
+    """Dispatch ``n`` no-op runs, ``batch`` dispatches in flight at a time (concurrent
+    dispatches share the store's pool; ``dispatch_bulk`` measures ``dispatch_many``). Returns
+    the seconds."""
     app = build_app(store)
     async with app.open():
         start = time.perf_counter()
@@ -138,6 +140,32 @@ async def dispatch_batched(store: str, n: int, batch: int) -> float:
             await asyncio.gather(*(app.dispatch("noop", {"i": j})
                                    for j in range(i, min(n, i + batch))))
         return time.perf_counter() - start
+
+
+async def dispatch_bulk(store: str, n: int, batch: int) -> float:
+    """Dispatch ``n`` no-op runs with ``app.dispatch_many``, ``batch`` runs per call, one call
+    after another (the store's schema migrated before the clock starts). Returns the seconds."""
+    app = build_app(store)
+    async with app.open():
+        start = time.perf_counter()
+        for i in range(0, n, batch):
+            await app.dispatch_many("noop", [{"i": j} for j in range(i, min(n, i + batch))])
+        return time.perf_counter() - start
+
+
+def bulk_enqueue(sql_dsn: str, n: int, batches: list[int]) -> dict[str, float]:
+    """Enqueues/s with ``app.dispatch_many`` per batch size, each into a schema of its own in the
+    test's database (dropped afterwards, before the workers start)."""
+    rates = {}
+    for batch in batches:
+        schema = f"bulk{batch}"
+        try:
+            rates[str(batch)] = n / asyncio.run(dispatch_bulk(f"{sql_dsn}?schema={schema}", n,
+                                                              batch))
+        finally:
+            with psycopg.connect(sql_dsn, autocommit=True) as conn:
+                conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")  # type: ignore[arg-type]
+    return rates
 
 
 async def dispatch_paced(store: str, n: int, interval: float) -> None:
@@ -447,6 +475,7 @@ def throughput(procs: Processes, server: Server, system: str, args: argparse.Nam
     dsn, sql_dsn = prepare(procs, server, system, tag, args)
     try:
         enqueue_s = enqueue(procs, system, dsn, n, tag, args)
+        bulk = bulk_enqueue(sql_dsn, n, args.bulk_batches) if system == "shoal" else {}
         extra = ["--poll", str(args.dbos_poll)] if system == "dbos" else []
         ws = procs.workers(system, dsn, args.workers, args.slots, tag, extra)
         for w in ws:
@@ -470,7 +499,8 @@ def throughput(procs: Processes, server: Server, system: str, args: argparse.Nam
             "system": system, "runs": n, "workers": args.workers, "slots": args.slots,
             "complete": done_at is not None, "executed": executed,
             "enqueue_seconds": enqueue_s, "enqueues_per_s": n / enqueue_s,
-            "seconds": window, "runs_per_s": n / window if window > 0 else float("nan"),
+            "bulk_enqueues_per_s": bulk, "seconds": window,
+            "runs_per_s": n / window if window > 0 else float("nan"),
             "steady_runs_per_s": steady_rate(seen, n), "commits_per_run": tx / n,
             "cpu_ms_per_run": 1000 * sum(r["cpu"] for r in reports) / max(executed, 1),
             "executed_per_worker": [r["executed"] for r in reports],
@@ -754,18 +784,22 @@ def render(result: dict[str, Any]) -> None:
                   f"first, then {result['args']['workers']} worker processes x "
                   f"{result['args']['slots']} slots; runs/s from the first job start to the "
                   f"moment no job is left (median of {rounds} round{'s' * (rounds != 1)})")
-    t = table("system", "enqueue/s", "runs/s", "range", "steady/s", "vs shoal", "%pgbench",
-              "commits/run", "CPU ms/run", "per proc", "note")
+    bulk_sizes = result["args"].get("bulk_batches") or []
+    t = table("system", "enqueue/s", *(f"bulk {b}/s" for b in bulk_sizes), "runs/s", "range",
+              "steady/s", "vs shoal", "%pgbench", "commits/run", "CPU ms/run", "per proc", "note")
     shoal_rate = next((r["runs_per_s"] for r in result["throughput"] if r["system"] == "shoal"),
                       None)
     for r in result["throughput"]:
         if r.get("error"):
-            t.add_row(r["system"], *["-"] * 9, r["error"][:60])
+            t.add_row(r["system"], *["-"] * (9 + len(bulk_sizes)), r["error"][:60])
             continue
         note = "" if r["complete"] else "[red]incomplete[/]"
         if r["system"] == "shoal" and r.get("store_runs_per_s"):
             note = f"store window: {r['store_runs_per_s']:,.0f}/s " + note
-        t.add_row(r["system"], f"{r['enqueues_per_s']:,.0f}", f"{r['runs_per_s']:,.0f}",
+        bulk = r.get("bulk_enqueues_per_s") or {}
+        t.add_row(r["system"], f"{r['enqueues_per_s']:,.0f}",
+                  *(f"{bulk[str(b)]:,.0f}" if str(b) in bulk else "-" for b in bulk_sizes),
+                  f"{r['runs_per_s']:,.0f}",
                   "{:,.0f}-{:,.0f}".format(*r["runs_per_s_range"]),
                   f"{r['steady_runs_per_s']:,.0f}" if r.get("steady_runs_per_s") else "-",
                   f"{shoal_rate / r['runs_per_s']:.2f}x" if shoal_rate else "-",
@@ -775,9 +809,11 @@ def render(result: dict[str, Any]) -> None:
                   note)
     console.print(t)
     console.print(
-        "enqueue/s: shoal app.dispatch with --dispatch-batch in flight (no batch call); pgqueuer "
+        "enqueue/s: shoal app.dispatch with --dispatch-batch in flight; pgqueuer "
         "and procrastinate one batch call per 500 jobs; DBOS one client enqueue per job, 8 at a "
-        "time. vs shoal: shoal's runs/s / this row's (>1: shoal faster). %pgbench: runs/s / "
+        "time. bulk N/s: shoal app.dispatch_many, N runs per call, one call after another (the "
+        "same number of jobs, into a schema of its own). vs shoal: shoal's runs/s / this row's "
+        "(>1: shoal faster). %pgbench: runs/s / "
         "pgbench TPS. steady/s: jobs/s between 10 % and 90 % done. commits/run: transactions "
         "committed in the test's database while the workers ran (pg_stat_database) / jobs. "
         "CPU ms/run: the workers' user+sys / jobs. shoal's store window: first "
@@ -865,6 +901,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="throughput rounds (median)")
     parser.add_argument("--dispatch-batch", type=int, default=50,
                         help="shoal dispatches in flight at a time while filling the queue")
+    parser.add_argument("--bulk-batches", default="100,1000",
+                        help="shoal dispatch_many batch sizes whose enqueue rate the throughput "
+                             "test also measures, comma separated ('' for none)")
     parser.add_argument("--latency-runs", type=int, default=200)
     parser.add_argument("--interval", type=float, default=0.02)
     parser.add_argument("--dbos-poll", type=float, default=0.01,
@@ -892,6 +931,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", help=argparse.SUPPRESS)
     parser.add_argument("--instance-id", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.bulk_batches = [int(b) for b in args.bulk_batches.split(",") if b]
 
     if args.worker:
         shoal_worker(args)

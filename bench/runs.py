@@ -4,11 +4,12 @@ Measures, on one file system (a temporary folder, the system temp dir unless --d
 
 1. the raw SQLite commit rate (WAL, ``BEGIN IMMEDIATE; INSERT; COMMIT``) with synchronous FULL and
    NORMAL, before and after the shoal tests: the ceiling that every shoal write transaction shares;
-2. dispatches/s from one process (sequential awaits), then runs/s end to end with 1 and 3 worker
-   processes for a no-op workflow and a 5-step workflow, from the first claim to the last finish as
-   the ``runs`` table records them (``started_at``, ``finished_at``); also the no-op runs over a
-   table that already holds finished runs (``--history``); with where the workers' time goes
-   (CPU, write transactions, waits for SQLite's write lock);
+2. dispatches/s from one process (sequential awaits; and with ``app.dispatch_many`` in batches of
+   100 and 1,000), then runs/s end to end with 1 and 3 worker processes for a no-op workflow and
+   a 5-step workflow, from the first claim to the last finish as the ``runs`` table records them
+   (``started_at``, ``finished_at``); also the no-op runs over a table that already holds
+   finished runs (``--history``); with where the workers' time goes (CPU, write transactions,
+   waits for SQLite's write lock);
 3. dispatch -> start latency (``started_at - created_at``) with idle workers already running.
 
 Every worker is a subprocess of this script (``--worker``); the script ends them and removes its
@@ -368,6 +369,33 @@ async def dispatch_many(store: str, workflow: str, n: int) -> tuple[float, str]:
         return time.perf_counter() - start, last
 
 
+async def dispatch_bulk(store: str, workflow: str, n: int, batch: int) -> float:
+    """Dispatch ``n`` runs with ``app.dispatch_many``, ``batch`` per call, one call after
+    another from this process; returns the seconds it took."""
+    app = build_app(store)
+    async with app.open():
+        start = time.perf_counter()
+        for i in range(0, n, batch):
+            await app.dispatch_many(workflow, [{"i": j} for j in range(i, min(n, i + batch))])
+        return time.perf_counter() - start
+
+
+def bulk_rates(tmp: Path, tag: str, synchronous: str, workflow: str, n: int,
+               batches: list[int]) -> dict[str, float]:
+    """Dispatches/s with ``app.dispatch_many`` per batch size, each into a file of its own
+    (removed afterwards)."""
+    rates = {}
+    for batch in batches:
+        db = tmp / f"{tag}-bulk{batch}.db"
+        try:
+            rates[str(batch)] = n / asyncio.run(dispatch_bulk(store_url(db, synchronous),
+                                                              workflow, n, batch))
+        finally:
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{db}{suffix}").unlink(missing_ok=True)
+    return rates
+
+
 def add_history(db: Path, n: int) -> str:
     """Give the table ``n`` finished runs, as a store that keeps finished runs for
     ``run_retention`` (7 days by default) has: dispatched through the API (synchronous=off, to be
@@ -420,8 +448,8 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 
 def throughput(procs: Processes, tmp: Path, workflow: str, n: int, count: int, slots: int,
-               synchronous: str, timeout: float, history: int = 0, rep: int = 1
-               ) -> dict[str, Any]:
+               synchronous: str, timeout: float, history: int = 0, rep: int = 1,
+               bulk: list[int] | None = None) -> dict[str, Any]:
     """Dispatch ``n`` runs, then start ``count`` workers and time the runs from the first claim
     to the last finish as the store recorded them."""
     tag = f"{workflow}-{count}w" + (f"-h{history}" if history else "") + f"-r{rep}"
@@ -429,6 +457,7 @@ def throughput(procs: Processes, tmp: Path, workflow: str, n: int, count: int, s
     store = store_url(db, synchronous)
     after = add_history(db, history) if history else ""
     dispatch_s, _ = asyncio.run(dispatch_many(store, workflow, n))
+    bulk_per_s = bulk_rates(tmp, tag, synchronous, workflow, n, bulk or [])
     with workers(procs, count, store, slots, tag) as ws:
         for w in ws:
             w.send("go")
@@ -457,7 +486,8 @@ def throughput(procs: Processes, tmp: Path, workflow: str, n: int, count: int, s
         "workflow": workflow, "workers": count, "slots": slots, "runs": n, "history": history,
         "succeeded": succeeded, "complete": complete,
         "dispatch_seconds": dispatch_s, "dispatches_per_s": n / dispatch_s,
-        "seconds": window, "runs_per_s": succeeded / window if window > 0 else float("nan"),
+        "bulk_dispatches_per_s": bulk_per_s, "seconds": window,
+        "runs_per_s": succeeded / window if window > 0 else float("nan"),
         "commits_per_run": COMMITS_PER_RUN[workflow], "sql": diagnostics,
         "run_duration": percentiles(durations),
         "worker_cpu_seconds": cpu, "worker_cpu_ms_per_run": 1000 * cpu / max(succeeded, 1),
@@ -552,8 +582,9 @@ def render(result: dict[str, Any]) -> None:
                   "processes start; runs/s from the first claim to the last finish, median of "
                   f"{rounds} round{'s' if rounds != 1 else ''} (the other columns: that round)")
     t = table()
-    for name in ("workflow", "procs", "runs", "dispatch/s", "runs/s", "range", "tx/run",
-                 "ceiling", "%ceil", "p50 ms", "p99 ms"):
+    bulk_sizes = result.get("bulk_batches", [])
+    for name in ("workflow", "procs", "runs", "dispatch/s", *(f"bulk {b}/s" for b in bulk_sizes),
+                 "runs/s", "range", "tx/run", "ceiling", "%ceil", "p50 ms", "p99 ms"):
         t.add_column(name, justify="left" if name == "workflow" else "right", no_wrap=True,
                      min_width=len(name))
     diag = table()
@@ -571,7 +602,10 @@ def render(result: dict[str, Any]) -> None:
         t.add_row(
             label, procs,
             f"{r['succeeded']}" + ("" if ok else f"/{r['runs']} [red]incomplete[/]"),
-            f"{r['dispatches_per_s']:,.0f}", f"{r['runs_per_s']:,.0f}",
+            f"{r['dispatches_per_s']:,.0f}",
+            *(f"{r['bulk_dispatches_per_s'][str(b)]:,.0f}"
+              if str(b) in r.get("bulk_dispatches_per_s", {}) else "-" for b in bulk_sizes),
+            f"{r['runs_per_s']:,.0f}",
             "{:,.0f}-{:,.0f}".format(*r["runs_per_s_range"]), f"{per_run:.2f}",
             f"{cap:,.0f}", f"{100 * r['runs_per_s'] / cap:.0f}%",
             _ms(r["run_duration"].get("p50")), _ms(r["run_duration"].get("p99")))
@@ -584,7 +618,9 @@ def render(result: dict[str, Any]) -> None:
     console.print(t)
     console.print(
         "procs: worker processes x max_concurrent_runs. dispatch/s: app.dispatch awaited one "
-        "after another from one process. tx/run: write transactions (BEGIN IMMEDIATE) of the "
+        "after another from one process; bulk N/s: app.dispatch_many, N runs per call, the same "
+        "number of runs into a file of its own. tx/run: write transactions (BEGIN IMMEDIATE) of "
+        "the "
         f"workers per run: noop 1 settle + its share of a claim, steps5 also {STEPS} "
         f"checkpoints. ceiling: {result['synchronous'].upper()} commits/s (mean of before and "
         "after) / tx/run. p50/p99: run duration, claim -> finish. steps5 steps are async "
@@ -653,6 +689,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3,
                         help="rounds of the throughput tests; the table shows the median "
                              "(default 3)")
+    parser.add_argument("--bulk-batches", default="100,1000",
+                        help="app.dispatch_many batch sizes whose dispatch rate each throughput "
+                             "test also measures, comma separated ('' for none)")
     parser.add_argument("--latency-runs", type=int, default=200,
                         help="runs dispatched one at a time in the latency test (default 200)")
     parser.add_argument("--interval", type=float, default=0.02,
@@ -698,6 +737,7 @@ def main(argv: list[str] | None = None) -> int:
             "shoal": shoal.__version__, "load_average_before": os.getloadavg(),
         },
         "synchronous": args.synchronous,
+        "bulk_batches": [int(b) for b in args.bulk_batches.split(",") if b.strip()],
         "started_at": time.time(),
     }
     began = time.perf_counter()
@@ -720,7 +760,8 @@ def main(argv: list[str] | None = None) -> int:
                       + (f", over {history} finished runs" if history else "") + "...",
                       file=sys.stderr)
                 trials[config].append(throughput(procs, tmp, workflow, n, count, args.slots,
-                                                 args.synchronous, args.timeout, history, rep))
+                                                 args.synchronous, args.timeout, history, rep,
+                                                 result["bulk_batches"]))
         result["throughput"] = [summarize(t) for t in trials.values()]
         result["latency"] = []
         for count in counts:

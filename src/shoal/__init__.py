@@ -1,7 +1,7 @@
 """shoal: durable runs and replica coordination through the store you already have."""
 
 from shoal.abort import AbortSignal
-from shoal.app import App, Workflow
+from shoal.app import App, DispatchItem, Workflow
 from shoal.clock import Clock, SystemClock
 from shoal.coord.lock import Lock
 from shoal.coord.membership import Assignment
@@ -45,6 +45,7 @@ __all__ = [
     "Clock",
     "ConfigurationError",
     "Decision",
+    "DispatchItem",
     "Health",
     "HealthStatus",
     "LeaseLostError",

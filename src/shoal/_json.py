@@ -62,13 +62,18 @@ def checked(value: object, what: str, max_bytes: int | None = None) -> JSON:
     """``value`` as every store gives it back (a JSON round trip: a tuple becomes a list),
     after :func:`check_json`. Raises ``ValueError`` when its JSON text is longer than
     ``max_bytes`` (the text is ASCII: its length is its size in bytes)."""
+    return checked_size(value, what, max_bytes)[0]
+
+
+def checked_size(value: object, what: str, max_bytes: int | None = None) -> tuple[JSON, int]:
+    """:func:`checked`, and the size of the value's JSON text in bytes."""
     check_json(value, what)
     text = dumps(value)
     if max_bytes is not None and len(text) > max_bytes:
         raise ValueError(f"{what} is {len(text)} bytes of JSON, over the limit of {max_bytes} "
                          f"bytes (App(max_payload_bytes=…)): keep large data elsewhere (a "
                          f"file, an object store) and pass a reference to it")
-    return json.loads(text)
+    return json.loads(text), len(text)
 
 
 def copy(value: JSON) -> JSON:

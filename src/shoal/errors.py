@@ -129,13 +129,19 @@ class LockLostError(ShoalError):
 
 
 class AdmissionRejectedError(ShoalError):
-    """``max_queued`` runs are already queued and the admission policy is ``reject``."""
+    """``max_queued`` runs are already queued (or a batch of new runs would go over it) and the
+    admission policy is ``reject``."""
 
-    def __init__(self, namespace: str, max_queued: int) -> None:
-        super().__init__(
-            f"Namespace {namespace!r} already has {max_queued} queued runs (max_queued); the run "
-            f"was not stored. Retry later, add workers, or use admission='park'."
-        )
+    def __init__(self, namespace: str, max_queued: int, *, batch: int | None = None,
+                 room: int = 0) -> None:
+        if batch is None:
+            text = (f"Namespace {namespace!r} already has {max_queued} queued runs (max_queued); "
+                    f"the run was not stored.")
+        else:   # app.dispatch_many: the batch is refused whole
+            text = (f"Namespace {namespace!r} has room for {room} more queued runs under "
+                    f"max_queued={max_queued}, and this batch has {batch} new runs; nothing of "
+                    f"the batch was stored.")
+        super().__init__(f"{text} Retry later, add workers, or use admission='park'.")
         self.max_queued = max_queued
 
 

@@ -151,6 +151,15 @@ class RunQueue(Protocol):
         AdmissionRejectedError and stores nothing; ``"park"`` stores it held, behind every run
         held before it."""
 
+    async def create_runs(
+        self, news: Sequence[NewRun], *, max_queued: int | None, admission: str
+    ) -> list[tuple[Run, bool]]:
+        """``create_run`` for a batch of one namespace (new ids), all or nothing, answered in
+        ``news``' order: an item whose key is stored already, or was taken by an earlier item of
+        the batch, gets that run with ``False``. Admission counts the new runs only:
+        ``"reject"`` refuses the whole batch when they do not all fit; ``"park"`` stores those
+        beyond the room held, in batch order."""
+
     async def get_run(self, run_id: str) -> Run | None:
         """The run, or None."""
 

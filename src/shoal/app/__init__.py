@@ -3,5 +3,6 @@ coordination together, and holds what the user registered (``core``); ``options`
 what it is given, ``host`` is what the engine asks of it."""
 
 from shoal.app.core import App, Workflow
+from shoal.app.options import DispatchItem
 
-__all__ = ["App", "Workflow"]
+__all__ = ["App", "DispatchItem", "Workflow"]

@@ -10,14 +10,21 @@ import math
 import os
 import signal as signals
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
 
 from shoal import _checks, _ids, _json
 from shoal._checks import CALL, CONFIG
 from shoal.abort import AbortSignal
 from shoal.app.host import Host
-from shoal.app.options import check_app_options, check_dispatch_options, check_workflow_options
+from shoal.app.options import (
+    MAX_BATCH_BYTES,
+    DispatchItem,
+    batch_items,
+    check_app_options,
+    check_dispatch_options,
+    check_workflow_options,
+)
 from shoal.clock import Clock, SystemClock
 from shoal.coord.lock import LockManager, LockRequest, lock_keys
 from shoal.coord.membership import Listener, Membership
@@ -79,6 +86,23 @@ class Workflow(Generic[R]):
 
     def __repr__(self) -> str:
         return f"<shoal.Workflow {self.name!r}>"
+
+
+_T = TypeVar("_T")
+
+
+def _either(item: _T | None, batch: _T | None, default: _T) -> _T:
+    """An item's option, else the batch's, else the default (the workflow's)."""
+    return item if item is not None else batch if batch is not None else default
+
+
+def _about_item(e: Exception, i: int) -> Exception:
+    """An error about one item of ``dispatch_many`` says which: a bad value is raised again
+    with the item's position in its message, anything else carries it as a note."""
+    if type(e) in (TypeError, ValueError, ConfigurationError):
+        return type(e)(f"dispatch_many: item {i}: {e}")
+    e.add_note(f"raised for item {i} of app.dispatch_many")
+    return e
 
 
 class App:
@@ -746,25 +770,8 @@ class App:
                 f"dispatch(connection=...) writes the run in your own database transaction; "
                 f"the store {mask_url(self.store.url)!r} ({type(self.store).__name__}) has none "
                 f"to join. Use a PostgreSQL or SQLite store, or dispatch without connection=.")
-        spec = self._registry.workflows.get(name)
-        options = spec.options() if spec is not None else await self.store.get_workflow(
-            self.namespace, name)
-        if options is None:
-            raise UnknownWorkflowError(name, self.namespace)
-        if concurrency_key is None:
-            if spec is not None and callable(spec.concurrency_key):
-                concurrency_key = spec.concurrency_key(input)
-                if concurrency_key is not None:
-                    _checks.text(concurrency_key, f"the key given by the concurrency_key "
-                                 f"function of workflow {name!r}", CALL, empty=True)
-            elif options.get("key_from_input"):
-                # never start a keyed run without its key: this process lacks the function
-                raise ConfigurationError(
-                    f"Workflow {name!r} computes its concurrency key from the input in code this "
-                    f"process does not have. Pass concurrency_key=... to dispatch, or register "
-                    f"the workflow in this app too.")
-            else:
-                concurrency_key = options.get("concurrency_key")
+        spec, options = await self._workflow_options(name)
+        concurrency_key = self._concurrency_key(name, spec, options, input, concurrency_key)
         now = self.clock.now()
         run_id = _ids.new_id(now)
         new = NewRun(
@@ -793,6 +800,116 @@ class App:
             if delay:
                 self._engine.wake_at(new.run_at or now)
         return run
+
+    async def dispatch_many(
+        self,
+        workflow: Workflow[Any] | WorkflowFunction | str,
+        inputs: Iterable[Any],
+        *,
+        concurrency_key: str | None = None,
+        priority: int | None = None,
+        tenant: str = "default",
+        delay: float | None = None,
+        max_attempts: int | None = None,
+    ) -> list[Run]:
+        """Store a batch of runs of one workflow at once, all or nothing, and return them in
+        the order of ``inputs``. Each item is an input, or a ``shoal.DispatchItem`` whose own
+        options (``idempotency_key`` among them) take the place of the batch's. An item whose
+        idempotency key is taken gets that run (the first item's, for a key given twice).
+        Raises as ``app.dispatch`` does, naming the item ("dispatch_many: item 3: ..."), and
+        ``ValueError`` for more than 10,000 items or 64 MiB of input JSON; nothing is stored
+        then. Admission counts the new runs: ``"reject"`` refuses the batch unless they all
+        fit, ``"park"`` holds those beyond the room."""
+        name = self._workflow_name(workflow)
+        check_dispatch_options(None, concurrency_key, priority, tenant, delay, max_attempts,
+                               call="app.dispatch_many")
+        checked = self._checked_items(batch_items(inputs), tenant)
+        await self._open_store()
+        spec, options = await self._workflow_options(name)
+        now = self.clock.now()
+        news = []
+        for i, (value, one) in enumerate(checked):
+            given = concurrency_key if one.concurrency_key is None else one.concurrency_key
+            try:
+                key = self._concurrency_key(name, spec, options, value, given)
+            except Exception as e:
+                raise _about_item(e, i) from None
+            run_id = _ids.new_id(now)
+            news.append(NewRun(
+                id=run_id, namespace=self.namespace, tenant=_either(one.tenant, None, tenant),
+                workflow=name, input=value,
+                priority=_either(one.priority, priority, int(options.get("priority", 0))),
+                created_at=now, run_at=now + _either(one.delay, delay, 0.0),
+                max_attempts=_either(one.max_attempts, max_attempts,
+                                     int(options.get("max_attempts", 3))),
+                concurrency_key=key, idempotency_key=one.idempotency_key,
+                version=self.version, root_id=run_id))
+        if not news:
+            return []
+        answered = await self.store.create_runs(news, max_queued=self.max_queued,
+                                                admission=self.admission)
+        created = [run for run, new in answered if new]
+        if created and self._engine is not None:
+            self._engine.kick()
+            later = [r.run_at for r in created if r.run_at is not None and r.run_at > now]
+            if later:
+                self._engine.wake_at(min(later))
+        return [run for run, _ in answered]
+
+    def _checked_items(self, items: list[Any], tenant: str) -> list[tuple[Any, DispatchItem]]:
+        """Each item of a batch as (its input as stored, its options), after the checks of
+        ``app.dispatch``; the first bad one raises, naming its position."""
+        checked = []
+        size = 0
+        for i, item in enumerate(items):
+            try:
+                own = isinstance(item, DispatchItem)    # options of its own
+                one = item if own else DispatchItem(item)
+                value, n = _json.checked_size(one.input, "input", self.max_payload_bytes)
+                if own:
+                    check_dispatch_options(
+                        one.idempotency_key, one.concurrency_key, one.priority,
+                        tenant if one.tenant is None else one.tenant, one.delay,
+                        one.max_attempts, call="DispatchItem")
+            except Exception as e:
+                raise _about_item(e, i) from None
+            checked.append((value, one))
+            size += n
+        if size > MAX_BATCH_BYTES:
+            raise ValueError(f"app.dispatch_many was given {size} bytes of input JSON, over "
+                             f"the limit of {MAX_BATCH_BYTES} bytes per call: dispatch the "
+                             f"inputs in smaller chunks")
+        return checked
+
+    async def _workflow_options(self, name: str) -> tuple[WorkflowSpec | None, dict[str, Any]]:
+        """The workflow registered here (None when another instance registered it) and its
+        dispatch options; ``UnknownWorkflowError`` when no instance of the namespace did."""
+        spec = self._registry.workflows.get(name)
+        options = spec.options() if spec is not None else await self.store.get_workflow(
+            self.namespace, name)
+        if options is None:
+            raise UnknownWorkflowError(name, self.namespace)
+        return spec, options
+
+    def _concurrency_key(self, name: str, spec: WorkflowSpec | None, options: dict[str, Any],
+                         input: Any, given: str | None) -> str | None:
+        """The run's concurrency key: the one given, else the workflow's (from the input)."""
+        if given is not None:
+            return given
+        if spec is not None and callable(spec.concurrency_key):
+            key = spec.concurrency_key(input)
+            if key is not None:
+                _checks.text(key, f"the key given by the concurrency_key function of workflow "
+                             f"{name!r}", CALL, empty=True)
+            return key
+        if options.get("key_from_input"):
+            # never start a keyed run without its key: this process lacks the function
+            raise ConfigurationError(
+                f"Workflow {name!r} computes its concurrency key from the input in code this "
+                f"process does not have. Pass concurrency_key=... to dispatch, or register "
+                f"the workflow in this app too.")
+        key = options.get("concurrency_key")
+        return key if isinstance(key, str) else None
 
     def _workflow_name(self, workflow: Any) -> str:
         if isinstance(workflow, Workflow):

@@ -1,7 +1,12 @@
-"""Validation of the options of ``App(...)``, ``@app.workflow(...)`` and ``app.dispatch(...)``:
-each raises an error naming the first option that cannot work, before anything is stored."""
+"""Validation of the options of ``App(...)``, ``@app.workflow(...)`` and ``app.dispatch(...)``
+(and of the items of ``app.dispatch_many``): each raises an error naming the first option that
+cannot work, before anything is stored."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import KW_ONLY, dataclass
+from typing import Any
 
 from shoal import _checks
 from shoal._checks import CALL, CONFIG
@@ -9,24 +14,61 @@ from shoal.clock import Clock
 from shoal.errors import ConfigurationError
 from shoal.ports import Store
 
+# app.dispatch_many: items per call, and the JSON of their inputs together (one statement)
+MAX_BATCH = 10_000
+MAX_BATCH_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class DispatchItem:
+    """One input of ``app.dispatch_many`` with options of its own. An option left None takes
+    the batch's (and then the workflow's), as ``app.dispatch`` takes them; an
+    ``idempotency_key`` is only ever an item's."""
+
+    input: Any
+    _: KW_ONLY
+    idempotency_key: str | None = None
+    concurrency_key: str | None = None
+    priority: int | None = None
+    tenant: str | None = None
+    delay: float | None = None
+    max_attempts: int | None = None
+
 
 def check_dispatch_options(idempotency_key: object, concurrency_key: object, priority: object,
-                           tenant: object, delay: object, max_attempts: object) -> None:
+                           tenant: object, delay: object, max_attempts: object,
+                           call: str = "app.dispatch") -> None:
     """Raise ``TypeError`` (a value of the wrong type) or ``ValueError`` naming the first
-    option of ``app.dispatch(...)`` that cannot be stored as it is."""
+    option of ``app.dispatch(...)`` (or of ``call``) that cannot be stored as it is."""
     for what, key in (("idempotency_key", idempotency_key),
                       ("concurrency_key", concurrency_key)):
         if key is not None:
-            _checks.text(key, f"app.dispatch({what})", CALL, empty=True)
-    _checks.text(tenant, "app.dispatch(tenant)", CALL)
+            _checks.text(key, f"{call}({what})", CALL, empty=True)
+    _checks.text(tenant, f"{call}(tenant)", CALL)
     if priority is not None:
-        _checks.integer(priority, "app.dispatch(priority)", CALL, low=_checks.INT32_MIN,
+        _checks.integer(priority, f"{call}(priority)", CALL, low=_checks.INT32_MIN,
                         high=_checks.INT32_MAX)
     if delay is not None:   # ValueError, as it always was
-        _checks.seconds(delay, "app.dispatch(delay)", _checks.VALUE)
+        _checks.seconds(delay, f"{call}(delay)", _checks.VALUE)
     if max_attempts is not None:
-        _checks.integer(max_attempts, "app.dispatch(max_attempts)", _checks.VALUE, low=1,
+        _checks.integer(max_attempts, f"{call}(max_attempts)", _checks.VALUE, low=1,
                         high=_checks.INT32_MAX)
+
+
+def batch_items(inputs: object) -> list[Any]:
+    """The items of ``app.dispatch_many(workflow, inputs)`` as a list; ``TypeError`` for
+    ``inputs`` that is not a list (or another iterable of items), ``ValueError`` for more than
+    ``MAX_BATCH`` of them."""
+    if isinstance(inputs, (str, bytes, bytearray, Mapping)) or not isinstance(inputs, Iterable):
+        raise TypeError(f"app.dispatch_many takes a list of inputs (each an input or a "
+                        f"shoal.DispatchItem), not {inputs!r:.80}")
+    items = list(inputs)
+    if len(items) > MAX_BATCH:
+        raise ValueError(f"app.dispatch_many takes at most {MAX_BATCH} inputs per call, not "
+                         f"{len(items)}: dispatch them in chunks, e.g. "
+                         f"for i in range(0, len(inputs), {MAX_BATCH}): "
+                         f"await app.dispatch_many(workflow, inputs[i:i + {MAX_BATCH}])")
+    return items
 
 
 def check_workflow_options(name: object, max_attempts: object, priority: object,

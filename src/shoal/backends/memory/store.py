@@ -15,6 +15,15 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from shoal import _json
+from shoal.backends._batches import (
+    Key,
+    answers,
+    firsts,
+    held_flags,
+    key_of,
+    namespace_of,
+    queued_run,
+)
 from shoal.backends.memory.coord import MemoryCoordination
 from shoal.backends.memory.rates import MemoryRateLimits
 from shoal.errors import AdmissionRejectedError
@@ -147,19 +156,36 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
                 if admission == "reject":
                     raise AdmissionRejectedError(new.namespace, max_queued)
                 held = True
-        run = Run(
-            id=new.id, namespace=new.namespace, tenant=new.tenant, workflow=new.workflow,
-            input=_json.copy(new.input), output=None, error=None, status=_Q,
-            priority=new.priority, created_at=new.created_at, run_at=new.run_at, attempts=0,
-            max_attempts=new.max_attempts, concurrency_key=new.concurrency_key,
-            idempotency_key=new.idempotency_key, owner=None, lease_expires_at=None,
-            lease_epoch=0, cancel_requested=False, version=new.version,
-            parent_id=new.parent_id, root_id=new.root_id or new.id, wait_for=None, held=held,
-            started_at=None, finished_at=None,
-        )
+        run = queued_run(new, held)
         self._runs[run.id] = run
         self._touch()
         return run, True
+
+    async def create_runs(
+        self, news: Sequence[NewRun], *, max_queued: int | None, admission: str
+    ) -> list[tuple[Run, bool]]:
+        if not news:
+            return []
+        namespace = namespace_of(news)
+        if any(new.id in self._runs for new in news):
+            raise ValueError("create_runs was given the id of a stored run")
+        keys = {k for k in map(key_of, news) if k is not None}
+        stored: dict[Key, Run] = {}
+        for r in self._in(namespace):
+            if r.idempotency_key is not None and (
+                    key := (r.tenant, r.workflow, r.idempotency_key)) in keys:
+                stored[key] = r
+        fresh = [news[i] for i in firsts(news, stored)]
+        queued = parked = 0
+        if max_queued is not None:
+            queued = self._waiting_to_start(namespace)
+            parked = sum(1 for r in self._in(namespace) if r.held)
+        held = held_flags(namespace, len(fresh), queued, parked, max_queued, admission)
+        inserted = {new.id: queued_run(new, h) for new, h in zip(fresh, held, strict=True)}
+        self._runs.update(inserted)
+        if inserted:
+            self._touch()
+        return answers(news, inserted, stored)
 
     def _waiting_to_start(self, namespace: str) -> int:
         """What admission control counts: queued runs never started and not held."""

@@ -19,6 +19,44 @@ WITH inserted AS (
 SELECT inserted.*, CASE WHEN NOT inserted.held THEN pg_notify(%(channel)s, '') END AS notified
 FROM inserted;
 
+-- name: insert_runs
+-- create_runs in one statement: the batch is one JSON array of rows (no idempotency key twice in
+-- it; a row's input is its JSON text, as a string), each row inserted unless its key is taken
+-- (waiting for an in-flight insert of the key, as insert_run does). Returns the ids inserted,
+-- and sends one NOTIFY for the whole batch when a row it inserted is not held. The caller reads
+-- the runs of the keys that were taken with find_idempotent_many, as create_run does.
+WITH inserted AS (
+    INSERT INTO runs (id, namespace, tenant, workflow, input, status, priority, created_at,
+                      run_at, max_attempts, concurrency_key, idempotency_key, version, parent_id,
+                      root_id, held)
+    SELECT id, %(namespace)s, tenant, workflow, input, 'queued', priority, created_at, run_at,
+           max_attempts, concurrency_key, idempotency_key, version, parent_id, root_id, held
+    FROM json_to_recordset(%(rows)s::json)
+        AS b(id text, tenant text, workflow text, input text, priority integer,
+             created_at double precision, run_at double precision, max_attempts integer,
+             concurrency_key text, idempotency_key text, version text, parent_id text,
+             root_id text, held boolean)
+    ON CONFLICT (namespace, tenant, workflow, idempotency_key)
+        WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, held
+)
+SELECT id,
+       (SELECT count(*) FROM (SELECT pg_notify(%(channel)s, '')
+                              WHERE EXISTS (SELECT 1 FROM inserted WHERE NOT held)) n) AS notified
+FROM inserted;
+
+-- name: find_idempotent_many
+-- The runs of these (tenant, workflow, idempotency key) triples, one index probe each (LIMIT 1
+-- keeps the lateral a probe: the planner would otherwise be free to join the whole table).
+SELECT stored.*
+FROM unnest(%(tenant)s::text[], %(workflow)s::text[], %(idempotency_key)s::text[])
+    AS k(tenant, workflow, idempotency_key)
+CROSS JOIN LATERAL (
+    SELECT * FROM runs r
+    WHERE r.namespace = %(namespace)s AND r.tenant = k.tenant AND r.workflow = k.workflow
+      AND r.idempotency_key = k.idempotency_key
+    LIMIT 1) stored;
+
 -- name: find_idempotent
 SELECT * FROM runs
 WHERE namespace = %(namespace)s AND tenant = %(tenant)s AND workflow = %(workflow)s

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import math
 import re
@@ -33,6 +34,15 @@ from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from shoal import _json
+from shoal.backends._batches import (
+    Key,
+    answers,
+    firsts,
+    held_flags,
+    key_of,
+    namespace_of,
+    queued_run,
+)
 from shoal.backends._sql import behind, current_schema, migrations, queries
 from shoal.backends._urls import mask_url
 from shoal.backends.postgres import joined
@@ -557,6 +567,89 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
                 assert row is not None
                 return _run(row), False
             return _run(row), True
+
+    async def create_runs(
+        self, news: Sequence[NewRun], *, max_queued: int | None, admission: str
+    ) -> list[tuple[Run, bool]]:
+        # Without admission control one statement (insert_runs) answers the whole batch; with
+        # it, that statement follows the admission count in one transaction.
+        if not news:
+            return []
+        namespace = namespace_of(news)
+        return await self._retry(lambda: self._create_batch(namespace, news, max_queued,
+                                                            admission))
+
+    async def _create_batch(
+        self, namespace: str, news: Sequence[NewRun], max_queued: int | None, admission: str
+    ) -> list[tuple[Run, bool]]:
+        stored: dict[Key, Run] = {}
+        async with self._connection() as conn:
+            if max_queued is None:
+                fresh = [news[i] for i in firsts(news)]
+                inserted = await self._insert_runs(conn, namespace, fresh, [False] * len(fresh))
+            else:
+                async with conn.transaction():
+                    await conn.execute(_Q["advisory_xact_lock"],
+                                       {"key": self._admission_key(namespace)})
+                    stored = await self._find_keys(conn, namespace, news)
+                    fresh = [news[i] for i in firsts(news, stored)]
+                    queued = parked = 0
+                    if fresh:
+                        counts = await (await conn.execute(_Q["count_queued"], {
+                            "namespace": namespace, "max_queued": max_queued})).fetchone()
+                        assert counts is not None
+                        queued, parked = counts["queued"], counts["parked"]
+                    held = held_flags(namespace, len(fresh), queued, parked, max_queued,
+                                      admission)
+                    inserted = await self._insert_runs(conn, namespace, fresh, held)
+            # Keys taken before the batch, or by a transaction that committed while the insert
+            # waited for it: read in a statement of their own, which sees them (create_run too).
+            taken = [n for n in fresh if n.id not in inserted]
+            if taken:
+                stored.update(await self._find_keys(conn, namespace, taken))
+                if any(key_of(n) not in stored for n in taken):
+                    raise StoreUnavailableError(
+                        "A run of this batch's idempotency keys was inserted by another "
+                        "transaction but cannot be read back; try again.")
+        return answers(news, inserted, stored)
+
+    async def _insert_runs(
+        self, conn: _Conn, namespace: str, fresh: Sequence[NewRun], held: Sequence[bool]
+    ) -> dict[str, Run]:
+        """insert_runs: the runs it inserted, by id."""
+        if not fresh:
+            return {}
+        # In key order: two batches inserting the same keys wait for each other in one order,
+        # never in a cycle (a deadlock, which the server takes deadlock_timeout to break).
+        rows = sorted(zip(fresh, held, (_json.dumps(n.input) for n in fresh), strict=True),
+                      key=lambda r: (r[0].idempotency_key is None, r[0].tenant, r[0].workflow,
+                                     r[0].idempotency_key or ""))
+        # One JSON text for the whole batch: json.dumps is C, where psycopg dumps arrays of
+        # text in Python; unescaped, so that text reaches the server as any text parameter does.
+        batch = json.dumps([{
+            "id": n.id, "tenant": n.tenant, "workflow": n.workflow, "input": text,
+            "priority": n.priority, "created_at": n.created_at, "run_at": n.run_at,
+            "max_attempts": n.max_attempts, "concurrency_key": n.concurrency_key,
+            "idempotency_key": n.idempotency_key, "version": n.version,
+            "parent_id": n.parent_id, "root_id": n.root_id or n.id, "held": h,
+        } for n, h, text in rows], ensure_ascii=False, separators=(",", ":"))
+        cur = await conn.execute(_Q["insert_runs"], {"namespace": namespace, "rows": batch,
+                                                     "channel": self.channel})
+        ids = {row["id"] for row in await cur.fetchall()}
+        return {n.id: queued_run(n, h, text) for n, h, text in rows if n.id in ids}
+
+    async def _find_keys(self, conn: _Conn, namespace: str,
+                         news: Sequence[NewRun]) -> dict[Key, Run]:
+        """The stored runs of the idempotency keys of ``news``."""
+        keys = list(dict.fromkeys(k for k in map(key_of, news) if k is not None))
+        if not keys:
+            return {}
+        cur = await conn.execute(_Q["find_idempotent_many"], {
+            "namespace": namespace, "tenant": [k[0] for k in keys],
+            "workflow": [k[1] for k in keys], "idempotency_key": [k[2] for k in keys]})
+        runs = [_run(row) for row in await cur.fetchall()]
+        return {(r.tenant, r.workflow, r.idempotency_key): r for r in runs
+                if r.idempotency_key is not None}
 
     def _admission_key(self, namespace: str) -> str:
         return f"shoal:admission:{self.schema}:{namespace}"

@@ -22,6 +22,13 @@ VALUES (:id, :namespace, :tenant, :workflow, :input, 'queued', :priority, :creat
         :max_attempts, :concurrency_key, :idempotency_key, :version, :parent_id, :root_id, :held)
 RETURNING *;
 
+-- name: insert_runs
+-- create_runs: one row per item (executemany), in the batch's transaction.
+INSERT INTO runs (id, namespace, tenant, workflow, input, status, priority, created_at, run_at,
+                  max_attempts, concurrency_key, idempotency_key, version, parent_id, root_id, held)
+VALUES (:id, :namespace, :tenant, :workflow, :input, 'queued', :priority, :created_at, :run_at,
+        :max_attempts, :concurrency_key, :idempotency_key, :version, :parent_id, :root_id, :held);
+
 -- name: find_idempotent
 SELECT * FROM runs
 WHERE namespace = :namespace AND tenant = :tenant AND workflow = :workflow

@@ -24,6 +24,15 @@ from typing import Any, Literal, ParamSpec, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from shoal import _json
+from shoal.backends._batches import (
+    Key,
+    answers,
+    firsts,
+    held_flags,
+    key_of,
+    namespace_of,
+    queued_run,
+)
 from shoal.backends._sql import behind, current_schema, migrations, queries
 from shoal.backends.sqlite import joined
 from shoal.backends.sqlite.coord import SQLiteCoordination
@@ -365,6 +374,38 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
         finally:
             cur.close()
         return _run(row), created
+
+    async def create_runs(
+        self, news: Sequence[NewRun], *, max_queued: int | None, admission: str
+    ) -> list[tuple[Run, bool]]:
+        if not news:
+            return []
+        namespace = namespace_of(news)
+        async with self._tx() as db:
+            stored: dict[Key, Run] = {}
+            for key in dict.fromkeys(k for k in map(key_of, news) if k is not None):
+                row = db.execute(_Q["find_idempotent"], {
+                    "namespace": namespace, "tenant": key[0], "workflow": key[1],
+                    "idempotency_key": key[2]}).fetchone()
+                if row is not None:
+                    stored[key] = _run(row)
+            fresh = [news[i] for i in firsts(news, stored)]
+            queued = parked = 0
+            if max_queued is not None and fresh:
+                queued, parked = db.execute(_Q["count_queued"],
+                                            {"namespace": namespace}).fetchone()
+            held = held_flags(namespace, len(fresh), queued, parked, max_queued, admission)
+            rows = list(zip(fresh, held, (_json.dumps(n.input) for n in fresh), strict=True))
+            db.executemany(_Q["insert_runs"], [{
+                "id": new.id, "namespace": namespace, "tenant": new.tenant,
+                "workflow": new.workflow, "input": text, "priority": new.priority,
+                "created_at": new.created_at, "run_at": new.run_at,
+                "max_attempts": new.max_attempts, "concurrency_key": new.concurrency_key,
+                "idempotency_key": new.idempotency_key, "version": new.version,
+                "parent_id": new.parent_id, "root_id": new.root_id or new.id, "held": int(h),
+            } for new, h, text in rows])
+        inserted = {new.id: queued_run(new, h, text) for new, h, text in rows}
+        return answers(news, inserted, stored)
 
     async def incompatible_runs(
         self, namespace: str, workflows: Sequence[str], version: str | None,
