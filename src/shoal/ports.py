@@ -246,8 +246,9 @@ class RunQueue(Protocol):
 @runtime_checkable
 class TransactionalDispatch(Protocol):
     """Runs created in the caller's own open transaction on the store's database, so that they
-    exist if and only if it commits (``app.dispatch(..., connection=conn)``): the SQLite and
-    PostgreSQL stores; the memory store has no transaction to join."""
+    exist if and only if it commits (``app.dispatch(..., connection=conn)`` and
+    ``app.dispatch_many``): the SQLite and PostgreSQL stores; the memory store has no
+    transaction to join."""
 
     async def create_run_in(
         self, connection: object, new: NewRun, *, max_queued: int | None, admission: str
@@ -256,6 +257,13 @@ class TransactionalDispatch(Protocol):
         and the workers' wake-up come with the caller's commit. Admission counts what that
         transaction sees. A connection of another kind is a TypeError; one to another database,
         or in autocommit outside a transaction, a ConfigurationError (nothing done)."""
+
+    async def create_runs_in(
+        self, connection: object, news: Sequence[NewRun], *, max_queued: int | None,
+        admission: str,
+    ) -> list[tuple[Run, bool]]:
+        """``create_runs`` on ``connection`` inside its transaction, as ``create_run_in`` does
+        ``create_run``: the whole batch, and one wake-up, come with the caller's commit."""
 
 
 @runtime_checkable

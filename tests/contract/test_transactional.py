@@ -134,14 +134,106 @@ async def test_sqlite_refuses_an_autocommit_connection_and_the_memory_store(
             assert await store.get_run(run.id) is not None
         finally:
             conn.close()
+        conn = sqlite3.connect(store.path, isolation_level=None)
+        try:
+            with pytest.raises(ConfigurationError, match="autocommit"):
+                await store.create_runs_in(conn, [new_run()], max_queued=None,
+                                           admission="reject")
+            conn.execute("BEGIN")
+            got = await store.create_runs_in(conn, [new_run(), new_run()], max_queued=None,
+                                             admission="reject")
+            assert await store.get_run(got[0][0].id) is None
+            conn.execute("COMMIT")
+            assert len(await store.list_runs(None)) == 3
+        finally:
+            conn.close()
     memory = SQLiteStore(":memory:")
     await memory.open()
     try:
         with pytest.raises(ConfigurationError, match="memory"):
             await memory.create_run_in(sqlite3.connect(":memory:"), new_run(), max_queued=None,
                                        admission="reject")
+        with pytest.raises(ConfigurationError, match="memory"):
+            await memory.create_runs_in(sqlite3.connect(":memory:"), [new_run()],
+                                        max_queued=None, admission="reject")
     finally:
         await memory.close()
+
+
+def _locked_for(path: str) -> bool:
+    """Whether another connection to ``path`` is refused the write lock (it does not wait)."""
+    rival = sqlite3.connect(path, timeout=0, isolation_level=None)
+    try:
+        rival.execute("BEGIN IMMEDIATE")
+        rival.execute("ROLLBACK")
+        return False
+    except sqlite3.OperationalError as e:
+        assert "locked" in str(e)
+        return True
+    finally:
+        rival.close()
+
+
+async def test_sqlite_a_batch_outside_a_transaction_begins_one_with_the_write_lock(
+    tmp_path: Path,
+) -> None:
+    """Python's default mode before the first write: the batch begins the transaction with the
+    write lock (no other writer can take a key between the lookup and the insert), and leaves
+    it open for the caller; a batch that stores nothing ends it again."""
+    from shoal.errors import AdmissionRejectedError
+    from shoal.testing.contract import new_run
+
+    async with sqlite_store(tmp_path / "shoal.db") as store:
+        old, _ = await store.create_run(new_run(idem="old"), max_queued=None,
+                                        admission="reject")
+        conn = sqlite3.connect(store.path)
+        try:
+            assert not conn.in_transaction
+            # nothing new: a repeat, a refused batch
+            [(again, created)] = await store.create_runs_in(conn, [new_run(idem="old")],
+                                                            max_queued=None, admission="reject")
+            assert again.id == old.id and not created
+            assert not conn.in_transaction and not _locked_for(store.path)
+            with pytest.raises(AdmissionRejectedError):
+                await store.create_runs_in(conn, [new_run(), new_run()], max_queued=2,
+                                           admission="reject")
+            assert not conn.in_transaction and not _locked_for(store.path)
+
+            got = await store.create_runs_in(conn, [new_run(idem="old"), new_run(idem="k")],
+                                             max_queued=2, admission="reject")
+            assert [c for _, c in got] == [False, True]
+            assert conn.in_transaction and _locked_for(store.path)
+            assert await store.get_run(got[1][0].id) is None
+            conn.commit()
+            assert await store.get_run(got[1][0].id) is not None
+        finally:
+            conn.close()
+
+
+async def test_sqlite_a_batch_failing_half_way_leaves_none_of_its_rows(tmp_path: Path) -> None:
+    """The batch's inserts are one savepoint: a failure on its second row takes back its first,
+    and the caller's transaction, with its own rows, goes on."""
+    import dataclasses
+
+    from shoal.testing.contract import new_run
+
+    async with sqlite_store(tmp_path / "shoal.db") as store:
+        stored, _ = await store.create_run(new_run(), max_queued=None, admission="reject")
+        conn = sqlite3.connect(store.path)
+        try:
+            conn.execute("CREATE TABLE notes (text TEXT)")
+            conn.execute("INSERT INTO notes VALUES ('mine')")
+            first = new_run()
+            clash = dataclasses.replace(new_run(), id=stored.id, root_id=stored.id)
+            with pytest.raises(sqlite3.IntegrityError):
+                await store.create_runs_in(conn, [first, clash], max_queued=None,
+                                           admission="reject")
+            assert conn.in_transaction
+            conn.commit()
+            assert conn.execute("SELECT text FROM notes").fetchall() == [("mine",)]
+            assert [r.id for r in await store.list_runs(None)] == [stored.id]
+        finally:
+            conn.close()
 
 
 # -- PostgreSQL ------------------------------------------------------------------------------------
@@ -348,6 +440,65 @@ async def test_postgres_a_key_dispatched_in_an_open_transaction_waits_for_its_en
         await store.close()
 
 
+async def test_postgres_a_batch_key_dispatched_in_an_open_transaction_waits_for_its_end(
+    schema: str,
+) -> None:
+    """Two callers' transactions dispatch batches sharing an idempotency key: the second waits
+    for the first, then gets its run if it committed, or inserts its own if it rolled back."""
+    from shoal.testing.contract import new_run
+
+    store = await _open(schema)
+    first = await psycopg.AsyncConnection.connect(URL)
+    second = await psycopg.AsyncConnection.connect(URL)
+    try:
+        for commit in (True, False):
+            key = f"k-{commit}"
+            [_, (run, created)] = await store.create_runs_in(
+                first, [new_run(), new_run(idem=key)], max_queued=None, admission="reject")
+            assert created
+            mine = new_run(idem=key)
+            waiting = asyncio.create_task(store.create_runs_in(
+                second, [new_run(), mine], max_queued=None, admission="reject"))
+            await _waits_for_a_lock(second.info.backend_pid)   # on the key's index entry
+            assert not waiting.done()
+            await (first.commit() if commit else first.rollback())
+            [(_, fresh), (other, created)] = await asyncio.wait_for(waiting, 10)
+            assert fresh
+            assert (other.id == run.id and not created) if commit else (
+                other.id == mine.id and created)
+            await second.commit()
+        assert len(await store.list_runs(None)) == 5
+    finally:
+        await first.close()
+        await second.close()
+        await store.close()
+
+
+async def test_postgres_admission_in_a_caller_s_transaction_takes_no_lock(schema: str) -> None:
+    """Admission in the caller's transaction counts what it sees and takes no advisory lock:
+    held until the caller commits, it would stall every dispatch of the namespace."""
+    from shoal.testing.contract import NS, new_run
+
+    store = await _open(schema)
+    try:
+        async with await psycopg.AsyncConnection.connect(URL) as conn:
+            await store.create_run_in(conn, new_run(), max_queued=10, admission="reject")
+            await store.create_runs_in(conn, [new_run(), new_run()], max_queued=10,
+                                       admission="park")
+            cur = await conn.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = %s",
+                (conn.info.backend_pid,))
+            assert await cur.fetchone() == (0,)
+            # the store's own dispatch under admission control does not wait for it
+            got = await asyncio.wait_for(store.create_runs(
+                [new_run()], max_queued=10, admission="reject"), 10)
+            assert got[0][1]
+            await conn.commit()
+        assert len(await store.list_runs(NS)) == 4
+    finally:
+        await store.close()
+
+
 async def test_postgres_a_raw_cursor_factory_and_pipeline_mode(schema: str) -> None:
     """shoal's statements use psycopg's default cursor, whatever the connection's factory, and
     read their rows in pipeline mode too."""
@@ -364,6 +515,9 @@ async def test_postgres_a_raw_cursor_factory_and_pipeline_mode(schema: str) -> N
             b, created = await store.create_run_in(conn, new_run(idem="p"), max_queued=None,
                                                    admission="reject")
             assert not created and b.id == a.id
-        assert [r.id for r in await store.list_runs(None)] == [a.id]
+            got = await store.create_runs_in(conn, [new_run(idem="p"), new_run(idem="q")],
+                                             max_queued=5, admission="reject")
+            assert [(r.id, c) for r, c in got] == [(a.id, False), (got[1][0].id, True)]
+        assert [r.id for r in await store.list_runs(None)] == [a.id, got[1][0].id]
     finally:
         await store.close()

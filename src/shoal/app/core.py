@@ -765,11 +765,7 @@ class App:
         check_dispatch_options(idempotency_key, concurrency_key, priority, tenant, delay,
                                 max_attempts)
         await self._open_store()
-        if connection is not None and not isinstance(self.store, TransactionalDispatch):
-            raise ConfigurationError(
-                f"dispatch(connection=...) writes the run in your own database transaction; "
-                f"the store {mask_url(self.store.url)!r} ({type(self.store).__name__}) has none "
-                f"to join. Use a PostgreSQL or SQLite store, or dispatch without connection=.")
+        joined = self._transactional(connection, "dispatch")
         spec, options = await self._workflow_options(name)
         concurrency_key = self._concurrency_key(name, spec, options, input, concurrency_key)
         now = self.clock.now()
@@ -784,9 +780,8 @@ class App:
             parent_id=None if parent is None else parent.id,
             root_id=run_id if parent is None else parent.root_id,
         )
-        if connection is not None:
-            assert isinstance(self.store, TransactionalDispatch)
-            run, created = await self.store.create_run_in(
+        if joined is not None:
+            run, created = await joined.create_run_in(
                 connection, new, max_queued=self.max_queued, admission=self.admission)
             if created and delay and self._engine is not None:
                 # not kicked: the run is not there before the caller commits, and its commit
@@ -811,6 +806,7 @@ class App:
         tenant: str = "default",
         delay: float | None = None,
         max_attempts: int | None = None,
+        connection: object | None = None,
     ) -> list[Run]:
         """Store a batch of runs of one workflow at once, all or nothing, and return them in
         the order of ``inputs``. Each item is an input, or a ``shoal.DispatchItem`` whose own
@@ -819,12 +815,17 @@ class App:
         Raises as ``app.dispatch`` does, naming the item ("dispatch_many: item 3: ..."), and
         ``ValueError`` for more than 10,000 items or 64 MiB of input JSON; nothing is stored
         then. Admission counts the new runs: ``"reject"`` refuses the batch unless they all
-        fit, ``"park"`` holds those beyond the room."""
+        fit, ``"park"`` holds those beyond the room.
+
+        With ``connection``, as in ``app.dispatch``, the batch is written in that connection's
+        open transaction and nothing is committed: all of it exists, and workers are woken
+        (once), when the caller commits; none of it if it rolls back."""
         name = self._workflow_name(workflow)
         check_dispatch_options(None, concurrency_key, priority, tenant, delay, max_attempts,
                                call="app.dispatch_many")
         checked = self._checked_items(batch_items(inputs), tenant)
         await self._open_store()
+        joined = self._transactional(connection, "dispatch_many")
         spec, options = await self._workflow_options(name)
         now = self.clock.now()
         news = []
@@ -846,15 +847,36 @@ class App:
                 version=self.version, root_id=run_id))
         if not news:
             return []
-        answered = await self.store.create_runs(news, max_queued=self.max_queued,
-                                                admission=self.admission)
+        if joined is not None:
+            answered = await joined.create_runs_in(connection, news, max_queued=self.max_queued,
+                                                   admission=self.admission)
+        else:
+            answered = await self.store.create_runs(news, max_queued=self.max_queued,
+                                                    admission=self.admission)
         created = [run for run, new in answered if new]
         if created and self._engine is not None:
-            self._engine.kick()
+            if joined is None:
+                # not kicked for a caller's transaction: its commit wakes the workers (NOTIFY,
+                # data_version), and before it the runs are not there
+                self._engine.kick()
             later = [r.run_at for r in created if r.run_at is not None and r.run_at > now]
             if later:
                 self._engine.wake_at(min(later))
         return [run for run, _ in answered]
+
+    def _transactional(self, connection: object | None, call: str,
+                       ) -> TransactionalDispatch | None:
+        """The store, to write in ``connection``'s transaction (None without a connection);
+        ``ConfigurationError`` for a store with no transaction to join."""
+        if connection is None:
+            return None
+        if not isinstance(self.store, TransactionalDispatch):
+            raise ConfigurationError(
+                f"{call}(connection=...) writes the "
+                f"{'run' if call == 'dispatch' else 'runs'} in your own database transaction; "
+                f"the store {mask_url(self.store.url)!r} ({type(self.store).__name__}) has none "
+                f"to join. Use a PostgreSQL or SQLite store, or {call} without connection=.")
+        return self.store
 
     def _checked_items(self, items: list[Any], tenant: str) -> list[tuple[Any, DispatchItem]]:
         """Each item of a batch as (its input as stored, its options), after the checks of

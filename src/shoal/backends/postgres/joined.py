@@ -1,4 +1,5 @@
-"""Writes in the caller's own transaction (``app.dispatch(..., connection=conn)``).
+"""Writes in the caller's own transaction (``app.dispatch(..., connection=conn)``, and
+``app.dispatch_many``).
 
 The caller hands over its psycopg 3 connection, an ``AsyncConnection`` or a sync ``Connection``
 (whose statements run in a worker thread, so the event loop never blocks on them), to the
@@ -8,8 +9,10 @@ store's schema there) and runs the store's own named statements on it, each tabl
 here. The rows, and the ``pg_notify`` that wakes the workers, take effect when the caller commits,
 and not at all if it rolls back.
 
-A plan (such as :func:`create_run`) is an async function of an :data:`Execute`, so a bulk form
-runs its own statements the same way.
+A plan (such as :func:`create_run`) is an async function of an :data:`Execute`. The store's
+``create_runs`` is one too: it runs on the store's own connection under the admission lock, or,
+as ``create_runs_in``, here without it (the rule :func:`create_run` states), with one
+``insert_runs`` statement and so one ``pg_notify`` per batch.
 """
 
 from __future__ import annotations

@@ -582,39 +582,53 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
     async def _create_batch(
         self, namespace: str, news: Sequence[NewRun], max_queued: int | None, admission: str
     ) -> list[tuple[Run, bool]]:
-        stored: dict[Key, Run] = {}
         async with self._connection() as conn:
+            execute = _on(conn)
             if max_queued is None:
-                fresh = [news[i] for i in firsts(news)]
-                inserted = await self._insert_runs(conn, namespace, fresh, [False] * len(fresh))
+                batch = await self._insert_batch(execute, namespace, news, None, admission)
             else:
                 async with conn.transaction():
-                    await conn.execute(_Q["advisory_xact_lock"],
-                                       {"key": self._admission_key(namespace)})
-                    stored = await self._find_keys(conn, namespace, news)
-                    fresh = [news[i] for i in firsts(news, stored)]
-                    queued = parked = 0
-                    if fresh:
-                        counts = await (await conn.execute(_Q["count_queued"], {
-                            "namespace": namespace, "max_queued": max_queued})).fetchone()
-                        assert counts is not None
-                        queued, parked = counts["queued"], counts["parked"]
-                    held = held_flags(namespace, len(fresh), queued, parked, max_queued,
-                                      admission)
-                    inserted = await self._insert_runs(conn, namespace, fresh, held)
-            # Keys taken before the batch, or by a transaction that committed while the insert
-            # waited for it: read in a statement of their own, which sees them (create_run too).
-            taken = [n for n in fresh if n.id not in inserted]
-            if taken:
-                stored.update(await self._find_keys(conn, namespace, taken))
-                if any(key_of(n) not in stored for n in taken):
-                    raise StoreUnavailableError(
-                        "A run of this batch's idempotency keys was inserted by another "
-                        "transaction but cannot be read back; try again.")
-        return answers(news, inserted, stored)
+                    await execute("advisory_xact_lock", {"key": self._admission_key(namespace)})
+                    batch = await self._insert_batch(execute, namespace, news, max_queued,
+                                                     admission)
+            return await _answer_batch(execute, namespace, news, *batch, caller=False)
+
+    async def create_runs_in(
+        self, connection: object, news: Sequence[NewRun], *, max_queued: int | None,
+        admission: str,
+    ) -> list[tuple[Run, bool]]:
+        """``create_runs`` in the transaction of the caller's psycopg 3 connection, with the
+        statements of ``create_runs`` (see :mod:`shoal.backends.postgres.joined`); its errors
+        are the caller's connection's. No admission lock, as in ``create_run_in``: held until
+        the caller commits, it would stall every dispatch of the namespace behind the caller's
+        transaction, so admission counts the runs that transaction sees."""
+        execute = await self._callers.join(connection)
+        if not news:
+            return []
+        namespace = namespace_of(news)
+        batch = await self._insert_batch(execute, namespace, news, max_queued, admission)
+        return await _answer_batch(execute, namespace, news, *batch, caller=True)
+
+    async def _insert_batch(
+        self, execute: joined.Execute, namespace: str, news: Sequence[NewRun],
+        max_queued: int | None, admission: str,
+    ) -> tuple[dict[str, Run], dict[Key, Run], list[NewRun]]:
+        """The admission count and insert_runs of ``create_runs``: the runs inserted (by id),
+        the stored runs of the batch's keys read before (under admission control only: without
+        it insert_runs alone tells a taken key), and the items that made a new run."""
+        stored = {} if max_queued is None else await _find_keys(execute, namespace, news)
+        fresh = [news[i] for i in firsts(news, stored)]
+        queued = parked = 0
+        if max_queued is not None and fresh:
+            [counts] = await execute("count_queued", {"namespace": namespace,
+                                                      "max_queued": max_queued})
+            queued, parked = counts["queued"], counts["parked"]
+        held = held_flags(namespace, len(fresh), queued, parked, max_queued, admission)
+        return await self._insert_runs(execute, namespace, fresh, held), stored, fresh
 
     async def _insert_runs(
-        self, conn: _Conn, namespace: str, fresh: Sequence[NewRun], held: Sequence[bool]
+        self, execute: joined.Execute, namespace: str, fresh: Sequence[NewRun],
+        held: Sequence[bool],
     ) -> dict[str, Run]:
         """insert_runs: the runs it inserted, by id."""
         if not fresh:
@@ -633,23 +647,10 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
             "idempotency_key": n.idempotency_key, "version": n.version,
             "parent_id": n.parent_id, "root_id": n.root_id or n.id, "held": h,
         } for n, h, text in rows], ensure_ascii=False, separators=(",", ":"))
-        cur = await conn.execute(_Q["insert_runs"], {"namespace": namespace, "rows": batch,
-                                                     "channel": self.channel})
-        ids = {row["id"] for row in await cur.fetchall()}
+        found = await execute("insert_runs", {"namespace": namespace, "rows": batch,
+                                              "channel": self.channel})
+        ids = {row["id"] for row in found}
         return {n.id: queued_run(n, h, text) for n, h, text in rows if n.id in ids}
-
-    async def _find_keys(self, conn: _Conn, namespace: str,
-                         news: Sequence[NewRun]) -> dict[Key, Run]:
-        """The stored runs of the idempotency keys of ``news``."""
-        keys = list(dict.fromkeys(k for k in map(key_of, news) if k is not None))
-        if not keys:
-            return {}
-        cur = await conn.execute(_Q["find_idempotent_many"], {
-            "namespace": namespace, "tenant": [k[0] for k in keys],
-            "workflow": [k[1] for k in keys], "idempotency_key": [k[2] for k in keys]})
-        runs = [_run(row) for row in await cur.fetchall()]
-        return {(r.tenant, r.workflow, r.idempotency_key): r for r in runs
-                if r.idempotency_key is not None}
 
     def _admission_key(self, namespace: str) -> str:
         return f"shoal:admission:{self.schema}:{namespace}"
@@ -1326,3 +1327,48 @@ def _run(row: DictRow) -> Run:
         finished_at=row["finished_at"], resume_reason=row["resume_reason"],
         traceback=row["traceback"],
     )
+
+
+def _on(conn: _Conn) -> joined.Execute:
+    """How a plan of :mod:`~shoal.backends.postgres.joined`'s kind runs the named statements
+    on one of the store's own connections (whose search_path is the store's schema)."""
+    async def execute(name: str, args: dict[str, Any]) -> list[DictRow]:
+        cur = await conn.execute(_Q[name], args)
+        return await cur.fetchall()
+
+    return execute
+
+
+async def _find_keys(execute: joined.Execute, namespace: str,
+                     news: Sequence[NewRun]) -> dict[Key, Run]:
+    """The stored runs of the idempotency keys of ``news``."""
+    keys = list(dict.fromkeys(k for k in map(key_of, news) if k is not None))
+    if not keys:
+        return {}
+    rows = await execute("find_idempotent_many", {
+        "namespace": namespace, "tenant": [k[0] for k in keys],
+        "workflow": [k[1] for k in keys], "idempotency_key": [k[2] for k in keys]})
+    runs = [_run(row) for row in rows]
+    return {(r.tenant, r.workflow, r.idempotency_key): r for r in runs
+            if r.idempotency_key is not None}
+
+
+async def _answer_batch(
+    execute: joined.Execute, namespace: str, news: Sequence[NewRun], inserted: dict[str, Run],
+    stored: dict[Key, Run], fresh: Sequence[NewRun], *, caller: bool,
+) -> list[tuple[Run, bool]]:
+    """``create_runs``' answers once the batch is inserted (``caller``: in a caller's
+    transaction, which is not the store's to run again)."""
+    # Keys taken before the batch, or by a transaction that committed while the insert waited
+    # for it: read in a statement of their own, which sees them (create_run too).
+    taken = [n for n in fresh if n.id not in inserted]
+    if taken:
+        stored.update(await _find_keys(execute, namespace, taken))
+        if any(key_of(n) not in stored for n in taken):
+            raise StoreUnavailableError(
+                "A run of this batch's idempotency keys was inserted by another transaction "
+                "but cannot be read back in this one (REPEATABLE READ or SERIALIZABLE began "
+                "before it committed): roll back and try again." if caller else
+                "A run of this batch's idempotency keys was inserted by another "
+                "transaction but cannot be read back; try again.")
+    return answers(news, inserted, stored)

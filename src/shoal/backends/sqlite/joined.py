@@ -6,7 +6,9 @@ its own statements on it, each table written ``"name".table``, and commits nothi
 once the caller commits, and never if it rolls back. The statements run on the event loop's
 thread (a ``sqlite3`` connection belongs to its thread), and a write waits for the file's lock as
 the caller's connection says (its ``timeout``). Workers notice the commit by ``PRAGMA
-data_version``, as they notice any other process's write.
+data_version``, as they notice any other process's write. A batch (``create_runs_in``) looks its
+keys up and inserts in a transaction that holds the write lock (:func:`begin`), inside a
+savepoint, so that it is all or nothing in the caller's transaction.
 """
 
 from __future__ import annotations
@@ -53,6 +55,17 @@ def caller_schema(connection: object, path: str) -> str:
         f"{', '.join(repr(f or name) for name, f in files)} open, not the store's file "
         f"{os.path.abspath(path)!r}: pass a connection to the store's file (or one that "
         f"attached it), or dispatch without connection=.")
+
+
+def begin(connection: sqlite3.Connection) -> bool:
+    """Begin a transaction on ``connection`` that holds the write lock (``BEGIN IMMEDIATE``, or
+    ``EXCLUSIVE`` when that is its isolation level), unless it is in one: whether it began one.
+    The lock is waited for as the connection's ``timeout`` says."""
+    if connection.in_transaction:
+        return False
+    level = (connection.isolation_level or "").upper()
+    connection.execute("BEGIN EXCLUSIVE" if level == "EXCLUSIVE" else "BEGIN IMMEDIATE")
+    return True
 
 
 def _autocommits(connection: sqlite3.Connection) -> bool:

@@ -96,7 +96,7 @@ def _guarded(fn: Callable[_P, Awaitable[_R]]) -> Callable[_P, Awaitable[_R]]:
 # Methods that run on the caller's own connection: its errors are the caller's to see as they
 # are (a StoreUnavailableError would say the store's transaction was rolled back; the caller's
 # transaction is still the caller's).
-_CALLERS_ERRORS = {"create_run_in"}
+_CALLERS_ERRORS = {"create_run_in", "create_runs_in"}
 
 
 def _unavailable_on_failure(cls: _C) -> _C:
@@ -382,30 +382,47 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
             return []
         namespace = namespace_of(news)
         async with self._tx() as db:
-            stored: dict[Key, Run] = {}
-            for key in dict.fromkeys(k for k in map(key_of, news) if k is not None):
-                row = db.execute(_Q["find_idempotent"], {
-                    "namespace": namespace, "tenant": key[0], "workflow": key[1],
-                    "idempotency_key": key[2]}).fetchone()
-                if row is not None:
-                    stored[key] = _run(row)
-            fresh = [news[i] for i in firsts(news, stored)]
-            queued = parked = 0
-            if max_queued is not None and fresh:
-                queued, parked = db.execute(_Q["count_queued"],
-                                            {"namespace": namespace}).fetchone()
-            held = held_flags(namespace, len(fresh), queued, parked, max_queued, admission)
-            rows = list(zip(fresh, held, (_json.dumps(n.input) for n in fresh), strict=True))
-            db.executemany(_Q["insert_runs"], [{
-                "id": new.id, "namespace": namespace, "tenant": new.tenant,
-                "workflow": new.workflow, "input": text, "priority": new.priority,
-                "created_at": new.created_at, "run_at": new.run_at,
-                "max_attempts": new.max_attempts, "concurrency_key": new.concurrency_key,
-                "idempotency_key": new.idempotency_key, "version": new.version,
-                "parent_id": new.parent_id, "root_id": new.root_id or new.id, "held": int(h),
-            } for new, h, text in rows])
-        inserted = {new.id: queued_run(new, h, text) for new, h, text in rows}
-        return answers(news, inserted, stored)
+            return _create_runs(db.cursor(), _Q, namespace, news, max_queued, admission)
+
+    async def create_runs_in(
+        self, connection: object, news: Sequence[NewRun], *, max_queued: int | None,
+        admission: str,
+    ) -> list[tuple[Run, bool]]:
+        """``create_runs`` in the transaction of the caller's ``sqlite3`` connection, with its
+        statements (see :mod:`shoal.backends.sqlite.joined`); its errors are the caller's
+        connection's. A connection outside a transaction (Python's default mode, before its
+        first write) gets one begun with the write lock, so that no other writer takes a key
+        between the lookup and the insert; when nothing is inserted it is ended again, as the
+        caller had it."""
+        name = joined.caller_schema(connection, self.path)
+        assert isinstance(connection, sqlite3.Connection)
+        if not news:
+            return []
+        namespace = namespace_of(news)
+        q = {n: joined.query(n, name) for n in ("find_idempotent", "count_queued",
+                                               "insert_runs")}
+        began = joined.begin(connection)
+        cur = connection.cursor()
+        cur.row_factory = sqlite3.Row
+        answered: list[tuple[Run, bool]] = []
+        try:
+            # a savepoint: a batch that fails half-way leaves none of its rows to the caller
+            cur.execute("SAVEPOINT shoal_create_runs")
+            try:
+                answered = _create_runs(cur, q, namespace, news, max_queued, admission)
+            except BaseException:
+                if connection.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        cur.execute("ROLLBACK TO shoal_create_runs")
+                        cur.execute("RELEASE shoal_create_runs")
+                raise
+            cur.execute("RELEASE shoal_create_runs")
+        finally:
+            cur.close()
+            if began and not any(created for _, created in answered) \
+                    and connection.in_transaction:
+                connection.rollback()
+        return answered
 
     async def incompatible_runs(
         self, namespace: str, workflows: Sequence[str], version: str | None,
@@ -925,6 +942,37 @@ def _create_run(
             raise
         return row, False
     return row, True
+
+
+def _create_runs(
+    cur: sqlite3.Cursor, q: Mapping[str, str], namespace: str, news: Sequence[NewRun],
+    max_queued: int | None, admission: str,
+) -> list[tuple[Run, bool]]:
+    """``create_runs``' statements (``q``: the named ones) on ``cur``, in a transaction that
+    holds the write lock: the store's own, or a caller's."""
+    stored: dict[Key, Run] = {}
+    for key in dict.fromkeys(k for k in map(key_of, news) if k is not None):
+        row = cur.execute(q["find_idempotent"], {
+            "namespace": namespace, "tenant": key[0], "workflow": key[1],
+            "idempotency_key": key[2]}).fetchone()
+        if row is not None:
+            stored[key] = _run(row)
+    fresh = [news[i] for i in firsts(news, stored)]
+    queued = parked = 0
+    if max_queued is not None and fresh:
+        queued, parked = cur.execute(q["count_queued"], {"namespace": namespace}).fetchone()
+    held = held_flags(namespace, len(fresh), queued, parked, max_queued, admission)
+    rows = list(zip(fresh, held, (_json.dumps(n.input) for n in fresh), strict=True))
+    cur.executemany(q["insert_runs"], [{
+        "id": new.id, "namespace": namespace, "tenant": new.tenant,
+        "workflow": new.workflow, "input": text, "priority": new.priority,
+        "created_at": new.created_at, "run_at": new.run_at,
+        "max_attempts": new.max_attempts, "concurrency_key": new.concurrency_key,
+        "idempotency_key": new.idempotency_key, "version": new.version,
+        "parent_id": new.parent_id, "root_id": new.root_id or new.id, "held": int(h),
+    } for new, h, text in rows])
+    inserted = {new.id: queued_run(new, h, text) for new, h, text in rows}
+    return answers(news, inserted, stored)
 
 
 def _statements(sql: str) -> list[str]:
