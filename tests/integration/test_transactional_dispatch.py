@@ -3,8 +3,11 @@ dispatched in a rolled-back transaction leaves no run and no wake-up (PostgreSQL
 store's NOTIFY channel; SQLite: no run), a committed one is claimed by a started App at once
 (the time from the commit to the run's start is printed, ``-s`` shows it; not asserted), with a
 psycopg ``AsyncConnection``, a sync ``Connection`` and a ``sqlite3`` connection; the caller's
-own row commits with the run. And the refusals: the memory store, a connection in autocommit
-outside a transaction, a failed transaction.
+own row commits with the run. The same for a batch of 100 (``app.dispatch_many(...,
+connection=conn)``): nothing, and no wake-up, for a rollback; one wake-up for a commit, after
+which a started App claims all of it (the times from the commit to the first and the last
+start are printed). And the refusals: the memory store, a connection in autocommit outside a
+transaction, a failed transaction.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import asyncio
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +32,9 @@ from shoal.errors import ConfigurationError
 TIMEOUT = 10.0
 
 
-def started_app(store: str) -> tuple[shoal.App, dict[str, float]]:
+def started_app(store: str, concurrency: int = 4) -> tuple[shoal.App, dict[str, float]]:
     """An app with one workflow, ``mark``, that records when each run started (by its input)."""
-    app = shoal.App("tx", store=store, max_concurrent_runs=4)
+    app = shoal.App("tx", store=store, max_concurrent_runs=concurrency)
     starts: dict[str, float] = {}
 
     @app.workflow(name="mark")
@@ -154,6 +158,116 @@ async def test_postgres_rollback_leaves_nothing_and_commit_is_claimed_at_once(
             await listener.conn.close()
 
 
+@asynccontextmanager
+async def _transaction(conn: Any, *, commit: bool) -> AsyncIterator[None]:
+    """A transaction block on the caller's connection (async or sync, in autocommit mode),
+    committed or rolled back at its end."""
+    if isinstance(conn, psycopg.AsyncConnection):
+        async with conn.transaction(force_rollback=not commit):
+            yield
+        return
+    tx = conn.transaction(force_rollback=not commit)
+    await asyncio.to_thread(tx.__enter__)
+    try:
+        yield
+    finally:
+        await asyncio.to_thread(tx.__exit__, None, None, None)
+
+
+async def _execute(conn: Any, query: sql.Composed, args: tuple[Any, ...]) -> None:
+    if isinstance(conn, psycopg.AsyncConnection):
+        await conn.execute(query, args)
+    else:
+        await asyncio.to_thread(conn.execute, query, args)
+
+
+BATCH = 100
+
+
+def _report(what: str, starts: dict[str, float], names: list[str], committed: float) -> None:
+    after = sorted((starts[n] - committed) * 1000 for n in names)
+    print(f"\n{what}: a batch of {len(names)}, commit -> first start {after[0]:.1f} ms, "
+          f"median {after[len(after) // 2]:.1f} ms, last {after[-1]:.1f} ms")
+
+
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+async def test_postgres_a_rolled_back_batch_wakes_nobody_and_a_committed_one_is_claimed(
+    pg_store: str, sync: bool,
+) -> None:
+    schema = await _schema_of(pg_store)
+    app, starts = started_app(pg_store, concurrency=BATCH)
+    async with app:
+        insert = await _orders_table(schema)
+        listener = await Listener.open(schema)
+        conn = await _caller(sync)
+        try:
+            assert await listener.heard() == []   # the started app is quiet
+            async with _transaction(conn, commit=False):
+                await _execute(conn, insert, ("lost",))
+                lost = await app.dispatch_many(
+                    "mark", [f"lost-{i}" for i in range(BATCH)], connection=conn)
+                assert len(lost) == BATCH
+            assert await listener.heard() == []   # no wake-up
+            assert await app.store.get_run(lost[0].id) is None
+            assert await app.list_runs() == [] and await _orders(schema) == []
+
+            names = [f"kept-{i}" for i in range(BATCH)]
+            async with _transaction(conn, commit=True):
+                await _execute(conn, insert, ("kept",))
+                kept = await app.dispatch_many(
+                    "mark", [shoal.DispatchItem(n, idempotency_key=n) for n in names],
+                    connection=conn)
+                assert await listener.heard() == []   # nothing before the commit
+            committed = time.monotonic()
+            for run in kept:
+                assert await app.result(run.id, timeout=TIMEOUT) == run.input
+            _report(f"{'sync' if sync else 'async'} psycopg", starts, names, committed)
+            assert [p for p in await listener.heard() if p == ""] == [""]   # one wake-up
+            assert await _orders(schema) == ["kept"]
+            assert sorted(r.id for r in await app.list_runs(limit=1000)) == sorted(
+                r.id for r in kept)
+            assert not any(name.startswith("lost") for name in starts)
+        finally:
+            if sync:
+                await asyncio.to_thread(conn.close)
+            else:
+                await conn.close()
+            await listener.conn.close()
+
+
+async def test_sqlite_a_rolled_back_batch_leaves_nothing_and_a_committed_one_is_claimed(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "shoal.db"
+    app, starts = started_app(f"sqlite:///{path}", concurrency=BATCH)
+    async with app:
+        conn = sqlite3.connect(path)
+        try:
+            conn.execute("CREATE TABLE orders (name TEXT)")
+            conn.commit()
+            conn.execute("INSERT INTO orders VALUES ('lost')")
+            lost = await app.dispatch_many("mark", [f"lost-{i}" for i in range(BATCH)],
+                                           connection=conn)
+            conn.rollback()
+            assert await app.store.get_run(lost[0].id) is None and await app.list_runs() == []
+
+            names = [f"kept-{i}" for i in range(BATCH)]
+            conn.execute("INSERT INTO orders VALUES ('kept')")
+            kept = await app.dispatch_many("mark", names, connection=conn)
+            assert await app.list_runs() == []
+            conn.commit()
+            committed = time.monotonic()
+            for run in kept:
+                assert await app.result(run.id, timeout=TIMEOUT) == run.input
+            _report("sqlite3", starts, names, committed)
+            assert conn.execute("SELECT name FROM orders").fetchall() == [("kept",)]
+            assert sorted(r.id for r in await app.list_runs(limit=1000)) == sorted(
+                r.id for r in kept)
+            assert not any(name.startswith("lost") for name in starts)
+        finally:
+            conn.close()
+
+
 async def test_sqlite_rollback_leaves_nothing_and_commit_is_claimed_at_once(
     tmp_path: Path,
 ) -> None:
@@ -187,6 +301,8 @@ async def test_the_memory_store_has_no_transaction_to_join() -> None:
     async with app.open():
         with pytest.raises(ConfigurationError, match="connection="):
             await app.dispatch("mark", "x", connection=sqlite3.connect(":memory:"))
+        with pytest.raises(ConfigurationError, match=r"dispatch_many\(connection="):
+            await app.dispatch_many("mark", ["x"], connection=sqlite3.connect(":memory:"))
         assert await app.list_runs() == []
 
 
