@@ -81,8 +81,14 @@ def copy(value: JSON) -> JSON:
     return json.loads(dumps(value))
 
 
+# one encoder for every call: json.dumps with options builds a new one each time (0.6 us of
+# the 2.3 us of a small value)
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
 def dumps(value: JSON) -> str:
-    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+    """The compact JSON text of ``value`` (non-ASCII escaped; NaN and infinity refused)."""
+    return _ENCODER.encode(value)
 
 
 def loads(text: str | None) -> JSON:
