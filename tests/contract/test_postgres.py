@@ -381,3 +381,19 @@ async def test_a_schema_at_version_11_gets_run_tracebacks(schema: str) -> None:
         await check_the_tracebacks_after_13(store)
     finally:
         await store.close()
+
+
+async def test_a_schema_at_version_13_gets_its_final_runs_counted(schema: str) -> None:
+    """Migration 14 counts the runs already final: the rows and checks of test_stores.py's
+    SQLite test."""
+    from test_rate_postgres import _schema_at
+    from test_stores import RUN_ROWS_AT_13, check_the_counts_after_14
+
+    applied = _schema_at(schema, 13, *RUN_ROWS_AT_13)   # the schema as shoal left it at 13
+    assert applied == list(range(1, 14))
+    store = await _open(schema)
+    try:
+        assert await store.migrate() >= 14
+        await check_the_counts_after_14(store)
+    finally:
+        await store.close()

@@ -445,6 +445,72 @@ WITH old AS (
 DELETE FROM runs WHERE id IN (SELECT id FROM old)
 RETURNING id;
 
+-- name: stats
+-- One statement, one snapshot. Live runs are counted from their rows, each branch of "live" one
+-- scan of a partial index (runs_queued, runs_held, runs_timed, runs_claimed: its predicate
+-- repeated), so the cost follows the live runs, never the final ones; final runs from the
+-- run_counts rows of the namespace (a few per workflow and status once folded). Due: queued
+-- (not held) or sleeping/waiting with run_at <= now; oldest_due is the earliest run_at of a due
+-- run. Pauses and the outbox through their partial indexes (pauses_pending, outbox_due,
+-- outbox_dead). A part with nothing in it has no row (pauses, outbox, dead: always one).
+WITH live AS (
+    SELECT status, workflow, tenant, false AS held, run_at FROM runs
+    WHERE namespace = %(namespace)s AND status = 'queued' AND NOT held
+    UNION ALL
+    SELECT status, workflow, tenant, true, NULL FROM runs
+    WHERE namespace = %(namespace)s AND held
+    UNION ALL
+    SELECT status, workflow, tenant, false, run_at FROM runs
+    WHERE namespace = %(namespace)s AND status IN ('sleeping', 'waiting') AND NOT held
+    UNION ALL
+    SELECT status, workflow, tenant, false, NULL FROM runs
+    WHERE namespace = %(namespace)s AND status IN ('running', 'interrupted') AND NOT held
+)
+SELECT 'live' AS part, status, workflow, tenant, held, count(*) AS n,
+       count(*) FILTER (WHERE run_at <= %(now)s) AS due,
+       min(run_at) FILTER (WHERE run_at <= %(now)s) AS oldest_due
+FROM live
+GROUP BY status, workflow, tenant, held
+UNION ALL
+SELECT 'final', status, workflow, NULL, false, sum(n)::bigint,
+       coalesce(sum(n) FILTER (WHERE bucket >= %(since)s), 0)::bigint, NULL
+FROM run_counts
+WHERE namespace = %(namespace)s
+GROUP BY status, workflow
+UNION ALL
+SELECT 'pauses', NULL, NULL, NULL, false, count(*), 0, NULL FROM pauses
+WHERE namespace = %(namespace)s AND status = 'pending'
+UNION ALL
+SELECT 'outbox', NULL, NULL, NULL, false, count(*), 0, NULL FROM outbox
+WHERE namespace = %(namespace)s AND delivered_at IS NULL AND NOT dead
+UNION ALL
+SELECT 'dead', NULL, NULL, NULL, false, count(*), 0, NULL FROM outbox
+WHERE namespace = %(namespace)s AND dead;
+
+-- name: fold_needed
+-- Whether fold_counts has anything to do: a (workflow, status, second) with several rows, a
+-- second older than :keep not folded yet, or a sum of 0 (rows that can go).
+SELECT 1 AS due FROM run_counts
+WHERE namespace = %(namespace)s
+GROUP BY workflow, status, CASE WHEN bucket >= %(keep)s THEN bucket END
+HAVING count(*) > 1 OR min(bucket) < %(keep)s OR sum(n) = 0
+LIMIT 1;
+
+-- name: fold_counts
+-- The namespace's rows, replaced by their sums: one per (workflow, status, second) from :keep
+-- on, one per (workflow, status) before (bucket NULL); none for a sum of 0. Only the rows this
+-- statement deletes are summed: delta rows committed meanwhile are left for the next fold, and
+-- rows another fold deleted first are skipped (after waiting for it), so nothing is counted
+-- twice. A reader sees the rows before or after, never between.
+WITH gone AS (
+    DELETE FROM run_counts WHERE namespace = %(namespace)s
+    RETURNING workflow, status, CASE WHEN bucket >= %(keep)s THEN bucket END AS bucket, n
+)
+INSERT INTO run_counts (namespace, workflow, status, bucket, n)
+SELECT %(namespace)s, workflow, status, bucket, sum(n) FROM gone
+GROUP BY workflow, status, bucket
+HAVING sum(n) <> 0;
+
 -- name: park_on_pause
 -- Under the fence, one statement: park the run waiting for the pause (no deadline: expiry
 -- resolves the pause), record the unfinished step and insert the pending pause. The pause is

@@ -34,6 +34,7 @@ from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from shoal import _json
 from shoal.backends._sql import behind, current_schema, migrations, queries
+from shoal.backends._stats import keep, since, stats_from_rows
 from shoal.backends._urls import mask_url
 from shoal.backends.postgres.coord import PostgresCoordination
 from shoal.backends.postgres.rates import PostgresRateLimits
@@ -52,6 +53,7 @@ from shoal.types import (
     RunStatus,
     Settlement,
     SignalWait,
+    Stats,
     Step,
     WorkflowInfo,
 )
@@ -996,6 +998,18 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
     async def prune_runs(self, namespace: str, before: float, limit: int) -> int:
         args = {"namespace": namespace, "before": before, "limit": limit}
         return len(await self._retry(lambda: self._all(_Q["prune_runs"], args)))
+
+    # -- stats -----------------------------------------------------------------------------
+
+    async def stats(self, namespace: str, now: float) -> Stats:
+        rows = await self._all(_Q["stats"], {"namespace": namespace, "now": now,
+                                             "since": since(now)})
+        return stats_from_rows(namespace, now, rows)
+
+    async def fold_stats(self, namespace: str, now: float) -> None:
+        args = {"namespace": namespace, "keep": keep(now)}
+        if await self._one(_Q["fold_needed"], args) is not None:
+            await self._retry(lambda: self._all(_Q["fold_counts"], args, fetch=False))
 
     # -- wake-ups --------------------------------------------------------------------------
 

@@ -225,6 +225,64 @@ DELETE FROM signals WHERE run_id IN (SELECT value FROM json_each(:ids));
 -- name: prune_runs
 DELETE FROM runs WHERE id IN (SELECT value FROM json_each(:ids));
 
+-- name: stats
+-- One statement, one snapshot. Live runs are counted from their rows, each branch of "live" one
+-- walk of a partial index (INDEXED BY), so the cost follows the live runs, never the final
+-- ones; final runs from the run_counts rows of the namespace (a few per workflow and status
+-- once folded). Due: queued (not held) or sleeping/waiting with run_at <= now; oldest_due is the
+-- earliest run_at of a due run. A part with nothing in it has no row (pauses, outbox, dead:
+-- always one).
+WITH live AS (
+    SELECT status, workflow, tenant, 0 AS held, run_at FROM runs INDEXED BY runs_queued
+    WHERE namespace = :namespace AND status = 'queued' AND held = 0
+    UNION ALL
+    SELECT status, workflow, tenant, 1, NULL FROM runs INDEXED BY runs_held
+    WHERE namespace = :namespace AND held = 1
+    UNION ALL
+    SELECT status, workflow, tenant, 0, run_at FROM runs INDEXED BY runs_timed
+    WHERE namespace = :namespace AND status IN ('sleeping', 'waiting') AND held = 0
+    UNION ALL
+    SELECT status, workflow, tenant, 0, NULL FROM runs INDEXED BY runs_claimed
+    WHERE namespace = :namespace AND status IN ('running', 'interrupted') AND held = 0
+)
+SELECT 'live' AS part, status, workflow, tenant, held, count(*) AS n,
+       count(*) FILTER (WHERE run_at <= :now) AS due,
+       min(run_at) FILTER (WHERE run_at <= :now) AS oldest_due
+FROM live
+GROUP BY status, workflow, tenant, held
+UNION ALL
+SELECT 'final', status, workflow, NULL, 0, sum(n),
+       coalesce(sum(n) FILTER (WHERE bucket >= :since), 0), NULL
+FROM run_counts
+WHERE namespace = :namespace
+GROUP BY status, workflow
+UNION ALL
+SELECT 'pauses', NULL, NULL, NULL, 0, count(*), 0, NULL FROM pauses INDEXED BY pauses_pending
+WHERE namespace = :namespace AND status = 'pending'
+UNION ALL
+SELECT 'outbox', NULL, NULL, NULL, 0, count(*), 0, NULL FROM outbox INDEXED BY outbox_due
+WHERE namespace = :namespace AND delivered_at IS NULL AND dead = 0
+UNION ALL
+SELECT 'dead', NULL, NULL, NULL, 0, count(*), 0, NULL FROM outbox INDEXED BY outbox_dead
+WHERE namespace = :namespace AND dead = 1;
+
+-- name: fold_sums
+-- The namespace's run_counts summed: per (workflow, status, second) from :keep on, per
+-- (workflow, status) before (bucket NULL); with ``todo`` when fold_stats has something to do
+-- there (several rows, a second before :keep not folded yet, or a sum of 0).
+SELECT workflow, status, CASE WHEN bucket >= :keep THEN bucket END AS folded, sum(n) AS n,
+       count(*) > 1 OR min(bucket) < :keep OR sum(n) = 0 AS todo
+FROM run_counts
+WHERE namespace = :namespace
+GROUP BY workflow, status, folded;
+
+-- name: fold_delete
+DELETE FROM run_counts WHERE namespace = :namespace;
+
+-- name: fold_insert
+INSERT INTO run_counts (namespace, workflow, status, bucket, n)
+VALUES (:namespace, :workflow, :status, :folded, :n);
+
 -- name: register_workflow
 INSERT INTO workflows (namespace, name, options, registered_at)
 VALUES (:namespace, :name, :options, :now)

@@ -157,6 +157,56 @@ BEGIN
     DELETE FROM tree_keys WHERE NEW.id = NEW.root_id AND root_id = NEW.id;
 END;
 
+-- the counts of final runs that stats() reads (version 14) ------------------------------------
+-- Whichever statement makes a run final, makes a final run live again (retry) or deletes it
+-- (prune), a trigger inserts a delta row (+1 or -1) for (namespace, workflow, status, the second
+-- the run finished); fold_stats (the retention service) sums them (see the PostgreSQL schema).
+-- floor(x) is written as CAST(x AS INTEGER) - (x < CAST(x AS INTEGER)): SQLite's floor() exists
+-- only where it was built with its math functions.
+
+CREATE TABLE run_counts (
+    namespace TEXT NOT NULL,
+    workflow  TEXT NOT NULL,
+    status    TEXT NOT NULL,
+    bucket    INTEGER,          -- floor(finished_at); NULL: folded, ended two minutes ago or more
+    n         INTEGER NOT NULL  -- runs counted (a delta: +1, -1, or a folded sum)
+);
+
+CREATE TRIGGER runs_counted AFTER INSERT ON runs
+WHEN NEW.status IN ('succeeded', 'failed', 'cancelled')
+BEGIN
+    INSERT INTO run_counts (namespace, workflow, status, bucket, n)
+    VALUES (NEW.namespace, NEW.workflow, NEW.status,
+            CAST(NEW.finished_at AS INTEGER)
+            - (NEW.finished_at < CAST(NEW.finished_at AS INTEGER)), 1);
+END;
+
+CREATE TRIGGER runs_recounted AFTER UPDATE OF status, finished_at ON runs
+WHEN (OLD.status IN ('succeeded', 'failed', 'cancelled')
+      OR NEW.status IN ('succeeded', 'failed', 'cancelled'))
+ AND (OLD.status IS NOT NEW.status OR OLD.finished_at IS NOT NEW.finished_at)
+BEGIN
+    INSERT INTO run_counts (namespace, workflow, status, bucket, n)
+    SELECT OLD.namespace, OLD.workflow, OLD.status,
+           CAST(OLD.finished_at AS INTEGER)
+           - (OLD.finished_at < CAST(OLD.finished_at AS INTEGER)), -1
+    WHERE OLD.status IN ('succeeded', 'failed', 'cancelled');
+    INSERT INTO run_counts (namespace, workflow, status, bucket, n)
+    SELECT NEW.namespace, NEW.workflow, NEW.status,
+           CAST(NEW.finished_at AS INTEGER)
+           - (NEW.finished_at < CAST(NEW.finished_at AS INTEGER)), 1
+    WHERE NEW.status IN ('succeeded', 'failed', 'cancelled');
+END;
+
+CREATE TRIGGER runs_uncounted AFTER DELETE ON runs
+WHEN OLD.status IN ('succeeded', 'failed', 'cancelled')
+BEGIN
+    INSERT INTO run_counts (namespace, workflow, status, bucket, n)
+    VALUES (OLD.namespace, OLD.workflow, OLD.status,
+            CAST(OLD.finished_at AS INTEGER)
+            - (OLD.finished_at < CAST(OLD.finished_at AS INTEGER)), -1);
+END;
+
 -- the outbox, side effects recorded with the step that sent them (version 4) -----------------
 
 CREATE TABLE outbox (
@@ -338,4 +388,5 @@ FROM (VALUES (1, '0001_runs.sql'),
              (10, '0010_retention.sql'),
              (11, '0011_ledger_paging.sql'),
              (12, '0012_workflow_instances.sql'),
-             (13, '0013_run_tracebacks.sql'));
+             (13, '0013_run_tracebacks.sql'),
+             (14, '0014_run_counts.sql'));
