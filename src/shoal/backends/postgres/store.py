@@ -278,6 +278,9 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
 
     async def _configure(self, conn: _Conn) -> None:
         await conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
+        # the statements of this store record what they change in run_counts themselves, one row
+        # per batch (queries.sql): the triggers that count run by run for other sessions skip it
+        await conn.execute("SET shoal.counted TO on")
 
     async def close(self) -> None:
         # writes already asked for are still made

@@ -192,6 +192,13 @@ SET status = 'queued', attempts = 0, run_at = :now, started_at = NULL, finished_
 WHERE id = :id AND status IN ('failed', 'cancelled')
 RETURNING *;
 
+-- name: uncount_retried
+-- The run retry made live again leaves the counts of final runs (its status and end before the
+-- retry); no trigger does it (see schema.sql).
+INSERT INTO run_counts (namespace, workflow, status, bucket, n)
+VALUES (:namespace, :workflow, :status,
+        CAST(:finished_at AS INTEGER) - (:finished_at < CAST(:finished_at AS INTEGER)), -1);
+
 -- name: insert_signal
 INSERT INTO signals (id, run_id, name, payload, created_at)
 VALUES (:id, :run_id, :name, :payload, :now);

@@ -603,6 +603,9 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
             retried = db.execute(_Q["retry"], {"id": run_id, "now": now}).fetchone()
             if retried is None:
                 return _run(row), False
+            db.execute(_Q["uncount_retried"], {
+                "namespace": row["namespace"], "workflow": row["workflow"],
+                "status": row["status"], "finished_at": row["finished_at"]})
             db.execute(_Q["retry_drop_unfinished"], {"id": run_id})
             return _run(retried), True
 

@@ -1,9 +1,10 @@
 -- shoal schema version 14: the counts of final runs that stats() reads, so that it never counts
 -- the final rows themselves (a week of them under run_retention may be millions). The same table
--- as PostgreSQL's, kept the same way (see its migration 0014): whichever statement makes a run
--- final, makes a final run live again (retry) or deletes it (prune), a trigger inserts a delta
--- row (+1 or -1) for (namespace, workflow, status, the second the run finished); fold_stats (the
--- retention service) sums them. The rows already final are counted here, in the migration's
+-- as PostgreSQL's (see its migration 0014): whichever statement makes a run final or deletes it
+-- (prune), a trigger inserts a delta row (+1 or -1) for (namespace, workflow, status, the second
+-- the run finished), and retry_run the -1 of a run it makes live again; fold_stats (the retention
+-- service) sums them. No trigger on INSERT: shoal inserts no run final (rows inserted final by
+-- hand are not counted). The rows already final are counted here, in the migration's
 -- transaction. floor(x) is written as CAST(x AS INTEGER) - (x < CAST(x AS INTEGER)): SQLite's
 -- floor() exists only where it was built with its math functions.
 
@@ -15,30 +16,21 @@ CREATE TABLE run_counts (
     n         INTEGER NOT NULL  -- runs counted (a delta: +1, -1, or a folded sum)
 );
 
-CREATE TRIGGER runs_counted AFTER INSERT ON runs
+-- runs_ended (version 3) counts the runs it sees end: here rather than in a trigger of its own,
+-- which cost each settlement 5 us more.
+DROP TRIGGER runs_ended;
+CREATE TRIGGER runs_ended AFTER UPDATE OF status ON runs
 WHEN NEW.status IN ('succeeded', 'failed', 'cancelled')
+ AND OLD.status NOT IN ('succeeded', 'failed', 'cancelled')
 BEGIN
+    UPDATE runs SET run_at = NEW.finished_at
+    WHERE NEW.parent_id IS NOT NULL AND id = NEW.parent_id AND status = 'waiting'
+      AND wait_for = 'shoal.child:' || NEW.id;
+    DELETE FROM tree_keys WHERE NEW.id = NEW.root_id AND root_id = NEW.id;
     INSERT INTO run_counts (namespace, workflow, status, bucket, n)
     VALUES (NEW.namespace, NEW.workflow, NEW.status,
             CAST(NEW.finished_at AS INTEGER)
             - (NEW.finished_at < CAST(NEW.finished_at AS INTEGER)), 1);
-END;
-
-CREATE TRIGGER runs_recounted AFTER UPDATE OF status, finished_at ON runs
-WHEN (OLD.status IN ('succeeded', 'failed', 'cancelled')
-      OR NEW.status IN ('succeeded', 'failed', 'cancelled'))
- AND (OLD.status IS NOT NEW.status OR OLD.finished_at IS NOT NEW.finished_at)
-BEGIN
-    INSERT INTO run_counts (namespace, workflow, status, bucket, n)
-    SELECT OLD.namespace, OLD.workflow, OLD.status,
-           CAST(OLD.finished_at AS INTEGER)
-           - (OLD.finished_at < CAST(OLD.finished_at AS INTEGER)), -1
-    WHERE OLD.status IN ('succeeded', 'failed', 'cancelled');
-    INSERT INTO run_counts (namespace, workflow, status, bucket, n)
-    SELECT NEW.namespace, NEW.workflow, NEW.status,
-           CAST(NEW.finished_at AS INTEGER)
-           - (NEW.finished_at < CAST(NEW.finished_at AS INTEGER)), 1
-    WHERE NEW.status IN ('succeeded', 'failed', 'cancelled');
 END;
 
 CREATE TRIGGER runs_uncounted AFTER DELETE ON runs
