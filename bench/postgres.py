@@ -9,7 +9,9 @@ bench/README.md, "PostgreSQL"). One script, one run, on one PostgreSQL server:
    batches of 100 and 1,000 (``--bulk-batches``);
 3. dispatch -> start latency with idle workers, one dispatch every ``--interval``;
 4. ``store.claim_runs`` latency over an empty table vs 1,000,000 finished + 100,000 queued rows
-   (``--no-large`` skips the large table).
+   (``--no-large`` skips the large table);
+5. ``store.stats`` latency over the same tables, the large one against its 100,000 queued rows
+   alone.
 
 Every test gets a new database (``shoalbench_<pid>_...``), dropped on every exit path; worker
 processes are subprocesses of this script, ended by pid.
@@ -613,6 +615,58 @@ async def time_claims(stores: dict[str, str], count: int, size: int, rounds: int
             await store.close()
 
 
+async def time_stats(stores: dict[str, str], count: int, rounds: int = 10
+                     ) -> dict[str, list[float]]:
+    """Time ``count`` calls of ``store.stats`` per store, the stores taking turns in ``rounds``
+    as in time_claims, after 3 untimed calls each."""
+    from shoal.stores import open_store
+
+    opened = {name: open_store(url) for name, url in stores.items()}
+    out: dict[str, list[float]] = {name: [] for name in stores}
+    try:
+        for store in opened.values():
+            await store.open()
+            for _ in range(3):   # warm-up: connections, plans
+                await store.stats(NAMESPACE, time.time())
+        for r in range(rounds):
+            for name, store in opened.items():
+                for _ in range(count // rounds + (r < count % rounds)):
+                    t = time.perf_counter()
+                    await store.stats(NAMESPACE, time.time())
+                    out[name].append(time.perf_counter() - t)
+        return out
+    finally:
+        for store in opened.values():
+            await store.close()
+
+
+# The counts of the loaded final runs, as migration 0014 counts the runs already final in a store
+# it upgrades (rows inserted by hand are not counted by the store's own statements).
+COUNT_LOADED_SQL = """
+INSERT INTO {schema}.run_counts (namespace, workflow, status, bucket, n)
+SELECT namespace, workflow, status, floor(finished_at), count(*) FROM {schema}.runs
+WHERE status IN ('succeeded', 'failed', 'cancelled')
+GROUP BY namespace, workflow, status, floor(finished_at)
+"""
+
+
+async def fold_counts(store_url: str, dsn: str, schema: str) -> None:
+    """What a store that has run a while has in run_counts for the rows loaded behind its back:
+    their counts, folded by the retention service, then autovacuum's pass."""
+    from shoal.stores import open_store
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(COUNT_LOADED_SQL.format(schema=schema))  # type: ignore[arg-type]
+    store = open_store(store_url)
+    await store.open()
+    try:
+        await store.fold_stats(NAMESPACE, time.time())
+    finally:
+        await store.close()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"VACUUM ANALYZE {schema}.run_counts")  # type: ignore[arg-type]
+
+
 def claim_plan(store_url: str) -> str:
     """EXPLAIN (ANALYZE, BUFFERS) of the claim statement exactly as the store sends it (16
     runs), in a transaction rolled back. The statement and its parameters are taken from one
@@ -659,9 +713,11 @@ class _Captured(Exception):
 
 def claim_latency(server: Server, args: argparse.Namespace) -> list[dict[str, Any]]:
     """claim_runs over an empty table, over a small one (only the queued runs the claims take)
-    and over a large one, each in its own database, measured in turns."""
+    and over a large one, each in its own database, measured in turns; before the claims,
+    store.stats over each (the large one against a table of only its queued rows)."""
     tables = [("empty", 0, 0), ("small", 0, args.claims * 17 + 200)]
     if args.large:
+        tables.append(("queued", 0, args.large_queued))
         tables.append(("large", args.large_finished, args.large_queued))
     t0 = time.time() - 86400
     rows: dict[str, dict[str, Any]] = {}
@@ -677,6 +733,10 @@ def claim_latency(server: Server, args: argparse.Namespace) -> list[dict[str, An
                   f"{queued:,} queued)...", file=sys.stderr)
             rows[name] = {"table": name, "finished": finished, "queued": queued,
                           "load_seconds": load_rows(dsn, "bench", finished, queued, t0)}
+            asyncio.run(fold_counts(stores[name], dsn, "bench"))
+        print("stats latency: timing...", file=sys.stderr)
+        for name, times in asyncio.run(time_stats(stores, args.stats_calls)).items():
+            rows[name]["stats"] = percentiles(times)
         print("claim latency: timing...", file=sys.stderr)
         for size in (1, 16):
             for name, (times, claimed) in asyncio.run(time_claims(stores, args.claims,
@@ -879,9 +939,31 @@ def render(result: dict[str, Any]) -> None:
                       ratio(c, "empty"))
         console.print(t)
         console.print("empty: nothing to claim (the statement finds no row, writes nothing, "
-                      "commits nothing). small: only the queued rows the claims take. large: rows "
-                      "bulk-loaded with generate_series, then ANALYZE. The tables take turns "
-                      "(10 rounds), so load from elsewhere falls on all of them alike.")
+                      "commits nothing). small: only the queued rows the claims take. queued: "
+                      "only the large table's queued rows. large: rows bulk-loaded with "
+                      "generate_series, then ANALYZE. The tables take turns (10 rounds), so load "
+                      "from elsewhere falls on all of them alike.")
+        render_stats(console, table, result)
+
+
+def render_stats(console: Any, table: Any, result: dict[str, Any]) -> None:
+    timed = [c for c in result["claims"] if c.get("stats")]
+    if not timed:
+        return
+    console.print(f"\n[bold]5. store.stats latency[/] (one process, back to back, "
+                  f"{result['args']['stats_calls']} calls each, before the claims)")
+    t = table("table", "finished", "queued", "p50 ms", "p90", "p99", "p50 vs queued")
+    base = next((c for c in timed if c["table"] == "queued"), None)
+    for c in timed:
+        ratio = (f"{c['stats']['p50'] / base['stats']['p50']:.2f}x"
+                 if base is not None and c is not base else "-")
+        t.add_row(c["table"], f"{c['finished']:,}", f"{c['queued']:,}", _ms(c["stats"]["p50"]),
+                  _ms(c["stats"]["p90"]), _ms(c["stats"]["p99"]), ratio)
+    console.print(t)
+    console.print("Each table's counts of final runs (run_counts) folded by fold_stats and "
+                  "vacuumed first, as the retention service and autovacuum leave them. The "
+                  "queued runs are counted row by row (through the partial indexes): the cost "
+                  "follows the live runs, not the finished ones.")
 
 
 # -- main ------------------------------------------------------------------------------------------
@@ -915,6 +997,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pgbench-clients", type=int, default=2)
     parser.add_argument("--claims", type=int, default=200,
                         help="claims of 1 and of 16 runs timed per table (default 200)")
+    parser.add_argument("--stats-calls", type=int, default=50,
+                        help="store.stats calls timed per table (default 50)")
     parser.add_argument("--no-large", dest="large", action="store_false",
                         help="skip the 1,000,000 + 100,000 row claim test (about a minute)")
     parser.add_argument("--large-finished", type=int, default=1_000_000)

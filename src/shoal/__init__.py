@@ -30,7 +30,7 @@ from shoal.errors import (
 )
 from shoal.health import Health, HealthStatus
 from shoal.ports import Store
-from shoal.types import OutboxEntry, Pause, Run, RunStatus
+from shoal.types import OutboxEntry, Pause, QueueDepth, Run, RunStatus, Stats
 
 __version__ = "0.1.0"
 
@@ -57,6 +57,7 @@ __all__ = [
     "OutboxEntry",
     "Pause",
     "Provider",
+    "QueueDepth",
     "RateLimitTimeoutError",
     "Run",
     "RunCancelledError",
@@ -65,6 +66,7 @@ __all__ = [
     "RunStatus",
     "SchemaVersionError",
     "ShoalError",
+    "Stats",
     "Store",
     "StoreUnavailableError",
     "SystemClock",

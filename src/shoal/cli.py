@@ -35,7 +35,7 @@ from shoal.app import App
 from shoal.errors import ShoalError, UnknownPauseError, UnknownRunError
 from shoal.ports import Store
 from shoal.stores import mask_url, open_store
-from shoal.types import Pause, Run, RunStatus, SpendEntry, Step, WorkflowInfo
+from shoal.types import Pause, Run, RunStatus, SpendEntry, Stats, Step, WorkflowInfo
 
 DEFAULT_STORE = "sqlite:///shoal.db"
 T = TypeVar("T")
@@ -563,6 +563,87 @@ def workflows(ctx: click.Context, as_json: bool, store_override: str | None,
         table.add_row(escape(info.namespace), escape(info.name),
                       escape(_json_text(info.options, 120)), instances or "[dim]-[/]")
     console.print(table)
+
+
+# -- stats -----------------------------------------------------------------------------------
+
+
+def _stats_dict(stats: Stats) -> dict[str, Any]:
+    out = dataclasses.asdict(stats)
+    out.update(live=stats.live, executing=stats.executing, finished=stats.finished)
+    return out
+
+
+def _stats_table(stats: Stats, store: str) -> list[Any]:
+    """What ``shoal stats`` prints for one namespace: runs by workflow and status, queued runs
+    by tenant, then a few lines."""
+    table = Table(title=f"runs of namespace {escape(stats.namespace)!r} in {escape(store)} at "
+                        f"{_when(stats.at)}", title_justify="left")
+    table.add_column("workflow")
+    for status in RunStatus:
+        table.add_column(_status(status), justify="right")
+    for name in sorted(stats.by_workflow):
+        counts = stats.by_workflow[name]
+        table.add_row(escape(name), *(str(counts.get(s.value, 0)) for s in RunStatus))
+    table.add_section()
+    table.add_row("[bold]all[/]", *(f"[bold]{stats.by_status[s.value]}[/]" for s in RunStatus))
+    out: list[Any] = [table]
+    if stats.queued:
+        tenants = Table(title="queued runs by tenant", title_justify="left")
+        for column in ("tenant", "due", "delayed", "held"):
+            tenants.add_column(column, justify="left" if column == "tenant" else "right")
+        for tenant, depth in stats.queued.items():
+            tenants.add_row(escape(tenant), str(depth.due), str(depth.delayed), str(depth.held))
+        out.append(tenants)
+    age = stats.oldest_due_age
+    ended = ", ".join(f"{n} {status}" for status, n in stats.finished_last_minute.items())
+    out += [
+        f"{stats.live} live, {stats.executing} executing. Oldest due run: "
+        + ("none is due." if age is None else f"due for {age:,.1f} s."),
+        f"Ended in the last minute: {ended}.",
+        f"Pending pauses: {stats.pending_pauses}. Outbox: {stats.outbox_backlog} to deliver, "
+        f"{stats.dead_letters} dead-lettered.",
+    ]
+    return out
+
+
+@cli.command(short_help="Counts of runs by status, workflow and tenant; the queue's age.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per namespace, one per "
+                                                      "line.")
+@_target_options
+@click.pass_context
+def stats(ctx: click.Context, as_json: bool, store_override: str | None,
+          namespace_override: str | None) -> None:
+    """A namespace's runs by status and workflow, its queued runs by tenant (due now, delayed,
+    held by admission control), how long the oldest due run has waited, the runs that ended in
+    the last minute, pending pauses and the outbox: app.stats(). Without a namespace, every
+    namespace where an instance registered workflows."""
+    target = _target(ctx, store_override, namespace_override)
+
+    async def read() -> list[Stats]:
+        async with _opened_store(target.store) as store:
+            names = ([target.namespace] if target.namespace is not None else
+                     sorted({w.namespace for w in await store.list_workflows(None)}))
+            found = []
+            for name in names:
+                app = App(name, store=store)
+                async with app.open():
+                    found.append(await app.stats())
+            return found
+
+    found = _run_async(read())
+    if as_json:
+        for one in found:
+            click.echo(json.dumps(_stats_dict(one), ensure_ascii=False))
+        return
+    console = _console()
+    if not found:
+        console.print(f"No namespace has registered workflows in "
+                      f"{escape(mask_url(target.store))}: give --namespace/-n NAME.")
+        return
+    for one in found:
+        for part in _stats_table(one, mask_url(target.store)):
+            console.print(part)
 
 
 # -- signal ----------------------------------------------------------------------------------

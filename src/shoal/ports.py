@@ -81,6 +81,7 @@ from shoal.types import (
     SlotGrant,
     SlotNeed,
     SpendEntry,
+    Stats,
     Step,
     WindowNeed,
     WindowResult,
@@ -241,6 +242,17 @@ class RunQueue(Protocol):
         """Delete up to ``limit`` final runs that finished before ``before``, with their steps,
         signals and outbox entries, oldest first; return how many. Live runs, and runs with
         outbox entries still to deliver, are never touched."""
+
+    async def stats(self, namespace: str, now: float) -> Stats:
+        """The namespace's runs, pending pauses and outbox as one consistent read sees them at
+        ``now`` (see :class:`~shoal.types.Stats`). Its cost does not grow with the final runs
+        kept: live runs are counted from their rows, final ones from counts the store keeps
+        as runs end, are retried and are pruned."""
+
+    async def fold_stats(self, namespace: str, now: float) -> None:
+        """Compact what the store keeps for ``stats`` of ``namespace`` (retention calls it
+        every pass), so that ``stats`` stays cheap. No answer of ``stats`` changes, for a reader
+        whose clock is ahead of ``now`` or behind it by a minute at most."""
 
 
 @runtime_checkable

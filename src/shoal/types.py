@@ -73,6 +73,61 @@ class Run:
     traceback: str | None = None
 
 
+@dataclass(frozen=True)
+class QueueDepth:
+    """One tenant's queued runs: ``due`` (due now: a worker may take them), ``delayed`` (due
+    later: a delay, a retry's backoff) and ``held`` (parked by admission control)."""
+
+    due: int = 0
+    delayed: int = 0
+    held: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.due + self.delayed + self.held
+
+
+@dataclass(frozen=True)
+class Stats:
+    """A namespace's runs as one read of the store saw them at ``at`` (the app's clock).
+
+    ``by_status``: runs per status, every status present (0 when none); final runs count until
+    retention prunes them. ``by_workflow``: workflow -> status -> runs, only statuses with some.
+    ``queued``: per tenant with queued runs, its :class:`QueueDepth`. ``oldest_due_age``: seconds
+    since the run that has waited longest for a worker became due (queued, or sleeping or
+    waiting past its time; not held), None when no run is due. ``finished_last_minute``: per
+    final status, the runs that ended in the last minute: those whose ``finished_at`` is at
+    least ``floor(at) - 59`` (whole seconds of the clock). ``pending_pauses``: approvals waiting
+    for a decision; ``outbox_backlog``: outbox entries still to deliver (not delivered, not
+    dead); ``dead_letters``: outbox entries dead-lettered (until pruned with their run)."""
+
+    namespace: str
+    at: float
+    by_status: dict[str, int]
+    by_workflow: dict[str, dict[str, int]]
+    queued: dict[str, QueueDepth]
+    oldest_due_age: float | None
+    finished_last_minute: dict[str, int]
+    pending_pauses: int
+    outbox_backlog: int
+    dead_letters: int
+
+    @property
+    def live(self) -> int:
+        """Runs that have not ended: queued, running, sleeping, waiting or interrupted."""
+        return sum(n for s, n in self.by_status.items() if s not in FINAL_STATUSES)
+
+    @property
+    def executing(self) -> int:
+        """Runs an instance is executing now (``running``)."""
+        return self.by_status.get(RunStatus.RUNNING, 0)
+
+    @property
+    def finished(self) -> int:
+        """Runs in a final status that retention has not pruned yet."""
+        return sum(n for s, n in self.by_status.items() if s in FINAL_STATUSES)
+
+
 # how long ``list_workflows`` remembers an instance that has not registered a workflow since
 WORKFLOW_INSTANCE_RETENTION = 30 * 86400.0
 

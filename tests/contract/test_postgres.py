@@ -381,3 +381,52 @@ async def test_a_schema_at_version_11_gets_run_tracebacks(schema: str) -> None:
         await check_the_tracebacks_after_13(store)
     finally:
         await store.close()
+
+
+async def test_a_schema_at_version_13_gets_its_final_runs_counted(schema: str) -> None:
+    """Migration 14 counts the runs already final: the rows and checks of test_stores.py's
+    SQLite test."""
+    from test_rate_postgres import _schema_at
+    from test_stores import RUN_ROWS_AT_13, check_the_counts_after_14
+
+    applied = _schema_at(schema, 13, *RUN_ROWS_AT_13)   # the schema as shoal left it at 13
+    assert applied == list(range(1, 14))
+    store = await _open(schema)
+    try:
+        assert await store.migrate() >= 14
+        await check_the_counts_after_14(store)
+    finally:
+        await store.close()
+
+
+async def test_what_other_sessions_change_is_counted_by_the_triggers(schema: str) -> None:
+    """The store's statements record the runs they end, retry and prune in run_counts
+    themselves; what another session does to the runs table (shoal code older than schema
+    version 14 during a rollout, a psql session) is counted by the triggers, run by run, and
+    nothing twice."""
+    store = await _open(schema)
+    try:
+        a, b, c = [await add(store, T0 + i) for i in range(3)]
+        claimed = {r.id: r for r in await claim(store, now=T0 + 1)}
+        assert await store.settle_run(fence(claimed[a.id]), Settlement("succeeded"), T0 + 2)
+        with psycopg.connect(URL, autocommit=True) as conn:   # without shoal.counted
+            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+            for run_id, status in ((b.id, "failed"), (c.id, "cancelled")):
+                conn.execute("UPDATE runs SET status = %s, finished_at = %s, owner = NULL "
+                             "WHERE id = %s", (status, T0 + 3, run_id))
+        got = await store.stats(NS, T0 + 4)
+        assert got.by_status == {**dict.fromkeys(got.by_status, 0), "succeeded": 1,
+                                 "failed": 1, "cancelled": 1}
+        assert got.finished_last_minute == {"succeeded": 1, "failed": 1, "cancelled": 1}
+        with psycopg.connect(URL, autocommit=True) as conn:
+            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+            conn.execute("UPDATE runs SET status = 'queued', finished_at = NULL WHERE id = %s",
+                         (c.id,))
+            conn.execute("DELETE FROM runs WHERE id = %s", (b.id,))
+        await store.fold_stats(NS, T0 + 5)
+        got = await store.stats(NS, T0 + 5)
+        assert got.by_status == {**dict.fromkeys(got.by_status, 0), "succeeded": 1, "queued": 1}
+        assert await store.prune_runs(NS, T0 + 10, 10) == 1                     # a
+        assert (await store.stats(NS, T0 + 10)).finished == 0
+    finally:
+        await store.close()

@@ -111,3 +111,46 @@ async def test_a_store_at_version_11_gets_run_tracebacks(tmp_path: Path) -> None
     async with sqlite_store(path) as store:
         assert await store.migrate() >= 13
         await check_the_tracebacks_after_13(store)
+
+
+# A file at schema version 13: final runs of two namespaces, one queued (shared with
+# test_postgres.py's migration test: the same rows on both).
+RUN_ROWS_AT_13 = (
+    "INSERT INTO runs (id, namespace, tenant, workflow, input, status, created_at, "
+    "max_attempts, root_id, run_at, finished_at) VALUES "
+    "('r1', 'ns', 'default', 'wf', '{}', 'succeeded', 0, 3, 'r1', 0, 1000.5), "
+    "('r2', 'ns', 'default', 'wf', '{}', 'failed', 0, 3, 'r2', 0, 900), "
+    "('r3', 'ns', 'acme', 'other', '{}', 'cancelled', 0, 3, 'r3', 0, 1100.2), "
+    "('r4', 'ns', 'acme', 'wf', '{}', 'queued', 0, 3, 'r4', 0, NULL), "
+    "('r5', 'ns2', 'default', 'wf', '{}', 'succeeded', 0, 3, 'r5', 0, 50)",
+)
+
+
+async def check_the_counts_after_14(store: Store) -> None:
+    """The runs of RUN_ROWS_AT_13 after migration 14: counted by stats, those that finished in
+    the two minutes before the newest of their namespace by the second; and counted on as they
+    are retried and pruned."""
+    got = await store.stats("ns", 1059.7)
+    assert got.by_status == {**dict.fromkeys(got.by_status, 0), "queued": 1, "succeeded": 1,
+                             "failed": 1, "cancelled": 1}
+    assert got.by_workflow == {"wf": {"queued": 1, "succeeded": 1, "failed": 1},
+                               "other": {"cancelled": 1}}
+    assert got.finished_last_minute == {"succeeded": 1, "failed": 0, "cancelled": 1}
+    assert (await store.stats("ns2", 60)).finished_last_minute["succeeded"] == 1
+    assert await store.prune_runs("ns", 950, 10) == 1                   # r2
+    run, retried = await store.retry_run("ns", "r3", None, 1101)
+    assert retried and run is not None
+    await store.fold_stats("ns", 1101)
+    got = await store.stats("ns", 1101)
+    assert got.by_status == {**dict.fromkeys(got.by_status, 0), "queued": 2, "succeeded": 1}
+    assert got.finished_last_minute == {"succeeded": 0, "failed": 0, "cancelled": 0}
+
+
+async def test_a_store_at_version_13_gets_its_final_runs_counted(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    applied = sqlite_file_at(path, 13, *RUN_ROWS_AT_13)   # the file as shoal left it at 13
+    assert applied == list(range(1, 14))
+
+    async with sqlite_store(path) as store:
+        assert await store.migrate() >= 14
+        await check_the_counts_after_14(store)

@@ -148,6 +148,48 @@ def test_json_on_the_other_commands_that_print_data(url: str, tmp_path: Path) ->
     assert sent["id"] == run_id and sent["status"] == "queued"
 
 
+async def _finish(url: str, namespace: str, workflow: str) -> None:
+    """Run one run of ``workflow`` (which does nothing) to its end in ``namespace``."""
+    app = shoal.App(namespace, store=url, lease=3.0)
+
+    async def noop(ctx: shoal.RunContext, input: Any) -> Any:
+        return input
+
+    wf = app.workflow(name=workflow)(noop)
+    async with app:
+        run = await app.dispatch(wf, 1)
+        await app.result(run.id, timeout=30)
+
+
+def test_stats_of_a_namespace_or_of_every_one(url: str, tmp_path: Path) -> None:
+    assert shoal_cli(url, "migrate").exit_code == 0
+    assert "No namespace has registered workflows" in shoal_cli(url, "stats").stdout
+    asyncio.run(_register(url, "shop", "web-1", "greet"))
+    for tenant in ("acme", "acme", "beta"):
+        dispatched = shoal_cli(url, "-n", "shop", "dispatch", "greet", "--tenant", tenant)
+        assert dispatched.exit_code == 0, dispatched.output
+    asyncio.run(_finish(url, "audit", "check"))
+
+    one = json.loads(shoal_cli(url, "-n", "shop", "stats", "--json").stdout)
+    assert (one["namespace"], one["live"], one["executing"], one["finished"]) == (
+        "shop", 3, 0, 0)
+    assert one["by_workflow"] == {"greet": {"queued": 3}}
+    assert one["queued"] == {"acme": {"due": 2, "delayed": 0, "held": 0},
+                             "beta": {"due": 1, "delayed": 0, "held": 0}}
+    assert one["oldest_due_age"] >= 0 and one["pending_pauses"] == 0
+    every = [json.loads(line) for line in shoal_cli(url, "stats", "--json").stdout.splitlines()]
+    assert [s["namespace"] for s in every] == ["audit", "shop"]
+    assert every[0]["by_status"]["succeeded"] == 1 and every[0]["live"] == 0
+    assert every[0]["finished_last_minute"] == {"succeeded": 1, "failed": 0, "cancelled": 0}
+
+    table = shoal_cli(url, "-n", "shop", "stats")
+    assert table.exit_code == 0, table.output
+    for text in ("greet", "acme", "beta", "3 live, 0 executing", "Oldest due run: due for"):
+        assert text in table.stdout, table.stdout
+    assert "audit" not in table.stdout
+    assert_fails(shoal_cli(f"sqlite:///{tmp_path / 'nope.db'}", "stats"), "No shoal store")
+
+
 async def _paused(url: str) -> str:
     """A run of namespace "desk" waiting for an approval; the id of its pause."""
     app = shoal.App("desk", store=url, lease=3.0)

@@ -64,7 +64,7 @@ from shoal.maintenance.retention import PRUNE_BATCH
 from shoal.ports import CoordStore, RateStore, Store, TransactionalDispatch
 from shoal.scope import RunScope
 from shoal.stores import mask_url, open_coordination, open_store
-from shoal.types import NewRun, OutboxEntry, Pause, Run, RunStatus, SpendEntry
+from shoal.types import NewRun, OutboxEntry, Pause, Run, RunStatus, SpendEntry, Stats
 
 log = logging.getLogger("shoal")
 
@@ -975,6 +975,14 @@ class App:
         return await self.store.list_runs(
             self.namespace, status=None if status is None else status.value,
             workflow=workflow, tenant=tenant, limit=limit, after=after)
+
+    async def stats(self) -> Stats:
+        """This namespace's runs by status and workflow, queued runs per tenant (due, delayed,
+        held), the age of the oldest due run, the runs that ended in the last minute, pending
+        pauses and the outbox, as one read of the store at the app's clock. Cheap however many
+        final runs the store keeps: for a console or a metrics scrape."""
+        await self._open_store()
+        return await self.store.stats(self.namespace, self.clock.now())
 
     async def result(self, run_id: str, timeout: float | None = None, *,
                      tenant: str | None = None) -> Any:

@@ -1,7 +1,8 @@
 """Retention: every poll interval, delete a bounded batch of what is no longer needed: final
 runs (with their steps, signals and delivered outbox entries) older than ``run_retention``,
 resolved pauses older than ``pause_retention``, and coordination and rate-limit rows that can
-no longer matter. Any instance may do it: the deletes are idempotent."""
+no longer matter; and fold the counts the store keeps for ``stats``. Any instance may do it:
+the deletes are idempotent, and a fold changes no count."""
 
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ class Retention(Service):
     async def run_once(self) -> None:
         now = self.clock.now()
         await self._store.prune_runs(self._namespace, now - self._run_retention, PRUNE_BATCH)
+        # after the prune, whose deletes the store counts too
+        await self._store.fold_stats(self._namespace, now)
         await self._store.prune_pauses(self._namespace, now - self._pause_retention,
                                        PRUNE_BATCH)
         try:     # coordination may live elsewhere (Redis): its outage is not the runs'

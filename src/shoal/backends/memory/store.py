@@ -24,6 +24,7 @@ from shoal.backends._batches import (
     namespace_of,
     queued_run,
 )
+from shoal.backends._stats import since
 from shoal.backends.memory.coord import MemoryCoordination
 from shoal.backends.memory.rates import MemoryRateLimits
 from shoal.errors import AdmissionRejectedError
@@ -36,11 +37,13 @@ from shoal.types import (
     OutboxEntry,
     Pause,
     PauseWait,
+    QueueDepth,
     Renewal,
     Run,
     RunStatus,
     Settlement,
     SignalWait,
+    Stats,
     Step,
     WorkflowInfo,
 )
@@ -679,6 +682,39 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
         if gone:
             self._signals = [s for s in self._signals if s.run_id not in gone]
         return len(gone)
+
+    async def stats(self, namespace: str, now: float) -> Stats:
+        by_status = {s.value: 0 for s in RunStatus}
+        by_workflow: dict[str, dict[str, int]] = {}
+        queued: dict[str, list[int]] = {}   # tenant -> [due, delayed, held]
+        last_minute = {s.value: 0 for s in RunStatus if s.final}
+        first = since(now)
+        oldest: float | None = None
+        for r in self._in(namespace):
+            by_status[r.status] += 1
+            counts = by_workflow.setdefault(r.workflow, {})
+            counts[r.status.value] = counts.get(r.status.value, 0) + 1
+            due = not r.held and r.run_at is not None and r.run_at <= now
+            if r.status == _Q:
+                queued.setdefault(r.tenant, [0, 0, 0])[2 if r.held else 0 if due else 1] += 1
+            if due and r.status in (_Q, RunStatus.SLEEPING, RunStatus.WAITING):
+                assert r.run_at is not None
+                oldest = r.run_at if oldest is None else min(oldest, r.run_at)
+            if r.status.final and r.finished_at is not None and r.finished_at >= first:
+                last_minute[r.status] += 1
+        outbox = [e for e in self._outbox.values() if e.namespace == namespace]
+        return Stats(
+            namespace=namespace, at=now, by_status=by_status, by_workflow=by_workflow,
+            queued={t: QueueDepth(*q) for t, q in sorted(queued.items())},
+            oldest_due_age=None if oldest is None else now - oldest,
+            finished_last_minute=last_minute,
+            pending_pauses=sum(1 for p in self._pauses.values()
+                               if p.namespace == namespace and p.status == "pending"),
+            outbox_backlog=sum(1 for e in outbox if e.delivered_at is None and not e.dead),
+            dead_letters=sum(1 for e in outbox if e.dead))
+
+    async def fold_stats(self, namespace: str, now: float) -> None:
+        return None   # stats counts the rows themselves: nothing is kept to fold
 
     async def release_held(self, namespace: str, max_queued: int, now: float) -> int:
         queued = self._waiting_to_start(namespace)

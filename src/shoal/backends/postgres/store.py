@@ -44,6 +44,7 @@ from shoal.backends._batches import (
     queued_run,
 )
 from shoal.backends._sql import behind, current_schema, migrations, queries
+from shoal.backends._stats import keep, since, stats_from_rows
 from shoal.backends._urls import mask_url
 from shoal.backends.postgres import joined
 from shoal.backends.postgres.coord import PostgresCoordination
@@ -63,6 +64,7 @@ from shoal.types import (
     RunStatus,
     Settlement,
     SignalWait,
+    Stats,
     Step,
     WorkflowInfo,
 )
@@ -290,6 +292,9 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
 
     async def _configure(self, conn: _Conn) -> None:
         await conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
+        # the statements of this store record what they change in run_counts themselves, one row
+        # per batch (queries.sql): the triggers that count run by run for other sessions skip it
+        await conn.execute("SET shoal.counted TO on")
 
     async def close(self) -> None:
         # writes already asked for are still made
@@ -1108,6 +1113,18 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
     async def prune_runs(self, namespace: str, before: float, limit: int) -> int:
         args = {"namespace": namespace, "before": before, "limit": limit}
         return len(await self._retry(lambda: self._all(_Q["prune_runs"], args)))
+
+    # -- stats -----------------------------------------------------------------------------
+
+    async def stats(self, namespace: str, now: float) -> Stats:
+        rows = await self._all(_Q["stats"], {"namespace": namespace, "now": now,
+                                             "since": since(now)})
+        return stats_from_rows(namespace, now, rows)
+
+    async def fold_stats(self, namespace: str, now: float) -> None:
+        args = {"namespace": namespace, "keep": keep(now)}
+        if await self._one(_Q["fold_needed"], args) is not None:
+            await self._retry(lambda: self._all(_Q["fold_counts"], args, fetch=False))
 
     # -- wake-ups --------------------------------------------------------------------------
 

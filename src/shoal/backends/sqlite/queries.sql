@@ -199,6 +199,13 @@ SET status = 'queued', attempts = 0, run_at = :now, started_at = NULL, finished_
 WHERE id = :id AND status IN ('failed', 'cancelled')
 RETURNING *;
 
+-- name: uncount_retried
+-- The run retry made live again leaves the counts of final runs (its status and end before the
+-- retry); no trigger does it (see schema.sql).
+INSERT INTO run_counts (namespace, workflow, status, bucket, n)
+VALUES (:namespace, :workflow, :status,
+        CAST(:finished_at AS INTEGER) - (:finished_at < CAST(:finished_at AS INTEGER)), -1);
+
 -- name: insert_signal
 INSERT INTO signals (id, run_id, name, payload, created_at)
 VALUES (:id, :run_id, :name, :payload, :now);
@@ -231,6 +238,67 @@ DELETE FROM signals WHERE run_id IN (SELECT value FROM json_each(:ids));
 
 -- name: prune_runs
 DELETE FROM runs WHERE id IN (SELECT value FROM json_each(:ids));
+
+-- name: stats
+-- One statement, one snapshot. Live runs are counted from their rows, each branch one walk of a
+-- partial index (INDEXED BY), so the cost follows the live runs, never the final ones; each
+-- branch groups its own rows (SQLite groups by sorting: one sort of every live run, through a
+-- union, took twice as long). Final runs from the run_counts rows of the namespace (a few per
+-- workflow and status once folded). Due: queued (not held) or sleeping/waiting with run_at <=
+-- now; oldest_due is the earliest run_at of a due run. A part with nothing in it has no row
+-- (pauses, outbox, dead: always one).
+SELECT 'live' AS part, 'queued' AS status, workflow, tenant, 0 AS held, count(*) AS n,
+       count(*) FILTER (WHERE run_at <= :now) AS due,
+       min(run_at) FILTER (WHERE run_at <= :now) AS oldest_due
+FROM runs INDEXED BY runs_queued
+WHERE namespace = :namespace AND status = 'queued' AND held = 0
+GROUP BY workflow, tenant
+UNION ALL
+SELECT 'live', status, workflow, tenant, 1, count(*), 0, NULL FROM runs INDEXED BY runs_held
+WHERE namespace = :namespace AND held = 1
+GROUP BY status, workflow, tenant
+UNION ALL
+SELECT 'live', status, workflow, tenant, 0, count(*), count(*) FILTER (WHERE run_at <= :now),
+       min(run_at) FILTER (WHERE run_at <= :now)
+FROM runs INDEXED BY runs_timed
+WHERE namespace = :namespace AND status IN ('sleeping', 'waiting') AND held = 0
+GROUP BY status, workflow, tenant
+UNION ALL
+SELECT 'live', status, workflow, tenant, 0, count(*), 0, NULL FROM runs INDEXED BY runs_claimed
+WHERE namespace = :namespace AND status IN ('running', 'interrupted') AND held = 0
+GROUP BY status, workflow, tenant
+UNION ALL
+SELECT 'final', status, workflow, NULL, 0, sum(n),
+       coalesce(sum(n) FILTER (WHERE bucket >= :since), 0), NULL
+FROM run_counts
+WHERE namespace = :namespace
+GROUP BY status, workflow
+UNION ALL
+SELECT 'pauses', NULL, NULL, NULL, 0, count(*), 0, NULL FROM pauses INDEXED BY pauses_pending
+WHERE namespace = :namespace AND status = 'pending'
+UNION ALL
+SELECT 'outbox', NULL, NULL, NULL, 0, count(*), 0, NULL FROM outbox INDEXED BY outbox_due
+WHERE namespace = :namespace AND delivered_at IS NULL AND dead = 0
+UNION ALL
+SELECT 'dead', NULL, NULL, NULL, 0, count(*), 0, NULL FROM outbox INDEXED BY outbox_dead
+WHERE namespace = :namespace AND dead = 1;
+
+-- name: fold_sums
+-- The namespace's run_counts summed: per (workflow, status, second) from :keep on, per
+-- (workflow, status) before (bucket NULL); with ``todo`` when fold_stats has something to do
+-- there (several rows, a second before :keep not folded yet, or a sum of 0).
+SELECT workflow, status, CASE WHEN bucket >= :keep THEN bucket END AS folded, sum(n) AS n,
+       count(*) > 1 OR min(bucket) < :keep OR sum(n) = 0 AS todo
+FROM run_counts
+WHERE namespace = :namespace
+GROUP BY workflow, status, folded;
+
+-- name: fold_delete
+DELETE FROM run_counts WHERE namespace = :namespace;
+
+-- name: fold_insert
+INSERT INTO run_counts (namespace, workflow, status, bucket, n)
+VALUES (:namespace, :workflow, :status, :folded, :n);
 
 -- name: register_workflow
 INSERT INTO workflows (namespace, name, options, registered_at)

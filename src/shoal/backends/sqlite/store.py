@@ -34,6 +34,7 @@ from shoal.backends._batches import (
     queued_run,
 )
 from shoal.backends._sql import behind, current_schema, migrations, queries
+from shoal.backends._stats import keep, since, stats_from_rows
 from shoal.backends.sqlite import joined
 from shoal.backends.sqlite.coord import SQLiteCoordination
 from shoal.backends.sqlite.rates import SQLiteRateLimits
@@ -51,6 +52,7 @@ from shoal.types import (
     RunStatus,
     Settlement,
     SignalWait,
+    Stats,
     Step,
     WorkflowInfo,
 )
@@ -662,6 +664,9 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
             retried = db.execute(_Q["retry"], {"id": run_id, "now": now}).fetchone()
             if retried is None:
                 return _run(row), False
+            db.execute(_Q["uncount_retried"], {
+                "namespace": row["namespace"], "workflow": row["workflow"],
+                "status": row["status"], "finished_at": row["finished_at"]})
             db.execute(_Q["retry_drop_unfinished"], {"id": run_id})
             return _run(retried), True
 
@@ -889,6 +894,22 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
             db.execute(_Q["prune_outbox"], batch)
             db.execute(_Q["prune_signals"], batch)
             return db.execute(_Q["prune_runs"], batch).rowcount
+
+    async def stats(self, namespace: str, now: float) -> Stats:
+        rows = self._db.execute(_Q["stats"], {"namespace": namespace, "now": now,
+                                              "since": since(now)}).fetchall()
+        return stats_from_rows(namespace, now, rows)
+
+    async def fold_stats(self, namespace: str, now: float) -> None:
+        args = {"namespace": namespace, "keep": keep(now)}
+        if not any(row["todo"] for row in self._db.execute(_Q["fold_sums"], args).fetchall()):
+            return   # nothing to fold: no write lock taken
+        async with self._tx() as db:
+            sums = db.execute(_Q["fold_sums"], args).fetchall()
+            db.execute(_Q["fold_delete"], args)
+            db.executemany(_Q["fold_insert"], [
+                {"namespace": namespace, "workflow": row["workflow"], "status": row["status"],
+                 "folded": row["folded"], "n": row["n"]} for row in sums if row["n"]])
 
     async def wait_for_work(self, timeout: float) -> None:
         # PRAGMA data_version changes when another connection commits: a cheap, local wake-up.

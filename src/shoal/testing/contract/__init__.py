@@ -6,7 +6,8 @@
 - :class:`PauseContract`: pauses (approvals) and their notifications (``store``, ``other``);
 - :class:`TreeContract`: tree keys, child runs, a root's cancel (``store``, ``other``);
 - :class:`OutboxContract`: the outbox (``store``, ``other``);
-- :class:`StoreContract`: the four above, a whole :class:`~shoal.ports.Store`;
+- :class:`StatsContract`: a namespace's stats and their fold (``store``, ``other``);
+- :class:`StoreContract`: the five above, a whole :class:`~shoal.ports.Store`;
 - :class:`CoordContract`: locks, membership and meters, a :class:`~shoal.ports.CoordStore`
   (``coord``, ``other``);
 - :class:`RateContract`: rate limits and the ledger, a :class:`~shoal.ports.RateStore`
@@ -67,6 +68,7 @@ from shoal.testing.contract.outbox import OutboxContract
 from shoal.testing.contract.pauses import PauseContract
 from shoal.testing.contract.rates import RateContract
 from shoal.testing.contract.runs import RunContract
+from shoal.testing.contract.stats import StatsContract
 from shoal.testing.contract.support import (
     APPROVED,
     LEASE,
@@ -84,7 +86,7 @@ from shoal.testing.contract.transactional import CallerTransaction, Transactiona
 from shoal.testing.contract.trees import TreeContract
 
 
-class StoreContract(RunContract, PauseContract, TreeContract, OutboxContract):
+class StoreContract(RunContract, PauseContract, TreeContract, OutboxContract, StatsContract):
     """A whole :class:`~shoal.ports.Store`: every run-store suite. Provide the ``store`` and
     ``other`` fixtures."""
 
@@ -103,6 +105,7 @@ __all__ = [
     "RateDifferential",
     "RunContract",
     "RunDifferential",
+    "StatsContract",
     "StoreContract",
     "TransactionalContract",
     "TreeContract",

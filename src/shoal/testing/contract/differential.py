@@ -7,7 +7,8 @@ their own (opened and empty) and a :class:`random.Random`:
 - :func:`run_calls`: runs created (idempotency and concurrency keys, priorities, delays,
   children, admission control), claimed, renewed, checkpointed (with outbox entries), settled,
   released, recovered once their lease ends under an advancing ``now``, cancelled and retried;
-  sleeps, signals, pauses, child waits, tree keys, outbox deliveries and retention;
+  sleeps, signals, pauses, child waits, tree keys, outbox deliveries and retention; and the
+  namespace's stats every few calls, before and after a fold;
 - :func:`coord_calls`: locks, membership and meters in two namespaces;
 - :func:`rate_calls`: slots, windows, pauses, admissions, counters and the ledger, with amounts
   whose sums are exact whatever the order a backend adds them in; :func:`rate_calls_apart`
@@ -477,10 +478,29 @@ async def run_calls(rnd: random.Random, store: Store, reference: Store | None = 
     reference = reference if reference is not None else MemoryStore()
     w = _RunWorld(rnd, _Both(reference, store, _by_id), reference)
     ops, weights = zip(*_RUN_OPS, strict=True)
+    done = 0
     while w.both.calls < calls:
         w.now += rnd.choice([0, 0, 0.5, 1, 2, 5, 12, 31])
         with contextlib.suppress(_Refused):     # both refused it alike (a child unknown...)
             await rnd.choices(ops, weights)[0](w)
+        done += 1
+        if done % _STATS_EVERY == 0:
+            await _same_stats(w, store, fold=done % (2 * _STATS_EVERY) == 0)
+    await _same_stats(w, store, fold=True)
+
+
+# the stats are compared every so many operations (not drawn from the seed's random numbers, so
+# a seed makes the same calls with or without them), every other time after a fold
+_STATS_EVERY = 10
+
+
+async def _same_stats(w: _RunWorld, store: Store, *, fold: bool) -> None:
+    expected = await w.reference.stats(NS, w.now)
+    if fold:
+        await store.fold_stats(NS, w.now)
+    got = await store.stats(NS, w.now)
+    assert got == expected, (f"stats after call {w.both.calls} (now {w.now}):\n  store:     "
+                             f"{got!r}\n  reference: {expected!r}")
 
 
 # -- coordination ---------------------------------------------------------------------------------
