@@ -393,6 +393,24 @@ def steady_rate(seen: list[tuple[float, int]], n: int) -> float | None:
     return (done90 - done10) / (t90 - t10)
 
 
+def backend_cpu(dsn: str) -> dict[int, float]:
+    """CPU seconds (user+sys, from /proc) so far of each server backend connected to this
+    database, by pid, this connection's own left out; {} when the server is not on this machine
+    (or /proc is not readable)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, float] = {}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                            "AND pid <> pg_backend_pid()").fetchall()
+    for (pid,) in rows:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[pid] = (int(fields[11]) + int(fields[12])) / tick   # utime, stime
+    return out
+
+
 def commits(dsn: str) -> int:
     """Transactions committed in this database so far (pg_stat_database)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -457,7 +475,9 @@ def throughput(procs: Processes, server: Server, system: str, args: argparse.Nam
         commits0 = commits(sql_dsn)
         for w in ws:
             w.expect("started", timeout=60)
+        server0 = backend_cpu(sql_dsn)
         seen = wait_done(sql_dsn, REMAINING[system].format(schema="bench"), ws, args.timeout)
+        server1 = backend_cpu(sql_dsn)
         done_at = seen[-1][0] if seen and seen[-1][1] == 0 else None
         reports = stop(procs, ws)
         time.sleep(0.5)   # the workers' backends have exited and flushed their statistics
@@ -473,6 +493,10 @@ def throughput(procs: Processes, server: Server, system: str, args: argparse.Nam
             "seconds": window, "runs_per_s": n / window if window > 0 else float("nan"),
             "steady_runs_per_s": steady_rate(seen, n), "commits_per_run": tx / n,
             "cpu_ms_per_run": 1000 * sum(r["cpu"] for r in reports) / max(executed, 1),
+            # the workers' backends, those opened during the test included (from 0)
+            "server_cpu_ms_per_run": (1000 * sum(t - server0.get(pid, 0.0)
+                                                 for pid, t in server1.items()) / n
+                                      if server1 else None),
             "executed_per_worker": [r["executed"] for r in reports],
         }
         if system == "shoal":
@@ -755,12 +779,12 @@ def render(result: dict[str, Any]) -> None:
                   f"{result['args']['slots']} slots; runs/s from the first job start to the "
                   f"moment no job is left (median of {rounds} round{'s' * (rounds != 1)})")
     t = table("system", "enqueue/s", "runs/s", "range", "steady/s", "vs shoal", "%pgbench",
-              "commits/run", "CPU ms/run", "per proc", "note")
+              "commits/run", "CPU ms/run", "server ms/run", "per proc", "note")
     shoal_rate = next((r["runs_per_s"] for r in result["throughput"] if r["system"] == "shoal"),
                       None)
     for r in result["throughput"]:
         if r.get("error"):
-            t.add_row(r["system"], *["-"] * 9, r["error"][:60])
+            t.add_row(r["system"], *["-"] * 10, r["error"][:60])
             continue
         note = "" if r["complete"] else "[red]incomplete[/]"
         if r["system"] == "shoal" and r.get("store_runs_per_s"):
@@ -771,6 +795,8 @@ def render(result: dict[str, Any]) -> None:
                   f"{shoal_rate / r['runs_per_s']:.2f}x" if shoal_rate else "-",
                   f"{100 * r['runs_per_s'] / ceiling:.0f}%" if ceiling else "-",
                   f"{r['commits_per_run']:.2f}", f"{r['cpu_ms_per_run']:.2f}",
+                  "-" if r.get("server_cpu_ms_per_run") is None
+                  else f"{r['server_cpu_ms_per_run']:.2f}",
                   "/".join(map(str, r["executed_per_worker"])),
                   note)
     console.print(t)
@@ -780,7 +806,9 @@ def render(result: dict[str, Any]) -> None:
         "time. vs shoal: shoal's runs/s / this row's (>1: shoal faster). %pgbench: runs/s / "
         "pgbench TPS. steady/s: jobs/s between 10 % and 90 % done. commits/run: transactions "
         "committed in the test's database while the workers ran (pg_stat_database) / jobs. "
-        "CPU ms/run: the workers' user+sys / jobs. shoal's store window: first "
+        "CPU ms/run: the workers' user+sys / jobs. server ms/run: the same of the server "
+        "backends connected to the test's database (from /proc; '-' when the server is "
+        "elsewhere). shoal's store window: first "
         "started_at to last finished_at. pgqueuer-defaults: pgqueuer's own run() defaults "
         "(batch_size 10, no cap on concurrent jobs) instead of the same slots. DBOS polls its "
         f"queue every {result['args']['dbos_poll']} s (its default is 1 s).")
