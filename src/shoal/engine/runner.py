@@ -155,11 +155,13 @@ class Engine:
         # every execution still alive here (its task, or a step's thread it left behind): each
         # holds a slot, and a run is never executed twice at once in this process
         self._executions: set[Execution] = set()
+        # the same, by run id: a new claim of a run finds an earlier execution of it at once
+        self._alive: dict[str, list[Execution]] = {}
         self._accepting = False
         self._kicked = asyncio.Event()
         self._background: list[asyncio.Task[None]] = []
         self._timers: set[asyncio.Task[None]] = set()
-        self._settled = asyncio.Event()
+        self._settle_waiters: list[asyncio.Future[None]] = []   # wait_settled() calls
         self._closing = False
         self._pass_lock = asyncio.Lock()
         self.last_beat_at: float | None = None   # the last renewal pass that came back
@@ -213,9 +215,20 @@ class Engine:
 
     async def wait_settled(self, timeout: float) -> None:
         """Return when a local run settles, or after ``timeout`` real seconds."""
-        waiter = asyncio.ensure_future(self._settled.wait())
-        await asyncio.wait({waiter}, timeout=timeout)
-        waiter.cancel()
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._settle_waiters.append(waiter)
+        try:
+            await asyncio.wait({waiter}, timeout=timeout)
+        finally:
+            waiter.cancel()
+            with contextlib.suppress(ValueError):
+                self._settle_waiters.remove(waiter)
+
+    def _wake_settle_waiters(self) -> None:
+        waiters, self._settle_waiters = self._settle_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     # -- loops -----------------------------------------------------------------------------
 
@@ -354,11 +367,16 @@ class Engine:
         # An earlier execution of this run may still be alive here (its lease ran out while it
         # wound down, or a step's thread outlived it): it is aborted, and awaited before the
         # new one starts, so this process never runs the run twice at once.
-        earlier = [e for e in self._executions if e.run.id == run.id]
+        alive = self._alive.get(run.id)
+        earlier = list(alive) if alive else []
         for e in earlier:
             self._abort(e, "lost", LeaseLostError(run.id, self.instance_id))
         self._local[run.id] = x
         self._executions.add(x)
+        if alive is None:
+            self._alive[run.id] = [x]
+        else:
+            alive.append(x)
         x.task = asyncio.create_task(self._execute(x, earlier), name=f"shoal-run-{run.id}")
         x.task.add_done_callback(lambda _: self._retire(x))
 
@@ -370,6 +388,11 @@ class Engine:
                 return
         if x in self._executions:
             self._executions.discard(x)
+            alive = self._alive.get(x.run.id)
+            if alive is not None:
+                alive.remove(x)
+                if not alive:
+                    del self._alive[x.run.id]
             self.kick()   # its slot is free
 
     async def _execute(self, x: Execution, earlier: list[Execution]) -> None:
@@ -382,7 +405,9 @@ class Engine:
             try:
                 for e in earlier:
                     await _ended(e)
-                if run.lease_epoch == 1:
+                if not self.registry.observers:
+                    pass   # none to call: no coroutine made for each run
+                elif run.lease_epoch == 1:
                     await self._observe("on_run_start", run)
                 else:
                     await self._observe("on_run_resume", run, run.resume_reason or "recovered")
@@ -391,16 +416,21 @@ class Engine:
                         x.steps = {s.seq: s for s in await self.store.load_steps(run.id)}
                     except Exception as e:
                         raise StoreWriteFailed(e) from e
-                output = await spec.fn(ctx, copy.deepcopy(run.input))
-                output = _json.checked(output, f"the output of workflow {run.workflow!r}",
-                                       self.max_payload_bytes)
+                value = run.input
+                if isinstance(value, (dict, list)):   # the workflow's own copy to change
+                    value = copy.deepcopy(value)
+                output = await spec.fn(ctx, value)
+                if output is not None:   # None is JSON as it is
+                    output = _json.checked(output, f"the output of workflow {run.workflow!r}",
+                                           self.max_payload_bytes)
             except Suspended as s:
                 if s.until is not None:
                     self.wake_at(s.until)
                 # the run may be claimed again (here too) while observers run: leave first
                 self._leave(x)
-                await self._observe("on_run_pause", dataclasses.replace(
-                    run, status=RunStatus(s.status), owner=None, lease_expires_at=None))
+                if self.registry.observers:
+                    await self._observe("on_run_pause", dataclasses.replace(
+                        run, status=RunStatus(s.status), owner=None, lease_expires_at=None))
                 return
             except asyncio.CancelledError:
                 task = asyncio.current_task()
@@ -431,8 +461,8 @@ class Engine:
             await self._store_failed(x, e)
         finally:
             self._leave(x)
-            self._settled.set()
-            self._settled = asyncio.Event()
+            if self._settle_waiters:
+                self._wake_settle_waiters()
             self.kick()
 
     async def _aborted(self, x: Execution) -> None:
@@ -509,7 +539,7 @@ class Engine:
         x.finishing = True
         now = self.clock.now()
         if await self.store.settle_run(x.fence, settlement, now):
-            if settlement.outcome != "retry":
+            if settlement.outcome != "retry" and self.registry.observers:
                 await self._observe("on_run_end", dataclasses.replace(
                     x.run, status=RunStatus(settlement.outcome), owner=None,
                     lease_expires_at=None, output=settlement.output, error=settlement.error,
