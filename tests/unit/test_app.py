@@ -85,6 +85,26 @@ async def test_configuration_errors() -> None:
         app.workflow(lambda ctx, i: None)  # type: ignore[arg-type]
 
 
+def test_from_env_takes_max_concurrent_runs_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SHOAL_STORE", "memory://")
+    monkeypatch.delenv("SHOAL_MAX_CONCURRENT_RUNS", raising=False)
+    assert shoal.App.from_env("t", max_concurrent_runs=8).max_concurrent_runs == 8
+    # the deployment's setting wins over the code's, as SHOAL_STORE does
+    monkeypatch.setenv("SHOAL_MAX_CONCURRENT_RUNS", " 100 ")
+    assert shoal.App.from_env("t", max_concurrent_runs=8).max_concurrent_runs == 100
+    assert shoal.App.from_env("t").max_concurrent_runs == 100
+    monkeypatch.setenv("SHOAL_MAX_CONCURRENT_RUNS", "")   # empty: not set
+    assert shoal.App.from_env("t").max_concurrent_runs == 4
+    for bad in ("0", "-3", "ten", "2.5", "1e3"):
+        monkeypatch.setenv("SHOAL_MAX_CONCURRENT_RUNS", bad)
+        with pytest.raises(shoal.ConfigurationError,
+                           match=f"SHOAL_MAX_CONCURRENT_RUNS must be a whole number >= 1.*"
+                                 f"not '{bad}'"):
+            shoal.App.from_env("t")
+
+
 # -- steps, replay, determinism --------------------------------------------------------------
 
 async def test_steps_are_checkpointed_and_replayed(clock: VirtualClock) -> None:
