@@ -728,7 +728,8 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
         return await self._settles.write(fence.run_id, {
             "id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
             "status": "queued" if outcome == "retry" else outcome,
-            "output": _json.dumps(settlement.output) if outcome == "succeeded" else None,
+            "output": (("null" if settlement.output is None else _json.dumps(settlement.output))
+                       if outcome == "succeeded" else None),
             "error": settlement.error,
             "finished_at": None if outcome == "retry" else now,
             "run_at": settlement.run_at if outcome == "retry" else now,
@@ -1087,7 +1088,9 @@ class _Batcher:
         self.queue.append((run_id, row, done))
         if self.task is None or self.task.done():
             self.task = asyncio.create_task(self._run(), name=f"shoal-{self.query}")
-        return await asyncio.shield(done)
+        # A cancelled caller cancels only its own future: its row is written all the same (it
+        # is queued), and the batch skips answering a future already done.
+        return await done
 
     async def drain(self) -> None:
         if self.task is not None:
