@@ -54,6 +54,7 @@ REMAINING = {
              "('succeeded', 'failed', 'cancelled')",
     "pgqueuer": "SELECT count(*) FROM pgqueuer",   # a finished job leaves the table
     "pgqueuer-defaults": "SELECT count(*) FROM pgqueuer",
+    "pgqueuer-asyncpg": "SELECT count(*) FROM pgqueuer",
     "procrastinate": "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')",
     "dbos": "SELECT count(*) FROM dbos.workflow_status WHERE status IN ('ENQUEUED', 'PENDING')",
 }
@@ -74,7 +75,7 @@ def build_app(store: str, *, instance_id: str | None = None, slots: int = 16,
     return app
 
 
-STORE_CALLS = ("claim_runs", "load_steps", "settle_run")
+STORE_CALLS = ("claim_runs", "settle_and_claim", "load_steps", "settle_run")
 
 
 def instrument(store: Any, stats: dict[str, dict[str, float]]) -> None:
@@ -94,6 +95,9 @@ def instrument(store: Any, stats: dict[str, dict[str, float]]) -> None:
                 _entry["seconds"] += time.perf_counter() - t
             if isinstance(result, list):
                 _entry["rows"] += len(result)
+            elif isinstance(result, tuple):   # settle_and_claim: (answers, runs claimed)
+                _entry["settled"] = _entry.get("settled", 0) + len(result[0])
+                _entry["rows"] += len(result[1])
             return result
 
         setattr(store, name, timed)
@@ -331,7 +335,8 @@ class Processes:
             else:
                 # pgqueuer-defaults: pgqueuer with its own run() defaults (no cap on slots)
                 args = ["work", "--name", name,
-                        "--slots", "0" if system.endswith("-defaults") else str(slots), *extra]
+                        "--slots", "0" if system.endswith("-defaults") else str(slots), *extra,
+                        *(["--driver", "asyncpg"] if system.endswith("-asyncpg") else [])]
             ws.append(self.spawn(name, self.command(system, dsn, *args)))
         return ws
 
@@ -436,7 +441,7 @@ def prepare(procs: Processes, server: Server, system: str, tag: str, args: argpa
     """A new database with the system's schema; returns (dsn for the system, dsn for SQL)."""
     dsn = server.create(tag)
     if system == "shoal":
-        store = f"{dsn}?schema=bench"
+        store = f"{dsn}?schema=bench" + (f"&{args.store_options}" if args.store_options else "")
         asyncio.run(migrate(store))
         return store, dsn
     extra = ["--poll", str(args.dbos_poll)] if system == "dbos" else []
@@ -504,8 +509,8 @@ def throughput(procs: Processes, server: Server, system: str, args: argparse.Nam
             for rep_ in reports:
                 for name, entry in rep_.get("store_calls", {}).items():
                     total = calls.setdefault(name, {"calls": 0, "seconds": 0.0, "rows": 0})
-                    for k in total:
-                        total[k] += entry[k]
+                    for k, v in entry.items():
+                        total[k] = total.get(k, 0) + v
             result["store_calls"] = calls
             times = store_times(sql_dsn, "bench")
             starts = [s for _, s, _ in times if s is not None]
@@ -810,7 +815,8 @@ def render(result: dict[str, Any]) -> None:
         "backends connected to the test's database (from /proc; '-' when the server is "
         "elsewhere). shoal's store window: first "
         "started_at to last finished_at. pgqueuer-defaults: pgqueuer's own run() defaults "
-        "(batch_size 10, no cap on concurrent jobs) instead of the same slots. DBOS polls its "
+        "(batch_size 10, no cap on concurrent jobs) instead of the same slots. pgqueuer-asyncpg: "
+        "pgqueuer's asyncpg driver, the same slots. DBOS polls its "
         f"queue every {result['args']['dbos_poll']} s (its default is 1 s).")
 
     shoal_row = next((r for r in result["throughput"]
@@ -820,20 +826,24 @@ def render(result: dict[str, Any]) -> None:
         runs = max(shoal_row["executed"], 1)
         console.print("\n[bold]2b. Where shoal's workers wait[/] (same round): store calls per "
                       "run, and their wall time from call to answer (pool wait included)")
-        t = table("call", "calls/run", "runs/call", "ms/call", "ms/run")
+        t = table("call", "calls/run", "runs claimed/call", "runs settled/call", "ms/call",
+                  "ms/run")
         for name in STORE_CALLS:
             c = calls.get(name)
             if not c or not c["calls"]:
                 continue
             t.add_row(name, f"{c['calls'] / runs:.2f}",
-                      f"{c['rows'] / c['calls']:.2f}" if name == "claim_runs" else "-",
+                      f"{c['rows'] / c['calls']:.2f}" if "claim" in name else "-",
+                      f"{c['settled'] / c['calls']:.2f}" if "settled" in c else "-",
                       f"{1000 * c['seconds'] / c['calls']:.2f}",
                       f"{1000 * c['seconds'] / runs:.2f}")
         console.print(t)
-        console.print("claim_runs: the engine claims as many runs as it has free slots, each "
-                      "time a slot frees. load_steps: one read per run before the workflow "
-                      "starts, even on a first attempt. settle_run: queued for a batch, waits "
-                      "for the batch's commit.")
+        console.print("settle_and_claim: the settlements queued since the last batch, and the "
+                      "claim of as many runs as they leave slots free, in one statement. "
+                      "claim_runs: a claim alone, for slots freed otherwise (at start, after a "
+                      "wake-up). load_steps: one read per run that has run before (none here). "
+                      "settle_run: a settlement alone (none here). Wall time from call to "
+                      "answer, pool wait included.")
 
     console.print("\n[bold]3. Dispatch -> start latency[/]: idle workers, one enqueue every "
                   f"{1000 * result['args']['interval']:.0f} ms")
@@ -891,6 +901,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slots", type=int, default=16,
                         help="concurrent jobs per worker process, every system (default 16)")
     parser.add_argument("--repeat", type=int, default=3, help="throughput rounds (median)")
+    parser.add_argument("--store-options", default="", metavar="QUERY",
+                        help="more options of shoal's store URL, e.g. 'pool_max_size=20'")
     parser.add_argument("--dispatch-batch", type=int, default=50,
                         help="shoal dispatches in flight at a time while filling the queue")
     parser.add_argument("--latency-runs", type=int, default=200)
@@ -958,10 +970,12 @@ def main(argv: list[str] | None = None) -> int:
         if "throughput" in parts:
             if "pgqueuer" in peers and args.pgqueuer_defaults:
                 systems.insert(systems.index("pgqueuer") + 1, "pgqueuer-defaults")
+            if "pgqueuer" in peers:
+                systems.insert(systems.index("pgqueuer") + 1, "pgqueuer-asyncpg")
             trials: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
             errors: dict[str, str] = {p: f"not installed: {r}" for p, r in reasons.items() if r}
             if errors.get("pgqueuer"):
-                errors["pgqueuer-defaults"] = errors["pgqueuer"]
+                errors["pgqueuer-defaults"] = errors["pgqueuer-asyncpg"] = errors["pgqueuer"]
             for rep in range(1, args.repeat + 1):
                 for system in systems:
                     if system in errors:
@@ -985,7 +999,7 @@ def main(argv: list[str] | None = None) -> int:
                 result["throughput"].append(median)
         if "latency" in parts:
             for system in systems:
-                if system.endswith("-defaults"):
+                if system.endswith(("-defaults", "-asyncpg")):
                     continue
                 if reasons.get(system):
                     result["latency"].append({"system": system, "error": reasons[system]})
