@@ -57,6 +57,7 @@ REMAINING = {
              "('succeeded', 'failed', 'cancelled')",
     "pgqueuer": "SELECT count(*) FROM pgqueuer",   # a finished job leaves the table
     "pgqueuer-defaults": "SELECT count(*) FROM pgqueuer",
+    "pgqueuer-asyncpg": "SELECT count(*) FROM pgqueuer",
     "procrastinate": "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')",
     "dbos": "SELECT count(*) FROM dbos.workflow_status WHERE status IN ('ENQUEUED', 'PENDING')",
 }
@@ -77,7 +78,7 @@ def build_app(store: str, *, instance_id: str | None = None, slots: int = 16,
     return app
 
 
-STORE_CALLS = ("claim_runs", "load_steps", "settle_run")
+STORE_CALLS = ("claim_runs", "settle_and_claim", "load_steps", "settle_run")
 
 
 def instrument(store: Any, stats: dict[str, dict[str, float]]) -> None:
@@ -97,6 +98,9 @@ def instrument(store: Any, stats: dict[str, dict[str, float]]) -> None:
                 _entry["seconds"] += time.perf_counter() - t
             if isinstance(result, list):
                 _entry["rows"] += len(result)
+            elif isinstance(result, tuple):   # settle_and_claim: (answers, runs claimed)
+                _entry["settled"] = _entry.get("settled", 0) + len(result[0])
+                _entry["rows"] += len(result[1])
             return result
 
         setattr(store, name, timed)
@@ -361,7 +365,8 @@ class Processes:
             else:
                 # pgqueuer-defaults: pgqueuer with its own run() defaults (no cap on slots)
                 args = ["work", "--name", name,
-                        "--slots", "0" if system.endswith("-defaults") else str(slots), *extra]
+                        "--slots", "0" if system.endswith("-defaults") else str(slots), *extra,
+                        *(["--driver", "asyncpg"] if system.endswith("-asyncpg") else [])]
             ws.append(self.spawn(name, self.command(system, dsn, *args)))
         return ws
 
@@ -423,6 +428,24 @@ def steady_rate(seen: list[tuple[float, int]], n: int) -> float | None:
     return (done90 - done10) / (t90 - t10)
 
 
+def backend_cpu(dsn: str) -> dict[int, float]:
+    """CPU seconds (user+sys, from /proc) so far of each server backend connected to this
+    database, by pid, this connection's own left out; {} when the server is not on this machine
+    (or /proc is not readable)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, float] = {}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                            "AND pid <> pg_backend_pid()").fetchall()
+    for (pid,) in rows:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[pid] = (int(fields[11]) + int(fields[12])) / tick   # utime, stime
+    return out
+
+
 def commits(dsn: str) -> int:
     """Transactions committed in this database so far (pg_stat_database)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -448,7 +471,7 @@ def prepare(procs: Processes, server: Server, system: str, tag: str, args: argpa
     """A new database with the system's schema; returns (dsn for the system, dsn for SQL)."""
     dsn = server.create(tag)
     if system == "shoal":
-        store = f"{dsn}?schema=bench"
+        store = f"{dsn}?schema=bench" + (f"&{args.store_options}" if args.store_options else "")
         asyncio.run(migrate(store))
         return store, dsn
     extra = ["--poll", str(args.dbos_poll)] if system == "dbos" else []
@@ -488,7 +511,9 @@ def throughput(procs: Processes, server: Server, system: str, args: argparse.Nam
         commits0 = commits(sql_dsn)
         for w in ws:
             w.expect("started", timeout=60)
+        server0 = backend_cpu(sql_dsn)
         seen = wait_done(sql_dsn, REMAINING[system].format(schema="bench"), ws, args.timeout)
+        server1 = backend_cpu(sql_dsn)
         done_at = seen[-1][0] if seen and seen[-1][1] == 0 else None
         reports = stop(procs, ws)
         time.sleep(0.5)   # the workers' backends have exited and flushed their statistics
@@ -505,6 +530,10 @@ def throughput(procs: Processes, server: Server, system: str, args: argparse.Nam
             "runs_per_s": n / window if window > 0 else float("nan"),
             "steady_runs_per_s": steady_rate(seen, n), "commits_per_run": tx / n,
             "cpu_ms_per_run": 1000 * sum(r["cpu"] for r in reports) / max(executed, 1),
+            # the workers' backends, those opened during the test included (from 0)
+            "server_cpu_ms_per_run": (1000 * sum(t - server0.get(pid, 0.0)
+                                                 for pid, t in server1.items()) / n
+                                      if server1 else None),
             "executed_per_worker": [r["executed"] for r in reports],
         }
         if system == "shoal":
@@ -512,8 +541,8 @@ def throughput(procs: Processes, server: Server, system: str, args: argparse.Nam
             for rep_ in reports:
                 for name, entry in rep_.get("store_calls", {}).items():
                     total = calls.setdefault(name, {"calls": 0, "seconds": 0.0, "rows": 0})
-                    for k in total:
-                        total[k] += entry[k]
+                    for k, v in entry.items():
+                        total[k] = total.get(k, 0) + v
             result["store_calls"] = calls
             times = store_times(sql_dsn, "bench")
             starts = [s for _, s, _ in times if s is not None]
@@ -846,12 +875,13 @@ def render(result: dict[str, Any]) -> None:
                   f"moment no job is left (median of {rounds} round{'s' * (rounds != 1)})")
     bulk_sizes = result["args"].get("bulk_batches") or []
     t = table("system", "enqueue/s", *(f"bulk {b}/s" for b in bulk_sizes), "runs/s", "range",
-              "steady/s", "vs shoal", "%pgbench", "commits/run", "CPU ms/run", "per proc", "note")
+              "steady/s", "vs shoal", "%pgbench", "commits/run", "CPU ms/run", "server ms/run",
+              "per proc", "note")
     shoal_rate = next((r["runs_per_s"] for r in result["throughput"] if r["system"] == "shoal"),
                       None)
     for r in result["throughput"]:
         if r.get("error"):
-            t.add_row(r["system"], *["-"] * (9 + len(bulk_sizes)), r["error"][:60])
+            t.add_row(r["system"], *["-"] * (10 + len(bulk_sizes)), r["error"][:60])
             continue
         note = "" if r["complete"] else "[red]incomplete[/]"
         if r["system"] == "shoal" and r.get("store_runs_per_s"):
@@ -865,6 +895,8 @@ def render(result: dict[str, Any]) -> None:
                   f"{shoal_rate / r['runs_per_s']:.2f}x" if shoal_rate else "-",
                   f"{100 * r['runs_per_s'] / ceiling:.0f}%" if ceiling else "-",
                   f"{r['commits_per_run']:.2f}", f"{r['cpu_ms_per_run']:.2f}",
+                  "-" if r.get("server_cpu_ms_per_run") is None
+                  else f"{r['server_cpu_ms_per_run']:.2f}",
                   "/".join(map(str, r["executed_per_worker"])),
                   note)
     console.print(t)
@@ -876,9 +908,12 @@ def render(result: dict[str, Any]) -> None:
         "(>1: shoal faster). %pgbench: runs/s / "
         "pgbench TPS. steady/s: jobs/s between 10 % and 90 % done. commits/run: transactions "
         "committed in the test's database while the workers ran (pg_stat_database) / jobs. "
-        "CPU ms/run: the workers' user+sys / jobs. shoal's store window: first "
+        "CPU ms/run: the workers' user+sys / jobs. server ms/run: the same of the server "
+        "backends connected to the test's database (from /proc; '-' when the server is "
+        "elsewhere). shoal's store window: first "
         "started_at to last finished_at. pgqueuer-defaults: pgqueuer's own run() defaults "
-        "(batch_size 10, no cap on concurrent jobs) instead of the same slots. DBOS polls its "
+        "(batch_size 10, no cap on concurrent jobs) instead of the same slots. pgqueuer-asyncpg: "
+        "pgqueuer's asyncpg driver, the same slots. DBOS polls its "
         f"queue every {result['args']['dbos_poll']} s (its default is 1 s).")
 
     shoal_row = next((r for r in result["throughput"]
@@ -888,20 +923,24 @@ def render(result: dict[str, Any]) -> None:
         runs = max(shoal_row["executed"], 1)
         console.print("\n[bold]2b. Where shoal's workers wait[/] (same round): store calls per "
                       "run, and their wall time from call to answer (pool wait included)")
-        t = table("call", "calls/run", "runs/call", "ms/call", "ms/run")
+        t = table("call", "calls/run", "runs claimed/call", "runs settled/call", "ms/call",
+                  "ms/run")
         for name in STORE_CALLS:
             c = calls.get(name)
             if not c or not c["calls"]:
                 continue
             t.add_row(name, f"{c['calls'] / runs:.2f}",
-                      f"{c['rows'] / c['calls']:.2f}" if name == "claim_runs" else "-",
+                      f"{c['rows'] / c['calls']:.2f}" if "claim" in name else "-",
+                      f"{c['settled'] / c['calls']:.2f}" if "settled" in c else "-",
                       f"{1000 * c['seconds'] / c['calls']:.2f}",
                       f"{1000 * c['seconds'] / runs:.2f}")
         console.print(t)
-        console.print("claim_runs: the engine claims as many runs as it has free slots, each "
-                      "time a slot frees. load_steps: one read per run before the workflow "
-                      "starts, even on a first attempt. settle_run: queued for a batch, waits "
-                      "for the batch's commit.")
+        console.print("settle_and_claim: the settlements queued since the last batch, and the "
+                      "claim of as many runs as they leave slots free, in one statement. "
+                      "claim_runs: a claim alone, for slots freed otherwise (at start, after a "
+                      "wake-up). load_steps: one read per run that has run before (none here). "
+                      "settle_run: a settlement alone (none here). Wall time from call to "
+                      "answer, pool wait included.")
 
     console.print("\n[bold]3. Dispatch -> start latency[/]: idle workers, one enqueue every "
                   f"{1000 * result['args']['interval']:.0f} ms")
@@ -981,6 +1020,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slots", type=int, default=16,
                         help="concurrent jobs per worker process, every system (default 16)")
     parser.add_argument("--repeat", type=int, default=3, help="throughput rounds (median)")
+    parser.add_argument("--store-options", default="", metavar="QUERY",
+                        help="more options of shoal's store URL, e.g. 'pool_max_size=20'")
     parser.add_argument("--dispatch-batch", type=int, default=50,
                         help="shoal dispatches in flight at a time while filling the queue")
     parser.add_argument("--bulk-batches", default="100,1000",
@@ -1054,10 +1095,12 @@ def main(argv: list[str] | None = None) -> int:
         if "throughput" in parts:
             if "pgqueuer" in peers and args.pgqueuer_defaults:
                 systems.insert(systems.index("pgqueuer") + 1, "pgqueuer-defaults")
+            if "pgqueuer" in peers:
+                systems.insert(systems.index("pgqueuer") + 1, "pgqueuer-asyncpg")
             trials: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
             errors: dict[str, str] = {p: f"not installed: {r}" for p, r in reasons.items() if r}
             if errors.get("pgqueuer"):
-                errors["pgqueuer-defaults"] = errors["pgqueuer"]
+                errors["pgqueuer-defaults"] = errors["pgqueuer-asyncpg"] = errors["pgqueuer"]
             for rep in range(1, args.repeat + 1):
                 for system in systems:
                     if system in errors:
@@ -1081,7 +1124,7 @@ def main(argv: list[str] | None = None) -> int:
                 result["throughput"].append(median)
         if "latency" in parts:
             for system in systems:
-                if system.endswith("-defaults"):
+                if system.endswith(("-defaults", "-asyncpg")):
                     continue
                 if reasons.get(system):
                     result["latency"].append({"system": system, "error": reasons[system]})

@@ -1,6 +1,7 @@
 """pgqueuer runner for bench/postgres.py (see _common.py for the modes). Written from pgqueuer's
-documentation: a QueueManager over a psycopg connection, one entrypoint, ``Queries.enqueue``
-with lists for a batch. Tables are pgqueuer's defaults (logged, durable)."""
+documentation: a QueueManager over a psycopg connection (``--driver asyncpg``: an asyncpg one),
+one entrypoint, ``Queries.enqueue`` with lists for a batch. Tables are pgqueuer's defaults
+(logged, durable)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,11 @@ async def main(args: argparse.Namespace) -> None:
         emit(event="enqueued", seconds=seconds)
     else:
         tally = Tally()
+        if args.driver == "asyncpg":
+            import asyncpg
+
+            worker_conn = await asyncpg.connect(args.dsn)
+            queries = Queries.from_asyncpg_connection(worker_conn)
         qm = QueueManager(queries)
 
         @qm.entrypoint("noop")
@@ -65,6 +71,8 @@ async def main(args: argparse.Namespace) -> None:
             await asyncio.wait_for(task[0], 30)
 
         await serve(tally, start, stop)
+        if args.driver == "asyncpg":
+            await worker_conn.close()
     await conn.close()
 
 
@@ -76,4 +84,5 @@ if __name__ == "__main__":
     parser.add_argument("--interval", type=float, default=0.0)
     parser.add_argument("--name", default="w")
     parser.add_argument("--slots", type=int, default=16, help="0: pgqueuer's defaults")
+    parser.add_argument("--driver", choices=("psycopg", "asyncpg"), default="psycopg")
     asyncio.run(main(parser.parse_args()))

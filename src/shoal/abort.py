@@ -12,7 +12,7 @@ class AbortSignal:
 
     def __init__(self) -> None:
         self._reason: BaseException | None = None
-        self._event = asyncio.Event()
+        self._event: asyncio.Event | None = None   # made by the first wait(): most never wait
 
     @property
     def aborted(self) -> bool:
@@ -31,9 +31,14 @@ class AbortSignal:
 
     async def wait(self) -> None:
         """Return once the signal is set."""
+        if self._reason is not None:
+            return
+        if self._event is None:
+            self._event = asyncio.Event()
         await self._event.wait()
 
     def _abort(self, reason: BaseException) -> None:
         if self._reason is None:
             self._reason = reason
-            self._event.set()
+            if self._event is not None:
+                self._event.set()

@@ -32,6 +32,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from shoal.app import App
+from shoal.app.options import CONCURRENCY_ENV, concurrency_setting
 from shoal.errors import ShoalError, UnknownPauseError, UnknownRunError
 from shoal.ports import Store
 from shoal.stores import mask_url, open_store
@@ -204,14 +205,21 @@ def _load_app(spec: str) -> App:
 @click.option("--no-migrate", is_flag=True,
               help="Never change the store's schema: refuse one that is behind (run "
                    "'shoal migrate' first), as App(migrate=False) does.")
+@click.option("--concurrency", envvar=CONCURRENCY_ENV, default=None, metavar="N",
+              help="Runs this worker executes at once, instead of the app's "
+                   f"max_concurrent_runs [env {CONCURRENCY_ENV}].")
 @click.pass_context
 def worker(ctx: click.Context, app_spec: str, log_level: str, shutdown_timeout: float,
-           no_migrate: bool) -> None:
+           no_migrate: bool, concurrency: str | None) -> None:
     """Serve the App MODULE:APP until SIGTERM or SIGINT, then stop gracefully.
 
     The app names its own store; build it with shoal.App.from_env() to take SHOAL_STORE,
     SHOAL_INSTANCE_ID and SHOAL_COORDINATION from the environment.
     """
+    slots: int | None = None
+    if concurrency is not None and concurrency.strip():
+        given = ctx.get_parameter_source("concurrency") is click.core.ParameterSource.COMMANDLINE
+        slots = concurrency_setting(concurrency, "--concurrency" if given else CONCURRENCY_ENV)
     source = ctx.parent.get_parameter_source("store") if ctx.parent else None
     if source is click.core.ParameterSource.COMMANDLINE:
         click.echo("shoal worker: --store is ignored; the app names its own store "
@@ -221,8 +229,10 @@ def worker(ctx: click.Context, app_spec: str, log_level: str, shutdown_timeout: 
     app = _load_app(app_spec)
     if no_migrate:
         app.migrate = False
-    click.echo(f"shoal worker: serving {app!r}; SIGTERM or Ctrl-C stops it gracefully.",
-               err=True)
+    if slots is not None:
+        app.max_concurrent_runs = slots
+    click.echo(f"shoal worker: serving {app!r}, max_concurrent_runs={app.max_concurrent_runs}; "
+               f"SIGTERM or Ctrl-C stops it gracefully.", err=True)
     app.run_forever(timeout=shutdown_timeout)
 
 

@@ -212,6 +212,25 @@ class RunQueue(Protocol):
         """Under ``fence``: end the attempt as ``settlement`` says, its ``error`` and
         ``traceback`` replacing the run's; False when fenced out."""
 
+    async def settle_and_claim(
+        self,
+        settlements: Sequence[tuple[Fence, Settlement, float]],
+        namespace: str,
+        workflows: Sequence[str],
+        owner: str,
+        limit: int,
+        lease: float,
+        now: float,
+        *,
+        version: str | None = None,
+        any_version: Sequence[str] = (),
+    ) -> tuple[list[bool], list[Run]]:
+        """``settle_run(fence, settlement, at)`` for each of ``settlements`` (at most one per
+        run) and ``claim_runs`` with the other arguments (none when ``limit`` is 0), the claim
+        committed no sooner than the settlements; it may not see a concurrency key they free
+        (the next claim does). Returns each settlement's answer, in order, and the runs
+        claimed."""
+
     async def release_run(self, fence: Fence, now: float) -> bool:
         """Under ``fence``: drop the claim at once, status ``interrupted`` (graceful stop)."""
 

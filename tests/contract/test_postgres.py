@@ -169,6 +169,38 @@ async def test_claim_racing_a_key_holder_is_not_an_error(schema: str) -> None:
         await s.close()
 
 
+async def test_settle_and_claim_racing_a_key_holder_still_settles(schema: str) -> None:
+    """The same race in the statement that settles and claims: it is undone as a whole and
+    tried again, so the settlement is written once and answered, and nothing of the key taken."""
+    s = await _open(schema)
+    try:
+        done = await add(s, T0)
+        first = await add(s, T0 + 1, key="k")
+        later = await add(s, T0 + 2, key="k")
+        [c] = await claim(s, owner="me", now=T0 + 1, limit=1)
+        assert c.id == done.id
+        async with await psycopg.AsyncConnection.connect(s.conninfo) as rival:
+            await rival.execute(
+                sql.SQL("UPDATE {} SET status = 'running', owner = 'rival', lease_epoch = 1, "
+                        "started_at = %(now)s, lease_expires_at = %(exp)s WHERE id = %(id)s")
+                .format(sql.Identifier(schema, "runs")),
+                {"id": later.id, "now": T0 + 2, "exp": T0 + 99})
+            task = asyncio.create_task(s.settle_and_claim(
+                [(fence(c), Settlement("succeeded", output="ok"), T0 + 2)],
+                NS, ["wf"], "me", 5, 30.0, T0 + 2))
+            await asyncio.sleep(0.3)   # the claim now waits on the rival's index entry
+            assert not task.done()
+            await rival.commit()
+            answers, got = await asyncio.wait_for(task, 5)
+        assert answers == [True] and got == []
+        settled = await s.get_run(done.id)
+        assert settled is not None and settled.status == RunStatus.SUCCEEDED
+        assert settled.output == "ok"
+        assert (await s.get_run(first.id)).status == RunStatus.QUEUED  # type: ignore[union-attr]
+    finally:
+        await s.close()
+
+
 async def _listening(s: PostgresStore) -> None:
     """Start the store's listener and wait until it listens; drop the wake-up it gives then."""
     await s.wait_for_work(0)

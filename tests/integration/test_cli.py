@@ -78,7 +78,8 @@ def seeded(tmp_path: Path) -> Seeded:
 
 def shoal_cli(*args: str, store: str | None = None, env: dict[str, str] | None = None) -> Result:
     """Run the CLI in-process with a clean SHOAL_* environment."""
-    environment: dict[str, str | None] = {"SHOAL_STORE": None, "SHOAL_NAMESPACE": None}
+    environment: dict[str, str | None] = {"SHOAL_STORE": None, "SHOAL_NAMESPACE": None,
+                                          "SHOAL_MAX_CONCURRENT_RUNS": None}
     environment.update(env or {})
     argv = (["--store", store] if store else []) + list(args)
     return CliRunner().invoke(cli, argv, env=environment, prog_name="shoal")
@@ -266,6 +267,17 @@ def test_worker_refuses_what_is_not_an_app(tmp_path: Path, monkeypatch: pytest.M
     assert_fails(shoal_cli("worker", "json:nothing"), "has no attribute 'nothing'")
 
 
+def test_worker_refuses_a_bad_concurrency(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    for bad in ("0", "-1", "many", "1.5"):
+        assert_fails(shoal_cli("worker", "--concurrency", bad, "json:loads"),
+                     "--concurrency must be a whole number >= 1", repr(bad))
+        assert_fails(shoal_cli("worker", "json:loads", env={"SHOAL_MAX_CONCURRENT_RUNS": bad}),
+                     "SHOAL_MAX_CONCURRENT_RUNS must be a whole number >= 1", repr(bad))
+    # a good value goes on to load the app (which this is not)
+    assert_fails(shoal_cli("worker", "--concurrency", "7", "json:loads"), "not a shoal.App")
+
+
 def test_demo_refuses_an_existing_database(tmp_path: Path) -> None:
     db = tmp_path / "old.db"
     db.write_bytes(b"x" * 10)
@@ -320,6 +332,54 @@ def test_worker_serves_an_app_until_sigterm(
     out, _ = worker.communicate(timeout=15)
     assert worker.returncode == 0, out.decode()
     assert b"app.started" in out and b"app.stopping" in out
+
+
+def test_worker_concurrency_overrides_the_apps_max_concurrent_runs(
+    tmp_path: Path, processes: list[subprocess.Popen[bytes]]
+) -> None:
+    # The app executes one run at a time; each run ends only once three are executing at once,
+    # so the three runs complete only if the worker executes three at once.
+    (tmp_path / "meeting.py").write_text(
+        "import asyncio, os\n"
+        "import shoal\n"
+        "app = shoal.App('meet', store=os.environ['SHOAL_STORE'], lease=3.0,\n"
+        "                max_concurrent_runs=1)\n"
+        "inside = 0\n"
+        "everyone = asyncio.Event()\n"
+        "@app.workflow(max_attempts=1)\n"
+        "async def meet(ctx, n):\n"
+        "    global inside\n"
+        "    inside += 1\n"
+        "    if inside >= n:\n"
+        "        everyone.set()\n"
+        "    await asyncio.wait_for(everyone.wait(), 20)\n"
+        "    return inside\n"
+    )
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    env = {**os.environ, "SHOAL_STORE": url, "SHOAL_INSTANCE_ID": "m-1"}
+    env.pop("SHOAL_MAX_CONCURRENT_RUNS", None)
+    worker = subprocess.Popen([*CLI, "worker", "--concurrency", "3", "meeting:app"], cwd=tmp_path,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    processes.append(worker)
+
+    async def meet() -> list[Any]:
+        client = shoal.App("meet", store=url)
+        async with client.open():
+            for _ in range(200):   # the workflow's name is known once the worker has started
+                try:
+                    runs = [await client.dispatch("meet", 3) for _ in range(3)]
+                    break
+                except (shoal.UnknownWorkflowError, shoal.StoreUnavailableError):
+                    await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("the worker never registered its workflow")
+            return [await client.result(run.id, timeout=30) for run in runs]
+
+    assert asyncio.run(meet()) == [3, 3, 3]
+    worker.send_signal(signal.SIGTERM)
+    out, _ = worker.communicate(timeout=15)
+    assert worker.returncode == 0, out.decode()
+    assert b"max_concurrent_runs=3" in out
 
 
 def _gone(pid: int) -> bool:

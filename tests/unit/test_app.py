@@ -85,6 +85,26 @@ async def test_configuration_errors() -> None:
         app.workflow(lambda ctx, i: None)  # type: ignore[arg-type]
 
 
+def test_from_env_takes_max_concurrent_runs_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SHOAL_STORE", "memory://")
+    monkeypatch.delenv("SHOAL_MAX_CONCURRENT_RUNS", raising=False)
+    assert shoal.App.from_env("t", max_concurrent_runs=8).max_concurrent_runs == 8
+    # the deployment's setting wins over the code's, as SHOAL_STORE does
+    monkeypatch.setenv("SHOAL_MAX_CONCURRENT_RUNS", " 100 ")
+    assert shoal.App.from_env("t", max_concurrent_runs=8).max_concurrent_runs == 100
+    assert shoal.App.from_env("t").max_concurrent_runs == 100
+    monkeypatch.setenv("SHOAL_MAX_CONCURRENT_RUNS", "")   # empty: not set
+    assert shoal.App.from_env("t").max_concurrent_runs == 4
+    for bad in ("0", "-3", "ten", "2.5", "1e3"):
+        monkeypatch.setenv("SHOAL_MAX_CONCURRENT_RUNS", bad)
+        with pytest.raises(shoal.ConfigurationError,
+                           match=f"SHOAL_MAX_CONCURRENT_RUNS must be a whole number >= 1.*"
+                                 f"not '{bad}'"):
+            shoal.App.from_env("t")
+
+
 # -- steps, replay, determinism --------------------------------------------------------------
 
 async def test_steps_are_checkpointed_and_replayed(clock: VirtualClock) -> None:
@@ -680,3 +700,58 @@ async def test_a_run_claimed_again_waits_for_its_earlier_execution_here(
         assert await app.result(run.id, timeout=60) == "done"
         assert await app.result(one.id, timeout=60) == 1
     assert len(calls) == 2 and most[0] == 1
+
+
+class CountedClaims:
+    """A view of a memory store that checks, after every call that claims, that ``owner`` holds
+    at most ``slots`` runs, and counts the runs claimed with the settlements that freed slots."""
+
+    def __init__(self, store: MemoryStore, owner: str, slots: int) -> None:
+        self._store = store
+        self.owner, self.slots = owner, slots
+        self.peak = 0
+        self.claimed_with_settlements = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def _held(self) -> None:
+        held = [r for r in await self._store.list_runs("test", status="running", limit=1000)
+                if r.owner == self.owner]
+        self.peak = max(self.peak, len(held))
+        assert len(held) <= self.slots, f"{len(held)} claims held with {self.slots} slots"
+
+    async def claim_runs(self, *args: Any, **kwargs: Any) -> list[shoal.Run]:
+        runs = await self._store.claim_runs(*args, **kwargs)
+        await self._held()
+        return runs
+
+    async def settle_and_claim(self, *args: Any, **kwargs: Any) -> Any:
+        held, runs = await self._store.settle_and_claim(*args, **kwargs)
+        if args[0]:
+            self.claimed_with_settlements += len(runs)
+        await self._held()
+        return held, runs
+
+
+async def test_claims_ride_with_settlements_and_never_exceed_the_slots(
+    clock: VirtualClock
+) -> None:
+    store = CountedClaims(MemoryStore(), "w", 3)
+    app = shoal.App("test", store=store, clock=clock, instance_id="w",  # type: ignore[arg-type]
+                    max_concurrent_runs=3, lease=30.0)
+    started: list[int] = []
+
+    @app.workflow(name="wf")
+    async def wf(ctx: shoal.RunContext, n: int) -> int:
+        started.append(n)
+        await asyncio.sleep(0)
+        return n
+
+    async with app:
+        runs = [await app.dispatch("wf", n) for n in range(40)]
+        assert [await app.result(r.id, timeout=60) for r in runs] == list(range(40))
+    assert sorted(started) == list(range(40))
+    assert store.peak == 3
+    # the slots a batch of settlements frees are claimed with it, not by a claim of their own
+    assert store.claimed_with_settlements > 20

@@ -18,12 +18,14 @@ from shoal._checks import CALL, CONFIG
 from shoal.abort import AbortSignal
 from shoal.app.host import Host
 from shoal.app.options import (
+    CONCURRENCY_ENV,
     MAX_BATCH_BYTES,
     DispatchItem,
     batch_items,
     check_app_options,
     check_dispatch_options,
     check_workflow_options,
+    concurrency_setting,
 )
 from shoal.clock import Clock, SystemClock
 from shoal.coord.lock import LockManager, LockRequest, lock_keys
@@ -172,8 +174,12 @@ class App:
     @classmethod
     def from_env(cls, namespace: str | None = None, **kwargs: Any) -> App:
         """An App from ``SHOAL_STORE``, ``SHOAL_COORDINATION``, ``SHOAL_INSTANCE_ID`` (and
-        ``SHOAL_NAMESPACE`` when ``namespace`` is not given)."""
+        ``SHOAL_NAMESPACE`` when ``namespace`` is not given); ``SHOAL_MAX_CONCURRENT_RUNS``, when
+        set, overrides ``max_concurrent_runs`` (a deployment's setting, like the store)."""
         env = os.environ
+        concurrency = env.get(CONCURRENCY_ENV, "").strip()
+        if concurrency:
+            kwargs["max_concurrent_runs"] = concurrency_setting(concurrency, CONCURRENCY_ENV)
         coordination: str | list[str] | None = env.get("SHOAL_COORDINATION") or None
         if isinstance(coordination, str) and "," in coordination:
             coordination = [a.strip() for a in coordination.split(",") if a.strip()]

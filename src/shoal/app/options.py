@@ -92,6 +92,20 @@ def check_workflow_options(name: object, max_attempts: object, priority: object,
     _checks.one_of(on_incompatible, f"{what}, on_incompatible)", CONFIG, ("wait", "resume"))
 
 
+CONCURRENCY_ENV = "SHOAL_MAX_CONCURRENT_RUNS"
+
+
+def concurrency_setting(value: str, where: str) -> int:
+    """``value``, text from the command line or the environment (``where`` names it), as
+    ``App(max_concurrent_runs)``: a whole number >= 1, or a ``ConfigurationError`` naming
+    ``where`` and the value."""
+    text = value.strip()
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise ConfigurationError(f"{where} must be a whole number >= 1 (the runs a worker "
+                                 f"executes at once, App(max_concurrent_runs)), not {value!r:.40}.")
+    return int(text)
+
+
 def check_app_options(namespace: object, store: object, instance_id: object,
                       max_concurrent_runs: object, lease: object, clock: object,
                       version: object, max_queued: object, admission: object,

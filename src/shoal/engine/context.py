@@ -190,6 +190,10 @@ class Execution:
     # True while a write that ends the claim (settle, suspend, release) is in flight: a renewal
     # refused meanwhile is that write's doing, not a lost lease; the write itself is fenced
     finishing: bool = False
+    # True once the settlement is committed, or is in the write under way that claims runs for
+    # the slots it frees (they commit together): the slot is free for a claim, unless a step's
+    # thread of the execution still runs
+    settled: bool = False
     # The lease is surely held until then: the time a write that extended it was sent, plus
     # the lease. Past it (this process was frozen, or its store calls failed), another instance
     # may have taken the run over, so no new step may start here.

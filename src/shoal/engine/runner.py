@@ -32,6 +32,8 @@ from shoal.types import Fence, Pause, Run, RunStatus, Settlement
 
 log = logging.getLogger("shoal")
 
+_SETTLE_BATCH = 500   # settlements written together at most
+
 
 
 async def _ended(x: Execution) -> None:
@@ -155,11 +157,16 @@ class Engine:
         # every execution still alive here (its task, or a step's thread it left behind): each
         # holds a slot, and a run is never executed twice at once in this process
         self._executions: set[Execution] = set()
+        # the same, by run id: a new claim of a run finds an earlier execution of it at once
+        self._alive: dict[str, list[Execution]] = {}
         self._accepting = False
         self._kicked = asyncio.Event()
         self._background: list[asyncio.Task[None]] = []
         self._timers: set[asyncio.Task[None]] = set()
-        self._settled = asyncio.Event()
+        self._settle_waiters: list[asyncio.Future[None]] = []   # wait_settled() calls
+        # settlements of ending executions, written in batches by one task (_write_settlements)
+        self._settlements: list[tuple[Execution, Settlement, float, asyncio.Future[bool]]] = []
+        self._writer: asyncio.Task[None] | None = None
         self._closing = False
         self._pass_lock = asyncio.Lock()
         self.last_beat_at: float | None = None   # the last renewal pass that came back
@@ -213,9 +220,20 @@ class Engine:
 
     async def wait_settled(self, timeout: float) -> None:
         """Return when a local run settles, or after ``timeout`` real seconds."""
-        waiter = asyncio.ensure_future(self._settled.wait())
-        await asyncio.wait({waiter}, timeout=timeout)
-        waiter.cancel()
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._settle_waiters.append(waiter)
+        try:
+            await asyncio.wait({waiter}, timeout=timeout)
+        finally:
+            waiter.cancel()
+            with contextlib.suppress(ValueError):
+                self._settle_waiters.remove(waiter)
+
+    def _wake_settle_waiters(self) -> None:
+        waiters, self._settle_waiters = self._settle_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     # -- loops -----------------------------------------------------------------------------
 
@@ -265,7 +283,7 @@ class Engine:
             except Exception as e:
                 log.debug("watch.failed: %s", e)
                 await asyncio.sleep(1.0)
-            if self._accepting and len(self._executions) < self.config.slots:
+            if self._accepting and self._free_slots() > 0:
                 self.kick()
 
     async def schedule_pass(self) -> None:
@@ -280,9 +298,19 @@ class Engine:
         last = self.last_beat_at if self.last_beat_at is not None else self.started_at
         return self.clock.now() - last > 2 * self.heartbeat
 
+    def _free_slots(self) -> int:
+        """Slots no execution holds: an execution holds its slot until its settlement is
+        written (or is being written with the claim that takes the slot), and as long as a step
+        thread of it runs."""
+        busy = 0
+        for x in self._executions:
+            if not x.settled or (x.threads and any(not t.done() for t in x.threads)):
+                busy += 1
+        return self.config.slots - busy
+
     async def _claim_free_slots(self) -> None:
         while self._accepting and not self._renewals_stalled():
-            free = self.config.slots - len(self._executions)
+            free = self._free_slots()
             if free <= 0:
                 return
             sent = self.clock.now()
@@ -354,11 +382,16 @@ class Engine:
         # An earlier execution of this run may still be alive here (its lease ran out while it
         # wound down, or a step's thread outlived it): it is aborted, and awaited before the
         # new one starts, so this process never runs the run twice at once.
-        earlier = [e for e in self._executions if e.run.id == run.id]
+        alive = self._alive.get(run.id)
+        earlier = list(alive) if alive else []
         for e in earlier:
             self._abort(e, "lost", LeaseLostError(run.id, self.instance_id))
         self._local[run.id] = x
         self._executions.add(x)
+        if alive is None:
+            self._alive[run.id] = [x]
+        else:
+            alive.append(x)
         x.task = asyncio.create_task(self._execute(x, earlier), name=f"shoal-run-{run.id}")
         x.task.add_done_callback(lambda _: self._retire(x))
 
@@ -370,6 +403,11 @@ class Engine:
                 return
         if x in self._executions:
             self._executions.discard(x)
+            alive = self._alive.get(x.run.id)
+            if alive is not None:
+                alive.remove(x)
+                if not alive:
+                    del self._alive[x.run.id]
             self.kick()   # its slot is free
 
     async def _execute(self, x: Execution, earlier: list[Execution]) -> None:
@@ -382,7 +420,9 @@ class Engine:
             try:
                 for e in earlier:
                     await _ended(e)
-                if run.lease_epoch == 1:
+                if not self.registry.observers:
+                    pass   # none to call: no coroutine made for each run
+                elif run.lease_epoch == 1:
                     await self._observe("on_run_start", run)
                 else:
                     await self._observe("on_run_resume", run, run.resume_reason or "recovered")
@@ -391,16 +431,21 @@ class Engine:
                         x.steps = {s.seq: s for s in await self.store.load_steps(run.id)}
                     except Exception as e:
                         raise StoreWriteFailed(e) from e
-                output = await spec.fn(ctx, copy.deepcopy(run.input))
-                output = _json.checked(output, f"the output of workflow {run.workflow!r}",
-                                       self.max_payload_bytes)
+                value = run.input
+                if isinstance(value, (dict, list)):   # the workflow's own copy to change
+                    value = copy.deepcopy(value)
+                output = await spec.fn(ctx, value)
+                if output is not None:   # None is JSON as it is
+                    output = _json.checked(output, f"the output of workflow {run.workflow!r}",
+                                           self.max_payload_bytes)
             except Suspended as s:
                 if s.until is not None:
                     self.wake_at(s.until)
                 # the run may be claimed again (here too) while observers run: leave first
                 self._leave(x)
-                await self._observe("on_run_pause", dataclasses.replace(
-                    run, status=RunStatus(s.status), owner=None, lease_expires_at=None))
+                if self.registry.observers:
+                    await self._observe("on_run_pause", dataclasses.replace(
+                        run, status=RunStatus(s.status), owner=None, lease_expires_at=None))
                 return
             except asyncio.CancelledError:
                 task = asyncio.current_task()
@@ -431,8 +476,8 @@ class Engine:
             await self._store_failed(x, e)
         finally:
             self._leave(x)
-            self._settled.set()
-            self._settled = asyncio.Event()
+            if self._settle_waiters:
+                self._wake_settle_waiters()
             self.kick()
 
     async def _aborted(self, x: Execution) -> None:
@@ -508,8 +553,8 @@ class Engine:
             settlement = dataclasses.replace(settlement, traceback=format_traceback())
         x.finishing = True
         now = self.clock.now()
-        if await self.store.settle_run(x.fence, settlement, now):
-            if settlement.outcome != "retry":
+        if await self._write_settlement(x, settlement, now):
+            if settlement.outcome != "retry" and self.registry.observers:
                 await self._observe("on_run_end", dataclasses.replace(
                     x.run, status=RunStatus(settlement.outcome), owner=None,
                     lease_expires_at=None, output=settlement.output, error=settlement.error,
@@ -517,6 +562,75 @@ class Engine:
             return True
         await self._lost(x, LeaseLostError(x.run.id, self.instance_id))
         return False
+
+    async def _write_settlement(self, x: Execution, settlement: Settlement, now: float) -> bool:
+        """Queue the settlement for the next batch and wait for it to be written (fenced)."""
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._settlements.append((x, settlement, now, done))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write_settlements(), name="shoal-settle")
+        # a cancelled caller cancels only its own future: the settlement is written all the same
+        return await done
+
+    async def _write_settlements(self) -> None:
+        """Write the queued settlements, a batch at a time, each batch with the claim of as many
+        runs as it leaves slots free (``store.settle_and_claim``: one transaction on the SQL
+        stores, the claim committed with the settlements, so this instance never holds more
+        claims than slots). Settlements queued meanwhile go in the next batch, at most one per
+        run, so each is answered as if alone. The task is the engine's own: it is never
+        cancelled with a caller or a scheduling pass, and it writes what is queued even while
+        the instance stops (then without claiming)."""
+        while self._settlements:
+            async with self._pass_lock:   # one claim at a time: passes and batches alike
+                batch: list[tuple[Execution, Settlement, float, asyncio.Future[bool]]] = []
+                rest: list[tuple[Execution, Settlement, float, asyncio.Future[bool]]] = []
+                runs: set[str] = set()
+                for item in self._settlements:
+                    if item[0].run.id in runs or len(batch) >= _SETTLE_BATCH:
+                        rest.append(item)
+                    else:
+                        runs.add(item[0].run.id)
+                        batch.append(item)
+                self._settlements = rest
+                for x, _, _, _ in batch:
+                    x.settled = True
+                claiming = self._accepting and not self._renewals_stalled()
+                free = max(0, self._free_slots()) if claiming else 0
+                sent = self.clock.now()
+                try:
+                    held, claimed = await self._settle_and_claim(batch, free, sent)
+                    if len(held) != len(batch):
+                        raise RuntimeError(f"the store answered {len(held)} of {len(batch)} "
+                                           f"settlements")
+                except BaseException as e:
+                    for x, _, _, done in batch:
+                        x.settled = False
+                        if done.done():
+                            continue
+                        if isinstance(e, Exception):
+                            done.set_exception(e)
+                        else:   # the loop is going away: so are the callers
+                            done.cancel()
+                    if not isinstance(e, Exception):
+                        raise
+                    continue
+                for (_, _, _, done), ok in zip(batch, held, strict=True):
+                    if not done.done():
+                        done.set_result(ok)
+                for run in claimed:
+                    self._launch(run, held_until=sent + self.lease)
+            if free and len(claimed) >= free:
+                self.kick()   # there may be more due than this batch freed
+
+    async def _settle_and_claim(
+        self, batch: list[tuple[Execution, Settlement, float, asyncio.Future[bool]]],
+        limit: int, now: float,
+    ) -> tuple[list[bool], list[Run]]:
+        held, claimed = await self.store.settle_and_claim(
+            [(x.fence, settlement, at) for x, settlement, at, _ in batch], self.namespace,
+            list(self.workflows), self.instance_id, limit, self.lease, now,
+            version=self.config.version, any_version=self.registry.any_version())
+        return list(held), claimed
 
     async def _lost(self, x: Execution, e: LeaseLostError) -> None:
         log.warning("lease.lost: %s %s", x.run.workflow, x.run.id,

@@ -1,5 +1,7 @@
 -- Named statements of the PostgreSQL store. Each block starts with "-- name: NAME".
--- Placeholders are psycopg's %(name)s. Every statement runs on a connection whose search_path is
+-- Placeholders are psycopg's %(name)s; %(name)b sends the value in binary (the arrays of the
+-- batched statements, each element of which the text format would quote and escape in Python).
+-- Every statement runs on a connection whose search_path is
 -- the store's schema. A statement that may make work due for another instance calls
 -- pg_notify(%(channel)s, ''), delivered when its transaction commits.
 --
@@ -186,7 +188,7 @@ LIMIT %(limit)s;
 -- name: renew
 -- Rows are locked in id order, like a batch of settlements of the same instance.
 WITH l AS (
-    SELECT * FROM unnest(%(ids)s::text[], %(epochs)s::bigint[]) AS l(id, epoch)
+    SELECT * FROM unnest(%(ids)b::text[], %(epochs)b::bigint[]) AS l(id, epoch)
 ), fenced AS (
     SELECT r.id FROM runs r JOIN l ON l.id = r.id
     WHERE r.lease_epoch = l.epoch AND r.owner = %(owner)s AND r.status = 'running'
@@ -205,10 +207,10 @@ SELECT seq, name, output, finished, epoch FROM steps WHERE run_id = %(run_id)s O
 -- The checkpoints of several runs in one statement, one commit (a batch), one per run: for
 -- each, the lease check, the lease extension and the step write. Rows are locked in id order.
 WITH c AS (
-    SELECT * FROM unnest(%(id)s::text[], %(owner)s::text[], %(epoch)s::bigint[],
-                         %(expires)s::double precision[], %(seq)s::integer[], %(name)s::text[],
-                         %(output)s::text[], %(finished)s::boolean[],
-                         %(finished_at)s::double precision[])
+    SELECT * FROM unnest(%(id)b::text[], %(owner)b::text[], %(epoch)b::bigint[],
+                         %(expires)b::double precision[], %(seq)b::integer[], %(name)b::text[],
+                         %(output)b::text[], %(finished)b::boolean[],
+                         %(finished_at)b::double precision[])
         AS c(id, owner, epoch, expires, seq, name, output, finished, finished_at)
 ), fenced AS (
     SELECT r.id FROM runs r JOIN c ON c.id = r.id
@@ -282,10 +284,10 @@ RETURNING payload;
 -- version locked) are the rows the update changes: counted reads them, not the update's output,
 -- which would have to go through a CTE as well (a settlement's server time was 1.3 us more).
 WITH s AS (
-    SELECT * FROM unnest(%(id)s::text[], %(owner)s::text[], %(epoch)s::bigint[],
-                         %(status)s::text[], %(output)s::text[], %(error)s::text[],
-                         %(finished_at)s::double precision[], %(run_at)s::double precision[],
-                         %(attempt_inc)s::integer[], %(traceback)s::text[])
+    SELECT * FROM unnest(%(id)b::text[], %(owner)b::text[], %(epoch)b::bigint[],
+                         %(status)b::text[], %(output)b::text[], %(error)b::text[],
+                         %(finished_at)b::double precision[], %(run_at)b::double precision[],
+                         %(attempt_inc)b::integer[], %(traceback)b::text[])
         AS s(id, owner, epoch, status, output, error, finished_at, run_at, attempt_inc,
              traceback)
 ), fenced AS (

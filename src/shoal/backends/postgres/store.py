@@ -83,6 +83,8 @@ _RETRYABLE = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
 _Conn = psycopg.AsyncConnection[DictRow]
 _T = TypeVar("_T")
 _BATCH = 500   # rows per batched statement at most
+_SETTLE_COLUMNS = ("id", "owner", "epoch", "status", "output", "error", "finished_at", "run_at",
+                   "attempt_inc", "traceback")
 
 
 class PostgresStore(PostgresCoordination, PostgresRateLimits):
@@ -135,9 +137,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
         self._listener: asyncio.Task[None] | None = None
         self._listening = asyncio.Event()   # set while the LISTEN connection is up
         self._sweeping: asyncio.Task[None] | None = None
-        self._settles = _Batcher(self, "settle", ("id", "owner", "epoch", "status", "output",
-                                                  "error", "finished_at", "run_at",
-                                                  "attempt_inc", "traceback"))
+        self._settles = _Batcher(self, "settle", _SETTLE_COLUMNS)
         self._checkpoints = _Batcher(self, "checkpoint", ("id", "owner", "epoch", "expires",
                                                           "seq", "name", "output", "finished",
                                                           "finished_at"))
@@ -841,17 +841,66 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
             return SignalWait(received=False, parked=True)
 
     async def settle_run(self, fence: Fence, settlement: Settlement, now: float) -> bool:
-        outcome = settlement.outcome
-        return await self._settles.write(fence.run_id, {
-            "id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
-            "status": "queued" if outcome == "retry" else outcome,
-            "output": _json.dumps(settlement.output) if outcome == "succeeded" else None,
-            "error": settlement.error,
-            "finished_at": None if outcome == "retry" else now,
-            "run_at": settlement.run_at if outcome == "retry" else now,
-            "attempt_inc": 1 if outcome == "retry" else 0,
-            "traceback": settlement.traceback,
-        })
+        return await self._settles.write(fence.run_id, _settle_row(fence, settlement, now))
+
+    async def settle_and_claim(
+        self,
+        settlements: Sequence[tuple[Fence, Settlement, float]],
+        namespace: str,
+        workflows: Sequence[str],
+        owner: str,
+        limit: int,
+        lease: float,
+        now: float,
+        *,
+        version: str | None = None,
+        any_version: Sequence[str] = (),
+    ) -> tuple[list[bool], list[Run]]:
+        if limit <= 0 or not workflows:
+            limit = 0
+        if not settlements:
+            return [], await self.claim_runs(namespace, workflows, owner, limit, lease, now,
+                                             version=version, any_version=any_version)
+        if len({f.run_id for f, _, _ in settlements}) < len(settlements):
+            # two settlements of one run cannot share the statement: one by one, then claim
+            held = [await self.settle_run(*item) for item in settlements]
+            return held, await self.claim_runs(namespace, workflows, owner, limit, lease, now,
+                                               version=version, any_version=any_version)
+        rows = [_settle_row(*item) for item in settlements]
+        settle: dict[str, Any] = {c: [row[c] for row in rows] for c in _SETTLE_COLUMNS}
+        settle["channel"] = self.channel
+        claim = {"namespace": namespace, "workflows": list(workflows), "owner": owner,
+                 "limit": limit, "expires": now + lease, "now": now, "version": version,
+                 "any_version": list(any_version)}
+        # As in claim_runs, a claim of a concurrency key can be refused when another claim of
+        # the key committed after this statement's snapshot; the whole statement was undone,
+        # so it is tried again, the third time without the claim (the settlements are never
+        # given up for it).
+        for claiming in (limit > 0, limit > 0, False):
+            try:
+                written, claimed = await self._retry(functools.partial(
+                    self._settle_and_claim, settle, claim if claiming else None))
+                break
+            except pg_errors.UniqueViolation:
+                if not claiming:
+                    raise
+                log.debug("claim.key_race: settling and claiming again")
+        else:
+            raise AssertionError("unreachable")
+        ids = {r["id"] for r in written}
+        runs = sorted((_run(r) for r in claimed), key=lambda r: (-r.priority, r.created_at, r.id))
+        return [f.run_id in ids for f, _, _ in settlements], runs
+
+    async def _settle_and_claim(
+        self, settle: dict[str, Any], claim: dict[str, Any] | None
+    ) -> tuple[list[DictRow], list[DictRow]]:
+        """One statement: the settlements and the claim (one round trip, one commit)."""
+        if claim is None:
+            return await self._all(_Q["settle"], settle), []
+        rows = await self._all(_SETTLE_AND_CLAIM, {**settle, "s_owner": settle["owner"],
+                                                   **claim})
+        settled = next((r["settled"] for r in rows if r["settled"] is not None), None)
+        return [{"id": i} for i in settled or ()], [r for r in rows if r["id"] is not None]
 
     async def release_run(self, fence: Fence, now: float) -> bool:
         args = {"run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
@@ -1216,7 +1265,9 @@ class _Batcher:
         self.queue.append((run_id, row, done))
         if self.task is None or self.task.done():
             self.task = asyncio.create_task(self._run(), name=f"shoal-{self.query}")
-        return await asyncio.shield(done)
+        # A cancelled caller cancels only its own future: its row is written all the same (it
+        # is queued), and the batch skips answering a future already done.
+        return await done
 
     async def drain(self) -> None:
         if self.task is not None:
@@ -1309,6 +1360,46 @@ def _child_wait(child_id: str) -> str:
     """What a run parked on a child run waits for (``Run.wait_for``); the runs_ended trigger
     (0003_trees.sql) matches it."""
     return f"shoal.child:{child_id}"
+
+
+def _compose_settle_and_claim() -> str:
+    """The ``settle`` and ``claim`` statements as one: the settlements' CTEs and update, then the
+    claim's (the same snapshot: the claim does not see the rows the settlements free), then the
+    claimed rows, the first of them (or a row of its own) carrying the ids settled."""
+    def split(name: str) -> tuple[str, str]:
+        text = _Q[name]
+        start = text.index("WITH ")   # after the comment lines that describe it
+        at = text.rindex("\nUPDATE runs\n")
+        return text[start + len("WITH "):at], text[at + 1:]
+
+    settle_with, settle_update = split("settle")
+    claim_with, claim_update = split("claim")
+    # the claim's owner is one text, the settlements' one per row
+    assert settle_with.count("%(owner)b") == 1 and "%(owner)" not in settle_update
+    settle_with = settle_with.replace("%(owner)b", "%(s_owner)b")
+    return (f"WITH {settle_with}, settled AS (\n{settle_update}\n), {claim_with}, "
+            f"claimed AS (\n{claim_update}\n), ids AS (SELECT array_agg(id) AS settled "
+            f"FROM settled)\nSELECT CASE WHEN row_number() OVER () = 1 THEN ids.settled END "
+            f"AS settled, claimed.* FROM ids LEFT JOIN claimed ON true")
+
+
+_SETTLE_AND_CLAIM: Any = _compose_settle_and_claim()
+
+
+def _settle_row(fence: Fence, settlement: Settlement, now: float) -> dict[str, Any]:
+    """One row of the batched ``settle`` statement."""
+    outcome = settlement.outcome
+    return {
+        "id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
+        "status": "queued" if outcome == "retry" else outcome,
+        "output": (("null" if settlement.output is None else _json.dumps(settlement.output))
+                   if outcome == "succeeded" else None),
+        "error": settlement.error,
+        "finished_at": None if outcome == "retry" else now,
+        "run_at": settlement.run_at if outcome == "retry" else now,
+        "attempt_inc": 1 if outcome == "retry" else 0,
+        "traceback": settlement.traceback,
+    }
 
 
 def _entry(row: DictRow) -> OutboxEntry:

@@ -618,6 +618,24 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
             })
             return cur.rowcount == 1
 
+    async def settle_and_claim(
+        self,
+        settlements: Sequence[tuple[Fence, Settlement, float]],
+        namespace: str,
+        workflows: Sequence[str],
+        owner: str,
+        limit: int,
+        lease: float,
+        now: float,
+        *,
+        version: str | None = None,
+        any_version: Sequence[str] = (),
+    ) -> tuple[list[bool], list[Run]]:
+        held = [await self.settle_run(fence, settlement, at)
+                for fence, settlement, at in settlements]
+        return held, await self.claim_runs(namespace, workflows, owner, limit, lease, now,
+                                           version=version, any_version=any_version)
+
     async def release_run(self, fence: Fence, now: float) -> bool:
         async with self._tx() as db:
             cur = db.execute(_Q["release"], {"run_id": fence.run_id, "owner": fence.owner,

@@ -18,7 +18,14 @@ from shoal import _ids
 from shoal.errors import AdmissionRejectedError
 from shoal.ports import Store
 from shoal.testing.contract.support import LEASE, NS, T0, add, claim, entries, fence, new_run
-from shoal.types import WORKFLOW_INSTANCE_RETENTION, RunStatus, Settlement, Step, WorkflowInfo
+from shoal.types import (
+    WORKFLOW_INSTANCE_RETENTION,
+    Fence,
+    RunStatus,
+    Settlement,
+    Step,
+    WorkflowInfo,
+)
 
 
 class RunContract:
@@ -425,6 +432,46 @@ class RunContract:
         assert await store.settle_run(fence(c), Settlement("failed", error="E: y"), T0 + 10)
         r = await store.get_run(run.id)
         assert r is not None and r.status == RunStatus.FAILED and r.finished_at == T0 + 10
+
+    async def test_settle_and_claim_settles_and_claims_together(self, store: Store) -> None:
+        holder = await add(store, T0, key="k")
+        waiter = await add(store, T0 + 1, key="k")    # waits for the key holder
+        plain = await add(store, T0 + 2)
+        later = [await add(store, T0 + 3 + i) for i in range(3)]
+        claimed = await claim(store, now=T0 + 5, limit=2)
+        assert [r.id for r in claimed] == [holder.id, plain.id]
+        held, plain_c = claimed
+        stale = Fence(plain_c.id, plain_c.owner or "", plain_c.lease_epoch + 1)
+        answers, runs = await store.settle_and_claim(
+            [(fence(held), Settlement("succeeded", output=[1]), T0 + 6),
+             (stale, Settlement("succeeded", output=[2]), T0 + 6)],
+            NS, ["wf"], "b", 2, LEASE, T0 + 7)
+        # each settlement fenced on its own; the claim takes the due runs in claim order, the
+        # run waiting for the key the first settlement freed included or not (PostgreSQL
+        # claims in the same statement, which does not see that key freed): a claim after it
+        # takes that run
+        assert answers == [True, False]
+        ids = [r.id for r in runs]
+        assert ids in ([waiter.id, later[0].id], [later[0].id, later[1].id]), ids
+        assert all(r.status == RunStatus.RUNNING and r.owner == "b"
+                   and r.lease_expires_at == T0 + 7 + LEASE for r in runs)
+        if waiter.id not in ids:
+            assert [r.id for r in await claim(store, "b", now=T0 + 7, limit=1)] == [waiter.id]
+        left = [r.id for r in later if r.id not in ids]
+        done = await store.get_run(holder.id)
+        assert done is not None and done.status == RunStatus.SUCCEEDED
+        assert done.output == [1] and done.finished_at == T0 + 6
+        still = await store.get_run(plain.id)
+        assert still is not None and still.status == RunStatus.RUNNING and still.owner == "a"
+        # limit 0: the settlements alone
+        retried = Settlement("retry", error="E: x", run_at=T0 + 50)
+        assert await store.settle_and_claim([(fence(plain_c), retried, T0 + 8)],
+                                            NS, ["wf"], "b", 0, LEASE, T0 + 8) == ([True], [])
+        again = await store.get_run(plain.id)
+        assert again is not None and again.status == RunStatus.QUEUED and again.attempts == 2
+        # no settlement: a claim
+        answers, runs = await store.settle_and_claim([], NS, ["wf"], "c", 5, LEASE, T0 + 9)
+        assert answers == [] and [r.id for r in runs] == left
 
     async def test_a_run_keeps_the_traceback_of_the_attempt_that_last_settled(
         self, store: Store, other: Store
