@@ -54,7 +54,6 @@ class Service:
         self.reporter = reporter
         self.started_at = clock.now()
         self.last_loop_at: float | None = None   # the last pass that came back at all
-        self.last_ok_at: float | None = None     # the last pass that succeeded
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
 
@@ -66,7 +65,6 @@ class Service:
         """One pass now, its failure reported rather than raised."""
         try:
             await self.run_once()
-            self.last_ok_at = self.clock.now()
         except asyncio.CancelledError:
             if really_cancelled():
                 raise
@@ -140,7 +138,6 @@ class Triggered(Service):
             self._again = False
             try:
                 await self.run_once()
-                self.last_ok_at = self.clock.now()
             except Exception as e:
                 log.warning("%s.failed: %s: %s", self.name, type(e).__name__, e,
                             extra={"event": f"{self.name}.failed"})
