@@ -48,7 +48,8 @@ CREATE TABLE runs (
     -- why a run is delivered again (observers' on_run_resume): dispatched (first start, or a
     -- retry), woke, resumed, recovered; set by the claim
     resume_reason    text,
-    traceback        text   -- a failed run's last attempt's (at most 64 KiB, its end)
+    traceback        text,  -- a failed run's last attempt's (at most 64 KiB, its end)
+    has_tree_keys    boolean NOT NULL DEFAULT false  -- a root whose tree stored keys (version 15)
 );
 
 -- invariant 5: one run per (tenant, workflow, idempotency key) in a namespace
@@ -187,10 +188,13 @@ BEGIN
 END
 $$;
 
+-- Only for the runs that need it (version 15): a child, or a root whose tree stored keys
+-- (insert_tree_key sets has_tree_keys on the root); any other run pays only the WHEN.
 CREATE TRIGGER runs_ended AFTER UPDATE OF status ON runs
 FOR EACH ROW
 WHEN (NEW.status IN ('succeeded', 'failed', 'cancelled')
-      AND OLD.status NOT IN ('succeeded', 'failed', 'cancelled'))
+      AND OLD.status NOT IN ('succeeded', 'failed', 'cancelled')
+      AND (NEW.parent_id IS NOT NULL OR NEW.has_tree_keys))
 EXECUTE FUNCTION runs_ended();
 
 -- The counts of final runs that stats() reads (version 14) ------------------------------------
@@ -452,4 +456,5 @@ FROM (VALUES (1, '0001_runs.sql'),
              (11, '0011_ledger_paging.sql'),
              (12, '0012_workflow_instances.sql'),
              (13, '0013_run_tracebacks.sql'),
-             (14, '0014_run_counts.sql')) AS applied (version, name);
+             (14, '0014_run_counts.sql'),
+             (15, '0015_tree_flag.sql')) AS applied (version, name);

@@ -371,4 +371,5 @@ FROM (VALUES (1, '0001_runs.sql'),
              (11, '0011_ledger_paging.sql'),
              (12, '0012_workflow_instances.sql'),
              (13, '0013_run_tracebacks.sql'),
-             (14, '0014_run_counts.sql'));
+             (14, '0014_run_counts.sql'),
+             (15, '0015_tree_flag.sql'));
