@@ -186,18 +186,20 @@ ORDER BY r.priority DESC, r.created_at, r.id
 LIMIT %(limit)s;
 
 -- name: renew
--- Rows are locked in id order, like a batch of settlements of the same instance.
+-- Rows are locked in id order, like a batch of settlements of the same instance. The update
+-- finds the rows locked by primary key (see settle: a join through the runs_claimed index was
+-- quadratic in the runs running).
 WITH l AS (
     SELECT * FROM unnest(%(ids)b::text[], %(epochs)b::bigint[]) AS l(id, epoch)
 ), fenced AS (
-    SELECT r.id FROM runs r JOIN l ON l.id = r.id
+    SELECT r.id, l.epoch FROM runs r JOIN l ON l.id = r.id
     WHERE r.lease_epoch = l.epoch AND r.owner = %(owner)s AND r.status = 'running'
     ORDER BY r.id
     FOR UPDATE OF r
 )
 UPDATE runs SET lease_expires_at = %(expires)s
 FROM fenced
-WHERE runs.id = fenced.id AND runs.owner = %(owner)s AND runs.status = 'running'
+WHERE runs.id = fenced.id AND runs.owner = %(owner)s AND runs.lease_epoch = fenced.epoch
 RETURNING runs.id, runs.cancel_requested;
 
 -- name: load_steps
@@ -206,6 +208,9 @@ SELECT seq, name, output, finished, epoch FROM steps WHERE run_id = %(run_id)s O
 -- name: checkpoint
 -- The checkpoints of several runs in one statement, one commit (a batch), one per run: for
 -- each, the lease check, the lease extension and the step write. Rows are locked in id order.
+-- fenced carries each locked row's checkpoint, so that nothing joins two CTEs (the planner
+-- expects one row from each, and chose nested loops quadratic in the batch; see settle). A row
+-- locked here is this statement's until the commit, so the rows fenced are the rows extended.
 WITH c AS (
     SELECT * FROM unnest(%(id)b::text[], %(owner)b::text[], %(epoch)b::bigint[],
                          %(expires)b::double precision[], %(seq)b::integer[], %(name)b::text[],
@@ -213,20 +218,20 @@ WITH c AS (
                          %(finished_at)b::double precision[])
         AS c(id, owner, epoch, expires, seq, name, output, finished, finished_at)
 ), fenced AS (
-    SELECT r.id FROM runs r JOIN c ON c.id = r.id
+    SELECT r.id, c.owner, c.epoch, c.expires, c.seq, c.name, c.output, c.finished,
+           c.finished_at
+    FROM runs r JOIN c ON c.id = r.id
     WHERE r.owner = c.owner AND r.lease_epoch = c.epoch AND r.status = 'running'
     ORDER BY r.id
     FOR UPDATE OF r
 ), extended AS (
-    UPDATE runs SET lease_expires_at = c.expires
-    FROM c JOIN fenced ON fenced.id = c.id
-    WHERE runs.id = c.id AND runs.owner = c.owner AND runs.lease_epoch = c.epoch
-      AND runs.status = 'running'
+    UPDATE runs SET lease_expires_at = f.expires
+    FROM fenced f
+    WHERE runs.id = f.id AND runs.owner = f.owner AND runs.lease_epoch = f.epoch
     RETURNING runs.id
 ), put AS (
     INSERT INTO steps (run_id, seq, name, output, finished, epoch, finished_at)
-    SELECT c.id, c.seq, c.name, c.output, c.finished, c.epoch, c.finished_at
-    FROM c JOIN extended ON extended.id = c.id
+    SELECT id, seq, name, output, finished, epoch, finished_at FROM fenced
     ON CONFLICT (run_id, seq) DO UPDATE
     SET name = excluded.name, output = excluded.output, finished = excluded.finished,
         epoch = excluded.epoch, finished_at = excluded.finished_at
