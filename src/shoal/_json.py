@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy as _copy
 import json
 import math
 from typing import Any
@@ -79,6 +80,25 @@ def checked_size(value: object, what: str, max_bytes: int | None = None) -> tupl
 def copy(value: JSON) -> JSON:
     """A copy of a JSON value as the SQL stores give it back (a tuple becomes a list)."""
     return json.loads(dumps(value))
+
+
+def clone(value: Any) -> Any:
+    """A deep copy of a JSON value (dicts, lists, tuples of JSON scalars), for a caller to change
+    as it likes: about three times as fast as ``copy.deepcopy``, which keeps a memo for cycles a
+    JSON value cannot have. Anything else is left to ``copy.deepcopy``."""
+    kind = type(value)
+    if kind is dict:
+        return {k: clone(v) for k, v in value.items()}
+    if kind is list:
+        return [clone(v) for v in value]
+    if kind in _SCALARS:
+        return value
+    if kind is tuple:
+        return tuple(clone(v) for v in value)
+    return _copy.deepcopy(value)
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 # one encoder for every call: json.dumps with options builds a new one each time (0.6 us of

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import copy
+import functools
 import inspect
 import logging
 import random
@@ -178,7 +178,7 @@ class _StepCall:
         self.started = False
 
 
-@dataclass(eq=False)   # each execution is itself: kept in sets by identity
+@dataclass(eq=False, slots=True)   # each execution is itself: kept in sets by identity
 class Execution:
     """One local execution of a claimed run."""
 
@@ -333,10 +333,22 @@ class RunContext:
         self.lease_epoch: int = run.lease_epoch
         self.signal = AbortSignal()
         self.step_key: str | None = None
-        # await ctx.step(name, fn, *args, **kwargs); options: ctx.step.with_options(retries=N)
-        self.step = StepCaller(self)
-        self.tree = Tree(self)
-        self.outbox = Outbox(host.max_payload_bytes)
+
+    # Made on first use: most runs use few of them, and a context is made for every execution.
+
+    @functools.cached_property
+    def step(self) -> StepCaller:
+        """``await ctx.step(name, fn, *args, **kwargs)``; options:
+        ``ctx.step.with_options(retries=N)``."""
+        return StepCaller(self)
+
+    @functools.cached_property
+    def tree(self) -> Tree:
+        return Tree(self)
+
+    @functools.cached_property
+    def outbox(self) -> Outbox:
+        return Outbox(self._host.max_payload_bytes)
 
     def _next(self, name: str) -> tuple[int, Step | None]:
         # Sticky: once the run has durably yielded or lost its claim, every later ctx call
@@ -426,7 +438,7 @@ class RunContext:
         name = call.name
         seq, recorded = self._next(name)
         if recorded is not None and recorded.finished:
-            return copy.deepcopy(recorded.output)
+            return _json.clone(recorded.output)
         self.signal.raise_if_aborted()
         self._check_lease()
         self.step_key = f"{self.run_id}:{seq}"
@@ -457,7 +469,7 @@ class RunContext:
             host.outbox_written()
         self._x.held_until = max(self._x.held_until, sent + host.lease)
         self._x.steps[seq] = step
-        return copy.deepcopy(result)
+        return _json.clone(result)
 
     async def _in_thread(self, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         """Run a plain function in a thread. A thread cannot be stopped: when the run is
@@ -683,9 +695,9 @@ class RunContext:
             raise RunFailedError(child_id, out["error"])
         if out["status"] == "cancelled":
             raise RunCancelledError(child_id)
-        return copy.deepcopy(out["output"])
+        return _json.clone(out["output"])
 
     def _waited(self, output: Any, name: str) -> Any:
         if "timeout" in output:
             raise TimeoutError(f"No signal {name!r} arrived for run {self.run_id} in time.")
-        return copy.deepcopy(output["payload"])
+        return _json.clone(output["payload"])

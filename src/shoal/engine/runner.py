@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import dataclasses
 import inspect
 import logging
@@ -433,7 +432,7 @@ class Engine:
                         raise StoreWriteFailed(e) from e
                 value = run.input
                 if isinstance(value, (dict, list)):   # the workflow's own copy to change
-                    value = copy.deepcopy(value)
+                    value = _json.clone(value)
                 output = await spec.fn(ctx, value)
                 if output is not None:   # None is JSON as it is
                     output = _json.checked(output, f"the output of workflow {run.workflow!r}",
