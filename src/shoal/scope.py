@@ -24,3 +24,13 @@ class RunScope(Protocol):
 
 current_run: contextvars.ContextVar[RunScope | None] = contextvars.ContextVar(
     "shoal_current_run", default=None)
+
+
+def outside_run() -> contextvars.Context:
+    """A copy of the current context in which no run is current: for a task that a run's code
+    starts but that works for no run (the engine's settlement writer, a maintenance pass, a
+    timer). It neither charges that run's budget nor keeps the run's objects alive after the
+    run ended."""
+    context = contextvars.copy_context()
+    context.run(current_run.set, None)
+    return context

@@ -128,3 +128,37 @@ async def test_a_step_retried_in_place_sends_only_its_last_tries_entries() -> No
         await until(lambda: _count(delivered, 1))
         await settle()
         assert delivered == [(f"{run.id}:1:0", {"try": 2})]
+
+
+async def test_a_delivery_started_by_a_runs_step_works_for_no_run() -> None:
+    """The step that writes entries starts a delivery pass at once; that pass, and the handlers
+    it calls, run outside the run: a provider call in a handler charges no run's budget."""
+    from shoal.backends.memory import MemoryStore
+    from shoal.scope import current_run
+
+    seen: list[object] = []
+    app = shoal.App("outbox", store=MemoryStore(), clock=VirtualClock(), lease=30.0)
+
+    @app.workflow
+    async def order(ctx: shoal.RunContext, input: Any) -> None:
+        async def confirm() -> None:
+            ctx.outbox.send("email", {"order": 1})
+            seen.append(current_run.get())   # inside the step: the run's own
+
+        await ctx.step("confirm", confirm)
+
+    @app.outbox_handler("email")
+    async def email(payload: Any, key: str) -> None:
+        seen.append(current_run.get())
+
+    async with app:
+        await app.dispatch(order, None)
+        await until(lambda: _length_is(seen, 2))   # the first round of maintenance is over
+        run = await app.dispatch(order, None)
+        await until(lambda: _length_is(seen, 4))
+    assert getattr(seen[2], "run_id", None) == run.id
+    assert seen[1] is None and seen[3] is None
+
+
+async def _length_is(items: list[object], n: int) -> bool:
+    return len(items) == n

@@ -336,6 +336,14 @@ class RunContext:
 
     # Made on first use: most runs use few of them, and a context is made for every execution.
 
+    def _ended(self) -> None:
+        """The execution is gone: drop the helpers that refer back to this context, so that
+        the context, its execution and the run's task are freed by reference count rather than
+        by the cyclic garbage collector (a context kept by the workflow's code makes them again
+        on use)."""
+        for name in ("step", "tree"):
+            self.__dict__.pop(name, None)
+
     @functools.cached_property
     def step(self) -> StepCaller:
         """``await ctx.step(name, fn, *args, **kwargs)``; options:

@@ -10,6 +10,7 @@ from typing import Any
 
 from shoal._tasks import cancel_and_wait, really_cancelled, report
 from shoal.clock import Clock
+from shoal.scope import outside_run
 
 log = logging.getLogger("shoal")
 
@@ -121,7 +122,9 @@ class Triggered(Service):
         if self._pass is not None and not self._pass.done():
             self._again = True
             return
-        self._pass = asyncio.create_task(self._run(), name=f"shoal-{self.name}-pass")
+        # a pass a run's step triggers works for no run
+        self._pass = asyncio.create_task(self._run(), name=f"shoal-{self.name}-pass",
+                                         context=outside_run())
 
     def trigger_at(self, when: float) -> None:
         """Trigger a pass at ``when`` (the app's clock): an item is due again then."""
@@ -129,7 +132,7 @@ class Triggered(Service):
             await self.clock.sleep(max(0.0, when - self.clock.now()))
             self.trigger()
 
-        task = asyncio.create_task(wake())
+        task = asyncio.create_task(wake(), context=outside_run())
         self._timers.add(task)
         task.add_done_callback(self._timers.discard)
 
