@@ -431,28 +431,28 @@ async def test_a_schema_at_version_13_gets_its_final_runs_counted(schema: str) -
         await store.close()
 
 
-async def test_a_root_drops_its_tree_keys_whether_stored_before_or_after_version_15(
+async def test_a_root_drops_its_tree_keys_whether_stored_before_or_after_version_16(
         schema: str) -> None:
-    """Version 15 fires runs_ended only for children and for roots that stored tree keys: a
-    root whose keys were stored before it (migration 15 marks it), one whose keys are stored
+    """Version 16 fires runs_ended only for children and for roots that stored tree keys: a
+    root whose keys were stored before it (migration 16 marks it), one whose keys are stored
     after, and one stored by older code during a rollout (retention drops them with the root)
     each leave no key behind; a root without keys ends as before."""
     from test_rate_postgres import _schema_at
 
-    applied = _schema_at(schema, 14, (
+    applied = _schema_at(schema, 15, (
         "INSERT INTO runs (id, namespace, tenant, workflow, input, status, created_at, "
         "max_attempts, root_id, run_at, owner, lease_epoch, started_at) VALUES "
         f"('old', '{NS}', 'default', 'wf', '{{}}', 'running', 0, 3, 'old', 0, 'a', 1, 0)"),
         "INSERT INTO tree_keys (root_id, key, value, claimant, created_at, tenant) "
         "VALUES ('old', 'k', '1', 'step', 0, 'default')")
-    assert applied == list(range(1, 15))
+    assert applied == list(range(1, 16))
     store = await _open(schema)
     try:
-        assert await store.migrate() >= 15
+        assert await store.migrate() >= 16
         new, plain, legacy = [await add(store, T0 + i) for i in range(3)]
         claimed = {r.id: r for r in await claim(store, now=T0 + 3)}
         assert await store.save_tree_key(new.id, "k", 2, "step", T0 + 2) is True
-        with psycopg.connect(URL, autocommit=True) as conn:   # as code older than 15 does
+        with psycopg.connect(URL, autocommit=True) as conn:   # as code older than 16 does
             conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
             conn.execute("INSERT INTO tree_keys (root_id, key, value, claimant, created_at, "
                          "tenant) VALUES (%s, 'k', '3', 'step', 0, 'default')", (legacy.id,))

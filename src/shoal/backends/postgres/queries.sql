@@ -532,7 +532,7 @@ WITH old AS (
 ), gone_outbox AS (
     DELETE FROM outbox WHERE run_id IN (SELECT id FROM old)
 ), gone_tree_keys AS (
-    -- none, but those stored by shoal code older than schema version 15 during a rollout
+    -- none, but those stored by shoal code older than schema version 16 during a rollout
     DELETE FROM tree_keys WHERE root_id IN (SELECT id FROM old)
 ), gone AS (
     DELETE FROM runs WHERE id IN (SELECT id FROM old)

@@ -49,7 +49,7 @@ CREATE TABLE runs (
     -- retry), woke, resumed, recovered; set by the claim
     resume_reason    text,
     traceback        text,  -- a failed run's last attempt's (at most 64 KiB, its end)
-    has_tree_keys    boolean NOT NULL DEFAULT false  -- a root whose tree stored keys (version 15)
+    has_tree_keys    boolean NOT NULL DEFAULT false  -- a root whose tree stored keys (version 16)
 );
 
 -- invariant 5: one run per (tenant, workflow, idempotency key) in a namespace
@@ -188,7 +188,7 @@ BEGIN
 END
 $$;
 
--- Only for the runs that need it (version 15): a child, or a root whose tree stored keys
+-- Only for the runs that need it (version 16): a child, or a root whose tree stored keys
 -- (insert_tree_key sets has_tree_keys on the root); any other run pays only the WHEN.
 CREATE TRIGGER runs_ended AFTER UPDATE OF status ON runs
 FOR EACH ROW
@@ -457,4 +457,4 @@ FROM (VALUES (1, '0001_runs.sql'),
              (12, '0012_workflow_instances.sql'),
              (13, '0013_run_tracebacks.sql'),
              (14, '0014_run_counts.sql'),
-             (15, '0015_tree_flag.sql')) AS applied (version, name);
+             (16, '0016_tree_flag.sql')) AS applied (version, name);

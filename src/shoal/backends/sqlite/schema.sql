@@ -372,4 +372,4 @@ FROM (VALUES (1, '0001_runs.sql'),
              (12, '0012_workflow_instances.sql'),
              (13, '0013_run_tracebacks.sql'),
              (14, '0014_run_counts.sql'),
-             (15, '0015_tree_flag.sql'));
+             (16, '0016_tree_flag.sql'));

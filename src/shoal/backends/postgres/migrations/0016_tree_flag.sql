@@ -1,4 +1,4 @@
--- shoal schema version 15: a root run records that its tree has keys, so that the runs_ended
+-- shoal schema version 16: a root run records that its tree has keys, so that the runs_ended
 -- trigger fires only for the runs that need it: a child (its parent may be waiting for it) or a
 -- root whose tree stored keys (they are dropped with it). For every other run, most of them, the
 -- trigger's WHEN is all a settlement pays: the plpgsql call and the probe of tree_keys cost a

@@ -1,4 +1,4 @@
--- shoal schema version 15: on PostgreSQL, a root run records that its tree has keys, so that the
+-- shoal schema version 16: on PostgreSQL, a root run records that its tree has keys, so that the
 -- runs_ended trigger fires only for the runs that need it. SQLite's runs_ended trigger also
 -- counts every run that ends (run_counts), so it fires for every run anyway, and its probe of
 -- tree_keys costs next to nothing in process: nothing changes here. The version exists on both
