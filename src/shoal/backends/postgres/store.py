@@ -1465,11 +1465,15 @@ def _settle_row(fence: Fence, settlement: Settlement, now: float) -> dict[str, A
     }
 
 
+# runs_status's statuses (schema version 15)
+RARE_STATUSES = frozenset({"failed", "cancelled", "sleeping", "waiting", "interrupted"})
+
+
 def _search_sql(namespace: str, where: RunFilter, before: str | None,
                 limit: int) -> tuple[sql.Composed, dict[str, Any]]:
     """``search_runs`` as one statement; the terms that name a partial index's own condition
-    (runs_status: every status but succeeded; a key's: the key is not null) let the planner
-    walk it newest first."""
+    (runs_status: the statuses runs pass through rarely; a key's: the key is not null) let the
+    planner walk it newest first."""
     terms: list[sql.Composable] = [sql.SQL("namespace = %(namespace)s")]
     args: dict[str, Any] = {"namespace": namespace, "limit": limit}
     for column, value in (("status", where.status), ("workflow", where.workflow),
@@ -1491,8 +1495,9 @@ def _search_sql(namespace: str, where: RunFilter, before: str | None,
         terms.append(sql.SQL("idempotency_key IS NOT NULL"))
     if where.concurrency_key is not None:
         terms.append(sql.SQL("concurrency_key IS NOT NULL"))
-    if where.status is not None and where.status != "succeeded":
-        terms.append(sql.SQL("status <> 'succeeded'"))
+    if where.status in RARE_STATUSES:
+        terms.append(sql.SQL("status IN ('failed', 'cancelled', 'sleeping', 'waiting', "
+                             "'interrupted')"))
     query = sql.SQL("SELECT * FROM runs WHERE {} ORDER BY id DESC LIMIT %(limit)s").format(
         sql.SQL(" AND ").join(terms))
     return query, args

@@ -1089,11 +1089,15 @@ def _statements(sql: str) -> list[str]:
     return out
 
 
+# runs_status's statuses (schema version 15)
+RARE_STATUSES = frozenset({"failed", "cancelled", "sleeping", "waiting", "interrupted"})
+
+
 def search_sql(namespace: str, where: RunFilter, before: str | None,
                limit: int) -> tuple[str, list[Any]]:
     """``search_runs`` as one statement, walking the narrowest index of its filters newest
-    first: a key's, the status's (runs_status holds every status but succeeded), or the
-    namespace's."""
+    first: a key's, the status's (runs_status holds the statuses runs pass through rarely), or
+    the namespace's."""
     terms, args = ["namespace = ?"], list[Any]([namespace])
     for column, value in (("status", where.status), ("workflow", where.workflow),
                           ("tenant", where.tenant), ("idempotency_key", where.idempotency_key),
@@ -1114,9 +1118,10 @@ def search_sql(namespace: str, where: RunFilter, before: str | None,
     elif where.concurrency_key is not None:
         index = "runs_concurrency_key"
         terms.append("concurrency_key IS NOT NULL")
-    elif where.status is not None and where.status != "succeeded":
+    elif where.status in RARE_STATUSES:
         index = "runs_status"
-        terms.append("status <> 'succeeded'")    # the partial index's own term
+        # the partial index's own term
+        terms.append("status IN ('failed', 'cancelled', 'sleeping', 'waiting', 'interrupted')")
     else:
         index = "runs_namespace"
     sql = (f"SELECT * FROM runs INDEXED BY {index} WHERE {' AND '.join(terms)} "
