@@ -165,6 +165,14 @@ class UnknownPauseError(ShoalError):
     """No pause has this id."""
 
 
+class UnknownOutboxEntryError(ShoalError):
+    """No outbox entry of the namespace has this id."""
+
+
+class NotDeadError(ShoalError):
+    """``app.redrive`` of an outbox entry that is not dead-lettered; nothing was changed."""
+
+
 class BudgetExceededError(ShoalError):
     """A cost budget has no room for a call's estimated cost; nothing was spent or counted."""
 

@@ -75,6 +75,8 @@ from shoal.types import (
     Refused,
     Renewal,
     Run,
+    RunFilter,
+    RunRecord,
     Settlement,
     SignalWait,
     SlotBusy,
@@ -435,10 +437,44 @@ class Outbox(Protocol):
     async def dead_letters(self, namespace: str, limit: int = 100) -> list[OutboxEntry]:
         """Dead-lettered entries of the namespace, oldest first."""
 
+    async def redrive(self, entry_id: str, now: float) -> tuple[OutboxEntry | None, bool]:
+        """Make a dead-lettered entry deliverable again, only if it is still dead: not dead,
+        attempts 0, due at ``now``, its error kept until the next attempt replaces it. Returns
+        the entry as it now is and True; the entry unchanged and False when it is not dead (of
+        two racing calls, one wins); ``(None, False)`` for an unknown id."""
+
+
+@runtime_checkable
+class RunInspection(Protocol):
+    """Reads for a console: runs found by filters a page at a time, one run with everything
+    kept about it, and the runs that ended per minute. Each is one consistent read."""
+
+    async def search_runs(
+        self, namespace: str, where: RunFilter, *, before: str | None = None, limit: int = 50,
+    ) -> list[Run]:
+        """At most ``limit`` runs of ``namespace`` matching ``where``, newest first (id
+        descending), those with id less than ``before`` when given: the next page is
+        ``before=runs[-1].id``, without a gap or a repeat. A store reads by an index for the
+        status, for each key, and for the namespace alone; the other filters are checked on
+        the rows read in id order."""
+
+    async def inspect_run(self, run_id: str, tree_limit: int = 200) -> RunRecord | None:
+        """The run with its steps (with when each was written finished), signals, pauses,
+        outbox entries and at most ``tree_limit`` runs of its tree (see
+        :class:`~shoal.types.RunRecord`); None for an unknown id."""
+
+    async def finished_per_minute(
+        self, namespace: str, since: float, minutes: int
+    ) -> list[int]:
+        """Runs of ``namespace`` in a final status that ended in each of ``minutes``
+        consecutive minutes from ``since``: item i counts ``finished_at`` in
+        ``[since + 60 i, since + 60 (i + 1))``. Its cost grows with the runs that ended in
+        that span (read by the index retention uses), not with the runs kept."""
+
 
 @runtime_checkable
 class Store(StoreLifecycle, WorkflowRegistry, RunQueue, Checkpoints, Pauses, Trees,
-            Outbox, Protocol):
+            Outbox, RunInspection, Protocol):
     """A run store: every concern above, as the memory, SQLite and PostgreSQL backends provide
     it (each also provides :class:`Coordination` and :class:`RateStore`).
     ``shoal.testing.contract`` is the behaviour to match."""

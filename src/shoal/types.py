@@ -421,3 +421,72 @@ class SpendEntry:
     currency: str
     at: float
     id: int | None = None
+
+
+# -- what a console reads (shoal.ports.RunInspection) ------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunFilter:
+    """Which runs :meth:`~shoal.ports.RunInspection.search_runs` returns: a run matches when
+    it matches every field given (None: any). ``created_from <= created_at < created_to``."""
+
+    status: str | None = None
+    workflow: str | None = None
+    tenant: str | None = None
+    created_from: float | None = None
+    created_to: float | None = None
+    idempotency_key: str | None = None
+    concurrency_key: str | None = None
+
+    def matches(self, run: Run) -> bool:
+        """Whether ``run`` matches every field given (the namespace is the caller's)."""
+        return ((self.status is None or run.status.value == self.status)
+                and (self.workflow is None or run.workflow == self.workflow)
+                and (self.tenant is None or run.tenant == self.tenant)
+                and (self.created_from is None or run.created_at >= self.created_from)
+                and (self.created_to is None or run.created_at < self.created_to)
+                and (self.idempotency_key is None
+                     or run.idempotency_key == self.idempotency_key)
+                and (self.concurrency_key is None
+                     or run.concurrency_key == self.concurrency_key))
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """A checkpoint as the store keeps it, with ``finished_at``: when it was written finished
+    (None while a sleep or wait is in progress). A step's start is not stored: a step costs
+    one write, at its end."""
+
+    seq: int
+    name: str
+    output: JSON
+    finished: bool
+    epoch: int
+    finished_at: float | None
+
+
+@dataclass(frozen=True)
+class SignalRecord:
+    """A signal sent to a run: kept until a ``wait_for`` consumes it (then ``consumed``)."""
+
+    id: str
+    name: str
+    payload: JSON
+    created_at: float
+    consumed: bool
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """Everything the store keeps about one run, as one read saw it: the run, its steps in seq
+    order, its signals (oldest first), its pauses (pending and resolved ones not yet pruned,
+    oldest first), its outbox entries (by step, then index) and its tree: the runs sharing its
+    root (the root first, then by id), at most the limit asked for."""
+
+    run: Run
+    steps: tuple[StepRecord, ...]
+    signals: tuple[SignalRecord, ...]
+    pauses: tuple[Pause, ...]
+    outbox: tuple[OutboxEntry, ...]
+    tree: tuple[Run, ...]

@@ -51,11 +51,13 @@ from shoal.engine.runner import (
 )
 from shoal.errors import (
     ConfigurationError,
+    NotDeadError,
     NotPausedError,
     NotRetryableError,
     RunCancelledError,
     RunFailedError,
     ShoalError,
+    UnknownOutboxEntryError,
     UnknownPauseError,
     UnknownRunError,
     UnknownWorkflowError,
@@ -315,6 +317,28 @@ class App:
         """Outbox entries of this namespace that failed ``max_deliveries`` times."""
         await self._open_store()
         return await self.store.dead_letters(self.namespace, limit)
+
+    async def redrive(self, entry_id: str) -> OutboxEntry:
+        """Make dead-lettered outbox entry ``entry_id`` of this namespace deliverable again: due
+        now, its delivery attempts counted from 0. Raises ``UnknownOutboxEntryError`` for an
+        unknown id (or another namespace's) and ``NotDeadError`` for an entry that is not
+        dead (delivered, still being tried, or redriven already: of two racing calls, one
+        wins); nothing changes then."""
+        _checks.text(entry_id, "app.redrive(entry_id)", CALL)
+        await self._open_store()
+        entry, redriven = await self.store.redrive(entry_id, self.clock.now())
+        if entry is None or entry.namespace != self.namespace:
+            raise UnknownOutboxEntryError(
+                f"No outbox entry with id {entry_id!r} in namespace {self.namespace!r}; "
+                f"'shoal outbox dead' lists the dead-lettered ones.")
+        if not redriven:
+            state = "delivered" if entry.delivered_at is not None else "still to deliver"
+            raise NotDeadError(f"Outbox entry {entry_id} ({entry.topic!r} of run "
+                               f"{entry.run_id}) is not dead-lettered: it is {state}. Nothing "
+                               f"was changed.")
+        if self._engine is not None:
+            self._engine.kick()
+        return entry
 
     def observe(self, observer: Any) -> Any:
         """Add an observer: any object with some of ``on_run_start(run)``,
@@ -1053,19 +1077,21 @@ class App:
 
     async def resume(
         self, pause_id: str, approved: bool = True, data: Any = None, by: str | None = None,
-        *, tenant: str | None = None,
+        *, tenant: str | None = None, reason: str | None = None,
     ) -> Pause:
-        """Answer a pause; its run continues (on any instance) with this ``Decision``. Exactly
-        one answer wins: a pause already answered (or expired) raises ``NotPausedError``; an
-        unknown id, or one resolved longer than ``pause_retention`` ago, ``UnknownPauseError``.
-        Nothing changes when it raises."""
+        """Answer a pause; its run continues (on any instance) with this ``Decision``
+        (``reason``: why, in the decider's words). Exactly one answer wins: a pause already
+        answered (or expired) raises ``NotPausedError``; an unknown id, or one resolved longer
+        than ``pause_retention`` ago, ``UnknownPauseError``. Nothing changes when it raises."""
         if not isinstance(approved, bool):
             raise TypeError(f"approved must be True or False, not {approved!r}")
         if by is not None:
             _checks.text(by, "app.resume(by)", CALL, empty=True)
+        if reason is not None:
+            _checks.text(reason, "app.resume(reason)", CALL, empty=True)
         data = _json.checked(data, "data", self.max_payload_bytes)
         await self._open_store()
-        decision = {"approved": approved, "data": data, "by": by, "reason": None}
+        decision = {"approved": approved, "data": data, "by": by, "reason": reason}
         found = await self.store.get_pause(pause_id)
         foreign = found is not None and tenant is not None and found.tenant != tenant
         pause, won = (None, False) if (

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -40,11 +41,15 @@ from shoal.types import (
     QueueDepth,
     Renewal,
     Run,
+    RunFilter,
+    RunRecord,
     RunStatus,
     Settlement,
+    SignalRecord,
     SignalWait,
     Stats,
     Step,
+    StepRecord,
     WorkflowInfo,
 )
 
@@ -70,6 +75,7 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
         super().__init__()
         self._runs: dict[str, Run] = {}
         self._steps: dict[str, dict[int, Step]] = {}
+        self._step_times: dict[tuple[str, int], float | None] = {}   # finished_at
         self._signals: list[_Signal] = []
         self._workflows: dict[tuple[str, str], tuple[JSON, float]] = {}
         # (namespace, workflow) -> instance -> when it last registered the workflow
@@ -313,12 +319,13 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
         steps = self._steps.get(run_id, {})
         return [copy.deepcopy(steps[seq]) for seq in sorted(steps)]
 
-    def _put_step(self, fence: Fence, step: Step) -> None:
+    def _put_step(self, fence: Fence, step: Step, now: float) -> None:
         steps = self._steps.setdefault(fence.run_id, {})
         old = steps.get(step.seq)
         if old is None or not old.finished:
             steps[step.seq] = Step(step.seq, step.name, _json.copy(step.output),
                                    step.finished, fence.epoch)
+            self._step_times[(fence.run_id, step.seq)] = now if step.finished else None
 
     async def checkpoint_step(
         self, fence: Fence, step: Step, lease: float, now: float,
@@ -335,7 +342,7 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
                 if (entry.run_id, entry.seq, entry.index) not in taken:
                     self._outbox[entry.id] = replace(entry, payload=_json.copy(entry.payload),
                                                      next_at=now)
-        self._put_step(fence, step)
+        self._put_step(fence, step, now)
         return True
 
     def _suspend(self, r: Run, status: RunStatus, run_at: float | None,
@@ -356,7 +363,7 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
         if r is None:
             return False
         self._suspend(r, RunStatus(status), run_at, wait_for)
-        self._put_step(fence, step)
+        self._put_step(fence, step, now)
         return True
 
     async def wait_signal(
@@ -372,12 +379,12 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
             s = pending[0]
             s.consumed = True
             self._put_step(fence, Step(step.seq, step.name, {"payload": s.payload}, True,
-                                       fence.epoch))
+                                       fence.epoch), now)
             return SignalWait(received=True, payload=copy.deepcopy(s.payload))
         if deadline is not None and deadline <= now:
             return SignalWait(received=False, parked=False)
         self._suspend(r, RunStatus.WAITING, deadline, signal)
-        self._put_step(fence, step)
+        self._put_step(fence, step, now)
         return SignalWait(received=False, parked=True)
 
     async def settle_run(self, fence: Fence, settlement: Settlement, now: float) -> bool:
@@ -556,10 +563,10 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
         if child.status.final:
             self._put_step(fence, Step(step.seq, step.name, {
                 "status": child.status.value, "output": copy.deepcopy(child.output),
-                "error": child.error}, True, fence.epoch))
+                "error": child.error}, True, fence.epoch), now)
         else:
             self._suspend(r, RunStatus.WAITING, None, f"shoal.child:{child_id}")
-            self._put_step(fence, step)
+            self._put_step(fence, step, now)
         return child
 
     # -- pauses ------------------------------------------------------------------------------
@@ -571,7 +578,7 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
         self._pauses[pause.id] = replace(pause, request=_json.copy(pause.request),
                                          decision=_json.copy(pause.decision))
         self._suspend(r, RunStatus.WAITING, None, f"shoal.pause:{pause.id}")
-        self._put_step(fence, step)
+        self._put_step(fence, step, now)
         return True
 
     async def get_pause(self, pause_id: str) -> Pause | None:
@@ -587,7 +594,7 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
         if p is None or p.status != "pending":
             return PauseWait(copy.deepcopy(p), parked=False)
         self._suspend(r, RunStatus.WAITING, None, f"shoal.pause:{pause_id}")
-        self._put_step(fence, step)
+        self._put_step(fence, step, now)
         return PauseWait(copy.deepcopy(p), parked=True)
 
     def _resolve(self, p: Pause, decision: JSON, now: float) -> Pause:
@@ -686,6 +693,57 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
                       key=lambda e: (e.created_at, e.id))
         return copy.deepcopy(dead[:limit])
 
+    async def redrive(self, entry_id: str, now: float) -> tuple[OutboxEntry | None, bool]:
+        e = self._outbox.get(entry_id)
+        if e is None:
+            return None, False
+        if not e.dead:
+            return copy.deepcopy(e), False
+        e = self._outbox[entry_id] = replace(e, dead=False, attempts=0, next_at=now)
+        return copy.deepcopy(e), True
+
+    # -- what a console reads --------------------------------------------------------------
+
+    async def search_runs(
+        self, namespace: str, where: RunFilter, *, before: str | None = None, limit: int = 50,
+    ) -> list[Run]:
+        found = sorted((r for r in self._in(namespace)
+                        if (before is None or r.id < before) and where.matches(r)),
+                       key=lambda r: r.id, reverse=True)
+        return copy.deepcopy(found[:limit])
+
+    async def inspect_run(self, run_id: str, tree_limit: int = 200) -> RunRecord | None:
+        run = self._runs.get(run_id)
+        if run is None:
+            return None
+        steps = self._steps.get(run_id, {})
+        tree = sorted((r for r in self._runs.values() if r.root_id == run.root_id),
+                      key=lambda r: (r.id != r.root_id, r.id))
+        return copy.deepcopy(RunRecord(
+            run=run,
+            steps=tuple(StepRecord(s.seq, s.name, s.output, s.finished, s.epoch,
+                                   self._step_times.get((run_id, s.seq)))
+                        for s in (steps[seq] for seq in sorted(steps))),
+            signals=tuple(SignalRecord(s.id, s.name, s.payload, s.created_at, s.consumed)
+                          for s in sorted((s for s in self._signals if s.run_id == run_id),
+                                          key=lambda s: (s.created_at, s.id))),
+            pauses=tuple(sorted((p for p in self._pauses.values() if p.run_id == run_id),
+                                key=lambda p: (p.created_at, p.id))),
+            outbox=tuple(sorted((e for e in self._outbox.values() if e.run_id == run_id),
+                                key=lambda e: (e.seq, e.index))),
+            tree=tuple(tree[:tree_limit])))
+
+    async def finished_per_minute(
+        self, namespace: str, since: float, minutes: int
+    ) -> list[int]:
+        counts = [0] * minutes
+        for r in self._in(namespace):
+            if r.status.final and r.finished_at is not None:
+                i = math.floor((r.finished_at - since) / 60)
+                if 0 <= i < minutes:
+                    counts[i] += 1
+        return counts
+
     async def prune_runs(self, namespace: str, before: float, limit: int) -> int:
         busy = {e.run_id for e in self._outbox.values() if e.delivered_at is None and not e.dead}
         old = sorted((r for r in self._in(namespace)
@@ -695,7 +753,8 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
         gone = {r.id for r in old}
         for run_id in gone:
             del self._runs[run_id]
-            self._steps.pop(run_id, None)
+            for seq in self._steps.pop(run_id, {}):
+                self._step_times.pop((run_id, seq), None)
         self._outbox = {k: e for k, e in self._outbox.items() if e.run_id not in gone}
         if gone:
             self._signals = [s for s in self._signals if s.run_id not in gone]

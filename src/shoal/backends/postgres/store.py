@@ -61,6 +61,8 @@ from shoal.types import (
     PauseWait,
     Renewal,
     Run,
+    RunFilter,
+    RunRecord,
     RunStatus,
     Settlement,
     SignalWait,
@@ -1152,6 +1154,24 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
                 "id": entry_id, "error": error, "dead": retry_at is None,
                 "next_at": retry_at if retry_at is not None else now}
         await self._retry(lambda: self._all(query, args, fetch=False))
+
+    # -- what a console reads (TODO(console): SQL) ------------------------------------------
+
+    async def redrive(self, entry_id: str, now: float) -> tuple[OutboxEntry | None, bool]:
+        raise NotImplementedError("TODO(console)")
+
+    async def search_runs(
+        self, namespace: str, where: RunFilter, *, before: str | None = None, limit: int = 50,
+    ) -> list[Run]:
+        raise NotImplementedError("TODO(console)")
+
+    async def inspect_run(self, run_id: str, tree_limit: int = 200) -> RunRecord | None:
+        raise NotImplementedError("TODO(console)")
+
+    async def finished_per_minute(
+        self, namespace: str, since: float, minutes: int
+    ) -> list[int]:
+        raise NotImplementedError("TODO(console)")
 
     async def dead_letters(self, namespace: str, limit: int = 100) -> list[OutboxEntry]:
         rows = await self._all(_Q["dead_letters"], {"namespace": namespace, "limit": limit})

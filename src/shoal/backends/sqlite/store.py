@@ -49,6 +49,8 @@ from shoal.types import (
     PauseWait,
     Renewal,
     Run,
+    RunFilter,
+    RunRecord,
     RunStatus,
     Settlement,
     SignalWait,
@@ -895,6 +897,24 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
                 db.execute(_Q["outbox_failed"], {
                     "id": entry_id, "error": error, "dead": int(retry_at is None),
                     "next_at": retry_at if retry_at is not None else now})
+
+    # -- what a console reads (TODO(console): SQL) ------------------------------------------
+
+    async def redrive(self, entry_id: str, now: float) -> tuple[OutboxEntry | None, bool]:
+        raise NotImplementedError("TODO(console)")
+
+    async def search_runs(
+        self, namespace: str, where: RunFilter, *, before: str | None = None, limit: int = 50,
+    ) -> list[Run]:
+        raise NotImplementedError("TODO(console)")
+
+    async def inspect_run(self, run_id: str, tree_limit: int = 200) -> RunRecord | None:
+        raise NotImplementedError("TODO(console)")
+
+    async def finished_per_minute(
+        self, namespace: str, since: float, minutes: int
+    ) -> list[int]:
+        raise NotImplementedError("TODO(console)")
 
     async def dead_letters(self, namespace: str, limit: int = 100) -> list[OutboxEntry]:
         rows = self._db.execute(_Q["dead_letters"], {"namespace": namespace,

@@ -1,0 +1,503 @@
+"""The console's read model and actions: plain functions of an :class:`~shoal.App` that return
+JSON-able dicts (what ``/api/`` answers, and what the pages render). Everything goes through the
+App's public methods or the store's ports, exactly as the CLI does: nothing here writes SQL.
+
+Times are seconds since the epoch (floats, the app's clock); the pages show them in the
+browser's zone. Every value that comes from a run (inputs, outputs, errors, keys, names) is
+returned as data; the pages escape it when they render it.
+
+Shapes (``Run`` and the others below are these dicts):
+
+``run_summary`` (a row of a list)::
+
+    {"id", "workflow", "tenant", "status", "priority", "created_at", "started_at",
+     "finished_at", "attempts", "max_attempts", "idempotency_key", "concurrency_key",
+     "owner", "parent_id", "root_id", "error"}          # error: its first line, or None
+
+``run_full`` (every field a run has)::
+
+    run_summary + {"namespace", "input", "output", "error" (whole), "traceback", "run_at",
+                   "lease_expires_at", "lease_epoch", "cancel_requested", "version",
+                   "wait_for", "held", "resume_reason", "final"}
+
+``pause``::
+
+    {"id", "run_id", "tenant", "name", "request", "status", "decision", "created_at",
+     "expires_at", "resolved_at", "age", "expires_in"}  # decision: {"approved", "data", "by",
+                                                         # "reason"} or None while pending
+
+``outbox_entry``::
+
+    {"id", "run_id", "seq", "index", "key", "topic", "payload", "created_at", "attempts",
+     "next_at", "delivered_at", "dead", "error", "state"}  # state: delivered|pending|dead
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from shoal.app import App
+from shoal.errors import (
+    NotDeadError,
+    NotPausedError,
+    NotRetryableError,
+    UnknownOutboxEntryError,
+    UnknownPauseError,
+    UnknownRunError,
+)
+from shoal.ports import RunInspection
+from shoal.stores import mask_url
+from shoal.types import (
+    OutboxEntry,
+    Pause,
+    Run,
+    RunFilter,
+    RunRecord,
+    RunStatus,
+    SpendEntry,
+    StepRecord,
+)
+
+MINUTES = 60          # the overview's chart: runs ended per minute over the last hour
+PAGE = 50             # runs per page unless asked otherwise
+MAX_PAGE = 500
+
+
+class Refused(Exception):
+    """An action the console refuses: ``status`` is the HTTP status (400 bad input naming
+    ``field``, 404 unknown, 409 the run or pause moved on, 403 read-only), ``message`` why."""
+
+    def __init__(self, status: int, message: str, field: str | None = None,
+                 current: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.field = field
+        self.current = current
+
+    def body(self) -> dict[str, Any]:
+        """``{"error": message, "field"?: name, "current"?: status now}``."""
+        out: dict[str, Any] = {"error": self.message}
+        if self.field is not None:
+            out["field"] = self.field
+        if self.current is not None:
+            out["current"] = self.current
+        return out
+
+
+# -- records as dicts --------------------------------------------------------------------------
+
+
+def _first_line(text: str | None) -> str | None:
+    return None if text is None else (text.strip().splitlines() or [""])[0]
+
+
+def run_summary(run: Run) -> dict[str, Any]:
+    """A run as a row of a list (see the module doc)."""
+    return {
+        "id": run.id, "workflow": run.workflow, "tenant": run.tenant,
+        "status": run.status.value, "priority": run.priority, "created_at": run.created_at,
+        "started_at": run.started_at, "finished_at": run.finished_at,
+        "attempts": run.attempts, "max_attempts": run.max_attempts,
+        "idempotency_key": run.idempotency_key, "concurrency_key": run.concurrency_key,
+        "owner": run.owner, "parent_id": run.parent_id, "root_id": run.root_id,
+        "error": _first_line(run.error),
+    }
+
+
+def run_full(run: Run) -> dict[str, Any]:
+    """Every field of a run (see the module doc)."""
+    return run_summary(run) | {
+        "namespace": run.namespace, "input": run.input, "output": run.output,
+        "error": run.error, "traceback": run.traceback, "run_at": run.run_at,
+        "lease_expires_at": run.lease_expires_at, "lease_epoch": run.lease_epoch,
+        "cancel_requested": run.cancel_requested, "version": run.version,
+        "wait_for": run.wait_for, "held": run.held, "resume_reason": run.resume_reason,
+        "final": run.status.final,
+    }
+
+
+def pause_dict(pause: Pause, now: float) -> dict[str, Any]:
+    """A pause, with its ``age`` and ``expires_in`` (seconds, None without expiry) at ``now``."""
+    return {
+        "id": pause.id, "run_id": pause.run_id, "tenant": pause.tenant, "name": pause.name,
+        "request": pause.request, "status": pause.status, "decision": pause.decision,
+        "created_at": pause.created_at, "expires_at": pause.expires_at,
+        "resolved_at": pause.resolved_at, "age": now - pause.created_at,
+        "expires_in": None if pause.expires_at is None else pause.expires_at - now,
+    }
+
+
+def outbox_dict(entry: OutboxEntry) -> dict[str, Any]:
+    """An outbox entry with its delivery ``state``: delivered, pending or dead."""
+    state = "dead" if entry.dead else "delivered" if entry.delivered_at is not None else "pending"
+    return {
+        "id": entry.id, "run_id": entry.run_id, "seq": entry.seq, "index": entry.index,
+        "key": entry.key, "topic": entry.topic, "payload": entry.payload,
+        "created_at": entry.created_at, "attempts": entry.attempts, "next_at": entry.next_at,
+        "delivered_at": entry.delivered_at, "dead": entry.dead, "error": entry.error,
+        "state": state,
+    }
+
+
+def step_dicts(steps: tuple[StepRecord, ...], started_at: float | None) -> list[dict[str, Any]]:
+    """Each step with ``since_previous``: seconds from the end of the step before it (the run's
+    first start for the first step) to its own end. Start times are not stored (a step costs
+    one write, at its end), so this is the time the step took plus the workflow's own code
+    since the step before, and, across a sleep or a re-delivery, the time in between."""
+    out = []
+    previous = started_at
+    for s in steps:
+        since = (None if s.finished_at is None or previous is None
+                 else max(0.0, s.finished_at - previous))
+        out.append({"seq": s.seq, "name": s.name, "finished": s.finished, "epoch": s.epoch,
+                    "finished_at": s.finished_at, "since_previous": since, "output": s.output})
+        if s.finished_at is not None:
+            previous = s.finished_at
+    return out
+
+
+def spend_dict(rows: list[SpendEntry]) -> dict[str, Any]:
+    """``{"entries": [{"id", "tenant", "run_id", "root_id", "amount", "currency", "at"}],
+    "total": {currency: sum}}``."""
+    total: dict[str, float] = {}
+    for r in rows:
+        total[r.currency] = total.get(r.currency, 0.0) + r.amount
+    return {"entries": [{"id": r.id, "tenant": r.tenant, "run_id": r.run_id,
+                         "root_id": r.root_id, "amount": r.amount, "currency": r.currency,
+                         "at": r.at} for r in rows],
+            "total": total}
+
+
+# -- the console -------------------------------------------------------------------------------
+
+
+@dataclass
+class Console:
+    """The console over one App (one namespace). ``read_only`` refuses every action."""
+
+    app: App
+    read_only: bool = False
+
+    @property
+    def inspection(self) -> RunInspection:
+        store = self.app.store
+        if not isinstance(store, RunInspection):
+            raise TypeError(f"The store {mask_url(store.url)!r} has no console reads "
+                            f"(shoal.ports.RunInspection).")
+        return store
+
+    def config(self) -> dict[str, Any]:
+        """``{"namespace", "store" (password masked), "instance_id", "read_only",
+        "in_process"}``: ``in_process`` is True when the console was given a started App
+        (then providers, budgets and cron schedules registered in it are shown)."""
+        return {"namespace": self.app.namespace, "store": mask_url(self.app.store.url),
+                "instance_id": self.app.instance_id, "read_only": self.read_only,
+                "in_process": self.app.check_liveness().healthy}
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    async def overview(self) -> dict[str, Any]:
+        """``{"namespace", "at", "stats": {...}, "finished_per_minute": {"since", "width",
+        "counts": [60 ints, oldest first; the last is the minute now under way]},
+        "instances": [...], "open_circuits": [...], "pending_approvals", "dead_letters"}``.
+
+        ``stats`` is ``app.stats()``: ``{"by_status": {status: n}, "by_workflow": {workflow:
+        {status: n}}, "queued": {tenant: {"due", "delayed", "held", "total"}},
+        "oldest_due_age", "finished_last_minute": {status: n}, "pending_pauses",
+        "outbox_backlog", "dead_letters", "live", "executing", "finished"}``."""
+        stats = await self.app.stats()
+        now = stats.at
+        since = (math.floor(now / 60) - (MINUTES - 1)) * 60.0
+        counts = await self.inspection.finished_per_minute(self.app.namespace, since, MINUTES)
+        replicas = await self.replicas()
+        return {
+            "namespace": stats.namespace, "at": now,
+            "stats": {
+                "by_status": stats.by_status, "by_workflow": stats.by_workflow,
+                "queued": {t: {"due": q.due, "delayed": q.delayed, "held": q.held,
+                               "total": q.total} for t, q in stats.queued.items()},
+                "oldest_due_age": stats.oldest_due_age,
+                "finished_last_minute": stats.finished_last_minute,
+                "pending_pauses": stats.pending_pauses, "outbox_backlog": stats.outbox_backlog,
+                "dead_letters": stats.dead_letters, "live": stats.live,
+                "executing": stats.executing, "finished": stats.finished,
+            },
+            "finished_per_minute": {"since": since, "width": 60, "counts": counts},
+            "instances": replicas["instances"],
+            "open_circuits": [p for p in (await self.providers())["providers"]
+                              if p["open_until"] is not None],
+            "pending_approvals": stats.pending_pauses,
+            "dead_letters": stats.dead_letters,
+        }
+
+    async def runs(self, query: Mapping[str, str]) -> dict[str, Any]:
+        """A page of runs, newest first: ``{"runs": [run_summary], "next_cursor": str|None}``.
+
+        ``query`` (all optional): ``status``, ``workflow``, ``tenant``, ``created_from`` and
+        ``created_to`` (seconds), ``idempotency_key``, ``concurrency_key``, ``q`` (a run id, an
+        idempotency key or a concurrency key: runs that have it as any of the three),
+        ``cursor`` (a page's ``next_cursor``), ``limit`` (1..500, default 50). Bad values are a
+        :class:`Refused` 400 naming the parameter."""
+        where, limit, cursor = parse_run_query(query)
+        text = (query.get("q") or "").strip()
+        if not text:
+            found = await self.inspection.search_runs(self.app.namespace, where,
+                                                      before=cursor, limit=limit + 1)
+        else:
+            found = await self._search(where, text, cursor, limit + 1)
+        page = found[:limit]
+        return {"runs": [run_summary(r) for r in page],
+                "next_cursor": page[-1].id if len(found) > limit else None}
+
+    async def _search(self, where: RunFilter, text: str, cursor: str | None,
+                      limit: int) -> list[Run]:
+        """Runs whose id, idempotency key or concurrency key is ``text`` (and that match
+        ``where``), newest first, below ``cursor``: three keyset reads merged."""
+        store, ns = self.inspection, self.app.namespace
+        found: dict[str, Run] = {}
+        for by_key in (replace(where, idempotency_key=text),
+                       replace(where, concurrency_key=text)):
+            for r in await store.search_runs(ns, by_key, before=cursor, limit=limit):
+                found[r.id] = r
+        try:
+            run = await self.app.get_run(text)
+        except UnknownRunError:
+            run = None
+        if run is not None and (cursor is None or run.id < cursor) and where.matches(run):
+            found[run.id] = run
+        return sorted(found.values(), key=lambda r: r.id, reverse=True)[:limit]
+
+    async def run(self, run_id: str) -> dict[str, Any]:
+        """``{"run": run_full, "steps": [{"seq", "name", "finished", "epoch", "finished_at",
+        "since_previous", "output"}], "signals": [{"id", "name", "payload", "created_at",
+        "consumed"}], "pauses": [pause], "tree": [run_summary], "outbox": [outbox_entry],
+        "spend": spend_dict, "actions": {"cancel", "retry", "signal": bool}}``: ``tree`` is
+        the runs of its root's tree (root first, each with its ``parent_id``; at most 200),
+        ``actions`` what may be asked of it now (all False when read-only). 404 when
+        unknown."""
+        record = await self._record(run_id)
+        now = self.app.clock.now()
+        run = record.run
+        spend = await self.app.ledger(run_id=run.id, limit=1000)
+        live = not run.status.final and not self.read_only
+        return {
+            "run": run_full(run),
+            "steps": step_dicts(record.steps, run.started_at),
+            "signals": [{"id": s.id, "name": s.name, "payload": s.payload,
+                         "created_at": s.created_at, "consumed": s.consumed}
+                        for s in record.signals],
+            "pauses": [pause_dict(p, now) for p in record.pauses],
+            "tree": [run_summary(r) for r in record.tree],
+            "outbox": [outbox_dict(e) for e in record.outbox],
+            "spend": spend_dict(spend),
+            "actions": {"cancel": live, "signal": live,
+                        "retry": not self.read_only and run.status in (
+                            RunStatus.FAILED, RunStatus.CANCELLED)},
+        }
+
+    async def _record(self, run_id: str) -> RunRecord:
+        record = await self.inspection.inspect_run(run_id)
+        if record is None or record.run.namespace != self.app.namespace:
+            raise Refused(404, f"No run with id {run_id!r} in namespace "
+                               f"{self.app.namespace!r}.")
+        return record
+
+    async def approvals(self) -> dict[str, Any]:
+        """``{"approvals": [pause + {"workflow"}]}``: every pending pause, oldest first
+        (at most 1,000)."""
+        now = self.app.clock.now()
+        pauses = await self.app.pending_pauses(limit=1000)
+        out = []
+        for p in pauses:
+            try:
+                workflow: str | None = (await self.app.get_run(p.run_id)).workflow
+            except UnknownRunError:
+                workflow = None
+            out.append(pause_dict(p, now) | {"workflow": workflow})
+        return {"approvals": out}
+
+    async def dead_letters(self) -> dict[str, Any]:
+        """``{"dead_letters": [outbox_entry]}``, oldest first (at most 1,000)."""
+        return {"dead_letters": [outbox_dict(e) for e in await self.app.dead_letters(1000)]}
+
+    async def replicas(self) -> dict[str, Any]:
+        """``{"instances": [{"id", "registered_at", "workflows": [names], "runs_held"}]}``.
+        TODO: locks, waiters, slots and meters from the coordination store."""
+        # TODO(console): membership, locks and meters through a coordination read
+        return {"instances": [], "locks": [], "members": [], "meters": []}
+
+    async def providers(self) -> dict[str, Any]:
+        """``{"in_process": bool, "providers": [{"name", "open_until", ...}]}``.
+        TODO: limits, in-flight, window use."""
+        return {"in_process": False, "providers": []}
+
+    async def ledger(self, query: Mapping[str, str]) -> dict[str, Any]:
+        """A page of the cost ledger: ``spend_dict`` + ``{"next_after": int|None}``; query
+        ``tenant``, ``run_id``, ``root_id``, ``after``, ``limit`` (1..1000, default 100)."""
+        limit = _int(query, "limit", 100, 1, 1000) or 100
+        after = _int(query, "after", None, 0, None)
+        rows = await self.app.ledger(tenant=query.get("tenant") or None,
+                                     run_id=query.get("run_id") or None,
+                                     root_id=query.get("root_id") or None,
+                                     after=after, limit=limit + 1)
+        page = rows[:limit]
+        return spend_dict(page) | {
+            "next_after": page[-1].id if len(rows) > limit and page else None}
+
+    # -- actions -------------------------------------------------------------------------------
+
+    def _writable(self) -> None:
+        if self.read_only:
+            raise Refused(403, "This console is read-only (started with --read-only): no "
+                               "action is taken.")
+
+    async def cancel(self, run_id: str) -> dict[str, Any]:
+        """``{"run": run_full}``: cancelled at once, or (running) asked of its owner. 409 when
+        the run had already ended."""
+        self._writable()
+        before = await self._get(run_id)
+        if before.status.final:
+            raise _moved_on(before, "cancel")
+        after = await self.app.cancel(run_id)
+        if after.status.final and after.status != RunStatus.CANCELLED:
+            raise _moved_on(after, "cancel")
+        return {"run": run_full(after)}
+
+    async def retry(self, run_id: str) -> dict[str, Any]:
+        """``{"run": run_full}`` queued again (``app.retry``). 409 unless failed or
+        cancelled."""
+        self._writable()
+        await self._get(run_id)
+        try:
+            run = await self.app.retry(run_id)
+        except NotRetryableError:
+            raise _moved_on(await self._get(run_id), "retry") from None
+        return {"run": run_full(run)}
+
+    async def signal(self, run_id: str, body: Any) -> dict[str, Any]:
+        """Body ``{"name": str, "payload": JSON}`` -> ``{"run": run_full}``. 409 when the run
+        has ended (no one would receive it)."""
+        self._writable()
+        body = _object(body)
+        name = body.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise Refused(400, "A signal needs a name: a non-empty string.", "name")
+        run = await self._get(run_id)
+        if run.status.final:
+            raise _moved_on(run, "signal")
+        try:
+            await self.app.signal(run_id, name, body.get("payload"))
+        except (TypeError, ValueError) as e:
+            raise Refused(400, str(e), "payload") from None
+        return {"run": run_full(await self._get(run_id))}
+
+    async def answer(self, pause_id: str, approved: bool, body: Any) -> dict[str, Any]:
+        """Approve or deny a pending pause. Body ``{"by": str, "reason": str|None,
+        "data": JSON}`` (``by``, the operator's name, is required) -> ``{"pause": pause}``.
+        409 when it was answered or expired meanwhile; 404 when unknown."""
+        self._writable()
+        body = _object(body)
+        by, reason = body.get("by"), body.get("reason")
+        if not isinstance(by, str) or not by.strip():
+            raise Refused(400, "Who decides? 'by' is the operator's name: a non-empty string.",
+                          "by")
+        if reason is not None and not isinstance(reason, str):
+            raise Refused(400, "'reason' is a string or null.", "reason")
+        try:
+            pause = await self.app.resume(pause_id, approved=approved, data=body.get("data"),
+                                          by=by.strip(), reason=reason or None)
+        except UnknownPauseError as e:
+            raise Refused(404, str(e)) from None
+        except NotPausedError as e:
+            raise Refused(409, str(e), current="resolved") from None
+        except (TypeError, ValueError) as e:
+            raise Refused(400, str(e), "data") from None
+        now = self.app.clock.now()
+        return {"pause": pause_dict(pause, now)}
+
+    async def redrive(self, entry_id: str) -> dict[str, Any]:
+        """``{"entry": outbox_entry}`` made deliverable again. 409 when it is not dead any
+        more (redriven meanwhile), 404 when unknown."""
+        self._writable()
+        try:
+            entry = await self.app.redrive(entry_id)
+        except UnknownOutboxEntryError as e:
+            raise Refused(404, str(e)) from None
+        except NotDeadError as e:
+            raise Refused(409, str(e)) from None
+        return {"entry": outbox_dict(entry)}
+
+    async def _get(self, run_id: str) -> Run:
+        try:
+            return await self.app.get_run(run_id)
+        except UnknownRunError:
+            raise Refused(404, f"No run with id {run_id!r} in namespace "
+                               f"{self.app.namespace!r}.") from None
+
+
+_DONE = {"cancel": "cancelled", "retry": "retried", "signal": "signalled"}
+
+
+def _moved_on(run: Run, action: str) -> Refused:
+    """409: the run is not (or no longer) in a status where ``action`` applies."""
+    return Refused(409, f"Run {run.id} is {run.status.value} now: it cannot be "
+                        f"{_DONE[action]}. Nothing was changed.", current=run.status.value)
+
+
+# -- input -------------------------------------------------------------------------------------
+
+
+def _object(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise Refused(400, "The request body is a JSON object.", "body")
+    return body
+
+
+def _int(query: Mapping[str, str], name: str, default: int | None, low: int,
+         high: int | None) -> int | None:
+    text = query.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise Refused(400, f"{name} is an integer, not {text!r}.", name) from None
+    if value < low or (high is not None and value > high):
+        raise Refused(400, f"{name} is between {low} and {high}, not {value}."
+                      if high is not None else f"{name} is at least {low}.", name)
+    return value
+
+
+def _time(query: Mapping[str, str], name: str) -> float | None:
+    text = query.get(name)
+    if text is None or text == "":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise Refused(400, f"{name} is a time in seconds since the epoch, not {text!r}.",
+                      name) from None
+    if not math.isfinite(value):
+        raise Refused(400, f"{name} is a finite number of seconds.", name)
+    return value
+
+
+def parse_run_query(query: Mapping[str, str]) -> tuple[RunFilter, int, str | None]:
+    """The filter, page size and cursor of a runs query; :class:`Refused` 400 naming a bad
+    parameter."""
+    status = query.get("status") or None
+    if status is not None and status not in {s.value for s in RunStatus}:
+        raise Refused(400, f"Unknown status {status!r}: one of "
+                           f"{', '.join(s.value for s in RunStatus)}.", "status")
+    where = RunFilter(
+        status=status, workflow=query.get("workflow") or None,
+        tenant=query.get("tenant") or None,
+        created_from=_time(query, "created_from"), created_to=_time(query, "created_to"),
+        idempotency_key=query.get("idempotency_key") or None,
+        concurrency_key=query.get("concurrency_key") or None)
+    limit = _int(query, "limit", PAGE, 1, MAX_PAGE) or PAGE
+    return where, limit, query.get("cursor") or None
