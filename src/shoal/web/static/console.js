@@ -19,11 +19,18 @@
   function utcTime(seconds) {
     return new Date(seconds * 1000).toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC");
   }
+  // compact: the time alone today, month-day and minutes this year, else the date
+  function compactTime(seconds) {
+    const d = new Date(seconds * 1000), now = new Date(), full = localTime(seconds);
+    if (d.toDateString() === now.toDateString()) return full.slice(11);
+    if (d.getFullYear() === now.getFullYear()) return full.slice(5, 16);
+    return full.slice(0, 10);
+  }
   function localizeTimes(root) {
     root.querySelectorAll("time[data-ts]").forEach((el) => {
       const ts = parseFloat(el.dataset.ts);
       if (Number.isNaN(ts)) return;
-      el.textContent = localTime(ts);
+      el.textContent = "compact" in el.dataset ? compactTime(ts) : localTime(ts);
       el.title = utcTime(ts);
     });
     const zone = document.getElementById("zone");
