@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib
+import ipaddress
 import json
 import logging
 import math
@@ -36,7 +37,16 @@ from shoal.app.options import CONCURRENCY_ENV, concurrency_setting
 from shoal.errors import ShoalError, UnknownPauseError, UnknownRunError
 from shoal.ports import Store
 from shoal.stores import mask_url, open_store
-from shoal.types import Pause, Run, RunStatus, SpendEntry, Stats, Step, WorkflowInfo
+from shoal.types import (
+    OutboxEntry,
+    Pause,
+    Run,
+    RunStatus,
+    SpendEntry,
+    Stats,
+    Step,
+    WorkflowInfo,
+)
 
 DEFAULT_STORE = "sqlite:///shoal.db"
 T = TypeVar("T")
@@ -741,8 +751,8 @@ def pauses(ctx: click.Context, tenant: str | None, limit: int, as_json: bool,
 
 
 def _answer(ctx: click.Context, pause_id: str, approved: bool, data: str | None,
-            by: str | None, tenant: str | None, as_json: bool, store_override: str | None,
-            namespace_override: str | None) -> None:
+            by: str | None, reason: str | None, tenant: str | None, as_json: bool,
+            store_override: str | None, namespace_override: str | None) -> None:
     target = _target(ctx, store_override, namespace_override)
     value: Any = None
     if data is not None:
@@ -764,7 +774,7 @@ def _answer(ctx: click.Context, pause_id: str, approved: bool, data: str | None,
             app = App(namespace, store=store)
             async with app.open():
                 return await app.resume(pause_id, approved=approved, data=value, by=by,
-                                        tenant=tenant)
+                                        tenant=tenant, reason=reason)
 
     resolved = _run_async(answer())
     if as_json:
@@ -780,6 +790,7 @@ def _answer_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option("--json", "as_json", is_flag=True,
                       help="The resolved pause as JSON.")(fn)
     fn = click.option("--by", default=None, metavar="NAME", help="Who decided.")(fn)
+    fn = click.option("--reason", default=None, metavar="TEXT", help="Why, in your words.")(fn)
     fn = click.option("--data", default=None, metavar="JSON",
                       help="A JSON value given to the run with the decision.")(fn)
     return click.argument("pause_id")(fn)
@@ -790,10 +801,10 @@ def _answer_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @_target_options
 @click.pass_context
 def approve(ctx: click.Context, pause_id: str, data: str | None, by: str | None,
-            tenant: str | None, as_json: bool, store_override: str | None,
-            namespace_override: str | None) -> None:
+            reason: str | None, tenant: str | None, as_json: bool,
+            store_override: str | None, namespace_override: str | None) -> None:
     """Approve pause PAUSE_ID (exactly one answer wins; a second gets an error)."""
-    _answer(ctx, pause_id, True, data, by, tenant, as_json, store_override,
+    _answer(ctx, pause_id, True, data, by, reason, tenant, as_json, store_override,
             namespace_override)
 
 
@@ -802,10 +813,10 @@ def approve(ctx: click.Context, pause_id: str, data: str | None, by: str | None,
 @_target_options
 @click.pass_context
 def deny(ctx: click.Context, pause_id: str, data: str | None, by: str | None,
-         tenant: str | None, as_json: bool, store_override: str | None,
-         namespace_override: str | None) -> None:
+         reason: str | None, tenant: str | None, as_json: bool,
+         store_override: str | None, namespace_override: str | None) -> None:
     """Deny pause PAUSE_ID (exactly one answer wins; a second gets an error)."""
-    _answer(ctx, pause_id, False, data, by, tenant, as_json, store_override,
+    _answer(ctx, pause_id, False, data, by, reason, tenant, as_json, store_override,
             namespace_override)
 
 
@@ -940,6 +951,110 @@ def migrate(ctx: click.Context, as_json: bool, store_override: str | None,
         click.echo(json.dumps({"store": mask_url(target.store), "version": version}))
         return
     click.echo(f"{mask_url(target.store)} is at schema version {version}.")
+
+
+# -- outbox ----------------------------------------------------------------------------------
+
+
+@cli.group()
+def outbox() -> None:
+    """Outbox entries that were dead-lettered."""
+
+
+@outbox.command("redrive")
+@click.argument("entry_id")
+@click.option("--json", "as_json", is_flag=True, help="The entry as it is now, as JSON.")
+@_target_options
+@click.pass_context
+def outbox_redrive(ctx: click.Context, entry_id: str, as_json: bool,
+                   store_override: str | None, namespace_override: str | None) -> None:
+    """Make dead-lettered outbox entry ENTRY_ID deliverable again (app.redrive): due now, its
+    delivery attempts counted from 0. An entry that is not dead is refused (exit code 1)."""
+    target = _target(ctx, store_override, namespace_override)
+
+    async def go() -> OutboxEntry:
+        async with _opened_store(target.store) as store:
+            app = App(target.namespace or await _only_namespace(store), store=store)
+            async with app.open():
+                return await app.redrive(entry_id)
+
+    entry = _run_async(go())
+    if as_json:
+        click.echo(json.dumps(dataclasses.asdict(entry), ensure_ascii=False))
+        return
+    click.echo(f"Redrove outbox entry {entry_id} ({entry.topic!r} of run {entry.run_id}): "
+               f"any instance with a handler for {entry.topic!r} delivers it now.")
+
+
+async def _only_namespace(store: Store) -> str:
+    """The one namespace whose instances registered workflows in ``store``; else ask for one."""
+    names = sorted({w.namespace for w in await store.list_workflows(None)})
+    if len(names) != 1:
+        raise click.ClickException(
+            f"Which namespace? Give --namespace/-n NAME (or set SHOAL_NAMESPACE); the store "
+            f"has {', '.join(map(repr, names)) or 'none with registered workflows'}.")
+    return names[0]
+
+
+# -- web -------------------------------------------------------------------------------------
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@cli.command(short_help="The console: a web page and a JSON API over the store.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind. Anything but loopback needs --token.")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--token", envvar="SHOAL_WEB_TOKEN", default=None, metavar="TOKEN",
+              help="Required of every request: 'Authorization: Bearer TOKEN' for the API, a "
+                   "login form for the pages [env SHOAL_WEB_TOKEN].")
+@click.option("--read-only", is_flag=True, help="Show everything, change nothing: every action "
+                                                "is hidden and refused.")
+@_target_options
+@click.pass_context
+def web(ctx: click.Context, host: str, port: int, token: str | None, read_only: bool,
+        store_override: str | None, namespace_override: str | None) -> None:
+    """Serve the console of one namespace (--namespace, else the one namespace whose workers
+    registered in the store) at http://HOST:PORT/. It claims no run: any number may run
+    beside the workers. Needs the web extra: pip install 'shoal[web]'."""
+    target = _target(ctx, store_override, namespace_override)
+    token = token or None
+    if token is None and not _loopback(host):
+        raise click.ClickException(
+            f"Refusing to serve the console on {host}: anyone who can reach it could cancel "
+            f"runs and answer approvals. Give --token TOKEN (or set SHOAL_WEB_TOKEN), or bind "
+            f"to 127.0.0.1.")
+    try:
+        import uvicorn
+
+        from shoal.web import asgi
+    except ImportError as e:
+        raise click.ClickException(f"The console needs the web extra ({e}): "
+                                   f"pip install 'shoal[web]'.") from None
+    store = open_store(target.store)
+    exists = getattr(store, "exists", None)
+    if exists is not None and not _run_async(exists()):
+        raise click.ClickException(
+            f"No shoal store at {mask_url(target.store)!r}. Give --store or set SHOAL_STORE "
+            f"(shoal migrate creates a new store).")
+    console: Any = asgi(target.store, token=token, read_only=read_only,
+                        namespace=target.namespace)
+    if token is None:
+        from starlette.middleware.trustedhost import TrustedHostMiddleware
+
+        # loopback without a token: refuse other Host names (a DNS-rebinding page)
+        console = TrustedHostMiddleware(console, allowed_hosts=[
+            "127.0.0.1", "localhost", "::1", "[::1]"])
+    click.echo(f"shoal console of {mask_url(target.store)} on http://{host}:{port}/"
+               f"{' (read-only)' if read_only else ''}", err=True)
+    uvicorn.run(console, host=host, port=port, log_level="warning")
 
 
 # -- demo ------------------------------------------------------------------------------------

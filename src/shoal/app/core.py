@@ -621,6 +621,16 @@ class App:
     def providers(self) -> dict[str, Provider]:
         return dict(self._providers)
 
+    @property
+    def budgets(self) -> dict[str, Budgets]:
+        """The spending limits set with ``app.budget``, by currency."""
+        return dict(self._ledger.budgets)
+
+    @property
+    def cron_triggers(self) -> dict[str, CronTrigger]:
+        """The schedules registered with ``@app.cron``, by name."""
+        return dict(self._registry.crons)
+
     def budget(
         self,
         *,

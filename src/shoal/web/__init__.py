@@ -69,7 +69,7 @@ def _own_app(store: Store, namespace: str | None, read_only: bool) -> Lifespan:
         try:
             app = App(namespace or await _namespace(store), store=store)
             async with app.open():
-                web.state.console = Console(app, read_only=read_only)
+                web.state.console = Console(app, read_only=read_only, in_process=False)
                 yield
         finally:
             web.state.console = None

@@ -35,6 +35,7 @@ Shapes (``Run`` and the others below are these dicts):
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -64,6 +65,8 @@ from shoal.types import (
 MINUTES = 60          # the overview's chart: runs ended per minute over the last hour
 PAGE = 50             # runs per page unless asked otherwise
 MAX_PAGE = 500
+MAX_HELD = 10_000     # running runs read to count the runs each instance holds
+LEDGER_DAY = 10_000   # ledger rows of today summed per tenant on the budgets page
 
 
 class Refused(Exception):
@@ -181,6 +184,8 @@ class Console:
 
     app: App
     read_only: bool = False
+    # given the App of a service (True), or opened on a store URL by the console itself
+    in_process: bool = True
 
     @property
     def inspection(self) -> RunInspection:
@@ -192,11 +197,11 @@ class Console:
 
     def config(self) -> dict[str, Any]:
         """``{"namespace", "store" (password masked), "instance_id", "read_only",
-        "in_process"}``: ``in_process`` is True when the console was given a started App
-        (then providers, budgets and cron schedules registered in it are shown)."""
+        "in_process"}``: ``in_process`` is True when the console was given an App (then the
+        providers, budgets and cron schedules defined in it are shown)."""
         return {"namespace": self.app.namespace, "store": mask_url(self.app.store.url),
                 "instance_id": self.app.instance_id, "read_only": self.read_only,
-                "in_process": self.app.check_liveness().healthy}
+                "in_process": self.in_process}
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -325,15 +330,105 @@ class Console:
         return {"dead_letters": [outbox_dict(e) for e in await self.app.dead_letters(1000)]}
 
     async def replicas(self) -> dict[str, Any]:
-        """``{"instances": [{"id", "registered_at", "workflows": [names], "runs_held"}]}``.
-        TODO: locks, waiters, slots and meters from the coordination store."""
-        # TODO(console): membership, locks and meters through a coordination read
-        return {"instances": [], "locks": [], "members": [], "meters": []}
+        """``{"instances": [{"id", "registered_at", "workflows": [names], "runs_held",
+        "lease_until"}], "coordination": str}``.
+
+        From the store alone: the instances that registered workflows when they started (in
+        the last 30 days; ``registered_at`` their latest start) and every owner of a running
+        run, with the runs it holds now and the latest end of their leases (an instance
+        holding runs renews them while it lives). An idle instance shows no runs held; the
+        store keeps no per-instance heartbeat or code version that the console could show.
+        Locks, slots and meters are not shown yet."""
+        infos = await self.app.store.list_workflows(self.app.namespace)
+        instances: dict[str, dict[str, Any]] = {}
+        for info in infos:
+            for instance, at in info.instances:
+                one = instances.setdefault(instance, {
+                    "id": instance, "registered_at": at, "workflows": [], "runs_held": 0,
+                    "lease_until": None})
+                one["registered_at"] = max(one["registered_at"], at)
+                one["workflows"].append(info.name)
+        running = await self.inspection.search_runs(
+            self.app.namespace, RunFilter(status=RunStatus.RUNNING.value), limit=MAX_HELD)
+        for run in running:
+            if run.owner is None:
+                continue
+            one = instances.setdefault(run.owner, {
+                "id": run.owner, "registered_at": None, "workflows": [], "runs_held": 0,
+                "lease_until": None})
+            one["runs_held"] += 1
+            if run.lease_expires_at is not None:
+                one["lease_until"] = max(one["lease_until"] or 0.0, run.lease_expires_at)
+        coordination = self.app.coordination
+        return {"instances": sorted(instances.values(), key=lambda i: i["id"]),
+                "coordination": "the run store" if coordination is None else
+                mask_url(coordination) if isinstance(coordination, str) else
+                ", ".join(mask_url(a) for a in coordination)
+                if isinstance(coordination, list) else type(coordination).__name__}
 
     async def providers(self) -> dict[str, Any]:
-        """``{"in_process": bool, "providers": [{"name", "open_until", ...}]}``.
-        TODO: limits, in-flight, window use."""
-        return {"in_process": False, "providers": []}
+        """``{"in_process": bool, "providers": [{"name", "max_concurrent",
+        "requests_per_minute", "tokens_per_minute", "tenant_max_concurrent",
+        "tenant_requests_per_minute", "tenant_tokens_per_minute", "price_per_token",
+        "currency", "breaker": {"failures", "window", "cooldown"}|None, "open_until",
+        "paused_until"}]}``: the providers defined in the App the console was given (a console
+        opened on a store URL knows of none: they live in the code of the workers).
+        ``open_until``: the breaker is open until then; ``paused_until``: a 429's pause."""
+        out = []
+        for p in self.app.providers.values():
+            b = p.breaker
+            out.append({
+                "name": p.name, "max_concurrent": p.max_concurrent,
+                "requests_per_minute": p.requests_per_minute,
+                "tokens_per_minute": p.tokens_per_minute,
+                "tenant_max_concurrent": p.tenant_max_concurrent,
+                "tenant_requests_per_minute": p.tenant_requests_per_minute,
+                "tenant_tokens_per_minute": p.tenant_tokens_per_minute,
+                "price_per_token": p.price_per_token, "currency": p.currency,
+                "breaker": None if b is None else {"failures": b.failures, "window": b.window,
+                                                   "cooldown": b.cooldown},
+                "open_until": await p.open_until(), "paused_until": await p.cooldown_until()})
+        return {"in_process": self.in_process, "providers": out}
+
+    async def budgets(self) -> dict[str, Any]:
+        """``{"in_process": bool, "day": "YYYY-MM-DD" (UTC, the app's clock), "budgets":
+        [{"currency", "per_run", "per_root", "per_tenant_day", "tenants": {tenant: limit},
+        "spent_today": {tenant: amount}, "partial": bool}]}``: the limits set in the App the
+        console was given; ``spent_today`` sums today's ledger rows per tenant (the first
+        10,000; ``partial`` when there were more)."""
+        now = self.app.clock.now()
+        day = math.floor(now / 86400) * 86400.0
+        rows = await self.app.ledger(since=day, limit=LEDGER_DAY + 1)
+        out = []
+        for currency, b in sorted(self.app.budgets.items()):
+            spent: dict[str, float] = {}
+            for r in rows[:LEDGER_DAY]:
+                if r.currency == currency:
+                    spent[r.tenant] = spent.get(r.tenant, 0.0) + r.amount
+            out.append({"currency": currency, "per_run": b.per_run, "per_root": b.per_root,
+                        "per_tenant_day": b.per_tenant_day, "tenants": dict(b.tenants),
+                        "spent_today": spent, "partial": len(rows) > LEDGER_DAY})
+        return {"in_process": self.in_process,
+                "day": time.strftime("%Y-%m-%d", time.gmtime(day)), "budgets": out}
+
+    async def cron(self) -> dict[str, Any]:
+        """``{"in_process": bool, "schedules": [{"name", "expression", "workflow", "tz",
+        "last_tick", "last_run": {"id", "status"}|None, "next_tick"}]}``: the schedules of the
+        App the console was given; ``last_run`` is the run the last tick made (None when it has
+        not fired, e.g. a tick missed beyond ``catch_up``, or was pruned)."""
+        now = self.app.clock.now()
+        out = []
+        for name, t in sorted(self.app.cron_triggers.items()):
+            last = t.latest_tick(now)
+            made = await self.inspection.search_runs(
+                self.app.namespace, RunFilter(workflow=t.workflow,
+                                              idempotency_key=t.idempotency_key(last)), limit=1)
+            out.append({"name": name, "expression": t.expression, "workflow": t.workflow,
+                        "tz": str(t.tz), "last_tick": last,
+                        "last_run": {"id": made[0].id, "status": made[0].status.value}
+                        if made else None,
+                        "next_tick": t.next_tick(now)})
+        return {"in_process": self.in_process, "schedules": out}
 
     async def ledger(self, query: Mapping[str, str]) -> dict[str, Any]:
         """A page of the cost ledger: ``spend_dict`` + ``{"next_after": int|None}``; query

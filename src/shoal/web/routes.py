@@ -106,6 +106,8 @@ API: list[tuple[str, str, Callable[[Console, Request], Awaitable[dict[str, Any]]
      lambda c, r: c.redrive(r.path_params["entry_id"])),
     ("GET", "/api/replicas", lambda c, r: c.replicas()),
     ("GET", "/api/providers", lambda c, r: c.providers()),
+    ("GET", "/api/budgets", lambda c, r: c.budgets()),
+    ("GET", "/api/cron", lambda c, r: c.cron()),
     ("GET", "/api/ledger", lambda c, r: c.ledger(r.query_params)),
 ]
 

@@ -1505,3 +1505,40 @@ WITH slots AS (
 )
 SELECT (SELECT count(*) FROM slots) + (SELECT count(*) FROM gone)
        + (SELECT count(*) FROM pauses) + (SELECT count(*) FROM counters) AS deleted;
+
+-- the console's reads (shoal.ports.RunInspection) -------------------------------------------
+-- search_runs is built in store.py from the filters given.
+
+-- name: inspect_steps
+SELECT seq, name, output, finished, epoch, finished_at FROM steps
+WHERE run_id = %(run_id)s ORDER BY seq;
+
+-- name: inspect_signals
+SELECT id, name, payload, created_at, consumed FROM signals
+WHERE run_id = %(run_id)s ORDER BY created_at, id;
+
+-- name: inspect_pauses
+SELECT * FROM pauses WHERE run_id = %(run_id)s ORDER BY created_at, id;
+
+-- name: inspect_outbox
+SELECT * FROM outbox WHERE run_id = %(run_id)s ORDER BY seq, idx;
+
+-- name: inspect_children
+SELECT * FROM runs WHERE root_id = %(root_id)s AND id <> root_id ORDER BY id LIMIT %(limit)s;
+
+-- Runs ended per minute, from the retention index alone (an index-only scan: the status term
+-- is its WHERE), so the cost is the runs that ended in the span.
+-- name: finished_per_minute
+SELECT floor((finished_at - %(since)s) / 60)::int AS minute, count(*) AS n
+FROM runs
+WHERE namespace = %(namespace)s AND status IN ('succeeded', 'failed', 'cancelled')
+  AND finished_at >= %(since)s AND finished_at < %(until)s
+GROUP BY 1;
+
+-- name: redrive
+UPDATE outbox SET dead = false, attempts = 0, next_at = %(now)s
+WHERE id = %(id)s AND dead
+RETURNING *;
+
+-- name: get_outbox
+SELECT * FROM outbox WHERE id = %(id)s;

@@ -65,9 +65,11 @@ from shoal.types import (
     RunRecord,
     RunStatus,
     Settlement,
+    SignalRecord,
     SignalWait,
     Stats,
     Step,
+    StepRecord,
     WorkflowInfo,
 )
 
@@ -1155,23 +1157,64 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
                 "next_at": retry_at if retry_at is not None else now}
         await self._retry(lambda: self._all(query, args, fetch=False))
 
-    # -- what a console reads (TODO(console): SQL) ------------------------------------------
+    # -- what a console reads ------------------------------------------------------------------
 
     async def redrive(self, entry_id: str, now: float) -> tuple[OutboxEntry | None, bool]:
-        raise NotImplementedError("TODO(console)")
+        async with self._connection() as conn, conn.transaction():
+            row = await (await conn.execute(_Q["redrive"], {"id": entry_id, "now": now})
+                         ).fetchone()
+            if row is not None:
+                return _entry(row), True
+            row = await (await conn.execute(_Q["get_outbox"], {"id": entry_id})).fetchone()
+            return (None if row is None else _entry(row)), False
 
     async def search_runs(
         self, namespace: str, where: RunFilter, *, before: str | None = None, limit: int = 50,
     ) -> list[Run]:
-        raise NotImplementedError("TODO(console)")
+        query, args = _search_sql(namespace, where, before, limit)
+        async with self._connection() as conn:
+            rows = await (await conn.execute(query, args)).fetchall()
+        return [_run(row) for row in rows]
 
     async def inspect_run(self, run_id: str, tree_limit: int = 200) -> RunRecord | None:
-        raise NotImplementedError("TODO(console)")
+        one = {"run_id": run_id}
+        async with self._connection() as conn, conn.transaction():
+            # one snapshot for every read below
+            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+
+            async def rows(name: str, args: dict[str, Any]) -> list[DictRow]:
+                return await (await conn.execute(_Q[name], args)).fetchall()
+
+            found = await rows("get_run", {"id": run_id})
+            if not found:
+                return None
+            run = _run(found[0])
+            root = [run] if run.id == run.root_id else [
+                _run(r) for r in await rows("get_run", {"id": run.root_id})]
+            children = await rows("inspect_children", {"root_id": run.root_id,
+                                                        "limit": max(0, tree_limit - 1)})
+            return RunRecord(
+                run=run,
+                steps=tuple(StepRecord(r["seq"], r["name"], _json.loads(r["output"]),
+                                       bool(r["finished"]), r["epoch"], r["finished_at"])
+                            for r in await rows("inspect_steps", one)),
+                signals=tuple(SignalRecord(r["id"], r["name"], _json.loads(r["payload"]),
+                                           r["created_at"], bool(r["consumed"]))
+                              for r in await rows("inspect_signals", one)),
+                pauses=tuple(_pause(r) for r in await rows("inspect_pauses", one)),
+                outbox=tuple(_entry(r) for r in await rows("inspect_outbox", one)),
+                tree=tuple((root if tree_limit > 0 else []) + [_run(r) for r in children]
+                           )[:tree_limit])
 
     async def finished_per_minute(
         self, namespace: str, since: float, minutes: int
     ) -> list[int]:
-        raise NotImplementedError("TODO(console)")
+        counts = [0] * minutes
+        for row in await self._all(_Q["finished_per_minute"], {
+                "namespace": namespace, "since": since, "until": since + 60 * minutes}):
+            if 0 <= row["minute"] < minutes:
+                counts[row["minute"]] += row["n"]
+        return counts
 
     async def dead_letters(self, namespace: str, limit: int = 100) -> list[OutboxEntry]:
         rows = await self._all(_Q["dead_letters"], {"namespace": namespace, "limit": limit})
@@ -1420,6 +1463,39 @@ def _settle_row(fence: Fence, settlement: Settlement, now: float) -> dict[str, A
         "attempt_inc": 1 if outcome == "retry" else 0,
         "traceback": settlement.traceback,
     }
+
+
+def _search_sql(namespace: str, where: RunFilter, before: str | None,
+                limit: int) -> tuple[sql.Composed, dict[str, Any]]:
+    """``search_runs`` as one statement; the terms that name a partial index's own condition
+    (runs_status: every status but succeeded; a key's: the key is not null) let the planner
+    walk it newest first."""
+    terms: list[sql.Composable] = [sql.SQL("namespace = %(namespace)s")]
+    args: dict[str, Any] = {"namespace": namespace, "limit": limit}
+    for column, value in (("status", where.status), ("workflow", where.workflow),
+                          ("tenant", where.tenant), ("idempotency_key", where.idempotency_key),
+                          ("concurrency_key", where.concurrency_key)):
+        if value is not None:
+            terms.append(sql.SQL("{} = {}").format(sql.Identifier(column),
+                                                   sql.Placeholder(column)))
+            args[column] = value
+    bounds: tuple[tuple[str, LiteralString, object], ...] = (
+        ("created_from", "created_at >= %(created_from)s", where.created_from),
+        ("created_to", "created_at < %(created_to)s", where.created_to),
+        ("before", "id < %(before)s", before))
+    for name, term, bound in bounds:
+        if bound is not None:
+            terms.append(sql.SQL(term))
+            args[name] = bound
+    if where.idempotency_key is not None:
+        terms.append(sql.SQL("idempotency_key IS NOT NULL"))
+    if where.concurrency_key is not None:
+        terms.append(sql.SQL("concurrency_key IS NOT NULL"))
+    if where.status is not None and where.status != "succeeded":
+        terms.append(sql.SQL("status <> 'succeeded'"))
+    query = sql.SQL("SELECT * FROM runs WHERE {} ORDER BY id DESC LIMIT %(limit)s").format(
+        sql.SQL(" AND ").join(terms))
+    return query, args
 
 
 def _entry(row: DictRow) -> OutboxEntry:

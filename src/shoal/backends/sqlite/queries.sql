@@ -794,3 +794,41 @@ WHERE (namespace, key) IN (
     WHERE namespace = :namespace AND updated_at < :before
     ORDER BY updated_at, key
     LIMIT :limit);
+
+-- the console's reads (shoal.ports.RunInspection) -------------------------------------------
+-- search_runs is built in store.py from the filters given (its index chosen there).
+
+-- name: inspect_steps
+SELECT seq, name, output, finished, epoch, finished_at FROM steps
+WHERE run_id = :run_id ORDER BY seq;
+
+-- name: inspect_signals
+SELECT id, name, payload, created_at, consumed FROM signals INDEXED BY signals_run
+WHERE run_id = :run_id ORDER BY created_at, id;
+
+-- name: inspect_pauses
+SELECT * FROM pauses INDEXED BY pauses_run WHERE run_id = :run_id ORDER BY created_at, id;
+
+-- name: inspect_outbox
+SELECT * FROM outbox WHERE run_id = :run_id ORDER BY seq, idx;
+
+-- name: inspect_children
+SELECT * FROM runs INDEXED BY runs_children
+WHERE root_id = :root_id AND id <> root_id ORDER BY id LIMIT :limit;
+
+-- Runs ended per minute: read from the retention index alone (finished_at is in it; the status
+-- term is its WHERE), so the cost is the runs that ended in the span.
+-- name: finished_per_minute
+SELECT CAST((finished_at - :since) / 60 AS INTEGER) AS minute, count(*) AS n
+FROM runs INDEXED BY runs_finished
+WHERE namespace = :namespace AND status IN ('succeeded', 'failed', 'cancelled')
+  AND finished_at >= :since AND finished_at < :until
+GROUP BY minute;
+
+-- name: redrive
+UPDATE outbox SET dead = 0, attempts = 0, next_at = :now
+WHERE id = :id AND dead = 1
+RETURNING *;
+
+-- name: get_outbox
+SELECT * FROM outbox WHERE id = :id;

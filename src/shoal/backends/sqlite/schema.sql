@@ -63,6 +63,13 @@ CREATE INDEX runs_held ON runs (namespace, created_at, id) WHERE held = 1;
 CREATE INDEX runs_finished ON runs (namespace, finished_at)
     WHERE status IN ('succeeded', 'failed', 'cancelled');
 CREATE INDEX runs_namespace ON runs (namespace, id);
+-- the console's reads (version 15): runs newest first by status (but succeeded: nearly every
+-- row of runs_namespace is one), by idempotency key alone, by concurrency key alone
+CREATE INDEX runs_status ON runs (namespace, status, id) WHERE status <> 'succeeded';
+CREATE INDEX runs_idempotency_key ON runs (namespace, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+CREATE INDEX runs_concurrency_key ON runs (namespace, concurrency_key, id)
+    WHERE concurrency_key IS NOT NULL;
 
 CREATE TABLE steps (
     run_id      TEXT NOT NULL,
@@ -128,6 +135,7 @@ CREATE INDEX pauses_expiring ON pauses (namespace, expires_at) WHERE status = 'p
 CREATE INDEX pauses_unnotified ON pauses (namespace, created_at, id) WHERE notified = 0;
 CREATE INDEX pauses_resolved ON pauses (namespace, resolved_at) WHERE status = 'resolved';
 CREATE INDEX pauses_of_run ON pauses (run_id) WHERE status = 'pending';
+CREATE INDEX pauses_run ON pauses (run_id, created_at);   -- the console (version 15)
 
 -- run trees: child runs, request-wide state (version 3) --------------------------------------
 
@@ -371,4 +379,5 @@ FROM (VALUES (1, '0001_runs.sql'),
              (11, '0011_ledger_paging.sql'),
              (12, '0012_workflow_instances.sql'),
              (13, '0013_run_tracebacks.sql'),
-             (14, '0014_run_counts.sql'));
+             (14, '0014_run_counts.sql'),
+             (15, '0015_console_reads.sql'));

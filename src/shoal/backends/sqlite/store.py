@@ -53,9 +53,11 @@ from shoal.types import (
     RunRecord,
     RunStatus,
     Settlement,
+    SignalRecord,
     SignalWait,
     Stats,
     Step,
+    StepRecord,
     WorkflowInfo,
 )
 
@@ -898,23 +900,60 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
                     "id": entry_id, "error": error, "dead": int(retry_at is None),
                     "next_at": retry_at if retry_at is not None else now})
 
-    # -- what a console reads (TODO(console): SQL) ------------------------------------------
+    # -- what a console reads ------------------------------------------------------------------
 
     async def redrive(self, entry_id: str, now: float) -> tuple[OutboxEntry | None, bool]:
-        raise NotImplementedError("TODO(console)")
+        async with self._tx() as db:
+            row = db.execute(_Q["redrive"], {"id": entry_id, "now": now}).fetchone()
+            if row is not None:
+                return _entry(row), True
+            row = db.execute(_Q["get_outbox"], {"id": entry_id}).fetchone()
+            return (None if row is None else _entry(row)), False
 
     async def search_runs(
         self, namespace: str, where: RunFilter, *, before: str | None = None, limit: int = 50,
     ) -> list[Run]:
-        raise NotImplementedError("TODO(console)")
+        sql, args = search_sql(namespace, where, before, limit)
+        return [_run(row) for row in self._db.execute(sql, args).fetchall()]
 
     async def inspect_run(self, run_id: str, tree_limit: int = 200) -> RunRecord | None:
-        raise NotImplementedError("TODO(console)")
+        db = self._db
+        db.execute("BEGIN")        # deferred: one snapshot for the reads, no write lock
+        try:
+            row = db.execute(_Q["get_run"], {"id": run_id}).fetchone()
+            if row is None:
+                return None
+            run = _run(row)
+            one = {"run_id": run_id}
+            root = run if run.id == run.root_id else (
+                None if (r := db.execute(_Q["get_run"], {"id": run.root_id}).fetchone()) is None
+                else _run(r))
+            children = db.execute(_Q["inspect_children"], {
+                "root_id": run.root_id, "limit": max(0, tree_limit - 1)}).fetchall()
+            return RunRecord(
+                run=run,
+                steps=tuple(StepRecord(r["seq"], r["name"], _json.loads(r["output"]),
+                                       bool(r["finished"]), r["epoch"], r["finished_at"])
+                            for r in db.execute(_Q["inspect_steps"], one)),
+                signals=tuple(SignalRecord(r["id"], r["name"], _json.loads(r["payload"]),
+                                           r["created_at"], bool(r["consumed"]))
+                              for r in db.execute(_Q["inspect_signals"], one)),
+                pauses=tuple(_pause(r) for r in db.execute(_Q["inspect_pauses"], one)),
+                outbox=tuple(_entry(r) for r in db.execute(_Q["inspect_outbox"], one)),
+                tree=tuple(([root] if root is not None and tree_limit > 0 else [])
+                           + [_run(r) for r in children])[:tree_limit])
+        finally:
+            db.execute("COMMIT")
 
     async def finished_per_minute(
         self, namespace: str, since: float, minutes: int
     ) -> list[int]:
-        raise NotImplementedError("TODO(console)")
+        counts = [0] * minutes
+        for row in self._db.execute(_Q["finished_per_minute"], {
+                "namespace": namespace, "since": since, "until": since + 60 * minutes}):
+            if 0 <= row["minute"] < minutes:
+                counts[row["minute"]] += row["n"]
+        return counts
 
     async def dead_letters(self, namespace: str, limit: int = 100) -> list[OutboxEntry]:
         rows = self._db.execute(_Q["dead_letters"], {"namespace": namespace,
@@ -1048,6 +1087,41 @@ def _statements(sql: str) -> list[str]:
     ):
         raise ConfigurationError(f"Incomplete SQL statement in a schema file: {buf[:80]!r}")
     return out
+
+
+def search_sql(namespace: str, where: RunFilter, before: str | None,
+               limit: int) -> tuple[str, list[Any]]:
+    """``search_runs`` as one statement, walking the narrowest index of its filters newest
+    first: a key's, the status's (runs_status holds every status but succeeded), or the
+    namespace's."""
+    terms, args = ["namespace = ?"], list[Any]([namespace])
+    for column, value in (("status", where.status), ("workflow", where.workflow),
+                          ("tenant", where.tenant), ("idempotency_key", where.idempotency_key),
+                          ("concurrency_key", where.concurrency_key)):
+        if value is not None:
+            terms.append(f"{column} = ?")
+            args.append(value)
+    bounds: tuple[tuple[str, object], ...] = (
+        ("created_at >= ?", where.created_from), ("created_at < ?", where.created_to),
+        ("id < ?", before))
+    for term, bound in bounds:
+        if bound is not None:
+            terms.append(term)
+            args.append(bound)
+    if where.idempotency_key is not None:
+        index = "runs_idempotency_key"
+        terms.append("idempotency_key IS NOT NULL")
+    elif where.concurrency_key is not None:
+        index = "runs_concurrency_key"
+        terms.append("concurrency_key IS NOT NULL")
+    elif where.status is not None and where.status != "succeeded":
+        index = "runs_status"
+        terms.append("status <> 'succeeded'")    # the partial index's own term
+    else:
+        index = "runs_namespace"
+    sql = (f"SELECT * FROM runs INDEXED BY {index} WHERE {' AND '.join(terms)} "
+           f"ORDER BY id DESC LIMIT ?")
+    return sql, [*args, limit]
 
 
 def _entry(row: sqlite3.Row) -> OutboxEntry:

@@ -7,7 +7,9 @@
 - :class:`TreeContract`: tree keys, child runs, a root's cancel (``store``, ``other``);
 - :class:`OutboxContract`: the outbox (``store``, ``other``);
 - :class:`StatsContract`: a namespace's stats and their fold (``store``, ``other``);
-- :class:`StoreContract`: the five above, a whole :class:`~shoal.ports.Store`;
+- :class:`InspectionContract`: what a console reads, and the redrive of a dead letter
+  (``store``, ``other``);
+- :class:`StoreContract`: the six above, a whole :class:`~shoal.ports.Store`;
 - :class:`CoordContract`: locks, membership and meters, a :class:`~shoal.ports.CoordStore`
   (``coord``, ``other``);
 - :class:`RateContract`: rate limits and the ledger, a :class:`~shoal.ports.RateStore`
@@ -64,6 +66,7 @@ from shoal.testing.contract.differential import (
     rate_calls_apart,
     run_calls,
 )
+from shoal.testing.contract.inspection import InspectionContract
 from shoal.testing.contract.outbox import OutboxContract
 from shoal.testing.contract.pauses import PauseContract
 from shoal.testing.contract.rates import RateContract
@@ -86,7 +89,8 @@ from shoal.testing.contract.transactional import CallerTransaction, Transactiona
 from shoal.testing.contract.trees import TreeContract
 
 
-class StoreContract(RunContract, PauseContract, TreeContract, OutboxContract, StatsContract):
+class StoreContract(RunContract, PauseContract, TreeContract, OutboxContract, StatsContract,
+                    InspectionContract):
     """A whole :class:`~shoal.ports.Store`: every run-store suite. Provide the ``store`` and
     ``other`` fixtures."""
 
@@ -99,6 +103,7 @@ __all__ = [
     "CallerTransaction",
     "CoordContract",
     "CoordDifferential",
+    "InspectionContract",
     "OutboxContract",
     "PauseContract",
     "RateContract",
