@@ -262,9 +262,9 @@ async def dead_letters_page(request: Request) -> Response:
 
 async def replicas_page(request: Request) -> Response:
     c = console(request)
-    replicas, providers = await c.replicas(), await c.providers()
-    return await _page(request, "replicas.html", {"rep": replicas, "prov": providers,
-                                                  "now": c.app.clock.now()})
+    return await _page(request, "replicas.html", {
+        "rep": await c.replicas(), "prov": await c.providers(), "budgets": await c.budgets(),
+        "cron": await c.cron(), "now": c.app.clock.now()})
 
 
 def routes() -> list[BaseRoute]:

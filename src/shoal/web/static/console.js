@@ -277,7 +277,7 @@
         h("td", { class: "num" }, s.queued[t].due), h("td", { class: "num" }, s.queued[t].delayed),
         h("td", { class: "num" }, s.queued[t].held)));
 
-    rows(document.getElementById("instances"), o.instances, "No live instance.", 3,
+    rows(document.getElementById("instances"), o.instances, "No instance has registered workflows.", 3,
       (i) => h("tr", {}, h("td", { class: "mono" }, i.id), h("td", { class: "num" }, i.runs_held),
         h("td", {}, (i.workflows || []).join(", "))));
 

@@ -1,0 +1,337 @@
+"""The console as a person uses it: a real headless Chromium on the pages of ``shoal web``'s
+ASGI app, over a SQLite store that worker processes serve. Each test acts through the page
+(search, click, confirm, type) and then checks the store, not only the page.
+
+Scenarios: the overview's counts move while three workers run; a failed run found by its
+idempotency key, its traceback read, retried and succeeded; a refund approved while two
+workers run, resolved exactly once; a sleeping run cancelled; a dead letter redriven; the
+token (login form) and read-only modes; inputs written to attack the page shown as text.
+"""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from browser_support import ConsoleServer, Shop, phone, screenshot, wait_for, wide
+
+import shoal
+
+pytestmark = pytest.mark.slow
+
+XSS_SCRIPT = "<script>alert(1)</script>"
+XSS_IMG = '"><img src=x onerror=alert(1)>'
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def css(browser: Any, selector: str) -> Any:
+    from selenium.webdriver.common.by import By
+    return browser.find_element(By.CSS_SELECTOR, selector)
+
+
+def all_css(browser: Any, selector: str) -> list[Any]:
+    from selenium.webdriver.common.by import By
+    return list(browser.find_elements(By.CSS_SELECTOR, selector))
+
+
+def confirm(browser: Any, button: Any, **fields: str) -> str:
+    """Click an action button, fill the confirmation dialog's ``fields``, confirm, and return
+    the message the page shows afterwards (after the reload that follows a success)."""
+    button.click()
+    dialog = wait_for(lambda: css(browser, "dialog#confirm[open]"), 5, "the confirmation")
+    for name, value in fields.items():
+        box = css(browser, f"dialog#confirm [name={name}]")
+        box.clear()
+        box.send_keys(value)
+    css(browser, "dialog#confirm button[value=ok]").click()
+    wait_for(lambda: gone(dialog), 10, "the dialog to close")
+    return wait_for(lambda: css(browser, "#flash:not([hidden])").text, 10, "the outcome")
+
+
+def gone(element: Any) -> bool:
+    """Not shown any more, or not even in the page (the page was loaded again)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    try:
+        return not element.is_displayed()
+    except StaleElementReferenceException:
+        return True
+
+
+def run_status(shop: Shop, run_id: str) -> str:
+    return str(shop.call(lambda app: app.get_run(run_id)).status.value)
+
+
+def wait_status(shop: Shop, run_id: str, status: str, timeout: float = 30) -> None:
+    wait_for(lambda: run_status(shop, run_id) == status, timeout,
+             f"run {run_id} to be {status} (it is {run_status(shop, run_id)})")
+
+
+def dispatch(shop: Shop, workflow: str, input: Any, **options: Any) -> shoal.Run:
+    return shop.call(lambda app: app.dispatch(workflow, input, **options))
+
+
+def no_injection(browser: Any) -> None:
+    """No alert is open, no element the attack strings would make exists."""
+    from selenium.common.exceptions import NoAlertPresentException
+    with pytest.raises(NoAlertPresentException):
+        browser.switch_to.alert.text  # noqa: B018
+    assert browser.execute_script(
+        "return document.querySelectorAll('img[src=x], img[onerror]').length") == 0
+    scripts = browser.execute_script(
+        "return Array.from(document.scripts).map(s => s.src || s.textContent)")
+    assert not [s for s in scripts if "alert(1)" in s], scripts
+
+
+def js_errors(browser: Any) -> list[str]:
+    """Errors of the pages' script since the test began (a refused POST's 409 in the network
+    log is an answer, not an error)."""
+    return [e["message"] for e in browser.get_log("browser")
+            if e["level"] == "SEVERE" and e.get("source") != "network"]
+
+
+# -- scenarios ---------------------------------------------------------------------------------
+
+
+def test_overview_counts_move_while_three_workers_run(browser: Any, shop: Shop,
+                                                       console: ConsoleServer,
+                                                       shots: Path) -> None:
+    shop.workers(3)
+    browser.get(console.url + "/")
+    before = int(css(browser, '[data-bind="status.succeeded"]').text)
+    assert css(browser, "#zone").text == "America/New_York"
+    shop.call(lambda app: app.dispatch_many("order", [{"n": i} for i in range(40)]))
+    # the page is not reloaded: its script polls /api/overview
+    wait_for(lambda: int(css(browser, '[data-bind="status.succeeded"]').text) >= before + 40,
+             60, "the overview to count the 40 new runs")
+    assert int(css(browser, '[data-bind="finished_minute"]').text) >= 40
+    assert int(css(browser, '[data-bind="chart_total"]').text) >= 40
+    listed = css(browser, "#instances").text
+    assert all(i in listed for i in shop.procs.instances.values()), listed
+    assert "order" in css(browser, "#by-workflow").text
+    screenshot(browser, shots, "overview")
+    phone(browser)
+    browser.refresh()
+    wait_for(lambda: css(browser, "#live"), 5, "the overview")
+    screenshot(browser, shots, "overview-phone", full=True)
+    wide(browser)
+    assert js_errors(browser) == []
+
+
+def test_find_a_failed_run_by_idempotency_key_read_its_traceback_and_retry(
+        browser: Any, shop: Shop, console: ConsoleServer, shots: Path) -> None:
+    shop.workers(2)
+    run = dispatch(shop, "charge", {"card": "4000-0000-0000-0002"},
+                   idempotency_key="charge-7001")
+    wait_status(shop, run.id, "failed")
+    browser.get(console.url + "/runs")
+    search = css(browser, "input[name=q]")
+    search.send_keys("charge-7001")
+    search.submit()
+    link = wait_for(lambda: css(browser, f'#runs a[href$="/runs/{run.id}"]'), 10,
+                    "the run in the results")
+    assert [r.text for r in all_css(browser, "#runs tbody tr")][0].count("charge") >= 1
+    assert len(all_css(browser, "#runs tbody tr")) == 1
+    screenshot(browser, shots, "runs")
+    link.click()
+    traceback = wait_for(lambda: css(browser, "#traceback"), 10, "the traceback")
+    assert "Traceback (most recent call last)" in traceback.text
+    assert "RuntimeError: card declined: 4000-0000-0000-0002" in traceback.text
+    assert css(browser, "#idempotency-key").text == "charge-7001"
+    screenshot(browser, shots, "run-failed")
+    shop.set_flag("charge-ok")
+    message = confirm(browser, css(browser, "button[data-act$='/retry']"))
+    assert message == "Queued again."
+    wait_status(shop, run.id, "succeeded")
+    browser.refresh()
+    assert css(browser, ".head .status").text == "succeeded"
+    assert "A-1001" in css(browser, "#output").text
+    assert not all_css(browser, "#traceback")
+    assert shop.call(lambda app: app.get_run(run.id)).resume_reason == "retried"
+
+
+def test_approve_a_refund_while_two_workers_run_resolves_it_once(
+        browser: Any, shop: Shop, console: ConsoleServer, shots: Path) -> None:
+    shop.workers(2)
+    run = dispatch(shop, "refund", {"amount": 40, "customer": "c-17"},
+                   idempotency_key="refund-17")
+    wait_status(shop, run.id, "waiting")
+    browser.get(console.url + "/approvals")
+    section = wait_for(lambda: [s for s in all_css(browser, "section.approval")
+                                if run.id in s.get_attribute("innerHTML")], 10,
+                       "the refund on the approvals page")[0]
+    assert '"customer": "c-17"' in section.text
+    # a second tab keeps the page as it was, to answer again once the first has won
+    first = browser.current_window_handle
+    browser.switch_to.new_window("tab")
+    browser.get(console.url + "/approvals")
+    stale = browser.current_window_handle
+    browser.switch_to.window(first)
+    approve = section.find_element("css selector", "button[data-act$='/approve']")
+    approve.click()
+    wait_for(lambda: css(browser, "dialog#confirm[open]"), 5, "the confirmation")
+    css(browser, "dialog#confirm [name=by]").send_keys("Ana (support)")
+    css(browser, "dialog#confirm [name=reason]").send_keys("receipt checked")
+    screenshot(browser, shots, "approve-dialog")
+    css(browser, "dialog#confirm button[value=ok]").click()
+    message = wait_for(lambda: css(browser, "#flash:not([hidden])").text, 10, "the outcome")
+    assert message == "Approved: the run continues."
+    wait_status(shop, run.id, "succeeded")
+    # the stale tab answers too: refused, and nothing changes
+    browser.switch_to.window(stale)
+    for s in all_css(browser, "section.approval"):
+        if run.id in s.get_attribute("innerHTML"):
+            refused = confirm(browser, s.find_element("css selector",
+                                                      "button[data-act$='/deny']"),
+                              by="Bob", reason="too late")
+            break
+    assert "already" in refused.lower() or "not pending" in refused.lower(), refused
+    browser.close()
+    browser.switch_to.window(first)
+    paid = [r for r in shop.log_records("paid") if r["run"] == run.id]
+    assert len(paid) == 1, paid
+    assert paid[0]["approved"] is True and paid[0]["by"] == "Ana (support)"
+    output = shop.call(lambda app: app.get_run(run.id)).output
+    assert output == {"approved": True, "by": "Ana (support)", "reason": "receipt checked"}
+    assert shop.call(lambda app: app.pending_pauses()) == [] or all(
+        p.run_id != run.id for p in shop.call(lambda app: app.pending_pauses()))
+
+
+def test_cancel_a_sleeping_run(browser: Any, shop: Shop, console: ConsoleServer,
+                               shots: Path) -> None:
+    run = dispatch(shop, "nap", {"for": "an hour"}, idempotency_key="nap-1")
+    wait_status(shop, run.id, "sleeping")
+    browser.get(f"{console.url}/runs/{run.id}")
+    assert css(browser, ".head .status").text == "sleeping"
+    assert "sleeping until" in css(browser, "#steps").text
+    screenshot(browser, shots, "run-sleeping")
+    message = confirm(browser, css(browser, "button[data-act$='/cancel']"))
+    assert message == "Cancel requested."
+    assert run_status(shop, run.id) == "cancelled"
+    assert css(browser, ".head .status").text == "cancelled"
+    assert not all_css(browser, "button[data-act$='/cancel']")
+
+
+def test_redrive_a_dead_letter(browser: Any, shop: Shop, console: ConsoleServer,
+                               shots: Path) -> None:
+    run = dispatch(shop, "notify", {"event": "paid", "order": 7}, idempotency_key="notify-7")
+    wait_for(lambda: [e for e in shop.call(lambda app: app.dead_letters())
+                      if e.run_id == run.id], 30, "the webhook to be dead-lettered")
+    browser.get(console.url + "/dead-letters")
+    row = wait_for(lambda: [r for r in all_css(browser, "#dead-letters tbody tr")
+                            if run.id in r.get_attribute("innerHTML")], 10,
+                   "the dead letter on the page")[0]
+    assert "503 Service Unavailable" in row.get_attribute("innerHTML")
+    screenshot(browser, shots, "dead-letters")
+    shop.set_flag("webhook-ok")
+    message = confirm(browser, row.find_element("css selector", "button[data-act]"))
+    assert message == "Redriven: it will be delivered again."
+    wait_for(lambda: [r for r in shop.log_records("webhook")
+                      if r["key"].startswith(run.id)], 30, "the redriven delivery")
+    assert not [e for e in shop.call(lambda app: app.dead_letters()) if e.run_id == run.id]
+    browser.refresh()
+    assert run.id not in css(browser, "#dead-letters").get_attribute("innerHTML")
+
+
+def test_token_mode_needs_the_login_form_and_refuses_a_wrong_token(
+        browser: Any, shop: Shop, shots: Path) -> None:
+    with ConsoleServer(shop.url, namespace="shop", token="s3cret-token") as server:
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(server.url + "/api/overview", timeout=10)
+        assert refused.value.code == 401
+        browser.get(server.url + "/runs")
+        assert browser.current_url.startswith(server.url + "/login")
+        assert not all_css(browser, "#runs")
+        screenshot(browser, shots, "login")
+        css(browser, "input[name=token]").send_keys("wrong")
+        css(browser, "form button[type=submit]").click()
+        assert "Wrong token" in wait_for(lambda: css(browser, "[role=alert]").text, 10,
+                                         "the refusal")
+        assert not all_css(browser, "#runs")
+        css(browser, "input[name=token]").send_keys("s3cret-token")
+        css(browser, "form button[type=submit]").click()
+        wait_for(lambda: css(browser, "#runs"), 10, "the runs page after logging in")
+        assert browser.current_url == server.url + "/runs"
+        cookie = browser.get_cookie("shoal_session")
+        assert cookie is not None and cookie["httpOnly"] and "s3cret" not in cookie["value"]
+        css(browser, ".where button[type=submit]").click()   # log out
+        wait_for(lambda: "/login" in browser.current_url, 10, "the login form again")
+        browser.get(server.url + "/")
+        assert "/login" in browser.current_url
+
+
+def test_read_only_mode_shows_no_action_and_refuses_one(browser: Any, shop: Shop) -> None:
+    run = dispatch(shop, "nap", {"for": "read-only"}, idempotency_key="nap-read-only")
+    wait_status(shop, run.id, "sleeping")
+    with ConsoleServer(shop.url, namespace="shop", read_only=True) as server:
+        browser.get(f"{server.url}/runs/{run.id}")
+        assert css(browser, "#read-only").text == "read-only"
+        assert all_css(browser, "button[data-act]") == []
+        assert all_css(browser, "dialog#confirm") == []
+        # the API refuses what the page does not offer, even with the CSRF token
+        answer = browser.execute_async_script("""
+            const done = arguments[arguments.length - 1];
+            fetch(arguments[0], {method: "POST", headers: {"X-CSRF-Token":
+                  document.querySelector('meta[name="csrf-token"]').content}})
+              .then(async r => done([r.status, await r.json()]));
+        """, f"{server.url}/api/runs/{run.id}/cancel")
+        assert answer[0] == 403 and "read-only" in answer[1]["error"]
+        browser.get(server.url + "/approvals")
+        assert all_css(browser, "button[data-act]") == []
+    assert run_status(shop, run.id) == "sleeping"
+
+
+def test_inputs_that_attack_the_page_show_as_text(browser: Any, shop: Shop,
+                                                  console: ConsoleServer,
+                                                  shots: Path) -> None:
+    order = dispatch(shop, "order", {"name": XSS_IMG, "note": XSS_SCRIPT},
+                     idempotency_key=XSS_SCRIPT)
+    failed = dispatch(shop, "charge", {"card": XSS_IMG}, idempotency_key=XSS_IMG,
+                      concurrency_key=XSS_SCRIPT)
+    refund = dispatch(shop, "refund", {"amount": 1, "customer": XSS_SCRIPT})
+    wait_status(shop, order.id, "succeeded")
+    wait_status(shop, failed.id, "succeeded" if (shop.flags / "charge-ok").exists()
+                else "failed")
+    wait_status(shop, refund.id, "waiting")
+    shop.call(lambda app: app.signal(order.id, XSS_IMG, {"x": XSS_SCRIPT}))
+
+    browser.get(console.url + "/runs")
+    search = css(browser, "input[name=q]")
+    search.send_keys(XSS_SCRIPT)
+    search.submit()
+    wait_for(lambda: css(browser, f'#runs a[href$="/runs/{order.id}"]'), 10, "the search")
+    assert css(browser, "input[name=q]").get_attribute("value") == XSS_SCRIPT
+    assert XSS_SCRIPT in css(browser, "#runs").text
+    no_injection(browser)
+
+    browser.get(f"{console.url}/runs/{order.id}")
+    assert XSS_IMG.replace('"', '\\"') in css(browser, "#input").text
+    assert XSS_SCRIPT in css(browser, "#idempotency-key").text
+    assert XSS_IMG in css(browser, "#signals").text
+    no_injection(browser)
+    screenshot(browser, shots, "run-detail", full=True)
+
+    browser.get(f"{console.url}/runs/{failed.id}")
+    if run_status(shop, failed.id) == "failed":
+        assert f"card declined: {XSS_IMG}" in css(browser, "#error").text
+    no_injection(browser)
+
+    browser.get(console.url + "/approvals")
+    assert XSS_SCRIPT in css(browser, "main").text
+    no_injection(browser)
+    # the confirmation dialog puts the run's words in as text too
+    for s in all_css(browser, "section.approval"):
+        if refund.id in s.get_attribute("innerHTML"):
+            s.find_element("css selector", "button[data-act$='/approve']").click()
+            break
+    wait_for(lambda: css(browser, "dialog#confirm[open]"), 5, "the confirmation")
+    no_injection(browser)
+    css(browser, "dialog#confirm button[value=back]").click()
+    screenshot(browser, shots, "approvals")
+    browser.get(console.url + "/")
+    no_injection(browser)
+    assert js_errors(browser) == []
