@@ -1,6 +1,7 @@
-"""What the console's browser tests share (``conftest.py`` makes the fixtures here visible): a headless Chromium driven by Selenium (Debian's
-``chromium`` and ``chromium-driver``), the console served by uvicorn in a thread of the test
-process, worker processes of ``console_app.py`` over one SQLite file, and screenshots.
+"""What the console's browser tests share (``conftest.py`` makes the fixtures here visible):
+a headless Chromium driven by Selenium (Debian's ``chromium`` and ``chromium-driver``), the
+console served by uvicorn in a thread of the test process, worker processes of
+``console_app.py`` over one SQLite file, and screenshots.
 
 Selenium rather than Playwright: Debian's ``chromium-driver`` is built from the same source as
 its ``chromium``, so driver and browser always match, and Selenium is a pure-Python package;
@@ -9,8 +10,8 @@ downloads, which cannot be downloaded here, and an older or newer system Chromiu
 supported by it.
 
 Without the browser (or Selenium) the tests skip, saying what to install; with ``CI`` set they
-fail instead. Screenshots go to a temporary directory, or to ``SHOAL_SCREENSHOTS`` (what
-``./dev screenshots`` sets to docs/img/console).
+fail instead. Screenshots go to a temporary directory, or, those the docs show, to
+``SHOAL_SCREENSHOTS`` (what ``./dev screenshots`` sets to docs/img/console).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration"))
 
-import harness  # noqa: E402
+import harness
 
 CHROMIUM = os.environ.get("SHOAL_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("SHOAL_CHROMEDRIVER", "/usr/bin/chromedriver")
@@ -99,46 +100,50 @@ def browser(driver: Any) -> Iterator[Any]:
 
 
 def wide(driver: Any) -> None:
-    driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
-    driver.set_window_size(*WIDE)
+    """A desktop's viewport: 1280x800."""
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
+        "width": WIDE[0], "height": WIDE[1], "deviceScaleFactor": 1, "mobile": False})
 
 
 def phone(driver: Any) -> None:
-    """A phone's viewport: 390 px wide, touch layout (the page's meta viewport applies)."""
+    """A phone's viewport: 390x844, touch layout (the page's meta viewport applies)."""
     driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
         "width": PHONE[0], "height": PHONE[1], "deviceScaleFactor": 1, "mobile": True})
 
 
-@pytest.fixture(scope="session")
-def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Where screenshots go: ``SHOAL_SCREENSHOTS`` (relative to the repository), else a
-    temporary directory."""
-    target = os.environ.get("SHOAL_SCREENSHOTS")
-    path = (ROOT / target) if target else tmp_path_factory.mktemp("screenshots")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+class Shots:
+    """Screenshots: every one to a temporary directory; or, when ``SHOAL_SCREENSHOTS`` names a
+    directory (``./dev screenshots``: docs/img/console), only those the docs show."""
 
+    def __init__(self, path: Path, docs_only: bool) -> None:
+        self.path, self.docs_only = path, docs_only
 
-def screenshot(driver: Any, shots: Path, name: str, *, full: bool = False) -> Path:
-    """Save what the browser shows as ``NAME.png``: the viewport (1280x800 wide), or with
-    ``full`` the whole page's height (capped at 2,400 px)."""
-    path = shots / f"{name}.png"
-    if full:
-        height = driver.execute_script("return document.documentElement.scrollHeight")
-        metrics = driver.execute_script("return [window.innerWidth, window.innerHeight]")
+    def take(self, driver: Any, name: str, *, docs: bool = False, full: bool = False) -> None:
+        """Save what the browser shows as ``NAME.png``: the viewport (1280x800 wide, 390x844 on
+        a phone), or with ``full`` the whole page's height (at most 2,400 px)."""
+        if self.docs_only and not docs:
+            return
+        path = self.path / f"{name}.png"
+        if not full:
+            driver.save_screenshot(str(path))
+            return
+        width, height = driver.execute_script(
+            "return [window.innerWidth, document.documentElement.scrollHeight]")
         driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
-            "width": metrics[0], "height": min(int(height), 2400), "deviceScaleFactor": 1,
-            "mobile": metrics[0] < 600})
+            "width": width, "height": min(int(height), 2400), "deviceScaleFactor": 1,
+            "mobile": width < 600})
         try:
             driver.save_screenshot(str(path))
         finally:
-            if metrics[0] < 600:
-                phone(driver)
-            else:
-                wide(driver)
-    else:
-        driver.save_screenshot(str(path))
-    return path
+            (phone if width < 600 else wide)(driver)
+
+
+@pytest.fixture(scope="session")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Shots:
+    target = os.environ.get("SHOAL_SCREENSHOTS")
+    path = (ROOT / target) if target else tmp_path_factory.mktemp("screenshots")
+    path.mkdir(parents=True, exist_ok=True)
+    return Shots(path, docs_only=bool(target))
 
 
 def wait_for(check: Callable[[], T], timeout: float, what: str, step: float = 0.1) -> T:
@@ -163,10 +168,11 @@ def wait_for(check: Callable[[], T], timeout: float, what: str, step: float = 0.
 
 
 class ConsoleServer:
-    """``shoal.web.asgi(store, ...)`` served by uvicorn on a free loopback port, in a thread
-    with its own event loop (the tests' Selenium calls block)."""
+    """An ASGI app (by default ``shoal.web.asgi(store, **options)``) served by uvicorn on a free
+    loopback port, in a thread with its own event loop (the tests' Selenium calls block)."""
 
-    def __init__(self, store: str, **options: Any) -> None:
+    def __init__(self, store: str | None = None, *, asgi_app: Any = None,
+                 **options: Any) -> None:
         import uvicorn
 
         from shoal.web import asgi
@@ -174,7 +180,8 @@ class ConsoleServer:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        config = uvicorn.Config(asgi(store, **options), log_level="warning", lifespan="on")
+        served = asgi_app if asgi_app is not None else asgi(store, **options)
+        config = uvicorn.Config(served, log_level="warning", lifespan="on")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        daemon=True)
@@ -223,6 +230,9 @@ class Shop:
             self.procs.terminate(slot).wait(timeout=15)
         if started:
             asyncio.run(self.procs.wait_started(self.log, timeout=30))
+
+    def live_instances(self) -> list[str]:
+        return [self.procs.instances[slot] for slot in self.procs.live]
 
     def set_flag(self, name: str) -> None:
         (self.flags / name).touch()

@@ -2,9 +2,11 @@
 workflows that give the console something to show and steer. Steps and deliveries append what
 they did to a shared log (one JSON line per write), so a test can count effects.
 
-- ``order``: three short steps, the last sends an ``email`` outbox entry; returns its input.
+- ``order``: three short steps (the second spends 0.02 usd), the last sends an ``email`` outbox
+  entry; returns its input.
+- ``batch``: three child ``order`` runs, awaited.
 - ``charge``: one step that fails (``RuntimeError`` naming the card) until the flag file
-  ``charge-ok`` exists; one attempt, so a failure is final until someone retries the run.
+  ``charge-ok-RUN_ID`` exists; one attempt, so a failure is final until someone retries it.
 - ``refund``: a step, an approval ``refund`` (the request names amount and customer), then a
   step ``pay`` that logs the decision it was given.
 - ``nap``: a step, then a durable sleep of an hour, then a step.
@@ -28,9 +30,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration"))
 
-import harness  # noqa: E402
+import harness
 
-import shoal  # noqa: E402
+import shoal
 
 NAMESPACE = "shop"
 emit = harness.LineLog("CONSOLE_LOG")
@@ -50,8 +52,12 @@ def make_app(store: str, instance_id: str | None = None) -> shoal.App:
 
     @app.workflow(name="order")
     async def order(ctx: shoal.RunContext, input: Any) -> Any:
+        async def charge_card() -> dict[str, Any]:
+            await ctx.spend(0.02)
+            return await pause_a_little("charge")
+
         await ctx.step("reserve", pause_a_little, "reserve")
-        await ctx.step("charge", pause_a_little, "charge")
+        await ctx.step("charge", charge_card)
 
         async def ship() -> str:
             ctx.outbox.send("email", {"to": "customer@example.com", "order": input})
@@ -60,10 +66,16 @@ def make_app(store: str, instance_id: str | None = None) -> shoal.App:
         await ctx.step("ship", ship)
         return {"echo": input}
 
+    @app.workflow(name="batch")
+    async def batch(ctx: shoal.RunContext, input: dict[str, Any]) -> list[Any]:
+        children = [await ctx.start_child("order", {"batch": input["batch"], "part": i})
+                    for i in range(3)]
+        return [await child.result() for child in children]
+
     @app.workflow(name="charge", max_attempts=1)
     async def charge(ctx: shoal.RunContext, input: dict[str, Any]) -> dict[str, Any]:
         def authorize() -> dict[str, Any]:
-            if not flag("charge-ok"):
+            if not flag(f"charge-ok-{ctx.run_id}"):
                 raise RuntimeError(f"card declined: {input['card']}")
             return {"authorization": "A-1001"}
 

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 try:
+    import jinja2  # noqa: F401  (the pages: shoal.web.pages)
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
-    import jinja2  # noqa: F401  (the pages: shoal.web.pages)
 except ImportError as e:  # pragma: no cover - the extra is missing
     raise ImportError(f"The shoal console needs the web extra ({e}): "
                       f"pip install 'shoal[web]'.") from None
@@ -19,9 +19,9 @@ from shoal.app import App
 from shoal.errors import ConfigurationError
 from shoal.ports import Store
 from shoal.stores import mask_url, open_store
+from shoal.web import pages
 from shoal.web.data import Console
 from shoal.web.guard import Guard
-from shoal.web import pages
 from shoal.web.routes import render, routes
 
 __all__ = ["Console", "asgi", "render"]

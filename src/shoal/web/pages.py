@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,16 @@ def compact(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(", ", ": "), default=str)
 
 
+def num(value: float | int | None) -> str:
+    """A number for people: thousands separated, whole floats without ``.0``, others to four
+    significant digits."""
+    if value is None:
+        return ""
+    if isinstance(value, float) and not value.is_integer():
+        return f"{value:.4g}"
+    return f"{int(value):,}"
+
+
 def short(run_id: str | None) -> str:
     """A long id shortened to its last 12 characters: ids are time-ordered, so their starts
     are alike and their ends tell them apart (the full id goes in the title)."""
@@ -100,7 +111,7 @@ def templates() -> Jinja2Templates:
         trim_blocks=True, lstrip_blocks=True,
     )
     env.filters.update(utc=utc, iso=iso, duration=duration, pretty=pretty,
-                       compact=compact, short=short)
+                       compact=compact, short=short, num=num)
     env.globals.update(STATUSES=STATUSES, REFRESH=REFRESH)
     return Jinja2Templates(env=env)
 
@@ -130,35 +141,56 @@ def stack(by_status: Mapping[str, int]) -> list[dict[str, Any]]:
             for s in STATUSES]
 
 
+@dataclass
+class Bar:
+    """One step of the timeline: where its bar starts and how wide it is, in percent of the
+    axis; ``took`` (seconds) None while it is in progress; ``target`` the time a sleep or a
+    wait in progress is due."""
+
+    step: Mapping[str, Any]
+    start: float
+    end: float | None
+    target: float | None
+    left: float = 0.0
+    width: float = 0.0
+
+    @property
+    def open(self) -> bool:
+        return self.end is None
+
+    @property
+    def took(self) -> float | None:
+        return None if self.end is None else self.end - self.start
+
+
 def timeline(run: Mapping[str, Any], steps: Sequence[Mapping[str, Any]],
              now: float) -> dict[str, Any]:
-    """The step timeline: each step as a bar on one time axis from the run's start to its end
-    (or ``now``). A step's start is not stored; its bar starts where the step before it ended
-    (``since_previous``), which is the best the store knows. A step still in progress (a sleep
-    or a wait) runs from there to its ``until``/``deadline``, or to ``now``."""
-    first = run.get("started_at") or run.get("created_at") or now
-    rows = []
+    """The step timeline: each step as a :class:`Bar` on one time axis from the run's start
+    to its end (or ``now``): ``{"rows", "start", "end", "span"}``. A step's start is not
+    stored; its bar starts where the step before it ended (``since_previous``), which is the
+    best the store knows. A step in progress (a sleep or a wait) runs from there to ``now``."""
+    first: float = run.get("started_at") or run.get("created_at") or now
+    rows: list[Bar] = []
     previous = first
     for s in steps:
-        end = s.get("finished_at")
-        start = previous if end is None or s.get("since_previous") is None \
-            else end - s["since_previous"]
+        end: float | None = s.get("finished_at")
+        since: float | None = s.get("since_previous")
+        output = s.get("output")
         target = None
-        if not s.get("finished") and isinstance(s.get("output"), dict):
-            target = s["output"].get("until") or s["output"].get("deadline")
-        rows.append({"step": s, "start": start, "end": end, "target": target,
-                     "open": end is None})
+        if not s.get("finished") and isinstance(output, dict):
+            target = output.get("until") or output.get("deadline")
+        rows.append(Bar(s, previous if end is None or since is None else end - since, end,
+                        target))
         if end is not None:
             previous = end
-    last = run.get("finished_at") or max(
-        [now] + [r["end"] for r in rows if r["end"] is not None])
+    last: float = run.get("finished_at") or max(
+        [now] + [r.end for r in rows if r.end is not None])
     span = max(last - first, 1e-6)
     for r in rows:
-        stop = r["end"] if r["end"] is not None else min(now, last)
-        left = min(max((r["start"] - first) / span, 0.0), 1.0)
+        stop = r.end if r.end is not None else min(now, last)
+        left = min(max((r.start - first) / span, 0.0), 1.0)
         right = min(max((stop - first) / span, left), 1.0)
-        r["left"], r["width"] = round(100 * left, 3), round(100 * (right - left), 3)
-        r["took"] = None if r["end"] is None else r["end"] - r["start"]
+        r.left, r.width = round(100 * left, 3), round(100 * (right - left), 3)
     return {"rows": rows, "start": first, "end": last, "span": last - first}
 
 
@@ -166,8 +198,8 @@ def tree(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The runs of one tree nested by ``parent_id``: ``[{"run", "children": [...]}]``, roots
     first. A run whose parent is not among ``rows`` (the tree was cut at its limit) is shown
     at the top."""
-    nodes = {r["id"]: {"run": r, "children": []} for r in rows}
-    top = []
+    nodes: dict[str, dict[str, Any]] = {r["id"]: {"run": r, "children": []} for r in rows}
+    top: list[dict[str, Any]] = []
     for r in rows:
         parent = nodes.get(r.get("parent_id") or "")
         (parent["children"] if parent is not None else top).append(nodes[r["id"]])
