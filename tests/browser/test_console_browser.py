@@ -15,7 +15,7 @@ import urllib.request
 from typing import Any
 
 import pytest
-from browser_support import ZONE, ConsoleServer, Shop, Shots, phone, wait_for, wide
+from browser_support import PHONE, ZONE, ConsoleServer, Shop, Shots, phone, wait_for, wide
 
 import shoal
 
@@ -93,6 +93,20 @@ def no_injection(browser: Any) -> None:
     assert not [s for s in scripts if "alert(1)" in s], scripts
 
 
+def on_a_phone(browser: Any, shots: Shots, name: str) -> None:
+    """The page again at a phone's width: nothing wider than the screen (wide tables scroll in
+    their own box), and a full-height screenshot."""
+    phone(browser)
+    try:
+        browser.refresh()
+        wait_for(lambda: css(browser, "main"), 10, "the page on a phone")
+        width = browser.execute_script("return document.documentElement.scrollWidth")
+        assert width <= PHONE[0], f"{name}: the page is {width} px wide on a phone"
+        shots.take(browser, name, full=True)
+    finally:
+        wide(browser)
+
+
 def js_errors(browser: Any) -> list[str]:
     """Errors of the pages' script since the test began (a refused POST's 409 in the network
     log is an answer, not an error)."""
@@ -133,7 +147,7 @@ def test_overview_counts_move_while_three_workers_run(browser: Any, shop: Shop,
     phone(browser)
     browser.refresh()
     wait_for(lambda: css(browser, "#live"), 5, "the overview")
-    assert browser.execute_script("return document.documentElement.scrollWidth") <= 390
+    assert browser.execute_script("return document.documentElement.scrollWidth") <= PHONE[0]
     shots.take(browser, "overview-phone", docs=True)
     wide(browser)
     assert js_errors(browser) == []
@@ -147,6 +161,7 @@ def test_find_a_failed_run_by_idempotency_key_read_its_traceback_and_retry(
     wait_status(shop, run.id, "failed")
     browser.get(console.url + "/runs")
     shots.take(browser, "runs", docs=True)
+    on_a_phone(browser, shots, "runs-phone")
     search = css(browser, "input[name=q]")
     search.send_keys("charge-7001")
     search.submit()
@@ -159,6 +174,7 @@ def test_find_a_failed_run_by_idempotency_key_read_its_traceback_and_retry(
     assert "RuntimeError: card declined: 4000-0000-0000-0002" in traceback.text
     assert css(browser, "#idempotency-key").text == "charge-7001"
     shots.take(browser, "run-failed", docs=True)
+    on_a_phone(browser, shots, "run-failed-phone")
     first = browser.current_window_handle
     browser.switch_to.new_window("tab")          # the page as it is now, to retry again later
     browser.get(f"{console.url}/runs/{run.id}")
@@ -189,6 +205,7 @@ def test_approve_a_refund_while_two_workers_run_resolves_it_once(
                    idempotency_key="refund-17")
     wait_status(shop, run.id, "waiting")
     browser.get(console.url + "/approvals")
+    on_a_phone(browser, shots, "approvals-phone")
     section = approval(browser, run.id)
     assert '"customer": "c-17"' in section.text
     # a second tab keeps the page as it is now, to answer again once the first has won
@@ -230,6 +247,23 @@ def test_cancel_a_sleeping_run(browser: Any, shop: Shop, console: ConsoleServer,
     browser.get(f"{console.url}/runs/{run.id}")
     assert css(browser, ".head .status").text == "sleeping"
     assert "sleeping until" in css(browser, "#steps").text
+    # a signal with a JSON payload: the dialog refuses what is not JSON, before sending
+    css(browser, "button[data-act$='/signal']").click()
+    wait_for(lambda: css(browser, "dialog#confirm[open]"), 5, "the signal dialog")
+    css(browser, "dialog#confirm [name=name]").send_keys("nudge")
+    payload = css(browser, "dialog#confirm [name=payload]")
+    payload.clear()
+    payload.send_keys('{"reason": "check stock"')
+    css(browser, "dialog#confirm button[value=ok]").click()
+    assert "not valid JSON" in wait_for(lambda: css(browser, ".dialog-error").text, 5,
+                                        "the JSON error")
+    assert shop.call(lambda app: app.get_run(run.id)).status.value == "sleeping"
+    payload.send_keys("}")
+    css(browser, "dialog#confirm button[value=ok]").click()
+    assert wait_for(lambda: css(browser, "#flash:not([hidden])").text, 10,
+                    "the outcome") == "Signal sent."
+    assert "nudge" in css(browser, "#signals").text
+    assert '{"reason": "check stock"}' in css(browser, "#signals").text
     message = confirm(browser, css(browser, "button[data-act$='/cancel']"))
     assert message == "Cancel requested."
     assert run_status(shop, run.id) == "cancelled"
@@ -243,6 +277,7 @@ def test_redrive_a_dead_letter(browser: Any, shop: Shop, console: ConsoleServer,
     wait_for(lambda: [e for e in shop.call(lambda app: app.dead_letters())
                       if e.run_id == run.id], 30, "the webhook to be dead-lettered")
     browser.get(console.url + "/dead-letters")
+    on_a_phone(browser, shots, "dead-letters-phone")
     row = wait_for(lambda: [r for r in all_css(browser, "#dead-letters tbody tr")
                             if run.id in r.get_attribute("innerHTML")], 10,
                    "the dead letter on the page")[0]
@@ -274,6 +309,7 @@ def test_a_run_tree_its_spend_and_the_replicas(browser: Any, shop: Shop,
     assert [e.text for e in all_css(browser, "#steps .name")] == [
         "1. reserve", "2. charge", "3. ship"]
     shots.take(browser, "run-detail", docs=True)
+    on_a_phone(browser, shots, "run-detail-phone")
     css(browser, f'#parent a[href$="/runs/{root.id}"]').click()
     wait_for(lambda: css(browser, "#run-id").text == root.id, 10, "the parent's page")
     browser.get(console.url + "/replicas")
@@ -345,6 +381,7 @@ def test_mounted_in_a_service_it_shows_providers_budgets_and_cron(browser: Any,
         assert "digest" in css(browser, "#cron").text
         assert "api-1" in css(browser, "#instances").text
         shots.take(browser, "replicas", docs=True)
+        on_a_phone(browser, shots, "replicas-phone")
         links = [a.get_attribute("href") for a in all_css(browser, "nav a, a.card, #cron a")]
         assert links and all(href.startswith(server.url + "/ops/") for href in links), links
 
