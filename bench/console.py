@@ -103,6 +103,9 @@ async def measure(url: str, calls: int, finished: int) -> dict[str, list[float]]
     now = time.time()
     pages: dict[str, Callable[[], Awaitable[Any]]] = {
         "overview": console.overview,
+        "  of it: app.stats()": app.stats,
+        "  of it: runs per minute": lambda: app.store.finished_per_minute(
+            NAMESPACE, now - 3540, 60),
         "runs: first page": lambda: console.runs({}),
         "runs: page 200 (cursor)": lambda: console.runs({"cursor": f"f{finished - 10_000:09d}"}),
         "runs: failed": lambda: console.runs({"status": "failed"}),
