@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import urllib.error
 import urllib.request
+from datetime import UTC, datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 from browser_support import PHONE, ZONE, ConsoleServer, Shop, Shots, phone, wait_for, wide
@@ -26,6 +28,12 @@ XSS_IMG = '"><img src=x onerror=alert(1)>'
 
 
 # -- helpers -----------------------------------------------------------------------------------
+
+
+def choose(element: Any, value: str) -> None:
+    """Pick the option ``value`` of a <select>."""
+    from selenium.webdriver.support.select import Select
+    Select(element).select_by_value(value)
 
 
 def css(browser: Any, selector: str) -> Any:
@@ -162,6 +170,13 @@ def test_find_a_failed_run_by_idempotency_key_read_its_traceback_and_retry(
     browser.get(console.url + "/runs")
     shots.take(browser, "runs", docs=True)
     on_a_phone(browser, shots, "runs-phone")
+    choose(css(browser, "select[name=status]"), "failed")
+    css(browser, "#filters button[type=submit]").click()
+    wait_for(lambda: "status=failed" in browser.current_url, 10, "the filtered list")
+    statuses = {e.text for e in all_css(browser, "#runs .status")}
+    assert statuses == {"failed"}, statuses
+    css(browser, "#filters a.button").click()            # Clear
+    wait_for(lambda: browser.current_url == console.url + "/runs", 10, "the whole list")
     search = css(browser, "input[name=q]")
     search.send_keys("charge-7001")
     search.submit()
@@ -173,6 +188,12 @@ def test_find_a_failed_run_by_idempotency_key_read_its_traceback_and_retry(
     assert "Traceback (most recent call last)" in traceback.text
     assert "RuntimeError: card declined: 4000-0000-0000-0002" in traceback.text
     assert css(browser, "#idempotency-key").text == "charge-7001"
+    # times in the browser's zone, UTC on hover
+    created = css(browser, "dl.fields time[data-ts]")
+    at = datetime.fromtimestamp(float(created.get_attribute("data-ts")), ZoneInfo(ZONE))
+    assert created.text == at.strftime("%Y-%m-%d %H:%M:%S")
+    assert created.get_attribute("title") == at.astimezone(UTC).strftime(
+        "%Y-%m-%d %H:%M:%S UTC")
     shots.take(browser, "run-failed", docs=True)
     on_a_phone(browser, shots, "run-failed-phone")
     first = browser.current_window_handle
