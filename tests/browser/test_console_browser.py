@@ -69,6 +69,11 @@ def gone(element: Any) -> bool:
         return True
 
 
+def press_enter(element: Any) -> None:
+    from selenium.webdriver.common.keys import Keys
+    element.send_keys(Keys.ENTER)
+
+
 def approval(browser: Any, run_id: str) -> Any:
     """The approvals page's section for run ``run_id``'s pause."""
     return wait_for(lambda: [s for s in all_css(browser, "section.approval")
@@ -240,7 +245,7 @@ def test_approve_a_refund_while_two_workers_run_resolves_it_once(
     css(browser, "dialog#confirm [name=by]").send_keys("Ana (support)")
     css(browser, "dialog#confirm [name=reason]").send_keys("receipt checked")
     shots.take(browser, "approve-dialog", docs=True)
-    css(browser, "dialog#confirm button[value=ok]").click()
+    press_enter(css(browser, "dialog#confirm [name=reason]"))   # Enter confirms
     message = wait_for(lambda: css(browser, "#flash:not([hidden])").text, 10, "the outcome")
     assert message == "Approved: the run continues."
     wait_status(shop, run.id, "succeeded")

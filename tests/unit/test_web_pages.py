@@ -189,6 +189,15 @@ def test_refusals_are_pages(client: TestClient) -> None:
     assert "Unknown time range" in page(client, "/runs?within=forever", 400)
 
 
+def test_a_console_never_opened_says_so() -> None:
+    # a console on a URL, mounted where no lifespan opens its App
+    service = Starlette(routes=[Mount("/ops", shoal.web.asgi("memory://"))])
+    with TestClient(service) as client:
+        got = client.get("/ops/runs")
+    assert got.status_code == 503 and "lifespan" in got.text
+    assert got.headers["content-type"].startswith("text/plain")
+
+
 def test_runs_pages_follow_the_cursor(client: TestClient) -> None:
     first = page(client, "/runs?limit=2")
     link = re.search(r'href="(\?[^"]*cursor=[^"]*)" rel="next"', first)

@@ -3,16 +3,17 @@ read model as the JSON API (:class:`shoal.web.data.Console`). The pages' script 
 ``/api/overview`` and posts actions to the API; these routes only read.
 
 Pages: ``/`` overview, ``/runs`` (filters, search, keyset pages), ``/runs/{id}``, ``/approvals``,
-``/dead-letters``, ``/replicas``; the login form is the API's (``/login``) in this module's
-template. The helpers below (``timeline``, ``tree``, ``chart``, ...) shape the read model's dicts
-into what the templates draw, and are plain functions so that tests can check them alone.
+``/dead-letters``, ``/replicas``. The login form's route is :mod:`shoal.web.routes`'s; its
+template is with the pages'. The helpers below (``timeline``, ``tree``, ``chart``, ...) shape
+the read model's dicts into what the templates draw, and are plain functions so that tests can
+check them alone.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,12 +22,12 @@ from urllib.parse import urlencode
 
 import jinja2
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.templating import Jinja2Templates
 
 from shoal.types import RunStatus
-from shoal.web.data import Refused
+from shoal.web.data import Console, Refused
 from shoal.web.routes import console, render
 
 HERE = Path(__file__).parent
@@ -233,79 +234,78 @@ def page_link(params: Mapping[str, str], **changes: str | None) -> str:
 
 # -- the routes --------------------------------------------------------------------------------
 
-
-async def _page(request: Request, name: str, context: dict[str, Any]) -> Response:
-    return render(request, name, {"page": name.removesuffix(".html")} | context)
-
-
-def _refused(request: Request, e: Refused) -> Response:
-    return render(request, "error.html", {"page": "error", "status": e.status,
-                                          "message": e.message}, e.status)
+# a page: the template to render and its context, from the console and the request
+View = Callable[[Console, Request], Awaitable[tuple[str, dict[str, Any]]]]
 
 
-async def overview_page(request: Request) -> Response:
-    data = await console(request).overview()
+def page(view: View) -> Callable[[Request], Awaitable[Response]]:
+    """An endpoint rendering what ``view`` returns; a :class:`Refused` (unknown run, bad
+    filter) becomes a page saying why, with its status."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            name, context = await view(console(request), request)
+        except Refused as e:
+            if e.status == 503:    # no console to draw a page with: say why in plain text
+                return PlainTextResponse(e.message, 503)
+            return render(request, "error.html", {"page": "error", "status": e.status,
+                                                  "message": e.message}, e.status)
+        return render(request, name, {"page": name.removesuffix(".html")} | context)
+
+    return endpoint
+
+
+async def overview_page(c: Console, request: Request) -> tuple[str, dict[str, Any]]:
+    data = await c.overview()
     stats = data["stats"]
-    return await _page(request, "overview.html", {
+    return "overview.html", {
         "o": data, "stack": stack(stats["by_status"]),
         "chart": chart(data["finished_per_minute"]["counts"]),
         "due": sum(q["due"] for q in stats["queued"].values()),
-    })
+    }
 
 
-async def runs_page(request: Request) -> Response:
-    c = console(request)
+async def runs_page(c: Console, request: Request) -> tuple[str, dict[str, Any]]:
     params = dict(request.query_params)
-    try:
-        data = await c.runs(runs_query(params, c.app.clock.now()))
-    except Refused as e:
-        return _refused(request, e)
-    return await _page(request, "runs.html", {
+    data = await c.runs(runs_query(params, c.app.clock.now()))
+    cursor = data["next_cursor"]
+    return "runs.html", {
         "runs": data["runs"], "params": params, "within": WITHIN,
-        "next": (page_link(params, cursor=data["next_cursor"])
-                 if data["next_cursor"] else None),
-        "first": page_link(params, cursor=None) or "?" if params.get("cursor") else None,
-    })
+        "next": page_link(params, cursor=cursor) if cursor else None,
+        # from a later page, back to the first with the same filters
+        "first": (page_link(params, cursor=None) or "?") if params.get("cursor") else None,
+    }
 
 
-async def run_page(request: Request) -> Response:
-    c = console(request)
-    try:
-        data = await c.run(request.path_params["run_id"])
-    except Refused as e:
-        return _refused(request, e)
+async def run_page(c: Console, request: Request) -> tuple[str, dict[str, Any]]:
+    data = await c.run(request.path_params["run_id"])
     now = c.app.clock.now()
-    return await _page(request, "run.html", {
+    return "run.html", {
         "d": data, "r": data["run"], "now": now,
-        "timeline": timeline(data["run"], data["steps"], now),
-        "tree": tree(data["tree"]),
-    })
+        "timeline": timeline(data["run"], data["steps"], now), "tree": tree(data["tree"]),
+    }
 
 
-async def approvals_page(request: Request) -> Response:
-    data = await console(request).approvals()
-    return await _page(request, "approvals.html", {"approvals": data["approvals"]})
+async def approvals_page(c: Console, request: Request) -> tuple[str, dict[str, Any]]:
+    return "approvals.html", {"approvals": (await c.approvals())["approvals"]}
 
 
-async def dead_letters_page(request: Request) -> Response:
-    data = await console(request).dead_letters()
-    return await _page(request, "dead_letters.html", {"entries": data["dead_letters"]})
+async def dead_letters_page(c: Console, request: Request) -> tuple[str, dict[str, Any]]:
+    return "dead_letters.html", {"entries": (await c.dead_letters())["dead_letters"]}
 
 
-async def replicas_page(request: Request) -> Response:
-    c = console(request)
-    return await _page(request, "replicas.html", {
-        "rep": await c.replicas(), "prov": await c.providers(), "budgets": await c.budgets(),
-        "cron": await c.cron(), "now": c.app.clock.now()})
+async def replicas_page(c: Console, request: Request) -> tuple[str, dict[str, Any]]:
+    return "replicas.html", {"rep": await c.replicas(), "prov": await c.providers(),
+                             "budgets": await c.budgets(), "cron": await c.cron()}
 
 
 def routes() -> list[BaseRoute]:
     """The pages; mount them before the API's routes."""
     return [
-        Route("/", overview_page, name="overview"),
-        Route("/runs", runs_page, name="runs"),
-        Route("/runs/{run_id}", run_page, name="run"),
-        Route("/approvals", approvals_page, name="approvals"),
-        Route("/dead-letters", dead_letters_page, name="dead_letters"),
-        Route("/replicas", replicas_page, name="replicas"),
+        Route("/", page(overview_page), name="overview"),
+        Route("/runs", page(runs_page), name="runs"),
+        Route("/runs/{run_id}", page(run_page), name="run"),
+        Route("/approvals", page(approvals_page), name="approvals"),
+        Route("/dead-letters", page(dead_letters_page), name="dead_letters"),
+        Route("/replicas", page(replicas_page), name="replicas"),
     ]

@@ -86,7 +86,7 @@
     }
     const ok = dlg.querySelector("button[value=ok]");
     ok.textContent = button.dataset.ok || button.textContent.trim();
-    ok.className = button.classList.contains("danger") ? "danger" : "primary";
+    ok.className = ["danger", "go"].find((k) => button.classList.contains(k)) || "primary";
     dlg.querySelector(".dialog-error").textContent = "";
     form.onsubmit = (event) => {
       event.preventDefault();
