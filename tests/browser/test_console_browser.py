@@ -177,9 +177,10 @@ def test_find_a_failed_run_by_idempotency_key_read_its_traceback_and_retry(
     on_a_phone(browser, shots, "runs-phone")
     choose(css(browser, "select[name=status]"), "failed")
     css(browser, "#filters button[type=submit]").click()
-    wait_for(lambda: "status=failed" in browser.current_url, 10, "the filtered list")
-    statuses = {e.text for e in all_css(browser, "#runs .status")}
-    assert statuses == {"failed"}, statuses
+    # (the URL changes before the new page replaces the old one: wait for what it shows)
+    wait_for(lambda: "status=failed" in browser.current_url
+             and {e.text for e in all_css(browser, "#runs .status")} == {"failed"}, 10,
+             "only failed runs in the list")
     css(browser, "#filters a.button").click()            # Clear
     wait_for(lambda: browser.current_url == console.url + "/runs", 10, "the whole list")
     search = css(browser, "input[name=q]")
