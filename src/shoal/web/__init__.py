@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 try:
+    import jinja2  # noqa: F401  (the pages: shoal.web.pages)
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
-    from starlette.templating import Jinja2Templates
 except ImportError as e:  # pragma: no cover - the extra is missing
     raise ImportError(f"The shoal console needs the web extra ({e}): "
                       f"pip install 'shoal[web]'.") from None
@@ -19,9 +19,10 @@ from shoal.app import App
 from shoal.errors import ConfigurationError
 from shoal.ports import Store
 from shoal.stores import mask_url, open_store
+from shoal.web import pages
 from shoal.web.data import Console
 from shoal.web.guard import Guard
-from shoal.web.routes import HERE, render, routes
+from shoal.web.routes import render, routes
 
 __all__ = ["Console", "asgi", "render"]
 
@@ -49,13 +50,13 @@ def asgi(app_or_url: App | str, token: str | None = None, read_only: bool = Fals
         lifespan = _own_app(open_store(app_or_url), namespace, read_only)
     else:
         raise TypeError(f"shoal.web.asgi takes an App or a store URL, not {app_or_url!r:.80}.")
-    web = Starlette(routes=routes(), lifespan=lifespan,
+    web = Starlette(routes=pages.routes() + routes(), lifespan=lifespan,
                     middleware=[Middleware(Guard, token=token, read_only=read_only)])
     # None until the lifespan has opened the console's own App (the API answers 503 meanwhile)
     web.state.console = (Console(app_or_url, read_only=read_only)
                          if isinstance(app_or_url, App) else None)
     web.state.token = token
-    web.state.templates = Jinja2Templates(directory=HERE / "templates")
+    web.state.templates = pages.templates()
     return web
 
 

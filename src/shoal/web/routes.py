@@ -158,16 +158,11 @@ def _safe_next(values: Any) -> str:
     return target
 
 
-async def home(request: Request) -> Response:
-    # TODO(console-pages): the overview page replaces this
-    return RedirectResponse(str(request.scope.get("root_path") or "") + "/api/overview", 303)
-
-
 def routes() -> list[BaseRoute]:
     """The API, the login form and the static files. The pages add their own routes."""
     table: list[BaseRoute] = [Route(path, api(read), methods=[method])
                               for method, path, read in API]
-    table += [Route("/", home), Route("/login", login, methods=["GET", "POST"]),
+    table += [Route("/login", login, methods=["GET", "POST"]),
               Route("/logout", logout, methods=["POST"])]
     static = HERE / "static"
     if static.is_dir():
