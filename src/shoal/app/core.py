@@ -489,7 +489,7 @@ class App:
         if self._membership is None:
             self._membership = Membership(self._coord(), self.clock, self.namespace,
                                           self.instance_id, self.membership_interval,
-                                          self._registry.observers)
+                                          self._registry.observers, self.version)
         return self._membership
 
     def lock(self, key_or_keys: str | Sequence[str]) -> LockRequest:
