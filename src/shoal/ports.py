@@ -78,6 +78,7 @@ from shoal.types import (
     Renewal,
     Run,
     RunFilter,
+    RunOwner,
     RunRecord,
     Settlement,
     SignalWait,
@@ -464,6 +465,12 @@ class RunInspection(Protocol):
         """The run with its steps (with when each was written finished), signals, pauses,
         outbox entries and at most ``tree_limit`` runs of its tree (see
         :class:`~shoal.types.RunRecord`); None for an unknown id."""
+
+    async def run_owners(self, namespace: str, limit: int = 1000) -> list[RunOwner]:
+        """The owners of ``namespace``'s running runs (at most ``limit``, by owner), each with
+        how many it holds and the latest end of their leases (expired ones included: recovery
+        has not taken them back yet). Read by the index of claimed runs: its cost grows with
+        the running runs, not with the runs kept."""
 
     async def finished_per_minute(
         self, namespace: str, since: float, minutes: int

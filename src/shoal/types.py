@@ -453,6 +453,15 @@ class RunFilter:
 
 
 @dataclass(frozen=True)
+class RunOwner:
+    """An instance that holds running runs: how many, and the latest end of their leases."""
+
+    owner: str
+    running: int
+    lease_until: float | None
+
+
+@dataclass(frozen=True)
 class StepRecord:
     """A checkpoint as the store keeps it, with ``finished_at``: when it was written finished
     (None while a sleep or wait is in progress). A step's start is not stored: a step costs

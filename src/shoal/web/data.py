@@ -66,6 +66,7 @@ from shoal.types import (
     Pause,
     Run,
     RunFilter,
+    RunOwner,
     RunRecord,
     RunStatus,
     SpendEntry,
@@ -76,7 +77,7 @@ from shoal.types import (
 MINUTES = 60          # the overview's chart: runs ended per minute over the last hour
 PAGE = 50             # runs per page unless asked otherwise
 MAX_PAGE = 500
-MAX_HELD = 10_000     # running runs read to count the runs each instance holds
+MAX_OWNERS = 1000     # owners of running runs listed on the replicas page
 LEDGER_DAY = 10_000   # ledger rows of today summed per tenant on the budgets page
 VIEW_LIMIT = 100      # locks, meters, waiters per lock and registered instances listed
 
@@ -201,7 +202,7 @@ def _blank(instance: str) -> dict[str, Any]:
 
 
 def instance_dicts(view: CoordinationView | None, registrations: list[WorkflowInfo],
-                   running: list[Run]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+                   owners: list[RunOwner]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """``(instances, registered)`` for ``/api/replicas``. An ``instance``::
 
         {"id", "live", "version", "last_heartbeat", "heartbeat_until", "joined_at",
@@ -213,7 +214,8 @@ def instance_dicts(view: CoordinationView | None, registrations: list[WorkflowIn
     then unless it beats again), ``joined_at``, ``members`` (its membership ids: one per
     process start; two while a restarted instance's old row ends) and ``slot`` (``{"index",
     "of"}`` while it owns slots ``index, index + of, …``; else None). From the running runs
-    (``"runs"``): ``runs_held`` and ``lease_until``, the latest end of their leases. From the
+    (``"runs"``, ``store.run_owners``): ``runs_held`` and ``lease_until``, the latest end of
+    their leases. From the
     registrations (``"registrations"``): ``workflows`` and ``registered_at`` (its latest
     start). ``live``: True with a live membership row, False without one while the
     membership could be read, None when it could not. Instances by id."""
@@ -237,15 +239,10 @@ def instance_dicts(view: CoordinationView | None, registrations: list[WorkflowIn
                 one["slot"] = {"index": view.roster.index(m.member), "of": len(view.roster)}
             if "membership" not in one["sources"]:
                 one["sources"].append("membership")
-    for run in running:
-        if run.owner is None:
-            continue
-        one = found.setdefault(run.owner, _blank(run.owner))
-        one["runs_held"] += 1
-        if run.lease_expires_at is not None:
-            one["lease_until"] = max(one["lease_until"] or 0.0, run.lease_expires_at)
-        if "runs" not in one["sources"]:
-            one["sources"].append("runs")
+    for owner in owners:
+        one = found.setdefault(owner.owner, _blank(owner.owner))
+        one["runs_held"], one["lease_until"] = owner.running, owner.lease_until
+        one["sources"].append("runs")
     if view is None:
         for instance in by_registration:
             found.setdefault(instance, _blank(instance))
@@ -495,9 +492,8 @@ class Console:
         except (ConfigurationError, StoreUnavailableError) as e:
             view, error = None, str(e)
         registrations = await self.app.store.list_workflows(self.app.namespace)
-        running = await self.inspection.search_runs(
-            self.app.namespace, RunFilter(status=RunStatus.RUNNING.value), limit=MAX_HELD)
-        instances, registered = instance_dicts(view, registrations, running)
+        owners = await self.inspection.run_owners(self.app.namespace, MAX_OWNERS)
+        instances, registered = instance_dicts(view, registrations, owners)
         return {
             "coordination": where,
             "membership": {"available": view is not None, "error": error,

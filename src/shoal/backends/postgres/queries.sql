@@ -1614,6 +1614,16 @@ SELECT * FROM runs WHERE root_id = %(root_id)s AND id <> root_id ORDER BY id LIM
 
 -- Runs ended per minute, from the retention index alone (an index-only scan: the status term
 -- is its WHERE), so the cost is the runs that ended in the span.
+-- name: run_owners
+-- The owners of running runs, through runs_claimed (its cost: the running runs).
+SELECT owner, count(*) AS running, max(lease_expires_at) AS lease_until
+FROM runs
+WHERE namespace = %(namespace)s AND status IN ('running', 'interrupted') AND status = 'running'
+  AND owner IS NOT NULL
+GROUP BY owner
+ORDER BY owner COLLATE "C"
+LIMIT %(limit)s;
+
 -- name: finished_per_minute
 SELECT floor((finished_at - %(since)s) / 60)::int AS minute, count(*) AS n
 FROM runs

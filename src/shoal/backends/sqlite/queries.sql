@@ -858,6 +858,16 @@ WHERE root_id = :root_id AND id <> root_id ORDER BY id LIMIT :limit;
 
 -- Runs ended per minute: read from the retention index alone (finished_at is in it; the status
 -- term is its WHERE), so the cost is the runs that ended in the span.
+-- name: run_owners
+-- The owners of running runs, through runs_claimed (its cost: the running runs).
+SELECT owner, count(*) AS running, max(lease_expires_at) AS lease_until
+FROM runs INDEXED BY runs_claimed
+WHERE namespace = :namespace AND status IN ('running', 'interrupted') AND status = 'running'
+  AND owner IS NOT NULL
+GROUP BY owner
+ORDER BY owner
+LIMIT :limit;
+
 -- name: finished_per_minute
 SELECT CAST((finished_at - :since) / 60 AS INTEGER) AS minute, count(*) AS n
 FROM runs INDEXED BY runs_finished
