@@ -9,7 +9,8 @@ answer before the next, as the overview page does (console.js: ``setTimeout(tick
 each answer; pages.py ``REFRESH = 2.0``), for ``--load-seconds`` (30) seconds. Every SQL
 statement the store sends is counted (SQLite: the connection's trace callback; PostgreSQL: each
 ``execute`` of a psycopg cursor, pipelined ones included); transaction control (BEGIN, COMMIT,
-SET TRANSACTION) is counted apart.
+SET TRANSACTION; psycopg sends a transaction's BEGIN and COMMIT itself, unseen) is counted apart
+and not printed.
 
     .venv/bin/python bench/console.py                        # 1,000,000 + 100,000 rows
     .venv/bin/python bench/console.py --finished 100000 --queued 10000 --calls 10
@@ -181,8 +182,10 @@ class Statements:
 async def console_load(url: str, clients: int, every: float, seconds: float,
                        paths: tuple[str, ...]) -> dict[str, float]:
     """``clients`` pollers GET each of ``paths`` in turn, wait ``every`` s after the answers,
-    again, for ``seconds``: statements and transactions per second the store received, polls,
-    and the server time of one poll (p50, ms)."""
+    again, for ``seconds``: statements (and transaction control statements) per second the
+    store received, polls per second, the time of one poll (p50, ms), and ``busy``: the polls'
+    times summed per second of the run (they overlap: an upper bound of the console's share of
+    a core and of the store's time)."""
     app = shoal.App(NAMESPACE, store=url)
     counter = Statements()
     polls: list[float] = []
@@ -293,12 +296,12 @@ def main() -> None:
     if loads:
         print(f"\nload on the store: {args.clients} clients, each polling {args.every:g} s "
               f"after the last answer, for {args.load_seconds:g} s")
-        print(f"{'backend, polled':30}{'stmts/s':>10}{'tx/s':>8}{'stmts/poll':>12}"
+        print(f"{'backend, polled':30}{'stmts/s':>10}{'stmts/poll':>12}"
               f"{'polls/s':>9}{'poll ms p50':>13}{'busy':>7}")
         for backend, by_page in loads.items():
             for name, m in by_page.items():
                 print(f"{backend + ', ' + name:30}{m['statements_per_s']:10.1f}"
-                      f"{m['transactions_per_s']:8.1f}{m['statements_per_poll']:12.1f}"
+                      f"{m['statements_per_poll']:12.1f}"
                       f"{m['polls_per_s']:9.2f}{m['poll_ms_p50']:13.1f}{m['busy']:7.1%}")
 
 
