@@ -1057,10 +1057,16 @@ def _loopback(host: str) -> bool:
                    "login form for the pages [env SHOAL_WEB_TOKEN].")
 @click.option("--read-only", is_flag=True, help="Show everything, change nothing: every action "
                                                 "is hidden and refused.")
+@click.option("--coordination", envvar="SHOAL_COORDINATION", default=None, metavar="URL",
+              help="The workers' coordination store, where the replicas page reads the "
+                   "membership, locks and meters: the redis:// address of "
+                   "App(coordination=...), or several comma-separated [env "
+                   "SHOAL_COORDINATION]. Default: the run store.")
 @_target_options
 @click.pass_context
 def web(ctx: click.Context, host: str, port: int, token: str | None, read_only: bool,
-        store_override: str | None, namespace_override: str | None) -> None:
+        coordination: str | None, store_override: str | None,
+        namespace_override: str | None) -> None:
     """Serve the console of one namespace (--namespace, else the one namespace whose workers
     registered in the store) at http://HOST:PORT/. It claims no run: any number may run
     beside the workers. Needs the web extra: pip install 'shoal[web]'."""
@@ -1085,7 +1091,8 @@ def web(ctx: click.Context, host: str, port: int, token: str | None, read_only: 
             f"No shoal store at {mask_url(target.store)!r}. Give --store or set SHOAL_STORE "
             f"(shoal migrate creates a new store).")
     console: Any = asgi(target.store, token=token, read_only=read_only,
-                        namespace=target.namespace)
+                        namespace=target.namespace,
+                        coordination=_coordination_addresses(coordination))
     if token is None:
         from starlette.middleware.trustedhost import TrustedHostMiddleware
 
