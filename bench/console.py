@@ -2,9 +2,20 @@
 PostgreSQL: what each page's reads cost in the store (``shoal.web.Console``, the same calls the
 API makes, without HTTP). Target: under 100 ms for each page.
 
+Then the console's load on the store with several browsers open: ``--clients`` (5) clients each
+GET ``/api/overview`` (and, in a second round, ``/api/runs`` too) through the console's ASGI app
+(``shoal.web.asgi(app)``, in process, with httpx), waiting ``--every`` (2) seconds after each
+answer before the next, as the overview page does (console.js: ``setTimeout(tick, 2000)`` after
+each answer; pages.py ``REFRESH = 2.0``), for ``--load-seconds`` (30) seconds. Every SQL
+statement the store sends is counted (SQLite: the connection's trace callback; PostgreSQL: each
+``execute`` of a psycopg cursor, pipelined ones included); transaction control (BEGIN, COMMIT,
+SET TRANSACTION; psycopg sends a transaction's BEGIN and COMMIT itself, unseen) is counted apart
+and not printed.
+
     .venv/bin/python bench/console.py                        # 1,000,000 + 100,000 rows
     .venv/bin/python bench/console.py --finished 100000 --queued 10000 --calls 10
     .venv/bin/python bench/console.py --backends sqlite
+    .venv/bin/python bench/console.py --calls 3 --load-seconds 60 --clients 5 --every 2
 
 The finished runs end one every 0.5 s up to now (about 5.8 days: 7,200 of them in the last hour,
 what the overview's chart reads); 1% of them failed, 10% have an idempotency key, 10% a
@@ -29,7 +40,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import httpx2 as httpx
+
 import shoal
+import shoal.web
 from shoal.web import Console
 
 NAMESPACE = "bench"
@@ -128,6 +142,85 @@ async def measure(url: str, calls: int, finished: int) -> dict[str, list[float]]
     return out
 
 
+class Statements:
+    """Counts the SQL statements a store sends while installed (see the module doc)."""
+
+    CONTROL = ("BEGIN", "COMMIT", "ROLLBACK", "SET TRANSACTION")
+
+    def __init__(self) -> None:
+        self.queries = 0
+        self.control = 0
+        self._undo: Callable[[], None] = lambda: None
+
+    def seen(self, sql: Any) -> None:
+        text = (sql.decode() if isinstance(sql, bytes) else str(sql)).lstrip().upper()
+        if text.startswith(self.CONTROL):
+            self.control += 1
+        else:
+            self.queries += 1
+
+    def install(self, store: Any) -> None:
+        if hasattr(store, "_db"):                      # SQLite: the store's one connection
+            store._db.set_trace_callback(self.seen)
+            self._undo = lambda: store._db.set_trace_callback(None)
+            return
+        import psycopg
+
+        real = psycopg.AsyncCursor.execute
+
+        async def counted(cursor: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+            self.seen(query if isinstance(query, (str, bytes)) else query.as_string(None))
+            return await real(cursor, query, *args, **kwargs)
+
+        setattr(psycopg.AsyncCursor, "execute", counted)  # noqa: B010 (a method swapped)
+        self._undo = lambda: setattr(psycopg.AsyncCursor, "execute", real)
+
+    def remove(self) -> None:
+        self._undo()
+
+
+async def console_load(url: str, clients: int, every: float, seconds: float,
+                       paths: tuple[str, ...]) -> dict[str, float]:
+    """``clients`` pollers GET each of ``paths`` in turn, wait ``every`` s after the answers,
+    again, for ``seconds``: statements (and transaction control statements) per second the
+    store received, polls per second, the time of one poll (p50, ms), and ``busy``: the polls'
+    times summed per second of the run (they overlap: an upper bound of the console's share of
+    a core and of the store's time)."""
+    app = shoal.App(NAMESPACE, store=url)
+    counter = Statements()
+    polls: list[float] = []
+    async with app.open():
+        transport = httpx.ASGITransport(app=shoal.web.asgi(app))
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+            for path in paths:                         # warm-up
+                assert (await http.get(path)).status_code == 200
+            counter.install(app.store)
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+
+            async def browser(i: int) -> None:
+                await asyncio.sleep(i * every / clients)     # the browsers were not opened at once
+                while loop.time() - start < seconds:
+                    t = time.perf_counter()
+                    for path in paths:
+                        got = await http.get(path)
+                        assert got.status_code == 200, got.text
+                    polls.append(time.perf_counter() - t)
+                    await asyncio.sleep(every)
+
+            try:
+                await asyncio.gather(*(browser(i) for i in range(clients)))
+            finally:
+                counter.remove()
+            elapsed = loop.time() - start
+    return {"statements_per_s": counter.queries / elapsed,
+            "transactions_per_s": counter.control / elapsed,
+            "statements_per_poll": counter.queries / len(polls),
+            "polls_per_s": len(polls) / elapsed,
+            "poll_ms_p50": 1000 * statistics.median(polls),
+            "busy": sum(polls) / elapsed}
+
+
 def sqlite_store(folder: Path, finished: int, queued: int) -> tuple[str, float]:
     path = folder / "console.db"
     url = f"sqlite:///{path}"
@@ -161,8 +254,12 @@ def main() -> None:
     parser.add_argument("--queued", type=int, default=100_000)
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--backends", default="sqlite,postgres")
+    parser.add_argument("--clients", type=int, default=5)
+    parser.add_argument("--every", type=float, default=2.0)
+    parser.add_argument("--load-seconds", type=float, default=30.0)
     args = parser.parse_args()
     results: dict[str, dict[str, list[float]]] = {}
+    loads: dict[str, dict[str, dict[str, float]]] = {}
     folder = Path(tempfile.mkdtemp(prefix="shoal-console-"))
     schema = f"console_bench_{os.getpid()}"
     try:
@@ -174,6 +271,12 @@ def main() -> None:
             print(f"{backend}: {args.finished:,} finished + {args.queued:,} queued, loaded in "
                   f"{built:.0f} s", flush=True)
             results[backend] = asyncio.run(measure(url, args.calls, args.finished))
+            if args.load_seconds > 0:
+                loads[backend] = {
+                    name: asyncio.run(console_load(url, args.clients, args.every,
+                                                   args.load_seconds, paths))
+                    for name, paths in (("overview", ("/api/overview",)),
+                                        ("overview + runs", ("/api/overview", "/api/runs")))}
     finally:
         shutil.rmtree(folder, ignore_errors=True)
         if "postgres" in args.backends:
@@ -190,6 +293,16 @@ def main() -> None:
             q = statistics.quantiles(times[name], n=10, method="inclusive")
             cells.append(f"{1000 * statistics.median(times[name]):8.1f} / {1000 * q[8]:7.1f}")
         print(f"{name:26}" + "".join(f"{c:>20}" for c in cells))
+    if loads:
+        print(f"\nload on the store: {args.clients} clients, each polling {args.every:g} s "
+              f"after the last answer, for {args.load_seconds:g} s")
+        print(f"{'backend, polled':30}{'stmts/s':>10}{'stmts/poll':>12}"
+              f"{'polls/s':>9}{'poll ms p50':>13}{'busy':>7}")
+        for backend, by_page in loads.items():
+            for name, m in by_page.items():
+                print(f"{backend + ', ' + name:30}{m['statements_per_s']:10.1f}"
+                      f"{m['statements_per_poll']:12.1f}"
+                      f"{m['polls_per_s']:9.2f}{m['poll_ms_p50']:13.1f}{m['busy']:7.1%}")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ from shoal.app import App, DispatchItem, Workflow
 from shoal.clock import Clock, SystemClock
 from shoal.coord.lock import Lock
 from shoal.coord.membership import Assignment
-from shoal.coord.provider import Breaker, Provider
+from shoal.coord.provider import Breaker, Provider, ProviderState
 from shoal.engine.context import Decision, RunContext
 from shoal.errors import (
     AdmissionRejectedError,
@@ -32,7 +32,15 @@ from shoal.errors import (
 )
 from shoal.health import Health, HealthStatus
 from shoal.ports import Store
-from shoal.types import OutboxEntry, Pause, QueueDepth, Run, RunStatus, Stats
+from shoal.types import (
+    CoordinationView,
+    OutboxEntry,
+    Pause,
+    QueueDepth,
+    Run,
+    RunStatus,
+    Stats,
+)
 
 __version__ = "0.1.0"
 
@@ -46,6 +54,7 @@ __all__ = [
     "CircuitOpenError",
     "Clock",
     "ConfigurationError",
+    "CoordinationView",
     "Decision",
     "DispatchItem",
     "Health",
@@ -60,6 +69,7 @@ __all__ = [
     "OutboxEntry",
     "Pause",
     "Provider",
+    "ProviderState",
     "QueueDepth",
     "RateLimitTimeoutError",
     "Run",

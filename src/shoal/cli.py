@@ -260,6 +260,11 @@ def _status(status: RunStatus | str) -> str:
     return f"[{_STATUS_STYLE.get(value, '')}]{value}[/]"
 
 
+def _first_line(text: str | None, limit: int = 120) -> str:
+    line = (text or "").strip().split("\n", 1)[0]
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
 def _json_text(value: Any, limit: int | None = None) -> str:
     text = json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
     if limit is not None and len(text) > limit:
@@ -961,6 +966,41 @@ def outbox() -> None:
     """Outbox entries that were dead-lettered."""
 
 
+@outbox.command("dead", short_help="List the dead-lettered outbox entries.")
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(min=1))
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@_target_options
+@click.pass_context
+def outbox_dead(ctx: click.Context, limit: int, as_json: bool, store_override: str | None,
+                namespace_override: str | None) -> None:
+    """The dead-lettered outbox entries of a namespace (app.dead_letters()), oldest first;
+    make one deliverable again with 'shoal outbox redrive ENTRY_ID'."""
+    target = _target(ctx, store_override, namespace_override)
+
+    async def read() -> tuple[str, list[OutboxEntry]]:
+        async with _opened_store(target.store) as store:
+            namespace = target.namespace or await _only_namespace(store)
+            app = App(namespace, store=store)
+            async with app.open():
+                return namespace, await app.dead_letters(limit)
+
+    namespace, found = _run_async(read())
+    if as_json:
+        for entry in found:
+            click.echo(json.dumps(dataclasses.asdict(entry), ensure_ascii=False))
+        return
+    if not found:
+        click.echo(f"No dead-lettered outbox entries in namespace {namespace!r}.")
+        return
+    table = Table(title=f"dead letters of {namespace!r}", title_justify="left")
+    for column in ("entry", "run", "topic", "attempts", "error", "created"):
+        table.add_column(column, overflow="fold")
+    for e in found:
+        table.add_row(e.id, e.run_id, escape(e.topic), str(e.attempts),
+                      escape(_first_line(e.error)), _when(e.created_at))
+    _console().print(table)
+
+
 @outbox.command("redrive")
 @click.argument("entry_id")
 @click.option("--json", "as_json", is_flag=True, help="The entry as it is now, as JSON.")
@@ -1017,10 +1057,16 @@ def _loopback(host: str) -> bool:
                    "login form for the pages [env SHOAL_WEB_TOKEN].")
 @click.option("--read-only", is_flag=True, help="Show everything, change nothing: every action "
                                                 "is hidden and refused.")
+@click.option("--coordination", envvar="SHOAL_COORDINATION", default=None, metavar="URL",
+              help="The workers' coordination store, where the replicas page reads the "
+                   "membership, locks and meters: the redis:// address of "
+                   "App(coordination=...), or several comma-separated [env "
+                   "SHOAL_COORDINATION]. Default: the run store.")
 @_target_options
 @click.pass_context
 def web(ctx: click.Context, host: str, port: int, token: str | None, read_only: bool,
-        store_override: str | None, namespace_override: str | None) -> None:
+        coordination: str | None, store_override: str | None,
+        namespace_override: str | None) -> None:
     """Serve the console of one namespace (--namespace, else the one namespace whose workers
     registered in the store) at http://HOST:PORT/. It claims no run: any number may run
     beside the workers. Needs the web extra: pip install 'shoal[web]'."""
@@ -1045,7 +1091,8 @@ def web(ctx: click.Context, host: str, port: int, token: str | None, read_only: 
             f"No shoal store at {mask_url(target.store)!r}. Give --store or set SHOAL_STORE "
             f"(shoal migrate creates a new store).")
     console: Any = asgi(target.store, token=token, read_only=read_only,
-                        namespace=target.namespace)
+                        namespace=target.namespace,
+                        coordination=_coordination_addresses(coordination))
     if token is None:
         from starlette.middleware.trustedhost import TrustedHostMiddleware
 

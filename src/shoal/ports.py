@@ -61,6 +61,7 @@ from typing import Literal, Protocol, runtime_checkable
 from shoal.types import (
     JSON,
     Admitted,
+    CoordinationView,
     CounterResult,
     Fence,
     LockGrant,
@@ -72,10 +73,12 @@ from shoal.types import (
     Pause,
     PauseNeed,
     PauseWait,
+    RateView,
     Refused,
     Renewal,
     Run,
     RunFilter,
+    RunOwner,
     RunRecord,
     Settlement,
     SignalWait,
@@ -463,6 +466,12 @@ class RunInspection(Protocol):
         outbox entries and at most ``tree_limit`` runs of its tree (see
         :class:`~shoal.types.RunRecord`); None for an unknown id."""
 
+    async def run_owners(self, namespace: str, limit: int = 1000) -> list[RunOwner]:
+        """The owners of ``namespace``'s running runs (at most ``limit``, by owner), each with
+        how many it holds and the latest end of their leases (expired ones included: recovery
+        has not taken them back yet). Read by the index of claimed runs: its cost grows with
+        the running runs, not with the runs kept."""
+
     async def finished_per_minute(
         self, namespace: str, since: float, minutes: int
     ) -> list[int]:
@@ -542,13 +551,16 @@ class CoordStore(Protocol):
         now: float,
         ttl: float,
         warmup: float,
+        *,
+        version: str | None = None,
     ) -> MemberView:
         """In one atomic step:
 
         1. delete member rows with ``expires_at <= now``;
-        2. upsert ``member`` with ``expires_at = now + ttl`` and ``held``; ``joined_at = now``
-           when the row is new (an ended row is gone by step 1, so a member back from an outage
-           joins again);
+        2. upsert ``member`` with ``expires_at = now + ttl``, ``held``, ``beat_at = now`` and
+           ``version`` (the member's code version, kept for :meth:`coordination_view`);
+           ``joined_at = now`` when the row is new (an ended row is gone by step 1, so a member
+           back from an outage joins again);
         3. the roster is the sorted ids of members with ``joined_at + warmup <= now``; if it
            differs from the stored one, store it with the generation increased by one;
         4. if ``member`` is on the roster, ``held`` is None or the current generation, and every
@@ -570,6 +582,28 @@ class CoordStore(Protocol):
         clock is behind never un-drains a debt); all keys in one atomic operation. Returns
         the new debts (ms). A key named twice is charged twice, in order. A key never charged
         has debt 0."""
+        ...
+
+    async def coordination_view(
+        self, namespace: str, now: float, limit: int = 100
+    ) -> CoordinationView:
+        """What a console shows of ``namespace`` at ``now``, read without writing anything (no
+        row that ended is deleted, no meter drained, no expiry changed: a read at a later
+        ``now`` leaves the answers of a read at an earlier one as they were):
+
+        - the stored roster and generation, as the latest heartbeat left them (0 and () before
+          any);
+        - the members whose row is live (``expires_at > now``), by id, with ``held``,
+          ``beat_at`` and ``version`` as their latest heartbeat wrote them;
+        - the keys with a live holder (``expires_at > now``) or a live waiter, at most
+          ``limit``, by key: each with its last fencing token, its live holder if any, and its
+          live waiters in ticket order (at most ``limit`` each);
+        - the meters whose debt drained to ``now`` (as :meth:`meter` drains it) is above 0, at
+          most ``limit``, by key.
+
+        ``complete`` is False when a list was cut at ``limit``. Keys and ids sort by their
+        characters' code points. Its cost grows with the namespace's members, live locks,
+        waiters and meter rows, not with the keys ever locked."""
         ...
 
     async def prune_coordination(self, namespace: str, before: float, limit: int) -> int:
@@ -753,3 +787,17 @@ class Ledger(Protocol):
 @runtime_checkable
 class RateStore(RateLimits, Ledger, Protocol):
     """What ``app.provider`` and budgets are built on: rate limits and the ledger."""
+
+    async def read_rates(
+        self, namespace: str, now: float, *, slots: Sequence[str] = (),
+        windows: Sequence[tuple[str, float]] = (), pauses: Sequence[str] = (),
+        counters: Sequence[str] = (),
+    ) -> RateView:
+        """One consistent read of these keys at ``now``, without writing anything (nothing
+        forgotten, pruned or marked used: a read at a later ``now`` leaves the answers of a
+        read at an earlier one as they were): per slot key its live holders (``expires_at >
+        now``); per ``(key, window)`` the total of its entries with ``at > now - window``, as
+        ``window_add`` of 0 would answer; per pause key the end of its pause if after ``now``
+        (else None); per counter key its total (0 if never counted). Cost: per window, the
+        entries that left it and are not forgotten yet, as ``window_add``."""
+        ...

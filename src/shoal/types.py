@@ -453,6 +453,15 @@ class RunFilter:
 
 
 @dataclass(frozen=True)
+class RunOwner:
+    """An instance that holds running runs: how many, and the latest end of their leases."""
+
+    owner: str
+    running: int
+    lease_until: float | None
+
+
+@dataclass(frozen=True)
 class StepRecord:
     """A checkpoint as the store keeps it, with ``finished_at``: when it was written finished
     (None while a sleep or wait is in progress). A step's start is not stored: a step costs
@@ -490,3 +499,87 @@ class RunRecord:
     pauses: tuple[Pause, ...]
     outbox: tuple[OutboxEntry, ...]
     tree: tuple[Run, ...]
+
+
+# -- what a console reads of coordination and rate limits (read-only) ------------------------
+
+
+@dataclass(frozen=True)
+class MemberState:
+    """A live member of a namespace's membership (``expires_at > now``): ``member`` is the id
+    it heartbeats with (``shoal.coord.membership`` uses ``"<instance_id>/<random>"``),
+    ``held`` the generation it acts on (None: none), ``beat_at`` the ``now`` of its latest
+    heartbeat and ``version`` the code version it gave then (both None in a row written by a
+    shoal older than schema version 17, or by a store that does not keep them)."""
+
+    member: str
+    joined_at: float
+    expires_at: float
+    held: int | None
+    beat_at: float | None = None
+    version: str | None = None
+
+
+@dataclass(frozen=True)
+class LockWaiter:
+    """A live waiter of a lock key (its row's ``expires_at > now``), with its ticket (its place:
+    the smallest ticket is next)."""
+
+    holder: str
+    ticket: int
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class LockState:
+    """A lock key with a live holder or a live waiter. ``token`` is the key's last fencing
+    token (the holder's, while one holds it); ``holder`` and ``expires_at`` are None while the
+    key is free (its waiters are between a release and the next grant); ``waiters`` are in
+    ticket order."""
+
+    key: str
+    token: int
+    holder: str | None
+    expires_at: float | None
+    waiters: tuple[LockWaiter, ...] = ()
+
+
+@dataclass(frozen=True)
+class MeterState:
+    """A meter whose debt is above 0 at the view's ``now``: ``debt`` (milliseconds) as the
+    next ``meter`` call at that time would start from, and when it was last charged."""
+
+    key: str
+    debt: float
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class CoordinationView:
+    """What :meth:`~shoal.ports.CoordStore.coordination_view` reads of a namespace at ``at``:
+    the stored roster and its generation (as the latest heartbeat left them), the live members
+    (by id), the locks held or waited for and the meters in debt (by key). ``complete`` is
+    False when a list was cut at the read's limit, or when the store could not look at every
+    key (see the store's docstring)."""
+
+    namespace: str
+    at: float
+    generation: int
+    roster: tuple[str, ...]
+    members: tuple[MemberState, ...]
+    locks: tuple[LockState, ...]
+    meters: tuple[MeterState, ...]
+    complete: bool = True
+
+
+@dataclass(frozen=True)
+class RateView:
+    """What :meth:`~shoal.ports.RateStore.read_rates` reads at one time, per key asked:
+    ``slots`` the live holders of each slot key, ``windows`` each window's total over its
+    last ``window`` seconds, ``pauses`` the end of each pause in force (None: not paused),
+    ``counters`` each counter's total (0 for one never counted)."""
+
+    slots: dict[str, int]
+    windows: dict[str, float]
+    pauses: dict[str, float | None]
+    counters: dict[str, float]

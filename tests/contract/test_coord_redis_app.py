@@ -6,9 +6,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
-from redis_support import Server, new_prefix, redlock, running_servers, silent_server
+from redis_support import (
+    URL,
+    Server,
+    new_prefix,
+    redlock,
+    running_servers,
+    server_prefix,
+    silent_server,
+)
 
 import shoal
 from shoal.backends.redis import RedisCoordStore
@@ -164,3 +173,47 @@ def test_addresses_carry_no_credentials() -> None:
         shoal.App("x", store="memory://",
                   coordination=["redis://a", "redis://b", "redis://u:pw@c", "redis://d"])
     assert str(e.value) == "Atomicity takes an odd number of addresses, 4 given."
+
+
+async def test_a_console_on_a_store_url_reads_the_workers_redis_membership(
+    tmp_path: Path,
+) -> None:
+    """``shoal.web.asgi(url, coordination=...)``, as ``shoal web --coordination`` makes it:
+    the replicas page reads the membership the workers keep in Redis, not the run store's."""
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    import shoal.web
+
+    with server_prefix() as prefix:
+        url = f"sqlite:///{tmp_path / 'shop.db'}"
+        worker = shoal.App("shop", store=url, coordination=RedisCoordStore(URL, prefix=prefix),
+                           instance_id="w-1", version="v9", membership_interval=0.2)
+
+        @worker.workflow
+        async def noop(ctx: shoal.RunContext, input: object) -> None:
+            return None
+
+        async with worker:
+            while worker.slots(4) is None:
+                await asyncio.sleep(0.05)
+            console = shoal.web.asgi(url, coordination=RedisCoordStore(URL, prefix=prefix))
+            seen = await asyncio.to_thread(_replicas, TestClient(console))
+            alone = await asyncio.to_thread(_replicas, TestClient(shoal.web.asgi(url)))
+        [one] = seen["instances"]
+        assert (one["id"], one["live"], one["version"], one["slot"]) == (
+            "w-1", True, "v9", {"index": 0, "of": 1})
+        assert seen["coordination"] == "RedisCoordStore"
+        # without coordination=, the run store's membership is empty: w-1 is registered only
+        assert alone["instances"] == [] and [r["id"] for r in alone["registered"]] == ["w-1"]
+
+
+def _replicas(client: object) -> dict[str, object]:
+    from starlette.testclient import TestClient
+
+    assert isinstance(client, TestClient)
+    with client:
+        got = client.get("/api/replicas")
+    assert got.status_code == 200, got.text
+    data: dict[str, object] = got.json()
+    return data

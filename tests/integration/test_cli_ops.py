@@ -19,6 +19,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 import shoal
+import shoal.testing
 from shoal.cli import cli
 
 CLI = [sys.executable, "-m", "shoal.cli"]
@@ -277,3 +278,85 @@ def test_dispatch_wait_prints_the_result_or_fails_then_retry_finishes_the_run(
     assert shown["output"] == {"shipped": "o-7"}
     # the finished step was not repeated
     assert (tmp_path / "charges").read_text() == "x"
+
+
+async def _dead_letter(url: str, clock: shoal.testing.VirtualClock) -> tuple[str, str]:
+    """A run whose one outbox entry failed its only delivery: (run id, entry id)."""
+    app = shoal.App("shop", store=url, instance_id="web-1", clock=clock)
+
+    @app.workflow
+    async def notify(ctx: shoal.RunContext, input: Any) -> Any:
+        def send() -> int:
+            ctx.outbox.send("email", {"to": "a@example.com"})
+            return 1
+
+        return await ctx.step("sent", send)
+
+    @app.outbox_handler("email", max_deliveries=1)
+    async def email(payload: Any, key: str) -> None:
+        raise ConnectionError("smtp down")
+
+    async with app:
+        run = await app.dispatch(notify, None)
+        for _ in range(50):
+            await shoal.testing.settle()
+            if await app.dead_letters():
+                break
+            await clock.advance(1)
+            await app.poll()
+        [entry] = await app.dead_letters()
+    return run.id, entry.id
+
+
+async def _deliver(url: str, clock: shoal.testing.VirtualClock) -> list[Any]:
+    """An instance whose handler works: what it delivers in a few polls."""
+    delivered: list[Any] = []
+    app = shoal.App("shop", store=url, instance_id="web-2", clock=clock)
+
+    @app.outbox_handler("email")
+    async def email(payload: Any, key: str) -> None:
+        delivered.append((payload, key))
+
+    async with app:
+        for _ in range(20):
+            await shoal.testing.settle()
+            if delivered:
+                break
+            await clock.advance(1)
+            await app.poll()
+    return delivered
+
+
+def test_outbox_redrive_makes_a_dead_letter_deliverable_once(url: str) -> None:
+    clock = shoal.testing.VirtualClock(time.time())
+    run_id, entry_id = asyncio.run(_dead_letter(url, clock))
+    dead = [json.loads(line) for line in
+            shoal_cli(url, "outbox", "dead", "--json").stdout.splitlines()]
+    assert [(e["id"], e["run_id"], e["topic"], e["dead"], e["attempts"]) for e in dead] == [
+        (entry_id, run_id, "email", True, 1)]
+    assert "smtp down" in dead[0]["error"]
+    table = shoal_cli(url, "outbox", "dead")
+    assert table.exit_code == 0 and entry_id in table.stdout, table.output
+
+    redriven = shoal_cli(url, "outbox", "redrive", entry_id, "--json")
+    assert redriven.exit_code == 0, redriven.output
+    entry = json.loads(redriven.stdout)
+    assert (entry["id"], entry["dead"], entry["attempts"], entry["delivered_at"]) == (
+        entry_id, False, 0, None)
+    assert "smtp down" in entry["error"], "the last error is kept until the next attempt"
+    assert shoal_cli(url, "outbox", "dead", "--json").stdout == ""
+    assert "No dead-lettered" in shoal_cli(url, "outbox", "dead").stdout
+    # a second redrive finds it not dead: refused, nothing changed
+    assert_fails(shoal_cli(url, "outbox", "redrive", entry_id),
+                 f"Outbox entry {entry_id}", "is not dead-lettered", "Nothing was changed")
+    assert_fails(shoal_cli(url, "outbox", "redrive", "nope"), "No outbox entry with id 'nope'",
+                 "shoal outbox dead")
+    assert_fails(shoal_cli(url, "-n", "other", "outbox", "redrive", entry_id),
+                 "No outbox entry", "namespace 'other'")
+
+    [(payload, key)] = asyncio.run(_deliver(url, clock))
+    assert payload == {"to": "a@example.com"}
+    assert key == f"{run_id}:{entry['seq']}:{entry['index']}", "the entry's stable key"
+    shown = json.loads(shoal_cli(url, "run", "show", run_id, "--json").stdout)
+    assert shown["status"] == "succeeded"
+    assert_fails(shoal_cli(url, "outbox", "redrive", entry_id), "it is delivered")

@@ -547,10 +547,10 @@ async def test_a_frozen_replica_lets_go_before_others_take_its_slots(
 
 
 def _only_for(member: str, replacement: Any, real: Any) -> Any:
-    async def heartbeat(namespace: str, who: str, *args: Any) -> Any:
+    async def heartbeat(namespace: str, who: str, *args: Any, **kwargs: Any) -> Any:
         if who == member:
             return await replacement()
-        return await real(namespace, who, *args)
+        return await real(namespace, who, *args, **kwargs)
     return heartbeat
 
 
@@ -564,7 +564,7 @@ async def test_slots_answer_none_while_the_store_is_down_then_come_back(
         assert app.slots(2) == [0, 1]
         real = store.heartbeat
 
-        async def down(*args: Any) -> Any:
+        async def down(*args: Any, **kwargs: Any) -> Any:
             raise shoal.StoreUnavailableError("down")
 
         monkeypatch.setattr(store, "heartbeat", down)
@@ -612,7 +612,7 @@ async def test_listeners_let_go_when_validity_ends_even_with_a_heartbeat_in_flig
         real = store.heartbeat
         sent: list[float] = []
 
-        async def slow_then_hang(*args: Any) -> Any:
+        async def slow_then_hang(*args: Any, **kwargs: Any) -> Any:
             if not sent:        # the last granted beat answers after 0.9 intervals
                 sent.append(clock.now())
                 await clock.sleep(0.9 * INTERVAL)

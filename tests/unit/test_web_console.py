@@ -144,7 +144,11 @@ def test_overview(memory: tuple[TestClient, Runs, shoal.App]) -> None:
     assert sum(chart["counts"]) == runs.done          # all ended within the last hour
     assert chart["since"] + 60 * 60 > got["at"] >= chart["since"] + 59 * 60
     assert got["open_circuits"] == []
-    assert [i["id"] for i in got["instances"]] == ["worker-1"]
+    assert got["instances"] == [], "worker-1 stopped: no heartbeat, no run held"
+    replicas = client.get("/api/replicas").json()
+    assert [r["id"] for r in replicas["registered"]] == ["worker-1"]
+    assert replicas["registered"][0]["workflows"] == ["charge", "leaf", "nap", "notify",
+                                                      "refund"]
 
 
 def test_runs_filters_search_and_paging(memory: tuple[TestClient, Runs, shoal.App]) -> None:

@@ -68,7 +68,16 @@ from shoal.maintenance.retention import PRUNE_BATCH
 from shoal.ports import CoordStore, RateStore, Store, TransactionalDispatch
 from shoal.scope import RunScope
 from shoal.stores import mask_url, open_coordination, open_store
-from shoal.types import NewRun, OutboxEntry, Pause, Run, RunStatus, SpendEntry, Stats
+from shoal.types import (
+    CoordinationView,
+    NewRun,
+    OutboxEntry,
+    Pause,
+    Run,
+    RunStatus,
+    SpendEntry,
+    Stats,
+)
 
 log = logging.getLogger("shoal")
 
@@ -489,7 +498,7 @@ class App:
         if self._membership is None:
             self._membership = Membership(self._coord(), self.clock, self.namespace,
                                           self.instance_id, self.membership_interval,
-                                          self._registry.observers)
+                                          self._registry.observers, self.version)
         return self._membership
 
     def lock(self, key_or_keys: str | Sequence[str]) -> LockRequest:
@@ -539,6 +548,14 @@ class App:
             listener(None)          # owns nothing, ever: there is no membership to join
             return lambda: None
         return self._membership_for().on_assigned(listener)
+
+    async def coordination_view(self, limit: int = 100) -> CoordinationView:
+        """What the coordination store holds for this namespace now, read without writing
+        (:meth:`shoal.ports.CoordStore.coordination_view`): the live members with their last
+        heartbeat and code version, the roster behind ``slots()``, the locks held or waited
+        for, and the meters in debt (at most ``limit`` of each). Raises ConfigurationError when
+        the app has no coordination store, StoreUnavailableError when it cannot be reached."""
+        return await self._coord().coordination_view(self.namespace, self.clock.now(), limit)
 
     async def meter(self, keys: Sequence[str], deltas: Sequence[float]) -> list[float]:
         """Add ``deltas[i]`` (milliseconds) to the debt of ``keys[i]``, atomically for all keys

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Mapping, Sequence
 from importlib import resources
+from typing import Any
 
 from shoal.errors import SchemaVersionError
+from shoal.types import LockState, LockWaiter
 
 _NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
 _TABLE = re.compile(r"^CREATE TABLE (\w+)", re.MULTILINE)
@@ -72,3 +75,27 @@ def qualified(query: str, schema: str, backend: str) -> str:
         return f"{keyword}{space}{quoted}.{name}" if name in ours else m.group(0)
 
     return _TABLE_REF.sub(qualify, query)
+
+
+def lock_states(held: Sequence[Mapping[str, Any]], waiting: Sequence[Mapping[str, Any]],
+                limit: int) -> tuple[tuple[LockState, ...], bool]:
+    """``coordination_view``'s locks from the rows of the keys held (``key, token, holder,
+    expires_at``, by key, at most ``limit + 1``) and of the live waiters (``key, holder,
+    ticket, expires_at, token``, by key and ticket): at most ``limit`` keys, each with at most
+    ``limit`` waiters, and whether something was cut."""
+    tokens: dict[str, int] = {}
+    holders: dict[str, tuple[str, float]] = {}
+    queues: dict[str, list[LockWaiter]] = {}
+    for row in held:
+        tokens[row["key"]] = row["token"]
+        holders[row["key"]] = (row["holder"], row["expires_at"])
+    for row in waiting:
+        tokens.setdefault(row["key"], row["token"])
+        queues.setdefault(row["key"], []).append(
+            LockWaiter(row["holder"], row["ticket"], row["expires_at"]))
+    keys = sorted(tokens)
+    cut = len(keys) > limit or any(len(q) > limit for q in queues.values())
+    return tuple(
+        LockState(k, tokens[k], holders[k][0] if k in holders else None,
+                  holders[k][1] if k in holders else None, tuple(queues.get(k, [])[:limit]))
+        for k in keys[:limit]), cut

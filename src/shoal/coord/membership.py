@@ -66,7 +66,7 @@ class Membership:
     finished hearing None (an async listener stopping its workers)."""
 
     def __init__(self, coord: CoordStore, clock: Clock, namespace: str, instance_id: str,
-                 interval: float, observers: list[Any]) -> None:
+                 interval: float, observers: list[Any], version: str | None = None) -> None:
         self.coord = coord
         self.clock = clock
         self.namespace = namespace
@@ -74,6 +74,7 @@ class Membership:
         # so the row of a frozen predecessor keeps its slots until that row ends
         self.member = f"{instance_id}/{secrets.token_hex(4)}"
         self.interval = interval
+        self.version = version          # the code version, shown by consoles beside the member
         self._observers = observers
         self._assignment: Assignment | None = None
         self._generation: int | None = None     # the generation the store says we hold
@@ -191,7 +192,8 @@ class Membership:
         sent = self.clock.now()
         held = self._held()
         self._inflight = call = asyncio.ensure_future(self.coord.heartbeat(
-            self.namespace, self.member, held, sent, 3 * self.interval, 2 * self.interval))
+            self.namespace, self.member, held, sent, 3 * self.interval, 2 * self.interval,
+            version=self.version))
         try:
             if not await first_of(asyncio.shield(call), self.clock, self.interval):
                 raise TimeoutError(f"no answer within {self.interval:g} s")

@@ -293,6 +293,29 @@ def _store_failed(error: BaseException) -> bool:
         error, (CircuitOpenError, BudgetExceededError))
 
 
+@dataclass(frozen=True)
+class ProviderState:
+    """A provider as every replica's calls left it at ``at`` (:meth:`Provider.state`).
+
+    ``in_flight``: calls holding one of its ``max_concurrent`` slots (counted only while that
+    limit is set: without it a call takes no slot); ``requests_last_minute`` and
+    ``tokens_last_minute``: what its windows counted over the last minute (only while the
+    matching limit is set); ``paused_until``: the end of the pause after a 429, if in force;
+    ``breaker``: None without a breaker, else ``closed``, ``open`` (until ``open_until``) or
+    ``half-open`` (the cooldown is over: one trial call may go; ``trial_in_flight`` while it
+    runs); ``failures_in_window``: failed calls counted in the breaker's window."""
+
+    at: float
+    in_flight: int
+    requests_last_minute: float
+    tokens_last_minute: float
+    paused_until: float | None
+    breaker: str | None
+    open_until: float | None
+    trial_in_flight: bool
+    failures_in_window: float | None
+
+
 class Provider:
     """A model provider's limits, shared by every replica of the app.
 
@@ -407,6 +430,31 @@ class Provider:
         """When the pause after a 429 ends, if the provider is paused now."""
         return await self._rates().paused_until(self.namespace, self.keys["cooldown"],
                                                 self.clock.now())
+
+    async def state(self) -> ProviderState:
+        """What every replica's calls hold and have used now, read from the store without
+        writing anything (one :meth:`~shoal.ports.RateStore.read_rates`): a console's view."""
+        k, now = self.keys, self.clock.now()
+        windows = [(k["requests"], MINUTE), (k["tokens"], MINUTE)]
+        if self.breaker is not None:
+            windows.append((k["failures"], self.breaker.window))
+        got = await self._rates().read_rates(
+            self.namespace, now, slots=[k["slots"], k["trial"]], windows=windows,
+            pauses=[k["cooldown"], k["open"]], counters=[k["opened"], k["closed"]])
+        breaker: str | None = None
+        if self.breaker is not None:
+            tripped = got.counters[k["opened"]] > got.counters[k["closed"]]
+            breaker = ("closed" if not tripped else "open" if got.pauses[k["open"]] is not None
+                       else "half-open")
+        return ProviderState(
+            at=now, in_flight=got.slots[k["slots"]],
+            requests_last_minute=got.windows[k["requests"]],
+            tokens_last_minute=got.windows[k["tokens"]],
+            paused_until=got.pauses[k["cooldown"]], breaker=breaker,
+            open_until=got.pauses[k["open"]] if self.breaker is not None else None,
+            trial_in_flight=got.slots[k["trial"]] > 0,
+            failures_in_window=(got.windows[k["failures"]] if self.breaker is not None
+                                else None))
 
     # -- what a call does -----------------------------------------------------------------
 

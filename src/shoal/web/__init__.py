@@ -17,7 +17,7 @@ except ImportError as e:  # pragma: no cover - the extra is missing
 
 from shoal.app import App
 from shoal.errors import ConfigurationError
-from shoal.ports import Store
+from shoal.ports import CoordStore, Store
 from shoal.stores import mask_url, open_store
 from shoal.web import pages
 from shoal.web.data import Console
@@ -30,7 +30,8 @@ Lifespan = Callable[[Starlette], AbstractAsyncContextManager[None]]
 
 
 def asgi(app_or_url: App | str, token: str | None = None, read_only: bool = False, *,
-         namespace: str | None = None) -> Starlette:
+         namespace: str | None = None,
+         coordination: str | list[str] | CoordStore | None = None) -> Starlette:
     """The console as an ASGI app (Starlette).
 
     Given an :class:`~shoal.App`, it reads and acts through it and never opens or closes it:
@@ -38,7 +39,9 @@ def asgi(app_or_url: App | str, token: str | None = None, read_only: bool = Fals
     budgets and cron schedules are shown too). Given a store URL, it opens its own App on that
     store when the ASGI lifespan starts (connect only: it claims no run, runs no maintenance)
     and closes it when the lifespan ends; ``namespace`` names the App's namespace (default: the
-    one namespace whose instances registered workflows in the store, else ``"default"``).
+    one namespace whose instances registered workflows in the store, else ``"default"``), and
+    ``coordination`` the workers' ``App(coordination=…)`` (their Redis addresses, or a store:
+    the replicas page reads the membership, locks and meters there; None: the run store's).
 
     ``token``: required of every request (see :mod:`shoal.web.guard`); ``read_only`` refuses
     every action with 403 and tells the pages to hide them."""
@@ -47,7 +50,7 @@ def asgi(app_or_url: App | str, token: str | None = None, read_only: bool = Fals
     if isinstance(app_or_url, App):
         lifespan = None
     elif isinstance(app_or_url, str):
-        lifespan = _own_app(open_store(app_or_url), namespace, read_only)
+        lifespan = _own_app(open_store(app_or_url), namespace, read_only, coordination)
     else:
         raise TypeError(f"shoal.web.asgi takes an App or a store URL, not {app_or_url!r:.80}.")
     web = Starlette(routes=pages.routes() + routes(), lifespan=lifespan,
@@ -60,14 +63,16 @@ def asgi(app_or_url: App | str, token: str | None = None, read_only: bool = Fals
     return web
 
 
-def _own_app(store: Store, namespace: str | None, read_only: bool) -> Lifespan:
+def _own_app(store: Store, namespace: str | None, read_only: bool,
+             coordination: str | list[str] | CoordStore | None) -> Lifespan:
     """Open the store and an App on it, connected only (no worker), for the lifespan."""
 
     @asynccontextmanager
     async def lifespan(web: Starlette) -> AsyncIterator[None]:
         await store.open()
         try:
-            app = App(namespace or await _namespace(store), store=store)
+            app = App(namespace or await _namespace(store), store=store,
+                      coordination=coordination)
             async with app.open():
                 web.state.console = Console(app, read_only=read_only, in_process=False)
                 yield

@@ -30,6 +30,10 @@ Shapes (``Run`` and the others below are these dicts):
 
     {"id", "run_id", "seq", "index", "key", "topic", "payload", "created_at", "attempts",
      "next_at", "delivered_at", "dead", "error", "state"}  # state: delivered|pending|dead
+
+``instance``, ``slot``, ``lock``, ``meter`` (``/api/replicas``) and ``provider_state``
+(``/api/providers``): see :func:`instance_dicts`, :func:`slot_dicts`, :func:`lock_dict`,
+:func:`meter_dict` and :func:`provider_state_dict`.
 """
 
 from __future__ import annotations
@@ -41,10 +45,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from shoal.app import App
+from shoal.coord.provider import ProviderState
 from shoal.errors import (
+    ConfigurationError,
     NotDeadError,
     NotPausedError,
     NotRetryableError,
+    StoreUnavailableError,
     UnknownOutboxEntryError,
     UnknownPauseError,
     UnknownRunError,
@@ -52,21 +59,27 @@ from shoal.errors import (
 from shoal.ports import RunInspection
 from shoal.stores import mask_url
 from shoal.types import (
+    CoordinationView,
+    LockState,
+    MeterState,
     OutboxEntry,
     Pause,
     Run,
     RunFilter,
+    RunOwner,
     RunRecord,
     RunStatus,
     SpendEntry,
     StepRecord,
+    WorkflowInfo,
 )
 
 MINUTES = 60          # the overview's chart: runs ended per minute over the last hour
 PAGE = 50             # runs per page unless asked otherwise
 MAX_PAGE = 500
-MAX_HELD = 10_000     # running runs read to count the runs each instance holds
+MAX_OWNERS = 1000     # owners of running runs listed on the replicas page
 LEDGER_DAY = 10_000   # ledger rows of today summed per tenant on the budgets page
+VIEW_LIMIT = 100      # locks, meters, waiters per lock and registered instances listed
 
 
 class Refused(Exception):
@@ -175,6 +188,119 @@ def spend_dict(rows: list[SpendEntry]) -> dict[str, Any]:
             "total": total}
 
 
+def _instance_of(member: str) -> str:
+    """The instance id in a membership or lock holder id (``"<instance_id>/<random>"``)."""
+    instance, slash, _ = member.rpartition("/")
+    return instance if slash else member
+
+
+def _blank(instance: str) -> dict[str, Any]:
+    return {"id": instance, "live": None, "version": None, "last_heartbeat": None,
+            "heartbeat_until": None, "joined_at": None, "members": [], "slot": None,
+            "runs_held": 0, "lease_until": None, "registered_at": None, "workflows": [],
+            "sources": []}
+
+
+def instance_dicts(view: CoordinationView | None, registrations: list[WorkflowInfo],
+                   owners: list[RunOwner]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(instances, registered)`` for ``/api/replicas``. An ``instance``::
+
+        {"id", "live", "version", "last_heartbeat", "heartbeat_until", "joined_at",
+         "members", "slot", "runs_held", "lease_until", "registered_at", "workflows",
+         "sources"}
+
+    From the membership (``sources`` has ``"membership"``): ``version``, ``last_heartbeat``
+    (when its latest heartbeat was sent, the app's clock), ``heartbeat_until`` (its row ends
+    then unless it beats again), ``joined_at``, ``members`` (its membership ids: one per
+    process start; two while a restarted instance's old row ends) and ``slot`` (``{"index",
+    "of"}`` while it owns slots ``index, index + of, …``; else None). From the running runs
+    (``"runs"``, ``store.run_owners``): ``runs_held`` and ``lease_until``, the latest end of
+    their leases. From the
+    registrations (``"registrations"``): ``workflows`` and ``registered_at`` (its latest
+    start). ``live``: True with a live membership row, False without one while the
+    membership could be read, None when it could not. Instances by id."""
+    found: dict[str, dict[str, Any]] = {}
+    by_registration: dict[str, dict[str, Any]] = {}
+    for info in registrations:
+        for instance, at in info.instances:
+            one = by_registration.setdefault(instance, {"id": instance, "registered_at": at,
+                                                         "workflows": []})
+            one["registered_at"] = max(one["registered_at"], at)
+            one["workflows"].append(info.name)
+    if view is not None:
+        for m in view.members:
+            one = found.setdefault(_instance_of(m.member), _blank(_instance_of(m.member)))
+            one["members"].append(m.member)
+            if one["last_heartbeat"] is None or (m.beat_at or 0) >= one["last_heartbeat"]:
+                one["version"], one["last_heartbeat"] = m.version, m.beat_at
+            one["heartbeat_until"] = max(one["heartbeat_until"] or 0.0, m.expires_at)
+            one["joined_at"] = min(one["joined_at"] or m.joined_at, m.joined_at)
+            if m.held == view.generation and m.member in view.roster:
+                one["slot"] = {"index": view.roster.index(m.member), "of": len(view.roster)}
+            if "membership" not in one["sources"]:
+                one["sources"].append("membership")
+    for owner in owners:
+        one = found.setdefault(owner.owner, _blank(owner.owner))
+        one["runs_held"], one["lease_until"] = owner.running, owner.lease_until
+        one["sources"].append("runs")
+    if view is None:
+        for instance in by_registration:
+            found.setdefault(instance, _blank(instance))
+    for instance, one in found.items():
+        one["live"] = None if view is None else "membership" in one["sources"]
+        reg = by_registration.get(instance)
+        if reg is not None:
+            one["registered_at"], one["workflows"] = reg["registered_at"], reg["workflows"]
+            one["sources"].append("registrations")
+    registered = sorted((r for i, r in by_registration.items() if i not in found),
+                        key=lambda r: (-r["registered_at"], r["id"]))[:VIEW_LIMIT]
+    return sorted(found.values(), key=lambda i: i["id"]), registered
+
+
+def slot_dicts(view: CoordinationView) -> list[dict[str, Any]]:
+    """Each member on the roster, in roster order: ``{"member", "instance", "index", "of",
+    "state"}``; ``state`` is ``owns`` (the store recorded that it acts on this generation: it
+    owns slots ``index, index + of, …`` of any total), ``waiting`` (on the roster but not
+    granted yet: another member still holds an older generation) or ``gone`` (on the stored
+    roster, but its row ended: the next heartbeat of any member makes a new roster)."""
+    held = {m.member: m.held for m in view.members}
+    out = []
+    for i, member in enumerate(view.roster):
+        state = ("gone" if member not in held else
+                 "owns" if held[member] == view.generation else "waiting")
+        out.append({"member": member, "instance": _instance_of(member), "index": i,
+                    "of": len(view.roster), "state": state})
+    return out
+
+
+def lock_dict(lock: LockState, now: float) -> dict[str, Any]:
+    """``{"key", "token", "holder", "holder_instance", "expires_at", "expires_in",
+    "waiters": [{"holder", "instance", "ticket", "expires_at"}]}``: ``token`` is the key's last
+    fencing token (the holder's while held); ``holder`` None while the key is free between a
+    release and its next waiter's grant; waiters next first."""
+    return {"key": lock.key, "token": lock.token, "holder": lock.holder,
+            "holder_instance": None if lock.holder is None else _instance_of(lock.holder),
+            "expires_at": lock.expires_at,
+            "expires_in": None if lock.expires_at is None else lock.expires_at - now,
+            "waiters": [{"holder": w.holder, "instance": _instance_of(w.holder),
+                         "ticket": w.ticket, "expires_at": w.expires_at}
+                        for w in lock.waiters]}
+
+
+def meter_dict(meter: MeterState) -> dict[str, Any]:
+    """``{"key", "debt_ms", "updated_at"}``: the debt now (it drains 1 ms per ms)."""
+    return {"key": meter.key, "debt_ms": meter.debt, "updated_at": meter.updated_at}
+
+
+def provider_state_dict(state: ProviderState) -> dict[str, Any]:
+    """A provider's :class:`~shoal.ProviderState` without its ``at``."""
+    return {"in_flight": state.in_flight, "requests_last_minute": state.requests_last_minute,
+            "tokens_last_minute": state.tokens_last_minute,
+            "paused_until": state.paused_until, "breaker": state.breaker,
+            "open_until": state.open_until, "trial_in_flight": state.trial_in_flight,
+            "failures_in_window": state.failures_in_window}
+
+
 # -- the console -------------------------------------------------------------------------------
 
 
@@ -208,7 +334,14 @@ class Console:
     async def overview(self) -> dict[str, Any]:
         """``{"namespace", "at", "stats": {...}, "finished_per_minute": {"since", "width",
         "counts": [60 ints, oldest first; the last is the minute now under way]},
-        "instances": [...], "open_circuits": [...], "pending_approvals", "dead_letters"}``.
+        "instances": [instance], "membership": {"available", "error"}, "open_circuits":
+        [provider], "pending_approvals", "dead_letters"}``.
+
+        ``instances``: the live ones (``live`` True: a heartbeat in the membership), and those
+        holding running runs with no heartbeat (``live`` False is left out: stopped); without
+        a readable coordination store, every instance the store knows of (``live`` None), as
+        ``/api/replicas`` lists them. ``open_circuits``: the providers (as ``/api/providers``)
+        whose breaker is open or half-open.
 
         ``stats`` is ``app.stats()``: ``{"by_status": {status: n}, "by_workflow": {workflow:
         {status: n}}, "queued": {tenant: {"due", "delayed", "held", "total"}},
@@ -232,9 +365,12 @@ class Console:
                 "executing": stats.executing, "finished": stats.finished,
             },
             "finished_per_minute": {"since": since, "width": 60, "counts": counts},
-            "instances": replicas["instances"],
+            "instances": [i for i in replicas["instances"] if i["live"] is not False],
+            "membership": {"available": replicas["membership"]["available"],
+                           "error": replicas["membership"]["error"]},
             "open_circuits": [p for p in (await self.providers())["providers"]
-                              if p["open_until"] is not None],
+                              if p["state"] is not None
+                              and p["state"]["breaker"] in ("open", "half-open")],
             "pending_approvals": stats.pending_pauses,
             "dead_letters": stats.dead_letters,
         }
@@ -330,53 +466,68 @@ class Console:
         return {"dead_letters": [outbox_dict(e) for e in await self.app.dead_letters(1000)]}
 
     async def replicas(self) -> dict[str, Any]:
-        """``{"instances": [{"id", "registered_at", "workflows": [names], "runs_held",
-        "lease_until"}], "coordination": str}``.
+        """``{"coordination": str, "membership": {"available", "error", "generation",
+        "roster"}, "instances": [instance], "registered": [{"id", "registered_at",
+        "workflows"}], "slots": [slot], "locks": [lock], "meters": [meter], "complete"}``
+        (``instance``, ``slot``, ``lock``, ``meter``: see the module doc).
 
-        From the store alone: the instances that registered workflows when they started (in
-        the last 30 days; ``registered_at`` their latest start) and every owner of a running
-        run, with the runs it holds now and the latest end of their leases (an instance
-        holding runs renews them while it lives). An idle instance shows no runs held; the
-        store keeps no per-instance heartbeat or code version that the console could show.
-        Locks, slots and meters are not shown yet."""
-        infos = await self.app.store.list_workflows(self.app.namespace)
-        instances: dict[str, dict[str, Any]] = {}
-        for info in infos:
-            for instance, at in info.instances:
-                one = instances.setdefault(instance, {
-                    "id": instance, "registered_at": at, "workflows": [], "runs_held": 0,
-                    "lease_until": None})
-                one["registered_at"] = max(one["registered_at"], at)
-                one["workflows"].append(info.name)
-        running = await self.inspection.search_runs(
-            self.app.namespace, RunFilter(status=RunStatus.RUNNING.value), limit=MAX_HELD)
-        for run in running:
-            if run.owner is None:
-                continue
-            one = instances.setdefault(run.owner, {
-                "id": run.owner, "registered_at": None, "workflows": [], "runs_held": 0,
-                "lease_until": None})
-            one["runs_held"] += 1
-            if run.lease_expires_at is not None:
-                one["lease_until"] = max(one["lease_until"] or 0.0, run.lease_expires_at)
+        Where each part comes from: the coordination store's membership (every started App
+        heartbeats every ``membership_interval``; read by ``app.coordination_view()``, which
+        writes nothing) gives the live instances, their code version, last heartbeat and slot
+        assignment, and the locks and meters; the running runs (their ``owner`` and lease)
+        give ``runs_held`` and ``lease_until``; the workflow registrations (each start of an
+        instance, kept 30 days) give ``workflows`` and ``registered_at``. Without a readable
+        coordination store (``membership.available`` False, ``error`` says why) the instances
+        are those that registered or hold runs, ``live`` None, as the store alone knows them.
+        ``registered``: instances that registered workflows but are neither live nor holding
+        runs (stopped, or restarted under another id), newest first, at most 100."""
         coordination = self.app.coordination
-        return {"instances": sorted(instances.values(), key=lambda i: i["id"]),
-                "coordination": "the run store" if coordination is None else
-                mask_url(coordination) if isinstance(coordination, str) else
-                ", ".join(mask_url(a) for a in coordination)
-                if isinstance(coordination, list) else type(coordination).__name__}
+        where = ("the run store" if coordination is None else
+                 mask_url(coordination) if isinstance(coordination, str) else
+                 ", ".join(mask_url(a) for a in coordination)
+                 if isinstance(coordination, list) else type(coordination).__name__)
+        try:
+            view: CoordinationView | None = await self.app.coordination_view(VIEW_LIMIT)
+            error = None
+        except (ConfigurationError, StoreUnavailableError) as e:
+            view, error = None, str(e)
+        registrations = await self.app.store.list_workflows(self.app.namespace)
+        owners = await self.inspection.run_owners(self.app.namespace, MAX_OWNERS)
+        instances, registered = instance_dicts(view, registrations, owners)
+        return {
+            "coordination": where,
+            "membership": {"available": view is not None, "error": error,
+                           "generation": None if view is None else view.generation,
+                           "roster": [] if view is None else list(view.roster)},
+            "instances": instances,
+            "registered": registered,
+            "slots": [] if view is None else slot_dicts(view),
+            "locks": [] if view is None else [lock_dict(lk, view.at) for lk in view.locks],
+            "meters": [] if view is None else [meter_dict(m) for m in view.meters],
+            "complete": view is not None and view.complete,
+        }
 
     async def providers(self) -> dict[str, Any]:
         """``{"in_process": bool, "providers": [{"name", "max_concurrent",
         "requests_per_minute", "tokens_per_minute", "tenant_max_concurrent",
         "tenant_requests_per_minute", "tenant_tokens_per_minute", "price_per_token",
         "currency", "breaker": {"failures", "window", "cooldown"}|None, "open_until",
-        "paused_until"}]}``: the providers defined in the App the console was given (a console
-        opened on a store URL knows of none: they live in the code of the workers).
-        ``open_until``: the breaker is open until then; ``paused_until``: a 429's pause."""
+        "paused_until", "state": provider_state|None, "error": str|None}]}``: the providers
+        defined in the App the console was given (a console opened on a store URL knows of
+        none: they live in the code of the workers). ``state`` is what every replica's calls
+        hold and used now, read from the store without writing (``provider.state()``; None
+        and ``error`` when the store cannot be read): ``{"in_flight", "requests_last_minute",
+        "tokens_last_minute", "paused_until", "breaker": "closed"|"open"|"half-open"|None,
+        "open_until", "trial_in_flight", "failures_in_window"}``. ``open_until``: the breaker
+        is open until then; ``paused_until``: a 429's pause (both repeated from ``state``)."""
         out = []
         for p in self.app.providers.values():
             b = p.breaker
+            try:
+                state: ProviderState | None = await p.state()
+                error = None
+            except (ConfigurationError, StoreUnavailableError) as e:
+                state, error = None, str(e)
             out.append({
                 "name": p.name, "max_concurrent": p.max_concurrent,
                 "requests_per_minute": p.requests_per_minute,
@@ -387,7 +538,10 @@ class Console:
                 "price_per_token": p.price_per_token, "currency": p.currency,
                 "breaker": None if b is None else {"failures": b.failures, "window": b.window,
                                                    "cooldown": b.cooldown},
-                "open_until": await p.open_until(), "paused_until": await p.cooldown_until()})
+                "open_until": None if state is None else state.open_until,
+                "paused_until": None if state is None else state.paused_until,
+                "state": None if state is None else provider_state_dict(state),
+                "error": error})
         return {"in_process": self.in_process, "providers": out}
 
     async def budgets(self) -> dict[str, Any]:

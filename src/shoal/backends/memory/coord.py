@@ -11,7 +11,16 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from shoal.backends._watches import EventWatch, WatchRegistry
-from shoal.types import LockGrant, LockWait, MemberView
+from shoal.types import (
+    CoordinationView,
+    LockGrant,
+    LockState,
+    LockWait,
+    LockWaiter,
+    MemberState,
+    MemberView,
+    MeterState,
+)
 
 
 @dataclass
@@ -27,6 +36,8 @@ class _Member:
     joined_at: float
     expires_at: float
     held: int | None
+    beat_at: float
+    version: str | None
 
 
 class MemoryCoordination:
@@ -130,15 +141,18 @@ class MemoryCoordination:
         now: float,
         ttl: float,
         warmup: float,
+        *,
+        version: str | None = None,
     ) -> MemberView:
         members = self._members.setdefault(namespace, {})
         for name in [n for n, m in members.items() if m.expires_at <= now]:
             del members[name]
         row = members.get(member)
         if row is None:
-            members[member] = row = _Member(joined_at=now, expires_at=now + ttl, held=held)
+            members[member] = row = _Member(joined_at=now, expires_at=now + ttl, held=held,
+                                            beat_at=now, version=version)
         else:
-            row.expires_at, row.held = now + ttl, held
+            row.expires_at, row.held, row.beat_at, row.version = now + ttl, held, now, version
         roster = tuple(sorted(n for n, m in members.items() if m.joined_at + warmup <= now))
         generation, stored = self._rosters.get(namespace, (0, ()))
         if roster != stored:
@@ -168,6 +182,44 @@ class MemoryCoordination:
             self._meters[(namespace, key)] = (debt, max(at, now))
             debts.append(debt)
         return debts
+
+    # -- the console's read ------------------------------------------------------------------
+
+    async def coordination_view(
+        self, namespace: str, now: float, limit: int = 100
+    ) -> CoordinationView:
+        generation, roster = self._rosters.get(namespace, (0, ()))
+        members = tuple(
+            MemberState(name, m.joined_at, m.expires_at, m.held, m.beat_at, m.version)
+            for name, m in sorted(self._members.get(namespace, {}).items())
+            if m.expires_at > now)
+        locks: list[LockState] = []
+        complete = True
+        for (ns, key), row in sorted(self._locks.items()):
+            if ns != namespace:
+                continue
+            live = row.holder is not None and row.expires_at > now
+            waiters = sorted((t, w, u) for w, (t, u) in row.waiters.items() if u > now)
+            if not live and not waiters:
+                continue
+            if len(locks) == limit or len(waiters) > limit:
+                complete = False
+                if len(locks) == limit:
+                    break
+            locks.append(LockState(
+                key, row.token, row.holder if live else None, row.expires_at if live else None,
+                tuple(LockWaiter(w, t, u) for t, w, u in waiters[:limit])))
+        meters: list[MeterState] = []
+        for (ns, key), (debt, at) in sorted(self._meters.items()):
+            left = max(0.0, debt - max(0.0, now - at) * 1000.0)
+            if ns != namespace or left <= 0:
+                continue
+            if len(meters) == limit:
+                complete = False
+                break
+            meters.append(MeterState(key, left, at))
+        return CoordinationView(namespace, now, generation, roster, members, tuple(locks),
+                                tuple(meters), complete)
 
     # -- retention -----------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from shoal.types import (
     CounterResult,
     Need,
     PauseNeed,
+    RateView,
     Refused,
     SlotBusy,
     SlotGrant,
@@ -190,6 +191,28 @@ class MemoryRateLimits:
         if not w.entries:
             w.total = 0.0            # no drift survives an empty window
         return w
+
+    # -- the console's read ------------------------------------------------------------------
+
+    async def read_rates(
+        self, namespace: str, now: float, *, slots: Sequence[str] = (),
+        windows: Sequence[tuple[str, float]] = (), pauses: Sequence[str] = (),
+        counters: Sequence[str] = (),
+    ) -> RateView:
+        totals: dict[str, float] = {}
+        for key, window in windows:
+            w = self._windows.get((namespace, key), _Window())
+            leaving = bisect.bisect_right(w.entries, now - window, key=_at)
+            total = w.total
+            for _, gone in w.entries[:leaving]:
+                total -= gone
+            totals[key] = total if leaving < len(w.entries) else 0.0
+        return RateView(
+            slots={k: sum(1 for until in self._slots.get((namespace, k), {}).values()
+                          if until > now) for k in slots},
+            windows=totals,
+            pauses={k: self._paused(namespace, k, now) for k in pauses},
+            counters={k: self._counters.get((namespace, k), (0.0, now))[0] for k in counters})
 
     # -- counters and the ledger ---------------------------------------------------------------
 

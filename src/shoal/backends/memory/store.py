@@ -42,6 +42,7 @@ from shoal.types import (
     Renewal,
     Run,
     RunFilter,
+    RunOwner,
     RunRecord,
     RunStatus,
     Settlement,
@@ -732,6 +733,15 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
             outbox=tuple(sorted((e for e in self._outbox.values() if e.run_id == run_id),
                                 key=lambda e: (e.seq, e.index))),
             tree=tuple(tree[:tree_limit])))
+
+    async def run_owners(self, namespace: str, limit: int = 1000) -> list[RunOwner]:
+        held: dict[str, list[float | None]] = {}
+        for r in self._in(namespace):
+            if r.status == RunStatus.RUNNING and r.owner is not None:
+                held.setdefault(r.owner, []).append(r.lease_expires_at)
+        return [RunOwner(owner, len(ends),
+                         max((e for e in ends if e is not None), default=None))
+                for owner, ends in sorted(held.items())[:limit]]
 
     async def finished_per_minute(
         self, namespace: str, since: float, minutes: int

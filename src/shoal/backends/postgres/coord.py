@@ -27,9 +27,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import psycopg
 from psycopg.rows import DictRow
 
-from shoal.backends._sql import queries
+from shoal.backends._sql import lock_states, queries
 from shoal.backends._watches import EventWatch, WatchRegistry
-from shoal.types import LockGrant, LockWait, MemberView
+from shoal.types import (
+    CoordinationView,
+    LockGrant,
+    LockWait,
+    MemberState,
+    MemberView,
+    MeterState,
+)
 
 if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool
@@ -171,10 +178,12 @@ class PostgresCoordination:
         now: float,
         ttl: float,
         warmup: float,
+        *,
+        version: str | None = None,
     ) -> MemberView:
         args: dict[str, Any] = {
             "namespace": namespace, "member": member, "held": held, "now": float(now),
-            "until": float(now + ttl), "warmup": float(warmup)}
+            "until": float(now + ttl), "warmup": float(warmup), "version": version}
         steps = [(_Q["advisory_xact_lock"], {"key": self._members_key(namespace)}),
                  (_Q["heartbeat"], args)]
         [row] = await self._retry(lambda: self._pipelined(steps, urgent=True))
@@ -202,6 +211,37 @@ class PostgresCoordination:
                  (_Q["meter"], args)]
         rows = await self._retry(lambda: self._pipelined(steps))
         return [row["debt"] for row in rows]
+
+    # -- the console's read ------------------------------------------------------------------
+
+    async def coordination_view(
+        self, namespace: str, now: float, limit: int = 100
+    ) -> CoordinationView:
+        """Five reads in one REPEATABLE READ READ ONLY transaction (one snapshot), sent in one
+        pipeline: one round trip for the statements, one for the commit."""
+        args: dict[str, Any] = {"namespace": namespace, "now": float(now),
+                                "limit": int(limit) + 1}
+        names = ("view_roster", "view_members", "view_locks_held", "view_lock_waiters",
+                 "view_meters")
+
+        async def read() -> list[list[DictRow]]:
+            async with self._connection() as conn, conn.transaction():
+                async with conn.pipeline():
+                    await conn.execute(
+                        "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                    cursors = [await conn.execute(_Q[name], args) for name in names]
+                return [await cur.fetchall() for cur in cursors]
+
+        roster, members, held, waiters, meters = await self._retry(read)
+        locks, cut = lock_states(held, waiters, limit)
+        return CoordinationView(
+            namespace, now, roster[0]["generation"] if roster else 0,
+            tuple(roster[0]["members"]) if roster else (),
+            tuple(MemberState(r["member"], r["joined_at"], r["expires_at"], r["held"],
+                              r["beat_at"], r["version"]) for r in members),
+            locks, tuple(MeterState(r["key"], r["debt"], r["updated_at"])
+                         for r in meters[:limit]),
+            complete=not cut and len(meters) <= limit)
 
     # -- retention -----------------------------------------------------------------------------
 

@@ -1007,12 +1007,14 @@ WITH others AS (
     DELETE FROM members
     WHERE namespace = %(namespace)s AND member <> %(member)s AND expires_at <= %(now)s
 ), beat AS (
-    INSERT INTO members (namespace, member, joined_at, expires_at, held)
+    INSERT INTO members (namespace, member, joined_at, expires_at, held, beat_at, version)
     SELECT %(namespace)s::text, %(member)s::text, me.joined_at, %(until)s::double precision,
-           CASE WHEN verdict.granted THEN verdict.generation ELSE %(held)s::bigint END
+           CASE WHEN verdict.granted THEN verdict.generation ELSE %(held)s::bigint END,
+           %(now)s::double precision, %(version)s::text
     FROM me, verdict
     ON CONFLICT (namespace, member) DO UPDATE
-    SET joined_at = excluded.joined_at, expires_at = excluded.expires_at, held = excluded.held
+    SET joined_at = excluded.joined_at, expires_at = excluded.expires_at, held = excluded.held,
+        beat_at = excluded.beat_at, version = excluded.version
 ), saved AS (
     INSERT INTO rosters (namespace, generation, members)
     SELECT %(namespace)s::text, verdict.generation, verdict.members FROM verdict
@@ -1021,6 +1023,41 @@ WITH others AS (
     SET generation = excluded.generation, members = excluded.members
 )
 SELECT generation, members, granted FROM verdict;
+
+-- name: view_roster
+-- coordination_view (one REPEATABLE READ READ ONLY transaction: one snapshot for its reads; each
+-- only reads, so a read never deletes an ended row, drains a meter or takes a lock).
+SELECT generation, members FROM rosters WHERE namespace = %(namespace)s;
+
+-- name: view_members
+-- The live members (ended rows stay for the next heartbeat to delete).
+SELECT member, joined_at, expires_at, held, beat_at, version FROM members
+WHERE namespace = %(namespace)s AND expires_at > %(now)s
+ORDER BY member COLLATE "C";
+
+-- name: view_locks_held
+-- Keys with a live holder, through locks_held (never every key ever locked), in "C" order.
+SELECT key, token, holder, expires_at FROM locks
+WHERE namespace = %(namespace)s AND holder IS NOT NULL AND expires_at > %(now)s
+ORDER BY key COLLATE "C"
+LIMIT %(limit)s;
+
+-- name: view_lock_waiters
+-- Live waiters by key and ticket, with their key's last token (0: no row yet). Waiter rows are
+-- few: they end with their lease and retention deletes them.
+SELECT w.key, w.holder, w.ticket, w.expires_at, coalesce(l.token, 0) AS token
+FROM lock_waiters AS w
+LEFT JOIN locks AS l ON l.namespace = w.namespace AND l.key = w.key
+WHERE w.namespace = %(namespace)s AND w.expires_at > %(now)s
+ORDER BY w.key COLLATE "C", w.ticket;
+
+-- name: view_meters
+-- Meters still in debt at now, drained as meter drains them (those drained go at retention).
+SELECT key, greatest(0, debt - greatest(0, %(now)s - updated_at) * 1000) AS debt, updated_at
+FROM meters
+WHERE namespace = %(namespace)s AND debt - greatest(0, %(now)s - updated_at) * 1000 > 0
+ORDER BY key COLLATE "C"
+LIMIT %(limit)s;
 
 -- name: leave
 -- After advisory_xact_lock on the namespace's membership, like heartbeat.
@@ -1193,6 +1230,39 @@ RETURNING p.until;
 -- name: rate_paused_until
 SELECT until FROM rate_pauses
 WHERE namespace = %(namespace)s AND key = %(key)s AND until > %(now)s;
+
+-- name: read_rates
+-- read_rates, one statement (one snapshot), reads only: per slot key its live holders, per window
+-- (key, cutoff = now - window) the running total less the entries that left and are not deleted
+-- yet (found from the oldest through the index; 0 when none stays), per pause key its end if in
+-- force, per counter key its total (0: none).
+SELECT 'slot' AS kind, k.key,
+       (SELECT count(*) FROM rate_slots r
+        WHERE r.namespace = %(namespace)s AND r.key = k.key
+          AND r.expires_at > %(now)s)::double precision AS value
+FROM unnest(%(slots)s::text[]) AS k (key)
+UNION ALL
+SELECT 'window', w.key,
+       CASE WHEN g.amount IS NULL THEN coalesce(t.total, 0)
+            WHEN EXISTS (SELECT 1 FROM rate_window_entries e
+                         WHERE e.namespace = %(namespace)s AND e.key = w.key
+                           AND e.at > w.cutoff) THEN coalesce(t.total, 0) - g.amount
+            ELSE 0 END
+FROM unnest(%(windows)s::text[], %(cutoffs)s::double precision[]) AS w (key, cutoff)
+LEFT JOIN rate_windows t ON t.namespace = %(namespace)s AND t.key = w.key
+CROSS JOIN LATERAL (SELECT sum(e.amount) AS amount FROM rate_window_entries e
+                    WHERE e.namespace = %(namespace)s AND e.key = w.key
+                      AND e.at <= w.cutoff) g
+UNION ALL
+SELECT 'pause', p.key,
+       (SELECT r.until FROM rate_pauses r
+        WHERE r.namespace = %(namespace)s AND r.key = p.key AND r.until > %(now)s)
+FROM unnest(%(pauses)s::text[]) AS p (key)
+UNION ALL
+SELECT 'counter', c.key,
+       coalesce((SELECT r.total FROM rate_counters r
+                 WHERE r.namespace = %(namespace)s AND r.key = c.key), 0)
+FROM unnest(%(counters)s::text[]) AS c (key);
 
 -- name: rate_admit_generic_plan
 -- Before rate_admit, for the rest of its transaction: the server's "auto" mode plans that prepared
@@ -1544,6 +1614,16 @@ SELECT * FROM runs WHERE root_id = %(root_id)s AND id <> root_id ORDER BY id LIM
 
 -- Runs ended per minute, from the retention index alone (an index-only scan: the status term
 -- is its WHERE), so the cost is the runs that ended in the span.
+-- name: run_owners
+-- The owners of running runs, through runs_claimed (its cost: the running runs).
+SELECT owner, count(*) AS running, max(lease_expires_at) AS lease_until
+FROM runs
+WHERE namespace = %(namespace)s AND status IN ('running', 'interrupted') AND status = 'running'
+  AND owner IS NOT NULL
+GROUP BY owner
+ORDER BY owner COLLATE "C"
+LIMIT %(limit)s;
+
 -- name: finished_per_minute
 SELECT floor((finished_at - %(since)s) / 60)::int AS minute, count(*) AS n
 FROM runs

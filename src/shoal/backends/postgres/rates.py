@@ -38,6 +38,7 @@ from shoal.types import (
     CounterResult,
     Need,
     PauseNeed,
+    RateView,
     Refused,
     SlotBusy,
     SlotGrant,
@@ -144,6 +145,27 @@ class PostgresRateLimits:
         rows = await self._rate_run([(_Q["rate_paused_until"], {
             "namespace": namespace, "key": key, "now": float(now)})])
         return rows[0]["until"] if rows else None
+
+    # -- the console's read ------------------------------------------------------------------
+
+    async def read_rates(
+        self, namespace: str, now: float, *, slots: Sequence[str] = (),
+        windows: Sequence[tuple[str, float]] = (), pauses: Sequence[str] = (),
+        counters: Sequence[str] = (),
+    ) -> RateView:
+        rows = await self._rate_run([(_Q["read_rates"], {
+            "namespace": namespace, "now": float(now), "slots": list(slots),
+            "windows": [k for k, _ in windows],
+            "cutoffs": [float(now - w) for _, w in windows],
+            "pauses": list(pauses), "counters": list(counters)})])
+        found: dict[str, dict[str, Any]] = {"slot": {}, "window": {}, "pause": {}, "counter": {}}
+        for row in rows:
+            found[row["kind"]][row["key"]] = row["value"]
+        return RateView(
+            slots={k: int(found["slot"][k]) for k in slots},
+            windows={k: float(found["window"][k]) for k, _ in windows},
+            pauses={k: found["pause"][k] for k in pauses},
+            counters={k: float(found["counter"][k]) for k in counters})
 
     # -- admission: every need of a call at once ------------------------------------------------
 

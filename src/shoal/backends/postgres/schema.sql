@@ -311,6 +311,9 @@ CREATE TABLE locks (
     expires_at double precision NOT NULL DEFAULT 0,
     PRIMARY KEY (namespace, key)
 );
+-- The keys a holder holds: the console finds them without walking every key ever locked
+-- (version 17).
+CREATE INDEX locks_held ON locks (namespace, key COLLATE "C") WHERE holder IS NOT NULL;
 
 -- The FIFO queue of each key. A waiter of several keys has one row per key, all with its ticket.
 CREATE TABLE lock_waiters (
@@ -336,6 +339,8 @@ CREATE TABLE members (
     joined_at  double precision NOT NULL,
     expires_at double precision NOT NULL,
     held       bigint,
+    beat_at    double precision,              -- the latest heartbeat's now (version 17)
+    version    text,                          -- the member's code version (version 17)
     PRIMARY KEY (namespace, member)
 );
 
@@ -469,4 +474,5 @@ FROM (VALUES (1, '0001_runs.sql'),
              (13, '0013_run_tracebacks.sql'),
              (14, '0014_run_counts.sql'),
              (15, '0015_console_reads.sql'),
-             (16, '0016_tree_flag.sql')) AS applied (version, name);
+             (16, '0016_tree_flag.sql'),
+             (17, '0017_member_beats.sql')) AS applied (version, name);

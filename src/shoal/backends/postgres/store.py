@@ -62,6 +62,7 @@ from shoal.types import (
     Renewal,
     Run,
     RunFilter,
+    RunOwner,
     RunRecord,
     RunStatus,
     Settlement,
@@ -1205,6 +1206,10 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
                 outbox=tuple(_entry(r) for r in await rows("inspect_outbox", one)),
                 tree=tuple((root if tree_limit > 0 else []) + [_run(r) for r in children]
                            )[:tree_limit])
+
+    async def run_owners(self, namespace: str, limit: int = 1000) -> list[RunOwner]:
+        rows = await self._all(_Q["run_owners"], {"namespace": namespace, "limit": limit})
+        return [RunOwner(r["owner"], r["running"], r["lease_until"]) for r in rows]
 
     async def finished_per_minute(
         self, namespace: str, since: float, minutes: int

@@ -13,6 +13,7 @@ import asyncio
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import replace
 from typing import TypeVar
 
 from shoal.backends.redis.store import RedisCoordStore
@@ -20,11 +21,14 @@ from shoal.errors import ConfigurationError, StoreUnavailableError
 from shoal.ports import LockWatch
 from shoal.types import (
     Admitted,
+    CoordinationView,
     CounterResult,
     LockGrant,
+    LockState,
     LockWait,
     MemberView,
     Need,
+    RateView,
     Refused,
     SlotBusy,
     SlotGrant,
@@ -207,8 +211,11 @@ class Redlock:
         now: float,
         ttl: float,
         warmup: float,
+        *,
+        version: str | None = None,
     ) -> MemberView:
-        return await self.stores[0].heartbeat(namespace, member, held, now, ttl, warmup)
+        return await self.stores[0].heartbeat(namespace, member, held, now, ttl, warmup,
+                                              version=version)
 
     async def leave(self, namespace: str, member: str) -> None:
         await self.stores[0].leave(namespace, member)
@@ -220,6 +227,41 @@ class Redlock:
 
     async def ping(self) -> None:
         await self.stores[0].ping()
+
+    async def coordination_view(
+        self, namespace: str, now: float, limit: int = 100
+    ) -> CoordinationView:
+        """Members, the roster and meters as the first server has them; locks as a majority
+        of the servers has them: a key's holder is the one a majority names (with the earliest
+        lease end among them), its token the largest any server gave, its waiters as the first
+        server to answer queues them. Raises StoreUnavailableError when the first server or a
+        majority cannot be reached. Each server is read as
+        :meth:`RedisCoordStore.coordination_view` reads it (``complete`` is False if any
+        server's walk was cut)."""
+        answers = await self._each(self.stores,
+                                   lambda s: s.coordination_view(namespace, now, limit))
+        views = [a for a in answers if isinstance(a, CoordinationView)]
+        first = answers[0]
+        if not isinstance(first, CoordinationView) or len(views) < self.quorum:
+            raise StoreUnavailableError(
+                f"Redlock: {len(views)} of {len(self.stores)} servers answered the "
+                f"coordination view (the first server and a majority, {self.quorum}, are "
+                f"needed).")
+        keys = sorted({lock.key for v in views for lock in v.locks})
+        locks = []
+        for key in keys:
+            seen = [lock for v in views for lock in v.locks if lock.key == key]
+            votes: dict[str, list[float]] = {}
+            for lock in seen:
+                if lock.holder is not None and lock.expires_at is not None:
+                    votes.setdefault(lock.holder, []).append(lock.expires_at)
+            holder = next((h for h, ends in votes.items() if len(ends) >= self.quorum), None)
+            locks.append(LockState(key, max(lock.token for lock in seen), holder,
+                                   min(votes[holder]) if holder is not None else None,
+                                   seen[0].waiters))
+        live = [lock for lock in locks if lock.holder is not None or lock.waiters]
+        return replace(first, locks=tuple(live[:limit]),
+                       complete=all(v.complete for v in views) and len(live) <= limit)
 
     async def prune_coordination(self, namespace: str, before: float, limit: int) -> int:
         """The first server's (which holds meters and membership); the lock keys on every
@@ -264,6 +306,14 @@ class Redlock:
 
     async def paused_until(self, namespace: str, key: str, now: float) -> float | None:
         return await self.stores[0].paused_until(namespace, key, now)
+
+    async def read_rates(
+        self, namespace: str, now: float, *, slots: Sequence[str] = (),
+        windows: Sequence[tuple[str, float]] = (), pauses: Sequence[str] = (),
+        counters: Sequence[str] = (),
+    ) -> RateView:
+        return await self.stores[0].read_rates(namespace, now, slots=slots, windows=windows,
+                                               pauses=pauses, counters=counters)
 
     async def counter_add(
         self,

@@ -16,6 +16,7 @@ namespace can never reach into another's keys; ``{key}`` is the lock or meter ke
     {prefix}:{ns}:inbox:{key}      hash    waiting holder -> its store's channel   cleanup expiry
     {prefix}:{ns}:members          hash    member -> "joined_at expires_at held"   cleanup expiry
     {prefix}:{ns}:roster           hash    generation, members (JSON array)        never expires
+    {prefix}:{ns}:beats            hash    member -> "beat_at =version" or "… -"   cleanup expiry
     {prefix}:{ns}:meter:{key}      hash    debt (ms), updated_at                   cleanup expiry
 
 and, per store object, the pub/sub channel ``{prefix}:_inbox:{random}``: a release that makes one
@@ -39,6 +40,7 @@ import json
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from importlib import resources
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -57,12 +59,18 @@ from shoal.errors import ConfigurationError, StoreUnavailableError
 from shoal.ports import check_counter_args, check_needs
 from shoal.types import (
     Admitted,
+    CoordinationView,
     CounterResult,
     LockGrant,
+    LockState,
     LockWait,
+    LockWaiter,
+    MemberState,
     MemberView,
+    MeterState,
     Need,
     PauseNeed,
+    RateView,
     Refused,
     SlotBusy,
     SlotGrant,
@@ -160,6 +168,81 @@ def _parse(url: str) -> tuple[str, str, int, int]:
 
 def _quote(namespace: str) -> str:
     return namespace.replace("%", "%25").replace(":", "%3A")
+
+
+# keys coordination_view's SCAN may walk: SCAN walks the whole database, not one namespace
+VIEW_SCAN = 10_000
+_VIEW_KINDS = ("lock", "queue", "meter")
+
+
+def _glob(text: str) -> str:
+    """``text`` as a literal in a ``SCAN MATCH`` pattern."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+async def _scan(client: Redis, base: str) -> tuple[list[tuple[str, str]], bool]:
+    """``(kind, key)`` of the namespace's lock, queue and meter keys that a ``SCAN`` of at most
+    :data:`VIEW_SCAN` keys finds, and whether the walk went through the whole database."""
+    found: list[tuple[str, str]] = []
+    cursor, walked = 0, 0
+    while True:
+        cursor, names = await client.scan(cursor, match=f"{_glob(base)}:*", count=1000)
+        walked += 1000
+        for name in names:
+            rest = _text(name)[len(base) + 1:]
+            kind, _, key = rest.partition(":")
+            if kind in _VIEW_KINDS:
+                found.append((kind, key))
+        if cursor == 0:
+            return found, True
+        if walked >= VIEW_SCAN:
+            return found, False
+
+
+def _member_states(members: dict[Any, Any], beats: dict[Any, Any],
+                   now: float) -> tuple[MemberState, ...]:
+    """The live members of the members hash, with their beats (see ``heartbeat.lua``)."""
+    out = []
+    beats = {_text(k): v for k, v in beats.items()}
+    for name, row in members.items():
+        parts = _text(row).split(" ")
+        if len(parts) != 3 or float(parts[1]) <= now:
+            continue
+        beat_at: float | None = None
+        version: str | None = None
+        beat = beats.get(_text(name))
+        if beat is not None:
+            at, _, flag = _text(beat).partition(" ")
+            beat_at = float(at)
+            version = flag[1:] if flag.startswith("=") else None
+        out.append(MemberState(_text(name), float(parts[0]), float(parts[1]),
+                               None if parts[2] == "-" else int(parts[2]), beat_at, version))
+    return tuple(sorted(out, key=lambda m: m.member))
+
+
+def _lock_state(key: str, row: list[Any], now: float) -> LockState:
+    """A key's live hold and live waiters from its hold, fence, queue and waiter hashes."""
+    (holder, expires), fence, queue, waiting = row
+    live = holder is not None and expires is not None and float(_text(expires)) > now
+    waiters = []
+    waiting = {_text(k): v for k, v in waiting.items()}
+    for name, ticket in queue:
+        until = waiting.get(_text(name))
+        if until is not None and float(_text(until)) > now:
+            waiters.append(LockWaiter(_text(name), int(ticket), float(_text(until))))
+    return LockState(key, 0 if fence is None else int(_text(fence)),
+                     _text(holder) if live else None,
+                     float(_text(expires)) if live else None, tuple(waiters))
+
+
+def _meter_state(key: str, row: list[Any], now: float) -> MeterState | None:
+    """A meter's debt drained to ``now`` as ``meter.lua`` drains it; None when 0."""
+    debt_text, at_text = row
+    if debt_text is None or at_text is None:
+        return None
+    at = float(_text(at_text))
+    debt = max(0.0, float(_text(debt_text)) - max(0.0, now - at) * 1000.0)
+    return MeterState(key, debt, at) if debt > 0 else None
 
 
 class RedisCoordStore:
@@ -468,23 +551,79 @@ class RedisCoordStore:
         now: float,
         ttl: float,
         warmup: float,
+        *,
+        version: str | None = None,
     ) -> MemberView:
         base = self._base(namespace)
         got = await self._script(
-            "heartbeat", [f"{base}:members", f"{base}:roster"],
+            "heartbeat", [f"{base}:members", f"{base}:roster", f"{base}:beats"],
             [member, "-" if held is None else str(int(held)), _num(now), _num(ttl),
-             _num(warmup), _keep_ms(ttl)])
+             _num(warmup), _keep_ms(ttl), "-" if version is None else f"={version}"])
         generation, granted, *ids = got
         return MemberView(int(generation), tuple(sorted(_text(i) for i in ids)),
                           bool(int(granted)))
 
     async def leave(self, namespace: str, member: str) -> None:
-        members = f"{self._base(namespace)}:members"
+        base = self._base(namespace)
 
         async def run(client: Redis) -> None:
-            await client.hdel(members, member)
+            async with client.pipeline(transaction=True) as pipe:
+                pipe.hdel(f"{base}:members", member)
+                pipe.hdel(f"{base}:beats", member)
+                await pipe.execute()
 
         await self._call(run)
+
+    # -- the console's read --------------------------------------------------------------------
+
+    async def coordination_view(
+        self, namespace: str, now: float, limit: int = 100
+    ) -> CoordinationView:
+        """Read with read-only commands (nothing is written, no expiry changed), in two
+        transactions (MULTI/EXEC), each one snapshot: the members, their beats and the roster;
+        then the locks and meters found between them. Redis keeps no index of a namespace's
+        locks and meters: they are found by ``SCAN`` (which walks the whole database, not only
+        this namespace) of at most :data:`VIEW_SCAN` keys; when the database holds more,
+        ``complete`` is False and the locks and meters listed are those the walk reached.
+        Members and the roster are always read whole."""
+        base = self._base(namespace)
+        found = await self._call(lambda client: _scan(client, base))
+        keys, walked = found
+        locks = sorted({k for kind, k in keys if kind in ("lock", "queue")})
+        meters = sorted({k for kind, k in keys if kind == "meter"})
+
+        async def read(client: Redis) -> list[Any]:
+            async with client.pipeline(transaction=True) as pipe:
+                pipe.hgetall(f"{base}:members")
+                pipe.hgetall(f"{base}:beats")
+                pipe.hgetall(f"{base}:roster")
+                for k in locks:
+                    pipe.hmget(f"{base}:lock:{k}", "holder", "expires_at")
+                    pipe.get(f"{base}:fence:{k}")
+                    pipe.zrange(f"{base}:queue:{k}", 0, -1, withscores=True)
+                    pipe.hgetall(f"{base}:waiting:{k}")
+                for k in meters:
+                    pipe.hmget(f"{base}:meter:{k}", "debt", "updated_at")
+                return list(await pipe.execute())
+
+        got = await self._call(read)
+        members, beats, roster = got[:3]
+        lock_rows = [got[3 + 4 * i: 7 + 4 * i] for i in range(len(locks))]
+        meter_rows = got[3 + 4 * len(locks):]
+        held = [_lock_state(k, row, now) for k, row in zip(locks, lock_rows, strict=True)]
+        live = [lock for lock in held if lock.holder is not None or lock.waiters]
+        debts = [m for m in (_meter_state(k, row, now)
+                             for k, row in zip(meters, meter_rows, strict=True))
+                 if m is not None]
+        stored = {_text(k): _text(v) for k, v in roster.items()}
+        return CoordinationView(
+            namespace, now, int(stored.get("generation", "0")),
+            tuple(json.loads(stored.get("members", "[]"))),
+            _member_states(members, beats, now),
+            tuple(replace(lock, waiters=lock.waiters[:limit]) for lock in live[:limit]),
+            tuple(debts[:limit]),
+            complete=walked and len(live) <= limit and len(debts) <= limit
+            and all(len(lock.waiters) <= limit for lock in live))
 
     # -- meters --------------------------------------------------------------------------------
 
@@ -606,6 +745,64 @@ class RedisCoordStore:
             "rate_paused_until", [f"{self._base(namespace)}:rpause:{key}"],
             [_num(now), _keep_ms(0.0)])
         return None if got is None else float(_text(got))
+
+    async def read_rates(
+        self, namespace: str, now: float, *, slots: Sequence[str] = (),
+        windows: Sequence[tuple[str, float]] = (), pauses: Sequence[str] = (),
+        counters: Sequence[str] = (),
+    ) -> RateView:
+        """Read-only commands in one MULTI/EXEC (one snapshot): nothing is forgotten and no
+        expiry changes. A window whose total hash is gone while entries stay (evicted) is summed
+        from its entries in a second read."""
+        base = self._base(namespace)
+
+        async def read(client: Redis) -> list[Any]:
+            async with client.pipeline(transaction=True) as pipe:
+                for k in slots:
+                    pipe.hvals(f"{base}:rslots:{k}")
+                for k, w in windows:
+                    cutoff = _num(now - w)
+                    pipe.hget(f"{base}:rwt:{k}", "total")
+                    pipe.zrangebyscore(f"{base}:rwz:{k}", "-inf", cutoff)
+                    pipe.zcount(f"{base}:rwz:{k}", f"({cutoff}", "+inf")
+                for k in pauses:
+                    pipe.get(f"{base}:rpause:{k}")
+                for k in counters:
+                    pipe.hget(f"{base}:rcount:{k}", "total")
+                return list(await pipe.execute())
+
+        got = iter(await self._call(read))
+        live = {k: sum(1 for until in next(got) if float(_text(until)) > now) for k in slots}
+        totals: dict[str, float] = {}
+        for k, w in windows:
+            stored, leaving, staying = next(got), next(got), next(got)
+            if not staying:
+                totals[k] = 0.0
+            elif stored is None:
+                totals[k] = await self._window_sum(base, k, now - w)
+            else:
+                total = float(_text(stored))
+                for member in leaving:       # oldest first, as rate_window_add subtracts them
+                    total -= float(_text(member).rsplit(" ", 1)[1])
+                totals[k] = total
+        paused: dict[str, float | None] = {}
+        for k in pauses:
+            until = next(got)
+            paused[k] = (float(_text(until)) if until is not None
+                         and float(_text(until)) > now else None)
+        found = {k: next(got) for k in counters}
+        return RateView(slots=live, windows=totals, pauses=paused,
+                        counters={k: 0.0 if v is None else float(_text(v))
+                                  for k, v in found.items()})
+
+    async def _window_sum(self, base: str, key: str, cutoff: float) -> float:
+        """The sum of a window's entries after ``cutoff`` (its total hash is missing)."""
+
+        async def read(client: Redis) -> list[Any]:
+            return list(await client.zrangebyscore(f"{base}:rwz:{key}", f"({_num(cutoff)}",
+                                                   "+inf"))
+
+        return sum(float(_text(m).rsplit(" ", 1)[1]) for m in await self._call(read))
 
     async def admit(
         self, namespace: str, holder: str, needs: Sequence[Need], now: float

@@ -18,9 +18,16 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from shoal import _json
-from shoal.backends._sql import queries
+from shoal.backends._sql import lock_states, queries
 from shoal.backends._watches import EventWatch, WatchRegistry
-from shoal.types import LockGrant, LockWait, MemberView
+from shoal.types import (
+    CoordinationView,
+    LockGrant,
+    LockWait,
+    MemberState,
+    MemberView,
+    MeterState,
+)
 
 _Q = queries("sqlite")
 _POLL = 0.005   # seconds between two reads of data_version while a lock is watched
@@ -189,9 +196,11 @@ class SQLiteCoordination:
         now: float,
         ttl: float,
         warmup: float,
+        *,
+        version: str | None = None,
     ) -> MemberView:
         args = {"namespace": namespace, "member": member, "held": held, "now": now,
-                "expires_at": now + ttl}
+                "expires_at": now + ttl, "version": version}
         async with self._tx() as db:
             db.execute(_Q["members_purge"], args)
             db.execute(_Q["member_beat"], args)
@@ -238,6 +247,32 @@ class SQLiteCoordination:
             db.execute(_Q["put_meters"], {"namespace": namespace, "meters": _json.dumps(
                 [[k, *state[k]] for k in dict.fromkeys(keys)])})
         return debts
+
+    # -- the console's read ------------------------------------------------------------------
+
+    async def coordination_view(
+        self, namespace: str, now: float, limit: int = 100
+    ) -> CoordinationView:
+        args = {"namespace": namespace, "now": now, "limit": limit + 1}
+        db = self._db
+        db.execute("BEGIN")        # deferred: one snapshot for the reads, no write lock
+        try:
+            roster = db.execute(_Q["get_roster"], args).fetchone()
+            members = db.execute(_Q["view_members"], args).fetchall()
+            held = db.execute(_Q["view_locks_held"], args).fetchall()
+            waiters = db.execute(_Q["view_lock_waiters"], args).fetchall()
+            meters = db.execute(_Q["view_meters"], args).fetchall()
+        finally:
+            db.execute("COMMIT")
+        locks, cut = lock_states(held, waiters, limit)
+        return CoordinationView(
+            namespace, now, 0 if roster is None else roster["generation"],
+            () if roster is None else tuple(_json.loads(roster["members"])),
+            tuple(MemberState(r["member"], r["joined_at"], r["expires_at"], r["held"],
+                              r["beat_at"], r["version"]) for r in members),
+            locks, tuple(MeterState(r["key"], r["debt"], r["updated_at"])
+                         for r in meters[:limit]),
+            complete=not cut and len(held) <= limit and len(meters) <= limit)
 
     # -- retention -----------------------------------------------------------------------------
 

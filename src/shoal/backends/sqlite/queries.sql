@@ -569,10 +569,11 @@ FROM watched AS w;
 DELETE FROM members WHERE namespace = :namespace AND expires_at <= :now;
 
 -- name: member_beat
-INSERT INTO members (namespace, member, joined_at, expires_at, held)
-VALUES (:namespace, :member, :now, :expires_at, :held)
+INSERT INTO members (namespace, member, joined_at, expires_at, held, beat_at, version)
+VALUES (:namespace, :member, :now, :expires_at, :held, :now, :version)
 ON CONFLICT (namespace, member) DO UPDATE
-SET expires_at = excluded.expires_at, held = excluded.held;
+SET expires_at = excluded.expires_at, held = excluded.held, beat_at = excluded.beat_at,
+    version = excluded.version;
 
 -- name: members
 SELECT member, joined_at, held FROM members WHERE namespace = :namespace;
@@ -590,6 +591,36 @@ UPDATE members SET held = :generation WHERE namespace = :namespace AND member = 
 
 -- name: member_leave
 DELETE FROM members WHERE namespace = :namespace AND member = :member;
+
+-- name: view_members
+-- coordination_view: the live members (a read: ended rows stay for the next heartbeat to delete).
+SELECT member, joined_at, expires_at, held, beat_at, version FROM members
+WHERE namespace = :namespace AND expires_at > :now
+ORDER BY member;
+
+-- name: view_locks_held
+-- coordination_view: keys with a live holder, through locks_held (never every key ever locked).
+SELECT key, token, holder, expires_at FROM locks INDEXED BY locks_held
+WHERE namespace = :namespace AND holder IS NOT NULL AND expires_at > :now
+ORDER BY key
+LIMIT :limit;
+
+-- name: view_lock_waiters
+-- coordination_view: live waiters by key and ticket, with their key's last token (0: the key
+-- has no row yet). Waiter rows are few: they end with their lease and retention deletes them.
+SELECT w.key, w.holder, w.ticket, w.expires_at, coalesce(l.token, 0) AS token
+FROM lock_waiters AS w
+LEFT JOIN locks AS l ON l.namespace = w.namespace AND l.key = w.key
+WHERE w.namespace = :namespace AND w.expires_at > :now
+ORDER BY w.key, w.ticket;
+
+-- name: view_meters
+-- coordination_view: meters still in debt at now (those drained go at the next retention).
+SELECT key, max(0.0, debt - max(0.0, :now - updated_at) * 1000.0) AS debt, updated_at
+FROM meters
+WHERE namespace = :namespace AND debt - max(0.0, :now - updated_at) * 1000.0 > 0
+ORDER BY key
+LIMIT :limit;
 
 -- name: get_meters
 SELECT key, debt, updated_at FROM meters
@@ -648,6 +679,15 @@ WHERE namespace = :namespace AND key = :key AND at <= :cutoff;
 -- name: rate_window_any
 -- After rate_window_prune: whether an entry is left (else the total is reset to exactly 0).
 SELECT EXISTS (SELECT 1 FROM rate_window_entries WHERE namespace = :namespace AND key = :key);
+
+-- name: rate_window_stays
+-- read_rates, after rate_window_leaving found some: whether an entry stays in the window.
+SELECT EXISTS (SELECT 1 FROM rate_window_entries
+               WHERE namespace = :namespace AND key = :key AND at > :cutoff);
+
+-- name: rate_slots_live
+-- read_rates: the live holders of a slot key (a read: ended rows stay for the next acquire).
+SELECT count(*) FROM rate_slots WHERE namespace = :namespace AND key = :key AND expires_at > :now;
 
 -- name: rate_window_total
 -- The running total of the key's entries (no row: no entry, 0).
@@ -818,6 +858,16 @@ WHERE root_id = :root_id AND id <> root_id ORDER BY id LIMIT :limit;
 
 -- Runs ended per minute: read from the retention index alone (finished_at is in it; the status
 -- term is its WHERE), so the cost is the runs that ended in the span.
+-- name: run_owners
+-- The owners of running runs, through runs_claimed (its cost: the running runs).
+SELECT owner, count(*) AS running, max(lease_expires_at) AS lease_until
+FROM runs INDEXED BY runs_claimed
+WHERE namespace = :namespace AND status IN ('running', 'interrupted') AND status = 'running'
+  AND owner IS NOT NULL
+GROUP BY owner
+ORDER BY owner
+LIMIT :limit;
+
 -- name: finished_per_minute
 SELECT CAST((finished_at - :since) / 60 AS INTEGER) AS minute, count(*) AS n
 FROM runs INDEXED BY runs_finished

@@ -25,6 +25,7 @@ from shoal.types import (
     CounterResult,
     Need,
     PauseNeed,
+    RateView,
     Refused,
     SlotBusy,
     SlotGrant,
@@ -107,6 +108,32 @@ class SQLiteRateLimits:
         async with self._tx() as db:
             db.execute(_Q["rate_window_clear"], args)
             db.execute(_Q["rate_window_clear_total"], args)
+
+    # -- the console's read ------------------------------------------------------------------
+
+    async def read_rates(
+        self, namespace: str, now: float, *, slots: Sequence[str] = (),
+        windows: Sequence[tuple[str, float]] = (), pauses: Sequence[str] = (),
+        counters: Sequence[str] = (),
+    ) -> RateView:
+        base: dict[str, Any] = {"namespace": namespace, "now": now}
+        db = self._db
+        db.execute("BEGIN")        # deferred: one snapshot for the reads, no write lock
+        try:
+            live = {k: db.execute(_Q["rate_slots_live"], {**base, "key": k}).fetchone()[0]
+                    for k in slots}
+            totals = {k: _window_read(db, {**base, "key": k, "cutoff": now - w})
+                      for k, w in windows}
+            paused = {}
+            for k in pauses:
+                row = db.execute(_Q["rate_paused_until"], {**base, "key": k}).fetchone()
+                paused[k] = None if row is None else float(row[0])
+            found = {r["key"]: float(r["total"]) for r in db.execute(
+                _Q["rate_counters_get"], {**base, "keys": _json.dumps(list(counters))})}
+        finally:
+            db.execute("COMMIT")
+        return RateView(slots=live, windows=totals, pauses=paused,
+                        counters={k: found.get(k, 0.0) for k in counters})
 
     # -- pauses --------------------------------------------------------------------------------
 
@@ -275,6 +302,20 @@ def _slot_busy(db: sqlite3.Connection, args: dict[str, Any], max_slots: int) -> 
 def _paused(db: sqlite3.Connection, args: dict[str, Any]) -> float | None:
     row = db.execute(_Q["rate_paused_until"], args).fetchone()
     return None if row is None else float(row[0])
+
+
+def _window_read(db: sqlite3.Connection, args: dict[str, Any]) -> float:
+    """The key's total over the window at ``args["cutoff"]``, as :func:`_window_total` finds
+    it, without deleting anything."""
+    row = db.execute(_Q["rate_window_total"], args).fetchone()
+    total = 0.0 if row is None else float(row[0])
+    leaving = db.execute(_Q["rate_window_leaving"], args).fetchall()
+    if leaving:
+        for (gone,) in leaving:
+            total -= gone
+        if not db.execute(_Q["rate_window_stays"], args).fetchone()[0]:
+            total = 0.0
+    return total
 
 
 def _window_total(db: sqlite3.Connection, args: dict[str, Any]) -> tuple[float, float]:

@@ -50,6 +50,7 @@ from shoal.types import (
     Renewal,
     Run,
     RunFilter,
+    RunOwner,
     RunRecord,
     RunStatus,
     Settlement,
@@ -944,6 +945,11 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
                            + [_run(r) for r in children])[:tree_limit])
         finally:
             db.execute("COMMIT")
+
+    async def run_owners(self, namespace: str, limit: int = 1000) -> list[RunOwner]:
+        rows = self._db.execute(_Q["run_owners"], {"namespace": namespace,
+                                                   "limit": limit}).fetchall()
+        return [RunOwner(r["owner"], r["running"], r["lease_until"]) for r in rows]
 
     async def finished_per_minute(
         self, namespace: str, since: float, minutes: int

@@ -422,6 +422,103 @@ class CoordContract:
     async def test_ping(self, coord: CoordStore) -> None:
         await coord.ping()
 
+    # -- the console's read (coordination_view) ------------------------------------------------
+
+    async def test_the_view_shows_live_members_with_their_beats_and_the_roster(
+        self, coord: CoordStore, other: CoordStore
+    ) -> None:
+        empty = await other.coordination_view(NS, T0)
+        assert (empty.generation, empty.roster, empty.members) == (0, (), ())
+        await coord.heartbeat(NS, "m2", None, T0 + 1, TTL, WARMUP)
+        await coord.heartbeat(NS, "m1", None, T0, TTL, WARMUP, version="v1")
+        g = await coord.heartbeat(NS, "m1", None, T0 + WARMUP, TTL, WARMUP, version="v1.1")
+        assert g.granted and g.members == ("m1",)
+        view = await other.coordination_view(NS, T0 + 11)
+        assert view.namespace == NS and view.at == T0 + 11
+        assert (view.generation, view.roster) == (g.generation, ("m1",))
+        assert [(m.member, m.held, m.version) for m in view.members] == [
+            ("m1", g.generation, "v1.1"), ("m2", None, None)]
+        m1, m2 = view.members
+        assert (m1.joined_at, m1.beat_at, m1.expires_at) == (
+            exactly(T0), exactly(T0 + WARMUP), exactly(T0 + WARMUP + TTL))
+        assert (m2.joined_at, m2.beat_at, m2.expires_at) == (
+            exactly(T0 + 1), exactly(T0 + 1), exactly(T0 + 1 + TTL))
+        assert view.complete
+        later = await other.coordination_view(NS, T0 + 1 + TTL)
+        assert [m.member for m in later.members] == ["m1"], "m2's row ended"
+        assert (await other.coordination_view("elsewhere", T0 + 11)).members == ()
+
+    async def test_the_view_never_deletes_an_ended_member(
+        self, coord: CoordStore, other: CoordStore
+    ) -> None:
+        await coord.heartbeat(NS, "m1", None, T0, TTL, WARMUP, version="v1")
+        assert (await other.coordination_view(NS, T0 + 100)).members == ()
+        again = await other.coordination_view(NS, T0 + 1)
+        assert [(m.member, m.version) for m in again.members] == [("m1", "v1")], (
+            "a read at a later now deleted the row")
+
+    async def test_the_view_shows_held_and_waited_locks_with_tokens(
+        self, coord: CoordStore, other: CoordStore
+    ) -> None:
+        await grant(coord, ["k1"], "h1")
+        await coord.lock_release(NS, ["k1"], "h1")
+        held = await grant(coord, ["k1"], "h2", T0 + 1)                 # token 2, until T0 + 11
+        w1 = await queued(coord, ["k1"], "w1", T0 + 2)
+        w2 = await queued(coord, ["k1"], "w2", T0 + 3)
+        await grant(coord, ["ended"], "gone", T0 - 20)                  # its lease ended
+        await grant(coord, ["free"], "h3", T0)
+        w3 = await queued(coord, ["free"], "w3", T0 + 1)
+        await coord.lock_release(NS, ["free"], "h3")                    # free, w3 next
+        await grant(coord, ["k1"], "x", T0, ns="elsewhere")
+        view = await other.coordination_view(NS, T0 + 5)
+        assert [(lk.key, lk.token, lk.holder) for lk in view.locks] == [
+            ("free", 1, None), ("k1", held.token, "h2")]
+        free, k1 = view.locks
+        assert k1.expires_at == exactly(T0 + 11) and free.expires_at is None
+        assert [(w.holder, w.ticket) for w in k1.waiters] == [("w1", w1.ticket),
+                                                              ("w2", w2.ticket)]
+        assert k1.waiters[0].expires_at == exactly(T0 + 12)
+        assert [(w.holder, w.ticket) for w in free.waiters] == [("w3", w3.ticket)]
+        assert view.complete
+
+    async def test_the_view_never_deletes_an_ended_waiter(
+        self, coord: CoordStore, other: CoordStore
+    ) -> None:
+        await grant(coord, ["k"], "h1")                                 # until T0 + 10
+        await queued(coord, ["k"], "w1", T0 + 1)                        # until T0 + 11
+        assert (await other.coordination_view(NS, T0 + 100)).locks == ()
+        view = await other.coordination_view(NS, T0 + 2)
+        assert [(lk.holder, [w.holder for w in lk.waiters]) for lk in view.locks] == [
+            ("h1", ["w1"])], "a read at a later now deleted the waiter"
+
+    async def test_the_view_shows_meters_in_debt_without_draining_them(
+        self, coord: CoordStore, other: CoordStore
+    ) -> None:
+        await coord.meter(NS, ["a", "b"], [5000, 1000], T0)
+        view = await other.coordination_view(NS, T0 + 2)
+        assert [(m.key, m.debt, m.updated_at) for m in view.meters] == [
+            ("a", exactly(3000), exactly(T0))], "b is drained"
+        assert (await other.coordination_view(NS, T0 + 100)).meters == ()
+        assert [m.debt for m in (await other.coordination_view(NS, T0 + 1)).meters] == [
+            exactly(4000)]
+        assert await coord.meter(NS, ["a"], [0], T0 + 1) == [exactly(4000)], (
+            "a read drained the meter")
+
+    async def test_the_view_lists_at_most_its_limit(
+        self, coord: CoordStore, other: CoordStore
+    ) -> None:
+        for i in range(3):
+            await grant(coord, [f"k{i}"], f"h{i}")
+            await queued(coord, ["k0"], f"w{i}", T0 + 1)
+        await coord.meter(NS, ["m0", "m1", "m2"], [9000] * 3, T0)
+        view = await other.coordination_view(NS, T0 + 1, limit=2)
+        assert [lk.key for lk in view.locks] == ["k0", "k1"]
+        assert [w.holder for w in view.locks[0].waiters] == ["w0", "w1"]
+        assert [m.key for m in view.meters] == ["m0", "m1"]
+        assert not view.complete
+        whole = await other.coordination_view(NS, T0 + 1, limit=3)
+        assert len(whole.locks) == 3 and len(whole.meters) == 3 and whole.complete
+
     # -- retention -----------------------------------------------------------------------------
 
     async def test_prune_deletes_drained_meters_and_ended_waiters(

@@ -55,6 +55,29 @@ async def pages(store: Store, where: RunFilter, size: int) -> list[list[str]]:
 class InspectionContract:
     """A console's reads and the redrive of a dead letter."""
 
+    async def test_run_owners_count_the_running_runs_of_each_owner(
+        self, store: Store, other: Store
+    ) -> None:
+        assert await other.run_owners(NS) == []
+        for i in range(5):
+            await add(store, T0 + i)
+        await add(store, T0, namespace="elsewhere")
+        first = await claim(store, "b", T0 + 10, limit=2)            # leases until T0 + 40
+        second = await claim(store, "a", T0 + 20, limit=1)           # until T0 + 50
+        third = await claim(store, "b", T0 + 30, limit=1)            # until T0 + 60
+        assert await store.settle_run(fence(second[0]), Settlement("succeeded"), T0 + 31)
+        owners = await other.run_owners(NS)
+        assert [(o.owner, o.running) for o in owners] == [("b", 3)]
+        assert owners[0].lease_until == third[0].lease_expires_at
+        assert first[0].lease_expires_at is not None
+        assert await store.release_run(fence(third[0]), T0 + 32)     # interrupted: not running
+        assert [(o.owner, o.running) for o in await other.run_owners(NS)] == [("b", 2)]
+        await claim(store, "a", T0 + 40, limit=5)
+        got = await other.run_owners(NS)
+        assert [(o.owner, o.running) for o in got] == [("a", 1), ("b", 2)]
+        assert [(o.owner, o.running) for o in await other.run_owners(NS, limit=1)] == [("a", 1)]
+        assert await other.run_owners("elsewhere") == []
+
     async def test_search_finds_runs_by_each_filter_newest_first(
         self, store: Store, other: Store
     ) -> None:

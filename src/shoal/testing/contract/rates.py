@@ -545,6 +545,53 @@ class RateContract:
 
     # -- retention -----------------------------------------------------------------------------
 
+    # -- the console's read (read_rates) ------------------------------------------------------
+
+    async def test_read_rates_sees_slots_windows_pauses_and_counters(
+        self, rates: RateStore, other: RateStore
+    ) -> None:
+        for holder in ("h1", "h2"):
+            await rates.slot_acquire(NS, "s", holder, 5, 10, T0)            # until T0 + 10
+        await rates.slot_acquire(NS, "s", "h3", 5, 1, T0)                   # until T0 + 1
+        await rates.window_add(NS, "w", 1, 60, None, T0)
+        await rates.window_add(NS, "w", 2, 60, None, T0 + 30)
+        await rates.pause_until(NS, "p", T0 + 50, T0)
+        await rates.counter_add(NS, ["c"], [5], [None], T0)
+        await rates.slot_acquire("elsewhere", "s", "x", 5, 10, T0)
+        got = await other.read_rates(NS, T0 + 5, slots=["s", "never"],
+                                     windows=[("w", 60), ("never", 60)],
+                                     pauses=["p", "never"], counters=["c", "never"])
+        assert got.slots == {"s": 2, "never": 0}
+        assert got.windows == {"w": pytest.approx(3), "never": 0}
+        assert got.pauses == {"p": pytest.approx(T0 + 50), "never": None}
+        assert got.counters == {"c": pytest.approx(5), "never": 0}
+        later = await other.read_rates(NS, T0 + 70, slots=["s"], windows=[("w", 60)],
+                                       pauses=["p"], counters=["c"])
+        assert later.slots == {"s": 0}
+        assert later.windows == {"w": pytest.approx(2)}, "the entry at T0 left the window"
+        assert later.pauses == {"p": None}
+        assert (await rates.window_add(NS, "w", 0, 60, None, T0 + 70)).total == (
+            pytest.approx(later.windows["w"]))
+        assert (await other.read_rates(NS, T0 + 100, windows=[("w", 60)])).windows == {"w": 0}
+
+    async def test_read_rates_never_writes(self, rates: RateStore, other: RateStore) -> None:
+        await rates.slot_acquire(NS, "s", "h1", 1, 10, T0)
+        await rates.window_add(NS, "w", 1, 60, None, T0)
+        await rates.pause_until(NS, "p", T0 + 50, T0)
+        await rates.counter_add(NS, ["c"], [5], [None], T0)
+        gone = await other.read_rates(NS, T0 + 1000, slots=["s"], windows=[("w", 60)],
+                                      pauses=["p"], counters=["c"])
+        assert (gone.slots, gone.windows, gone.pauses) == ({"s": 0}, {"w": 0}, {"p": None})
+        again = await other.read_rates(NS, T0 + 1, slots=["s"], windows=[("w", 60)],
+                                       pauses=["p"], counters=["c"])
+        assert again.slots == {"s": 1}, "a read at a later now forgot the slot"
+        assert again.windows == {"w": pytest.approx(1)}, "a read forgot the window's entry"
+        assert again.pauses == {"p": pytest.approx(T0 + 50)}
+        assert isinstance(await rates.slot_acquire(NS, "s", "h2", 1, 10, T0 + 1), SlotBusy)
+        # the counter was not marked used: retention still finds it idle since T0
+        assert await rates.prune_rates(NS, T0 + 500, 100) >= 1
+        assert (await other.read_rates(NS, T0 + 1, counters=["c"])).counters == {"c": 0}
+
     async def test_prune_deletes_idle_counters(self, rates: RateStore, other: RateStore) -> None:
         """Counters last updated (a spend or a read) before ``before`` go, by the app's clock;
         a counter pruned counts again from 0; the ledger stays."""

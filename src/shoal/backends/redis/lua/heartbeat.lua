@@ -4,6 +4,10 @@
 --                                  held an integer generation or '-' for none)
 -- KEYS[2]  {prefix}:{ns}:roster    hash generation -> integer, members -> JSON array of ids
 --                                  (never expires: generations only increase)
+-- KEYS[3]  {prefix}:{ns}:beats     hash member -> 'beat_at version' (the heartbeat's now, '%.17g';
+--                                  version '=' followed by the text, or '-' for none), read by
+--                                  coordination_view; kept beside the members hash so that a
+--                                  member row keeps the format older code parses
 --
 -- ARGV[1]  member
 -- ARGV[2]  held      the generation the member acts on, or '-' for none
@@ -11,6 +15,7 @@
 -- ARGV[4]  ttl       seconds a member row lives after this heartbeat
 -- ARGV[5]  warmup    seconds after joining before a member is on the roster
 -- ARGV[6]  keep      milliseconds of real time before the members hash may be garbage collected
+-- ARGV[7]  version   '=' followed by the member's code version, or '-' for none
 --
 -- Steps: delete rows with expires_at <= now; upsert member (joined_at = now when new); the
 -- roster is the members with joined_at + warmup <= now, and when it differs (as a set) from the
@@ -29,6 +34,7 @@ for j = 1, #rows, 2 do
   local joined, expires, h = string.match(rows[j + 1], '^(%S+) (%S+) (%S+)$')
   if not joined or tonumber(expires) <= now then
     redis.call('HDEL', KEYS[1], rows[j])
+    redis.call('HDEL', KEYS[3], rows[j])
   else
     live[rows[j]] = {tonumber(joined), tonumber(expires), h}
   end
@@ -79,6 +85,8 @@ if granted then row[3] = string.format('%d', generation) end
 
 redis.call('HSET', KEYS[1], member, fmt(row[1]) .. ' ' .. fmt(row[2]) .. ' ' .. row[3])
 redis.call('PEXPIRE', KEYS[1], ARGV[6])
+redis.call('HSET', KEYS[3], member, fmt(now) .. ' ' .. ARGV[7])
+redis.call('PEXPIRE', KEYS[3], ARGV[6])
 
 local answer = {generation, granted and 1 or 0}
 for _, name in ipairs(roster) do answer[#answer + 1] = name end
