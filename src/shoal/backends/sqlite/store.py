@@ -36,6 +36,7 @@ from shoal.backends._batches import (
 from shoal.backends._sql import behind, current_schema, migrations, queries
 from shoal.backends._stats import keep, since, stats_from_rows
 from shoal.backends.sqlite import joined
+from shoal.backends.sqlite.batches import GroupCommit
 from shoal.backends.sqlite.coord import SQLiteCoordination
 from shoal.backends.sqlite.rates import SQLiteRateLimits
 from shoal.errors import AdmissionRejectedError, ConfigurationError, StoreUnavailableError
@@ -135,6 +136,8 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
         self._conn: sqlite3.Connection | None = None
         self._data_version = 0
         self._waited = 0.0
+        # checkpoints and settlements of several runs share a transaction (batches.py)
+        self._writes = GroupCommit(self._tx)
 
     @classmethod
     def from_url(cls, url: str) -> SQLiteStore:
@@ -217,6 +220,7 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
             raise
 
     async def close(self) -> None:
+        await self._writes.drain()   # writes already asked for are still made
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -485,31 +489,39 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
     ) -> list[Run]:
         if limit <= 0 or not workflows:
             return []
-        args: dict[str, Any] = {"namespace": namespace, "workflows": _json.dumps(list(workflows)),
-                                "now": now, "scan": limit * 4 + 16, "version": version,
-                                "any_version": _json.dumps(list(any_version))}
         # A plain read first: an idle poll takes no write lock.
-        if self._one(_Q["claim_candidates"], args) is None:
+        if self._one(_Q["claim_candidates"], _claim_args(namespace, workflows, limit, now,
+                                                         version, any_version)) is None:
             return []
         async with self._tx() as db:
-            ids: list[str] = []
-            keys: set[tuple[str, str]] = set()
-            for row in db.execute(_Q["claim_candidates"], args):
-                key = row["concurrency_key"]
-                if key is not None:
-                    if (row["workflow"], key) in keys:
-                        continue
-                    keys.add((row["workflow"], key))
-                ids.append(row["id"])
-                if len(ids) == limit:
-                    break
-            if not ids:
-                return []
-            rows = db.execute(_Q["claim"], {"owner": owner, "expires": now + self._waited + lease,
-                                            "now": now, "version": version,
-                                            "ids": _json.dumps(ids)}).fetchall()
-        runs = sorted((_run(r) for r in rows), key=lambda r: (-r.priority, r.created_at, r.id))
-        return runs
+            return self._claim(db, namespace, workflows, owner, limit, lease, now, version,
+                               any_version)
+
+    def _claim(
+        self, db: sqlite3.Connection, namespace: str, workflows: Sequence[str], owner: str,
+        limit: int, lease: float, now: float, version: str | None, any_version: Sequence[str],
+    ) -> list[Run]:
+        """``claim_runs``' statements, in the caller's write transaction."""
+        if limit <= 0 or not workflows:
+            return []
+        ids: list[str] = []
+        keys: set[tuple[str, str]] = set()
+        args = _claim_args(namespace, workflows, limit, now, version, any_version)
+        for row in db.execute(_Q["claim_candidates"], args):
+            key = row["concurrency_key"]
+            if key is not None:
+                if (row["workflow"], key) in keys:
+                    continue
+                keys.add((row["workflow"], key))
+            ids.append(row["id"])
+            if len(ids) == limit:
+                break
+        if not ids:
+            return []
+        rows = db.execute(_Q["claim"], {"owner": owner, "expires": now + self._waited + lease,
+                                        "now": now, "version": version,
+                                        "ids": _json.dumps(ids)}).fetchall()
+        return sorted((_run(r) for r in rows), key=lambda r: (-r.priority, r.created_at, r.id))
 
     async def renew_leases(
         self, owner: str, leases: dict[str, int], lease: float, now: float
@@ -549,21 +561,31 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
         self, fence: Fence, step: Step, lease: float, now: float,
         outbox: Sequence[OutboxEntry] = (),
     ) -> bool:
-        async with self._tx() as db:
-            if not self._fenced(db, fence, lease, now):
-                return False
-            if outbox:
-                done = db.execute(_Q["step_finished"], {"run_id": fence.run_id,
-                                                        "seq": step.seq}).fetchone()
-                if done is None or not done["finished"]:
-                    for e in outbox:
-                        db.execute(_Q["insert_outbox"], {
-                            "id": e.id, "namespace": e.namespace, "run_id": e.run_id,
-                            "seq": e.seq, "idx": e.index, "topic": e.topic,
-                            "payload": _json.dumps(e.payload), "created_at": e.created_at,
-                            "now": now})
-            self._put_step(db, fence, step, now)
-            return True
+        # with the checkpoints and settlements of other runs, each fenced on its own
+        return await self._writes.write(
+            lambda db: self._checkpoint(db, fence, step, lease, now, outbox))
+
+    def _checkpoint(
+        self, db: sqlite3.Connection, fence: Fence, step: Step, lease: float, now: float,
+        outbox: Sequence[OutboxEntry],
+    ) -> bool:
+        """``checkpoint_step``'s statements, in the caller's write transaction."""
+        if not self._fenced(db, fence, lease, now):
+            return False
+        if outbox:
+            # the transaction holds the write lock: this reads the step as it is, and no other
+            # writer can finish it before the entries and the step are written
+            done = db.execute(_Q["step_finished"], {"run_id": fence.run_id,
+                                                    "seq": step.seq}).fetchone()
+            if done is None or not done["finished"]:
+                for e in outbox:
+                    db.execute(_Q["insert_outbox"], {
+                        "id": e.id, "namespace": e.namespace, "run_id": e.run_id,
+                        "seq": e.seq, "idx": e.index, "topic": e.topic,
+                        "payload": _json.dumps(e.payload), "created_at": e.created_at,
+                        "now": now})
+        self._put_step(db, fence, step, now)
+        return True
 
     async def suspend_run(
         self,
@@ -574,7 +596,7 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
         wait_for: str | None,
         now: float,
     ) -> bool:
-        async with self._tx() as db:
+        def write(db: sqlite3.Connection) -> bool:
             cur = db.execute(_Q["suspend"], {
                 "status": status, "run_at": run_at, "wait_for": wait_for,
                 "run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
@@ -583,6 +605,8 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
                 return False
             self._put_step(db, fence, step, now)
             return True
+
+        return await self._writes.write(write)
 
     async def wait_signal(
         self, fence: Fence, step: Step, signal: str, deadline: float | None, now: float
@@ -610,18 +634,7 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
             return SignalWait(received=False, parked=True)
 
     async def settle_run(self, fence: Fence, settlement: Settlement, now: float) -> bool:
-        outcome = settlement.outcome
-        async with self._tx() as db:
-            cur = db.execute(_Q["settle"], {
-                "status": "queued" if outcome == "retry" else outcome,
-                "output": _json.dumps(settlement.output) if outcome == "succeeded" else None,
-                "error": settlement.error, "traceback": settlement.traceback,
-                "finished_at": None if outcome == "retry" else now,
-                "run_at": settlement.run_at if outcome == "retry" else now,
-                "attempt_inc": 1 if outcome == "retry" else 0,
-                "run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
-            })
-            return cur.rowcount == 1
+        return await self._writes.write(lambda db: _settle(db, fence, settlement, now))
 
     async def settle_and_claim(
         self,
@@ -636,16 +649,23 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
         version: str | None = None,
         any_version: Sequence[str] = (),
     ) -> tuple[list[bool], list[Run]]:
-        held = [await self.settle_run(fence, settlement, at)
-                for fence, settlement, at in settlements]
-        return held, await self.claim_runs(namespace, workflows, owner, limit, lease, now,
-                                           version=version, any_version=any_version)
+        if not settlements:
+            return [], await self.claim_runs(namespace, workflows, owner, limit, lease, now,
+                                             version=version, any_version=any_version)
+
+        # One transaction (shared with the checkpoints queued meanwhile): each settlement
+        # fenced on its own, then the claim, which sees the slots and keys they freed.
+        def write(db: sqlite3.Connection) -> tuple[list[bool], list[Run]]:
+            held = [_settle(db, fence, settlement, at) for fence, settlement, at in settlements]
+            return held, self._claim(db, namespace, workflows, owner, limit, lease, now,
+                                     version, any_version)
+
+        return await self._writes.write(write)
 
     async def release_run(self, fence: Fence, now: float) -> bool:
-        async with self._tx() as db:
-            cur = db.execute(_Q["release"], {"run_id": fence.run_id, "owner": fence.owner,
-                                             "epoch": fence.epoch})
-            return cur.rowcount == 1
+        # a stopping instance releases its runs at once: together
+        return await self._writes.write(lambda db: db.execute(_Q["release"], {
+            "run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch}).rowcount == 1)
 
     async def recover_runs(self, namespace: str, now: float) -> list[Run]:
         args = {"namespace": namespace, "now": now}
@@ -1007,6 +1027,29 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
             if remaining <= 0:
                 return
             await asyncio.sleep(min(0.02, remaining))
+
+
+def _claim_args(namespace: str, workflows: Sequence[str], limit: int, now: float,
+                version: str | None, any_version: Sequence[str]) -> dict[str, Any]:
+    """The arguments of ``claim_candidates``."""
+    return {"namespace": namespace, "workflows": _json.dumps(list(workflows)), "now": now,
+            "scan": limit * 4 + 16, "version": version,
+            "any_version": _json.dumps(list(any_version))}
+
+
+def _settle(db: sqlite3.Connection, fence: Fence, settlement: Settlement, now: float) -> bool:
+    """``settle_run``'s statement, in the caller's write transaction."""
+    outcome = settlement.outcome
+    cur = db.execute(_Q["settle"], {
+        "status": "queued" if outcome == "retry" else outcome,
+        "output": _json.dumps(settlement.output) if outcome == "succeeded" else None,
+        "error": settlement.error, "traceback": settlement.traceback,
+        "finished_at": None if outcome == "retry" else now,
+        "run_at": settlement.run_at if outcome == "retry" else now,
+        "attempt_inc": 1 if outcome == "retry" else 0,
+        "run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
+    })
+    return cur.rowcount == 1
 
 
 def _create_run(
