@@ -208,3 +208,46 @@ async def test_a_failure_between_the_settlements_and_the_claim_leaves_neither(
                                                  LEASE, T0 + 7)
     assert answers == [True, False] and runs[0].id == waiter.id
     assert states(reader, held.id)[0] == ("succeeded", None)
+
+
+def candidate_reads(seen: list[str]) -> int:
+    return sum(s.startswith("-- Due runs in claim order") for s in seen)
+
+
+async def test_a_claim_reads_its_candidates_once_when_nothing_changed_meanwhile(
+    store: SQLiteStore
+) -> None:
+    runs = [await add(store, T0) for _ in range(3)]
+    with statements(store) as seen:
+        claimed = await claim(store, limit=2)
+    assert [r.id for r in claimed] == [r.id for r in runs[:2]]
+    # the plain read (no write lock for an idle poll) and nothing read again in the transaction
+    assert candidate_reads(seen) == 1 and transactions(seen) == 1
+
+
+async def test_a_claim_reads_its_candidates_again_when_another_writer_came_first(
+    store: SQLiteStore, reader: sqlite3.Connection
+) -> None:
+    first, second = await add(store, T0), await add(store, T0 + 0.5)
+    reader.execute("BEGIN IMMEDIATE")   # another process holds the write lock
+    seen: list[str] = []
+    read = asyncio.Event()
+
+    def look(statement: str) -> None:
+        seen.append(statement)
+        if candidate_reads(seen):
+            read.set()
+
+    store._db.set_trace_callback(look)
+    try:
+        task = asyncio.create_task(claim(store, limit=1, now=T0 + 1))
+        await read.wait()   # its plain read is made, and it waits for the write lock
+        # the other process cancels the run that read found first, and lets go of the lock
+        reader.execute("UPDATE runs SET status = 'cancelled' WHERE id = ?", (first.id,))
+        reader.execute("COMMIT")
+        claimed = await task
+    finally:
+        store._db.set_trace_callback(None)
+    assert [r.id for r in claimed] == [second.id]
+    assert candidate_reads(seen) == 2
+    assert states(reader, first.id, second.id) == [("cancelled", None), ("running", "a")]

@@ -136,6 +136,7 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
         self._conn: sqlite3.Connection | None = None
         self._data_version = 0
         self._waited = 0.0
+        self._commits = 0   # write transactions this connection ended (see _changes)
         # checkpoints and settlements of several runs share a transaction (batches.py)
         self._writes = GroupCommit(self._tx)
 
@@ -298,6 +299,8 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
                 with contextlib.suppress(sqlite3.Error):
                     db.execute("ROLLBACK")
             raise
+        finally:
+            self._commits += 1   # committed or not: a read before it may be stale
 
     async def _begin(self, db: sqlite3.Connection) -> None:
         started = time.monotonic()
@@ -489,13 +492,23 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
     ) -> list[Run]:
         if limit <= 0 or not workflows:
             return []
-        # A plain read first: an idle poll takes no write lock.
-        if self._one(_Q["claim_candidates"], _claim_args(namespace, workflows, limit, now,
-                                                         version, any_version)) is None:
+        # A plain read first: an idle poll takes no write lock. The write transaction uses its
+        # rows unless the file changed in between, rather than running the query again.
+        args = _claim_args(namespace, workflows, limit, now, version, any_version)
+        seen = self._changes()   # before the read: a commit after it is seen as a change
+        candidates = self._db.execute(_Q["claim_candidates"], args).fetchall()
+        if not candidates:
             return []
         async with self._tx() as db:
-            return self._claim(db, namespace, workflows, owner, limit, lease, now, version,
-                               any_version)
+            if self._changes() != seen:
+                candidates = db.execute(_Q["claim_candidates"], args).fetchall()
+            return self._claim_candidates(db, candidates, owner, limit, lease, now, version)
+
+    def _changes(self) -> tuple[int, int]:
+        """What tells whether the file changed since: this connection's write transactions,
+        and ``PRAGMA data_version``, which changes when another connection commits."""
+        row = self._one("PRAGMA data_version")
+        return self._commits, row[0] if row is not None else 0
 
     def _claim(
         self, db: sqlite3.Connection, namespace: str, workflows: Sequence[str], owner: str,
@@ -504,10 +517,19 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
         """``claim_runs``' statements, in the caller's write transaction."""
         if limit <= 0 or not workflows:
             return []
+        candidates = db.execute(_Q["claim_candidates"], _claim_args(
+            namespace, workflows, limit, now, version, any_version)).fetchall()
+        return self._claim_candidates(db, candidates, owner, limit, lease, now, version)
+
+    def _claim_candidates(
+        self, db: sqlite3.Connection, candidates: list[sqlite3.Row], owner: str, limit: int,
+        lease: float, now: float, version: str | None,
+    ) -> list[Run]:
+        """Claim the first ``limit`` of ``candidates`` (``claim_candidates``' rows as the
+        write transaction ``db`` sees them), one run per concurrency key."""
         ids: list[str] = []
         keys: set[tuple[str, str]] = set()
-        args = _claim_args(namespace, workflows, limit, now, version, any_version)
-        for row in db.execute(_Q["claim_candidates"], args):
+        for row in candidates:
             key = row["concurrency_key"]
             if key is not None:
                 if (row["workflow"], key) in keys:
