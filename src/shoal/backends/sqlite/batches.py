@@ -40,11 +40,6 @@ class GroupCommit:
         self._queue: list[tuple[Write, asyncio.Future[Any]]] = []
         self._task: asyncio.Task[None] | None = None
 
-    @property
-    def pending(self) -> int:
-        """Writes queued or being written, not answered yet."""
-        return len(self._queue) + (self._task is not None and not self._task.done())
-
     async def write(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
         """Queue ``fn`` and return its answer once its transaction has committed."""
         loop = asyncio.get_running_loop()
@@ -57,8 +52,9 @@ class GroupCommit:
 
     async def drain(self) -> None:
         """Wait until every queued write has been written (or has failed)."""
-        if self._task is not None and not self._task.done():
-            await asyncio.gather(self._task, return_exceptions=True)
+        task = self._task
+        if task is not None and not task.done() and task.get_loop() is asyncio.get_running_loop():
+            await asyncio.gather(task, return_exceptions=True)
 
     async def _run(self) -> None:
         while self._queue:
