@@ -1,7 +1,9 @@
 """The SQLite store's shared transactions, beyond the contract suite: checkpoints of several runs
 written in one transaction (each fenced on its own, a step's outbox entries still once), a write
-whose statements fail failing alone, a cancelled caller's write still made, and
-``settle_and_claim`` as one transaction that another connection sees all or nothing of."""
+whose statements fail failing alone, a cancelled caller's write still made,
+``settle_and_claim`` as one transaction that another connection sees all or nothing of, and a
+claim that reads its candidates once unless another writer came between its read and its
+transaction."""
 
 from __future__ import annotations
 
