@@ -316,11 +316,11 @@
     rows(document.getElementById("instances"), o.instances,
       "No live instance: no App of this namespace is running.", 5,
       (i) => h("tr", {},
-        h("td", {}, h("span", { class: "mono" }, i.id),
+        h("td", { class: "nowrap" }, h("span", { class: "mono" }, i.id),
           i.live === true ? null : " ", i.live === true ? null : liveness(i.live)),
         h("td", {}, i.version === null ? muted("—") : i.version),
         h("td", {}, ago(i.last_heartbeat, o.at)),
-        h("td", {}, i.slot ? h("span", { title: `owns slots ${i.slot.index}, ` +
+        h("td", { class: "nowrap" }, i.slot ? h("span", { title: `owns slots ${i.slot.index}, ` +
           `${i.slot.index + i.slot.of}, … of any total` }, `${i.slot.index} of ${i.slot.of}`)
           : muted("none")),
         h("td", { class: "num" }, i.runs_held)));
