@@ -261,8 +261,8 @@ def contended_lock(url: str, key: str, holder: str, waiter: str) -> Iterator[dic
     """Two started Apps of the shop's namespace over the store ``url`` (instances ``holder`` and
     ``waiter``, in a thread with its own event loop): ``holder`` holds the lock ``key`` and
     ``waiter`` waits for it, until the block ends; then the lock passes to ``waiter``, which
-    releases it; ``holder`` also charges the meter ``embeddings`` 120 s. Yields ``{"token"}`` (the holder's fencing token) and, after the block,
-    ``"next_token"`` (the waiter's)."""
+    releases it; ``holder`` also charges the meter ``embeddings`` 120 s. Yields ``{"token"}``
+    (the holder's fencing token) and, after the block, ``"next_token"`` (the waiter's)."""
     import shoal
 
     seen: dict[str, Any] = {}

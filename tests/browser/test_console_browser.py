@@ -461,7 +461,8 @@ def test_mounted_in_a_service_it_shows_providers_budgets_and_cron(browser: Any,
         assert "gpt" in providers and "embed" in providers and "open" in providers
         assert "200,000" in providers
         # the state every replica's calls left: window use against the limits, the breaker
-        gpt = [r for r in all_css(browser, "#providers tbody tr") if r.text.startswith("gpt")][0]
+        gpt = next(r for r in all_css(browser, "#providers tbody tr")
+                   if r.text.startswith("gpt"))
         assert "/ 600" in gpt.text and "/ 200,000" in gpt.text, gpt.text
         assert gpt.find_element("css selector", ".status.s-open").text == "open"
         assert "2 of 2 failures in 1 min" in gpt.text, gpt.text
@@ -469,9 +470,11 @@ def test_mounted_in_a_service_it_shows_providers_budgets_and_cron(browser: Any,
         assert "acme" in budgets and "globex" in budgets and "200" in budgets
         assert "digest" in css(browser, "#cron").text
         # alone on the roster once it joined (two membership intervals after its start)
-        wait_for(lambda: browser.refresh() or "api-1 live 2026.12.1" in css(
-            browser, "#instances").text and "0 of 1" in css(browser, "#instances").text,
-            30, "api-1 live, owning every slot")
+        def alone_on_the_roster() -> bool:
+            browser.refresh()
+            listed = css(browser, "#instances").text
+            return "api-1 live 2026.12.1" in listed and "0 of 1" in listed
+        wait_for(alone_on_the_roster, 30, "api-1 live, owning every slot")
         assert css(browser, "#slots .status").text == "owns"
         shots.take(browser, "replicas", docs=True, full=True)
         on_a_phone(browser, shots, "replicas-phone")

@@ -293,14 +293,16 @@ async def test_replicas_page_shows_slots_a_held_lock_its_waiter_meters_and_provi
     assert granted == [held.token + 1]
 
     instances = section(replicas, "instances")
-    assert re.search(r"api-1 live 2026\.12\.1 \S+ (ms|s) ago · .*? UTC \d of 2 0", instances), instances
+    assert re.search(r"api-1 live 2026\.12\.1 \S+ (ms|s) ago · .*? UTC \d of 2 0",
+                     instances), instances
     assert re.search(r"api-2 live 2026\.12\.2 .* ago .* \d of 2 0", instances), instances
     assert {m for m in re.findall(r"(\d) of 2", instances)} == {"0", "1"}
     assert "None: every instance" in section(replicas, "registered")
     slots = section(replicas, "slots")
     assert slots.count("owns") == 2 and "api-1" in slots and "api-2" in slots
     locks = section(replicas, "locks")
-    assert re.search(rf"settlement api-1 {held.token} in \S+ s · .*? UTC api-2 ticket \d+", locks), locks
+    assert re.search(rf"settlement api-1 {held.token} in \S+ s · .*? UTC api-2 ticket \d+",
+                     locks), locks
     assert re.search(r"calls 1 min (2\d|30) s in 1 min", section(replicas, "meters"))
     providers = section(replicas, "providers")
     assert "gpt 0 / 8 no limit 1,200 / 200,000" in providers, providers
