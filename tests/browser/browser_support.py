@@ -256,6 +256,80 @@ class Shop:
         self.procs.cleanup()
 
 
+@contextlib.contextmanager
+def contended_lock(url: str, key: str, holder: str, waiter: str) -> Iterator[dict[str, Any]]:
+    """Two started Apps of the shop's namespace over the store ``url`` (instances ``holder`` and
+    ``waiter``, in a thread with its own event loop): ``holder`` holds the lock ``key`` and
+    ``waiter`` waits for it, until the block ends; then the lock passes to ``waiter``, which
+    releases it; ``holder`` also charges the meter ``embeddings`` 120 s. Yields ``{"token"}``
+    (the holder's fencing token) and, after the block, ``"next_token"`` (the waiter's)."""
+    import shoal
+
+    seen: dict[str, Any] = {}
+    ready = threading.Event()
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    failed: list[BaseException] = []
+
+    def app(instance: str) -> shoal.App:
+        return shoal.App("shop", store=url, instance_id=instance, version="2026.12.1",
+                         lease=2.0, membership_interval=0.5)
+
+    async def bounded(check: Callable[[], Any], what: str) -> None:
+        deadline = time.monotonic() + 30
+        while not await check():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            await asyncio.sleep(0.05)
+
+    async def main() -> None:
+        a, b = app(holder), app(waiter)
+        async with a, b:
+            async def slots() -> bool:
+                return a.slots(4) is not None and b.slots(4) is not None
+            await bounded(slots, "both Apps to own slots")
+
+            async def second() -> None:
+                async with b.lock(key) as lock:
+                    seen["next_token"] = lock.token
+
+            await a.meter(["embeddings"], [120_000])     # two minutes of debt
+            async with a.lock(key) as held:
+                seen["token"] = held.token
+                queued = asyncio.create_task(second())
+
+                async def waiting() -> bool:
+                    view = await a.coordination_view(100)
+                    return any(lk.key == key and lk.waiters for lk in view.locks)
+                await bounded(waiting, f"{waiter} to wait for {key}")
+                ready.set()
+                await stop.wait()
+            await asyncio.wait_for(queued, 30)
+
+    def run() -> None:
+        try:
+            loop.run_until_complete(main())
+        except BaseException as e:
+            failed.append(e)
+        finally:
+            ready.set()
+            loop.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        ready.wait(60)
+        if failed:
+            raise failed[0]
+        assert "token" in seen, "the lock was not taken within 60 s"
+        yield seen
+    finally:
+        if thread.is_alive():
+            loop.call_soon_threadsafe(stop.set)
+        thread.join(timeout=30)
+    if failed:
+        raise failed[0]
+
+
 @pytest.fixture(scope="module")
 def shop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shop]:
     """Three workers over a fresh SQLite store; tests change the count with ``workers(n)``."""

@@ -44,7 +44,8 @@ def flag(name: str) -> bool:
 
 def make_app(store: str, instance_id: str | None = None) -> shoal.App:
     app = shoal.App(NAMESPACE, store=store, instance_id=instance_id, lease=2.0,
-                    max_concurrent_runs=4)
+                    max_concurrent_runs=4, version="2026.12.1",
+                    membership_interval=0.5)
 
     async def pause_a_little(name: str) -> dict[str, Any]:
         await asyncio.sleep(random.uniform(0.05, 0.25))

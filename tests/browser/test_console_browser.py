@@ -17,7 +17,17 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
-from browser_support import PHONE, ZONE, ConsoleServer, Shop, Shots, phone, wait_for, wide
+from browser_support import (
+    PHONE,
+    ZONE,
+    ConsoleServer,
+    Shop,
+    Shots,
+    contended_lock,
+    phone,
+    wait_for,
+    wide,
+)
 
 import shoal
 
@@ -154,6 +164,9 @@ def test_overview_counts_move_while_three_workers_run(browser: Any, shop: Shop,
     assert "warn" in css(browser, "#card-approvals").get_attribute("class")
     listed = css(browser, "#instances").text
     assert all(i in listed for i in shop.procs.instances.values()), listed
+    # drawn again by the page's script: each one's version and how long ago it beat
+    for row in all_css(browser, "#instances tbody tr"):
+        assert "2026.12.1" in row.text and " ago · " in row.text, row.text
     assert "order" in css(browser, "#by-workflow").text
     assert "live · updated" in css(browser, "#live-note").text
     shots.take(browser, "overview", docs=True)
@@ -345,6 +358,49 @@ def test_a_run_tree_its_spend_and_the_replicas(browser: Any, shop: Shop,
     assert "mount the console in your service" in css(browser, "main").text
 
 
+def test_replicas_show_a_lock_held_by_one_instance_another_waiting_and_the_slots(
+        browser: Any, shop: Shop, console: ConsoleServer, shots: Shots) -> None:
+    shop.workers(2)
+    workers = shop.live_instances()
+    with contended_lock(shop.url, "ledger", "settler-a", "settler-b") as lock:
+        browser.get(console.url + "/replicas")
+
+        def roster() -> dict[str, str]:
+            browser.refresh()
+            return {row.find_element("css selector", "td:nth-child(2)").text:
+                    row.find_element("css selector", ".status").text
+                    for row in all_css(browser, "#slots tbody tr")}
+        expected = {*workers, "settler-a", "settler-b"}
+        # a new member joins the roster within a heartbeat or two of each member
+        wait_for(lambda: (set(roster()) == expected
+                          and set(roster().values()) == {"owns"}), 30,
+                 f"a roster of {sorted(expected)}, each owning its slots")
+        [row] = [r for r in all_css(browser, "#locks tbody tr") if "ledger" in r.text]
+        cells = row.find_elements("css selector", "td")
+        assert cells[0].text == "ledger" and cells[1].text == "settler-a"
+        assert cells[2].text == str(lock["token"])                  # the fencing token
+        assert cells[3].text.startswith("in ")                     # the lease's end
+        waiters = [li.text for li in cells[4].find_elements("css selector", "li")]
+        assert len(waiters) == 1 and waiters[0].startswith("settler-b ticket"), waiters
+        instances = {r.find_element("css selector", "td").text: r.text
+                     for r in all_css(browser, "#instances tbody tr")}
+        assert expected <= set(instances), instances
+        assert "live 2026.12.1" in instances["settler-a"]
+        assert all("live 2026.12.1" in instances[w] for w in workers), instances
+        assert css(browser, "#meters").text.count("embeddings") == 1
+        assert " ago" in instances["settler-a"]
+        slots = sorted(roster().keys())
+        indexes = sorted(r.find_element("css selector", "td").text
+                         for r in all_css(browser, "#slots tbody tr"))
+        assert indexes == [f"{i} of {len(slots)}" for i in range(len(slots))]
+        shots.take(browser, "replicas-coordination", docs=True, full=True)
+        on_a_phone(browser, shots, "replicas-coordination-phone")
+    assert lock["next_token"] == lock["token"] + 1
+    browser.refresh()
+    assert "ledger" not in css(browser, "#locks").text
+    assert js_errors(browser) == []
+
+
 def service_with_a_console() -> Any:
     """A service that runs its own App (memory store) and mounts the console at /ops: the
     console then shows what lives only in the App's code (providers, budgets, cron)."""
@@ -355,7 +411,8 @@ def service_with_a_console() -> Any:
 
     import shoal.web
 
-    app = shoal.App("assist", store="memory://", instance_id="api-1")
+    app = shoal.App("assist", store="memory://", instance_id="api-1", version="2026.12.1",
+                    membership_interval=0.5)
     gpt = app.provider("gpt", max_concurrent=8, requests_per_minute=600,
                        tokens_per_minute=200_000, price_per_token=0.000002,
                        breaker=shoal.Breaker(failures=2, window=60, cooldown=300))
@@ -403,11 +460,23 @@ def test_mounted_in_a_service_it_shows_providers_budgets_and_cron(browser: Any,
         providers = css(browser, "#providers").text
         assert "gpt" in providers and "embed" in providers and "open" in providers
         assert "200,000" in providers
+        # the state every replica's calls left: window use against the limits, the breaker
+        gpt = next(r for r in all_css(browser, "#providers tbody tr")
+                   if r.text.startswith("gpt"))
+        assert "/ 600" in gpt.text and "/ 200,000" in gpt.text, gpt.text
+        assert gpt.find_element("css selector", ".status.s-open").text == "open"
+        assert "2 of 2 failures in 1 min" in gpt.text, gpt.text
         budgets = css(browser, "#budgets").text
         assert "acme" in budgets and "globex" in budgets and "200" in budgets
         assert "digest" in css(browser, "#cron").text
-        assert "api-1" in css(browser, "#instances").text
-        shots.take(browser, "replicas", docs=True)
+        # alone on the roster once it joined (two membership intervals after its start)
+        def alone_on_the_roster() -> bool:
+            browser.refresh()
+            listed = css(browser, "#instances").text
+            return "api-1 live 2026.12.1" in listed and "0 of 1" in listed
+        wait_for(alone_on_the_roster, 30, "api-1 live, owning every slot")
+        assert css(browser, "#slots .status").text == "owns"
+        shots.take(browser, "replicas", docs=True, full=True)
         on_a_phone(browser, shots, "replicas-phone")
         links = [a.get_attribute("href") for a in all_css(browser, "nav a, a.card, #cron a")]
         assert links and all(href.startswith(server.url + "/ops/") for href in links), links

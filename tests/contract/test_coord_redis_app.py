@@ -195,8 +195,7 @@ async def test_a_console_on_a_store_url_reads_the_workers_redis_membership(
             return None
 
         async with worker:
-            while worker.slots(4) is None:
-                await asyncio.sleep(0.05)
+            await _slots_assigned(worker, timeout=10.0)
             console = shoal.web.asgi(url, coordination=RedisCoordStore(URL, prefix=prefix))
             seen = await asyncio.to_thread(_replicas, TestClient(console))
             alone = await asyncio.to_thread(_replicas, TestClient(shoal.web.asgi(url)))
@@ -206,6 +205,15 @@ async def test_a_console_on_a_store_url_reads_the_workers_redis_membership(
         assert seen["coordination"] == "RedisCoordStore"
         # without coordination=, the run store's membership is empty: w-1 is registered only
         assert alone["instances"] == [] and [r["id"] for r in alone["registered"]] == ["w-1"]
+
+
+async def _slots_assigned(app: shoal.App, timeout: float) -> None:
+    """Wait until ``app`` owns its slots (its first roster is granted); fail after ``timeout``
+    seconds (a bound, not a speed check)."""
+    deadline = time.monotonic() + timeout
+    while app.slots(4) is None:
+        assert time.monotonic() < deadline, f"no slots assigned within {timeout} s"
+        await asyncio.sleep(0.05)
 
 
 def _replicas(client: object) -> dict[str, object]:

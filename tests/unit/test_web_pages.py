@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import httpx2 as httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.routing import Mount
@@ -116,6 +117,14 @@ def page(client: TestClient, path: str, status: int = 200) -> str:
     return got.text
 
 
+def section(html: str, table_id: str) -> str:
+    """The rows of the table ``table_id``, tags removed and spaces squeezed (what a person
+    reads in it)."""
+    found = re.search(rf'<table id="{table_id}">.*?<tbody>(.*?)</tbody>', html, re.S)
+    assert found is not None, f"no table {table_id!r} in the page"
+    return " ".join(re.sub(r"<[^>]+>", " ", found.group(1)).split())
+
+
 def assert_escaped(html: str) -> None:
     """The hostile strings appear only escaped: never as markup."""
     assert SCRIPT not in html and "<img" not in html and "onerror=alert(1)>" not in html
@@ -154,7 +163,13 @@ def test_overview_shows_the_read_model(client: TestClient, shop: Shop) -> None:
     assert re.search(r'data-bind="dead_letters">1<', html)
     assert 'class="card warn" id="card-approvals"' in html
     assert html.count('<rect class="bar-ok"') == 60
-    assert '<td class="mono">w-1</td>' in html
+    # w-1 stopped: no live instance, and the replicas page lists it as registered only
+    assert re.search(r'data-bind="instances">0<', html)
+    assert "No live instance" in section(html, "instances")
+    assert 'id="membership-note" hidden' in html
+    replicas = page(client, "/replicas")
+    assert "w-1" in section(replicas, "registered")
+    assert "w-1" not in section(replicas, "instances")
 
 
 def test_run_detail_shows_steps_tree_pauses_signals_and_outbox(client: TestClient,
@@ -215,6 +230,122 @@ def test_mounted_under_a_path_every_link_keeps_it(shop: Shop) -> None:
         html = page(client, "/ops/")
         links = re.findall(r'(?:href|src|data-live|action)="(/[^"]*)"', html)
         assert links and all(link.startswith("/ops/") for link in links), links
+
+
+# -- replicas and providers from the coordination store ---------------------------------------
+
+
+async def html_of(app: shoal.App, path: str) -> str:
+    """The page ``path`` of a console over ``app``, in this event loop (the Apps run in it)."""
+    transport = httpx.ASGITransport(app=shoal.web.asgi(app))
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
+        got = await http.get(path)
+    assert got.status_code == 200, got.text
+    return got.text
+
+
+async def advance_until(clock: VirtualClock, done: Any, seconds: float = 10.0) -> None:
+    """Advance the clock in small ticks until ``done()`` is true (the heartbeats run)."""
+    for _ in range(int(seconds / 0.25)):
+        if done():
+            return
+        await clock.advance(0.25)
+        await settle()
+    assert done(), "not reached in time"
+
+
+def replica(store: MemoryStore, clock: VirtualClock, name: str, version: str) -> shoal.App:
+    app = shoal.App("shop", store=store, clock=clock, instance_id=name, version=version,
+                    membership_interval=1.0)
+
+    @app.workflow(name="noop")
+    async def noop(ctx: shoal.RunContext, input: Any) -> None:
+        return None
+
+    return app
+
+
+async def test_replicas_page_shows_slots_a_held_lock_its_waiter_meters_and_providers() -> None:
+    clock, store = VirtualClock(time.time()), MemoryStore()
+    a = replica(store, clock, "api-1", "2026.12.1")
+    b = replica(store, clock, "api-2", "2026.12.2")
+    gpt = a.provider("gpt", max_concurrent=8, tokens_per_minute=200_000,
+                     breaker=shoal.Breaker(failures=2, window=60, cooldown=300))
+    async with a, b:
+        await advance_until(clock, lambda: a.slots(4) is not None and b.slots(4) is not None)
+        async with gpt.call(tokens=1200):
+            pass
+        with pytest.raises(ConnectionError):
+            async with gpt.call():
+                raise ConnectionError("gpt: 502")
+        await a.meter(["calls"], [90_000])
+        granted: list[int] = []
+
+        async def second() -> None:
+            async with b.lock("settlement") as lock:
+                granted.append(lock.token)
+
+        async with a.lock("settlement") as held:
+            waiter = asyncio.create_task(second())
+            await settle()
+            replicas, overview = await html_of(a, "/replicas"), await html_of(a, "/")
+        await asyncio.wait_for(waiter, 5)
+    assert granted == [held.token + 1]
+
+    instances = section(replicas, "instances")
+    assert re.search(r"api-1 live 2026\.12\.1 \S+ (ms|s) ago · .*? UTC \d of 2 0",
+                     instances), instances
+    assert re.search(r"api-2 live 2026\.12\.2 .* ago .* \d of 2 0", instances), instances
+    assert {m for m in re.findall(r"(\d) of 2", instances)} == {"0", "1"}
+    assert "None: every instance" in section(replicas, "registered")
+    slots = section(replicas, "slots")
+    assert slots.count("owns") == 2 and "api-1" in slots and "api-2" in slots
+    locks = section(replicas, "locks")
+    assert re.search(rf"settlement api-1 {held.token} in \S+ s · .*? UTC api-2 ticket \d+",
+                     locks), locks
+    assert re.search(r"calls 1 min (2\d|30) s in 1 min", section(replicas, "meters"))
+    providers = section(replicas, "providers")
+    assert "gpt 0 / 8 no limit 1,200 / 200,000" in providers, providers
+    assert "closed 1 of 2 failures in 1 min" in providers, providers
+    assert 'id="membership-note" hidden' in replicas and 'id="incomplete"' not in replicas
+
+    assert re.search(r'data-bind="instances">2<', overview)
+    live = section(overview, "instances")
+    assert re.search(r"api-1 2026\.12\.1 .* ago .* \d of 2 0 api-2 2026\.12\.2", live), live
+
+
+async def test_without_membership_the_pages_say_so() -> None:
+    clock, store = VirtualClock(time.time()), MemoryStore()
+    async with replica(store, clock, "w-9", "v1"):
+        pass
+    console = shoal.App("shop", store=store, clock=clock)
+
+    async def redis_down(limit: int) -> Any:
+        raise shoal.StoreUnavailableError("Redis at redis://cache:6379 does not answer.")
+
+    console.coordination_view = redis_down  # type: ignore[method-assign]
+    replicas = await html_of(console, "/replicas")
+    note = re.search(r'<p class="flash err" id="membership-note">(.*?)</p>', replicas, re.S)
+    assert note is not None and "Membership unavailable" in note.group(1)
+    assert "Redis at redis://cache:6379 does not answer." in note.group(1)
+    assert section(replicas, "instances").startswith("w-9 unknown")
+    assert 'id="slots"' not in replicas and 'id="locks"' not in replicas
+    overview = await html_of(console, "/")
+    assert re.search(r'data-bind="instances">\?<', overview)
+    assert 'id="membership-note">' in overview
+    assert section(overview, "instances").startswith("w-9 unknown")
+
+
+async def test_a_view_cut_at_its_limit_says_it_is_incomplete() -> None:
+    clock, store = VirtualClock(time.time()), MemoryStore()
+    app = replica(store, clock, "api-1", "v1")
+    async with app:
+        held = [await app.lock(f"k{i:03}").__aenter__() for i in range(101)]
+        html = await html_of(app, "/replicas")
+        for lock in held:
+            await app._locks.release(lock)
+    assert 'id="incomplete"' in html and "incomplete" in html
+    assert section(html, "locks").count(" api-1 ") == 100
 
 
 # -- helpers -----------------------------------------------------------------------------------

@@ -296,7 +296,8 @@ async def dead_letters_page(c: Console, request: Request) -> tuple[str, dict[str
 
 async def replicas_page(c: Console, request: Request) -> tuple[str, dict[str, Any]]:
     return "replicas.html", {"rep": await c.replicas(), "prov": await c.providers(),
-                             "budgets": await c.budgets(), "cron": await c.cron()}
+                             "budgets": await c.budgets(), "cron": await c.cron(),
+                             "now": c.app.clock.now()}
 
 
 def routes() -> list[BaseRoute]:

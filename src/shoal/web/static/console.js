@@ -247,7 +247,7 @@
       oldest: duration(s.oldest_due_age),
       finished_minute: sum(Object.values(s.finished_last_minute)),
       pending_approvals: o.pending_approvals, dead_letters: o.dead_letters,
-      outbox_backlog: s.outbox_backlog, instances: o.instances.length,
+      outbox_backlog: s.outbox_backlog,
     };
     for (const st of statuses) values[`status.${st}`] = s.by_status[st];
     for (const [k, v] of Object.entries(values)) setText(live, k, v);
@@ -277,16 +277,53 @@
         h("td", { class: "num" }, s.queued[t].due), h("td", { class: "num" }, s.queued[t].delayed),
         h("td", { class: "num" }, s.queued[t].held)));
 
-    rows(document.getElementById("instances"), o.instances, "No instance has registered workflows.", 3,
-      (i) => h("tr", {}, h("td", { class: "mono" }, i.id), h("td", { class: "num" }, i.runs_held),
-        h("td", {}, (i.workflows || []).join(", "))));
+    renderInstances(o);
 
-    rows(document.getElementById("circuits"), o.open_circuits, "Every circuit is closed.", 2,
+    rows(document.getElementById("circuits"), o.open_circuits, "Every circuit is closed.", 3,
       (p) => h("tr", {}, h("td", {}, p.name),
-        h("td", {}, h("time", { "data-ts": p.open_until }, utcTime(p.open_until)))));
+        h("td", {}, h("span", { class: `status s-${p.state.breaker}` }, p.state.breaker)),
+        h("td", {}, p.open_until === null
+          ? h("span", { class: "muted" }, "a trial call decides")
+          : h("time", { "data-ts": p.open_until }, utcTime(p.open_until)))));
 
     renderChart(o.finished_per_minute.counts);
     localizeTimes(live);
+  }
+
+  // the live instances, as overview.html draws them; times relative to the server's clock
+  const muted = (text) => h("span", { class: "muted" }, text);
+  function ago(ts, now) {
+    if (ts === null || ts === undefined) return muted("—");
+    return h("span", {}, h("span", { class: "ago" }, `${duration(now - ts)} ago`), " · ",
+      h("time", { "data-ts": ts, "data-compact": "" }, utcTime(ts)));
+  }
+  function liveness(live) {
+    if (live === true) return h("span", { class: "status s-live" }, "live");
+    if (live === false) return h("span", { class: "status s-no-heartbeat" }, "no heartbeat");
+    return h("span", { class: "status s-unknown" }, "unknown");
+  }
+  function renderInstances(o) {
+    const m = o.membership;
+    setText(document, "instances",
+      m.available ? o.instances.filter((i) => i.live === true).length : "?");
+    const note = document.getElementById("membership-note");
+    if (note) {
+      note.hidden = m.available;
+      note.textContent = "Membership unavailable" + (m.error ? `: ${m.error}` : "") +
+        ". The instances are those the run store knows (registered, or holding runs); none " +
+        "can be shown as live, and slots, locks and meters are not shown.";
+    }
+    rows(document.getElementById("instances"), o.instances,
+      "No live instance: no App of this namespace is running.", 5,
+      (i) => h("tr", {},
+        h("td", { class: "nowrap" }, h("span", { class: "mono" }, i.id),
+          i.live === true ? null : " ", i.live === true ? null : liveness(i.live)),
+        h("td", {}, i.version === null ? muted("—") : i.version),
+        h("td", {}, ago(i.last_heartbeat, o.at)),
+        h("td", { class: "nowrap" }, i.slot ? h("span", { title: `owns slots ${i.slot.index}, ` +
+          `${i.slot.index + i.slot.of}, … of any total` }, `${i.slot.index} of ${i.slot.of}`)
+          : muted("none")),
+        h("td", { class: "num" }, i.runs_held)));
   }
 
   function renderChart(counts) {
