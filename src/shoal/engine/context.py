@@ -468,10 +468,9 @@ class RunContext:
         sent_here: list[tuple[str, Any]] = []
         token = _current_outbox.set(sent_here)
         inside = _current_step.set(name)
-        tries = [0]
         began = self._host.clock.now()
         try:
-            result = await self._call(fn, args, kwargs, retries, sent_here, tries)
+            result, retried = await self._call(fn, args, kwargs, retries, sent_here)
         finally:
             self.step_key = None
             _current_step.reset(inside)
@@ -480,7 +479,7 @@ class RunContext:
             raise self._x.misuse
         result = _json.checked(result, f"the result of step {name!r}",
                                self._host.max_payload_bytes)
-        step = self._record(seq, name, result, True, began, tries[0])
+        step = self._record(seq, name, result, True, began, retried)
         host = self._host
         sent = host.clock.now()
         run = self._x.run
@@ -520,23 +519,24 @@ class RunContext:
             raise
 
     async def _call(self, fn: Callable[..., Any], args: Any, kwargs: Any, retries: int,
-                    sent: list[tuple[str, Any]], tries: list[int]) -> Any:
-        """Call ``fn``, again up to ``retries`` times while it raises; ``tries[0]`` counts the
-        retries taken (the step's record keeps it)."""
+                    sent: list[tuple[str, Any]]) -> tuple[Any, int]:
+        """Call ``fn``, again up to ``retries`` times while it raises: its result and the
+        retries it took."""
+        tries = 0
         while True:
             sent.clear()   # a try that raised sent nothing: only the last try's entries count
             try:
                 if inspect.iscoroutinefunction(fn):
-                    return await fn(*args, **kwargs)
+                    return await fn(*args, **kwargs), tries
                 result = await self._in_thread(fn, args, kwargs)
                 if inspect.isawaitable(result):
                     result = await result
-                return result
+                return result, tries
             except Exception:
-                if tries[0] >= retries or self._x.misuse is not None:
+                if tries >= retries or self._x.misuse is not None:
                     raise
-                tries[0] += 1
-                await self._host.clock.sleep(min(30.0, 0.5 * 2 ** (tries[0] - 1))
+                tries += 1
+                await self._host.clock.sleep(min(30.0, 0.5 * 2 ** (tries - 1))
                                                * random.uniform(0.5, 1.0))
                 self.signal.raise_if_aborted()
 
