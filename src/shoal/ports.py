@@ -313,10 +313,11 @@ class Checkpoints(Protocol):
         self, fence: Fence, step: Step, lease: float, now: float,
         outbox: Sequence[OutboxEntry] = (),
     ) -> bool:
-        """Write ``step`` finished (replacing an unfinished one at its seq), the ``outbox``
-        entries it sent, and extend the lease, in one transaction, only under ``fence``; False
-        when the fence no longer holds (nothing written). A step's entries exist once
-        (invariant 3): a finished step is never written again."""
+        """Write ``step`` finished (replacing an unfinished one at its seq) with its
+        ``started_at``, ``attempt`` and ``retries``, the ``outbox`` entries it sent, and extend
+        the lease, in one transaction, only under ``fence``; False when the fence no longer
+        holds (nothing written). A step's entries exist once (invariant 3): a finished step is
+        never written again."""
 
     async def suspend_run(
         self,

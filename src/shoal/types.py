@@ -177,13 +177,20 @@ class Fence:
 @dataclass(frozen=True)
 class Step:
     """A checkpoint at position ``seq`` of a run. ``finished`` False: a sleep or wait in progress,
-    whose ``output`` holds what it waits for (``{"until": t}`` or ``{"deadline": t}``)."""
+    whose ``output`` holds what it waits for (``{"until": t}`` or ``{"deadline": t}``).
+    ``started_at``: when its function began on the app's clock (the first try of a step retried
+    in place; when the run first reached a sleep, wait, approval or child wait); ``attempt``: the
+    run's attempt that executed it; ``retries``: the in-place retries it took. None where
+    unknown (written by older code)."""
 
     seq: int
     name: str
     output: JSON
     finished: bool
     epoch: int
+    started_at: float | None = None
+    attempt: int | None = None
+    retries: int | None = None
 
 
 @dataclass(frozen=True)
@@ -464,8 +471,9 @@ class RunOwner:
 @dataclass(frozen=True)
 class StepRecord:
     """A checkpoint as the store keeps it, with ``finished_at``: when it was written finished
-    (None while a sleep or wait is in progress). A step's start is not stored: a step costs
-    one write, at its end."""
+    (None while a sleep or wait is in progress), and ``started_at``, ``attempt`` and ``retries``
+    as its ``Step`` had them (None for rows older code wrote). A step still costs one write, at
+    its end: its start travels with it."""
 
     seq: int
     name: str
@@ -473,6 +481,9 @@ class StepRecord:
     finished: bool
     epoch: int
     finished_at: float | None
+    started_at: float | None = None
+    attempt: int | None = None
+    retries: int | None = None
 
 
 @dataclass(frozen=True)

@@ -151,6 +151,53 @@ def test_overview(memory: tuple[TestClient, Runs, shoal.App]) -> None:
                                                       "refund"]
 
 
+def test_run_detail_step_timeline(clock: VirtualClock) -> None:
+    """Each step's start (its first try), end, duration, the attempt that executed it and the
+    retries it took: attempt 1 writes "first" and then fails; attempt 2 replays it and runs
+    "second", which fails once and succeeds on its in-place retry."""
+    store = MemoryStore()
+    app = shoal.App("shop", store=store, clock=clock, instance_id="worker-1")
+    tries: list[float] = []
+
+    def second() -> str:
+        tries.append(clock.now())
+        if len(tries) == 1:
+            raise ConnectionError("once")
+        return "ok"
+
+    @app.workflow(max_attempts=2)
+    async def flaky(ctx: shoal.RunContext, input: Any) -> Any:
+        await ctx.step("first", lambda: 1)
+        if ctx.attempt == 1:
+            raise RuntimeError("again")
+        return await ctx.step.with_options(retries=1)("second", second)
+
+    async def run() -> str:
+        async with app:
+            handle = await app.dispatch("flaky", None)
+            for _ in range(300):
+                await settle()
+                if (await app.get_run(handle.id)).status.final:
+                    break
+                await clock.advance(1)
+                await app.poll()
+            return handle.id
+
+    run_id = asyncio.run(run())
+    with TestClient(shoal.web.asgi(shoal.App("shop", store=store, clock=clock))) as client:
+        got = client.get(f"/api/runs/{run_id}").json()
+        html = client.get(f"/runs/{run_id}").text
+    assert got["run"]["status"] == "succeeded" and got["run"]["attempts"] == 2
+    first, last = got["steps"]
+    assert (first["name"], first["attempt"], first["retries"]) == ("first", 1, 0)
+    assert (last["name"], last["attempt"], last["retries"]) == ("second", 2, 1)
+    assert last["epoch"] > first["epoch"]
+    assert last["started_at"] == tries[0] < tries[1] <= last["finished_at"]
+    for step in (first, last):
+        assert step["duration"] == step["finished_at"] - step["started_at"] >= 0
+    assert "attempt 2" in html and "1 retry" in html and "Written before shoal" not in html
+
+
 def test_runs_filters_search_and_paging(memory: tuple[TestClient, Runs, shoal.App]) -> None:
     client, runs, _ = memory
     assert ids(client.get("/api/runs?status=failed")) == [runs.hostile, runs.failed]
@@ -198,6 +245,8 @@ def test_run_detail(memory: tuple[TestClient, Runs, shoal.App]) -> None:
     [step] = failed["steps"]
     assert step["name"] == "reserve" and step["finished"] and step["output"] == {"ok": True}
     assert step["epoch"] == run["lease_epoch"] and step["since_previous"] >= 0
+    assert step["attempt"] == 1 and step["retries"] == 0
+    assert step["started_at"] is not None and step["duration"] >= 0
     assert failed["actions"] == {"cancel": False, "signal": False, "retry": True}
 
     waiting = client.get(f"/api/runs/{runs.waiting}").json()

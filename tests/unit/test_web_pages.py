@@ -388,6 +388,43 @@ def test_timeline_lays_steps_end_to_end() -> None:
     assert [(r.left, r.width) for r in rows] == [(0.0, 20.0), (20.0, 40.0), (60.0, 40.0)]
     assert [r.took for r in rows] == [2.0, 4.0, None]
     assert rows[2].open and rows[2].target == 200.0
+    assert got["estimated"] and all(r.estimated for r in rows)
+
+
+def test_timeline_draws_each_step_from_its_start() -> None:
+    # a gap between steps (the workflow's own code) stays a gap; a retried step's bar spans
+    # its tries; a sleep in progress runs from when the run reached it; an older step without
+    # a start falls back to the end of the step before it
+    run = {"started_at": 100.0, "created_at": 99.0, "finished_at": None}
+    steps = [{"seq": 1, "name": "a", "finished": True, "started_at": 101.0,
+              "finished_at": 102.0, "since_previous": 2.0, "output": 1, "epoch": 1,
+              "attempt": 1, "retries": 0},
+             {"seq": 2, "name": "b", "finished": True, "started_at": 104.0,
+              "finished_at": 106.0, "since_previous": 4.0, "output": 2, "epoch": 1,
+              "attempt": 1, "retries": 2},
+             {"seq": 3, "name": "old", "finished": True, "started_at": None,
+              "finished_at": 107.0, "since_previous": 1.0, "output": 3, "epoch": 1,
+              "attempt": None, "retries": None},
+             {"seq": 4, "name": "shoal.sleep", "finished": False, "started_at": 108.0,
+              "finished_at": None, "since_previous": None, "output": {"until": 200.0},
+              "epoch": 1, "attempt": 1, "retries": 0}]
+    got = pages.timeline(run, steps, now=110.0)
+    rows = got["rows"]
+    assert [(r.left, r.width) for r in rows] == [(10.0, 10.0), (40.0, 20.0), (60.0, 10.0),
+                                                 (80.0, 20.0)]
+    assert [r.took for r in rows] == [1.0, 2.0, 1.0, None]
+    assert [r.estimated for r in rows] == [False, False, True, False]
+    assert got["estimated"]
+    assert not pages.timeline(run, steps[:2], now=110.0)["estimated"]
+
+
+def test_run_page_shows_each_steps_attempt_epoch_and_retries(client: TestClient,
+                                                             shop: Shop) -> None:
+    html = page(client, f"/runs/{shop.failed}")
+    steps = html[html.index('id="steps"'):html.index("</section>", html.index('id="steps"'))]
+    assert "attempt 1" in steps and "epoch " in steps
+    assert "retr" not in steps                      # no retry taken, none shown
+    assert "Written before shoal" not in html       # every step has its start
 
 
 def test_tree_nests_by_parent_and_keeps_orphans_on_top() -> None:

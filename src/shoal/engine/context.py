@@ -13,7 +13,7 @@ import traceback
 import types
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, Protocol, TypeVar, cast, overload
 
 from shoal import _checks, _json
@@ -358,6 +358,21 @@ class RunContext:
     def outbox(self) -> Outbox:
         return Outbox(self._host.max_payload_bytes)
 
+    def _record(self, seq: int, name: str, output: Any, finished: bool, began: float,
+                retries: int = 0) -> Step:
+        """The checkpoint of ``seq`` as this attempt writes it: with when it began, the run's
+        attempt and the in-place retries it took (the console's step timeline)."""
+        x = self._x
+        return Step(seq, name, output, finished, x.fence.epoch, began, x.run.attempts, retries)
+
+    @staticmethod
+    def _began(recorded: Step | None, now: float) -> float:
+        """When a durable step began: when the run first reached it (its unfinished record
+        keeps it), else ``now``."""
+        if recorded is not None and recorded.started_at is not None:
+            return recorded.started_at
+        return now
+
     def _next(self, name: str) -> tuple[int, Step | None]:
         # Sticky: once the run has durably yielded or lost its claim, every later ctx call
         # raises again, even if the workflow caught the first exception.
@@ -453,8 +468,9 @@ class RunContext:
         sent_here: list[tuple[str, Any]] = []
         token = _current_outbox.set(sent_here)
         inside = _current_step.set(name)
+        began = self._host.clock.now()
         try:
-            result = await self._call(fn, args, kwargs, retries, sent_here)
+            result, retried = await self._call(fn, args, kwargs, retries, sent_here)
         finally:
             self.step_key = None
             _current_step.reset(inside)
@@ -463,7 +479,7 @@ class RunContext:
             raise self._x.misuse
         result = _json.checked(result, f"the result of step {name!r}",
                                self._host.max_payload_bytes)
-        step = Step(seq, name, result, True, self._x.fence.epoch)
+        step = self._record(seq, name, result, True, began, retried)
         host = self._host
         sent = host.clock.now()
         run = self._x.run
@@ -503,17 +519,19 @@ class RunContext:
             raise
 
     async def _call(self, fn: Callable[..., Any], args: Any, kwargs: Any, retries: int,
-                    sent: list[tuple[str, Any]]) -> Any:
+                    sent: list[tuple[str, Any]]) -> tuple[Any, int]:
+        """Call ``fn``, again up to ``retries`` times while it raises: its result and the
+        retries it took."""
         tries = 0
         while True:
             sent.clear()   # a try that raised sent nothing: only the last try's entries count
             try:
                 if inspect.iscoroutinefunction(fn):
-                    return await fn(*args, **kwargs)
+                    return await fn(*args, **kwargs), tries
                 result = await self._in_thread(fn, args, kwargs)
                 if inspect.isawaitable(result):
                     result = await result
-                return result
+                return result, tries
             except Exception:
                 if tries >= retries or self._x.misuse is not None:
                     raise
@@ -533,14 +551,15 @@ class RunContext:
         host = self._host
         now = host.clock.now()
         until = float(recorded.output["until"]) if recorded is not None else now + seconds
+        began = self._began(recorded, now)
         if now >= until:
-            step = Step(seq, "shoal.sleep", {"until": until}, True, self._x.fence.epoch)
+            step = self._record(seq, "shoal.sleep", {"until": until}, True, began)
             if not await self._write(host.store.checkpoint_step(
                     self._x.fence, step, host.lease, now)):
                 self._lost()
             self._x.steps[seq] = step
             return
-        pending = Step(seq, "shoal.sleep", {"until": until}, False, self._x.fence.epoch)
+        pending = self._record(seq, "shoal.sleep", {"until": until}, False, began)
         self._x.finishing = True
         if not await self._write(host.store.suspend_run(
                 self._x.fence, pending, "sleeping", until, None, now)):
@@ -565,7 +584,8 @@ class RunContext:
             deadline = recorded.output.get("deadline")
         else:
             deadline = None if timeout is None else now + timeout
-        pending = Step(seq, step_name, {"deadline": deadline}, False, self._x.fence.epoch)
+        pending = self._record(seq, step_name, {"deadline": deadline}, False,
+                               self._began(recorded, now))
         self._x.finishing = True
         got = await self._write(host.store.wait_signal(
             self._x.fence, pending, name, deadline, now))
@@ -573,12 +593,12 @@ class RunContext:
             self._lost()
         self._x.finishing = got.parked
         if got.received:
-            self._x.steps[seq] = Step(seq, step_name, {"payload": got.payload}, True,
-                                      self._x.fence.epoch)
+            self._x.steps[seq] = replace(pending, output={"payload": got.payload},
+                                         finished=True)
             return got.payload
         if got.parked:
             raise self._suspend("waiting", deadline)
-        done = Step(seq, step_name, {"timeout": deadline}, True, self._x.fence.epoch)
+        done = replace(pending, output={"timeout": deadline}, finished=True)
         if not await self._write(host.store.checkpoint_step(
                 self._x.fence, done, host.lease, now)):
             self._lost()
@@ -612,7 +632,7 @@ class RunContext:
                 expires_at=None if expires_in is None else now + expires_in, resolved_at=None,
                 notified=False,
             )
-            pending = Step(seq, step_name, {"pause_id": pause.id}, False, self._x.fence.epoch)
+            pending = self._record(seq, step_name, {"pause_id": pause.id}, False, now)
             self._x.finishing = True
             if not await self._write(host.store.create_pause(self._x.fence, pending, pause,
                                                                now)):
@@ -640,7 +660,7 @@ class RunContext:
                                         "reason": "expired"}
         else:
             decision = found.decision
-        done = Step(seq, step_name, decision, True, self._x.fence.epoch)
+        done = self._record(seq, step_name, decision, True, self._began(recorded, now))
         if not await self._write(host.store.checkpoint_step(self._x.fence, done, host.lease,
                                                               now)):
             self._lost()
@@ -670,7 +690,8 @@ class RunContext:
         seq, recorded = self._next(step_name)
         if recorded is None or not recorded.finished:
             host = self._host
-            pending = Step(seq, step_name, {"child": child_id}, False, self._x.fence.epoch)
+            pending = self._record(seq, step_name, {"child": child_id}, False,
+                                   self._began(recorded, host.clock.now()))
             self._x.finishing = True
             try:
                 child = await self._write(host.store.wait_child(
@@ -689,14 +710,14 @@ class RunContext:
                     raise self._suspend("waiting", None)
             self._x.finishing = False
             if child is None:   # record the missing child as a failure, once
-                recorded = Step(seq, step_name, gone, True, self._x.fence.epoch)
+                recorded = replace(pending, output=gone, finished=True)
                 if not await self._write(host.store.checkpoint_step(
                         self._x.fence, recorded, host.lease, host.clock.now())):
                     self._lost()
             else:
-                recorded = Step(seq, step_name, {"status": child.status.value,
-                                                 "output": child.output, "error": child.error},
-                                True, self._x.fence.epoch)
+                recorded = replace(pending, output={"status": child.status.value,
+                                                    "output": child.output,
+                                                    "error": child.error}, finished=True)
             self._x.steps[seq] = recorded
         out = recorded.output
         if out["status"] == "failed":

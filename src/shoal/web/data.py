@@ -160,17 +160,22 @@ def outbox_dict(entry: OutboxEntry) -> dict[str, Any]:
 
 
 def step_dicts(steps: tuple[StepRecord, ...], started_at: float | None) -> list[dict[str, Any]]:
-    """Each step with ``since_previous``: seconds from the end of the step before it (the run's
-    first start for the first step) to its own end. Start times are not stored (a step costs
-    one write, at its end), so this is the time the step took plus the workflow's own code
-    since the step before, and, across a sleep or a re-delivery, the time in between."""
+    """Each step with its ``started_at`` (when its function began; a sleep or a wait: when the
+    run reached it), ``duration`` (to ``finished_at``), the run's ``attempt`` that executed it
+    and the in-place ``retries`` it took, None where unknown (steps written before shoal
+    stored them); and ``since_previous``: seconds from the end of the step before it (the
+    run's first start for the first step) to its own end, what a step without a start shows."""
     out = []
     previous = started_at
     for s in steps:
         since = (None if s.finished_at is None or previous is None
                  else max(0.0, s.finished_at - previous))
+        duration = (None if s.finished_at is None or s.started_at is None
+                    else max(0.0, s.finished_at - s.started_at))
         out.append({"seq": s.seq, "name": s.name, "finished": s.finished, "epoch": s.epoch,
-                    "finished_at": s.finished_at, "since_previous": since, "output": s.output})
+                    "attempt": s.attempt, "retries": s.retries, "started_at": s.started_at,
+                    "finished_at": s.finished_at, "duration": duration,
+                    "since_previous": since, "output": s.output})
         if s.finished_at is not None:
             previous = s.finished_at
     return out
@@ -413,8 +418,9 @@ class Console:
         return sorted(found.values(), key=lambda r: r.id, reverse=True)[:limit]
 
     async def run(self, run_id: str) -> dict[str, Any]:
-        """``{"run": run_full, "steps": [{"seq", "name", "finished", "epoch", "finished_at",
-        "since_previous", "output"}], "signals": [{"id", "name", "payload", "created_at",
+        """``{"run": run_full, "steps": [{"seq", "name", "finished", "epoch", "attempt",
+        "retries", "started_at", "finished_at", "duration", "since_previous", "output"}],
+        "signals": [{"id", "name", "payload", "created_at",
         "consumed"}], "pauses": [pause], "tree": [run_summary], "outbox": [outbox_entry],
         "spend": spend_dict, "actions": {"cancel", "retry", "signal": bool}}``: ``tree`` is
         the runs of its root's tree (root first, each with its ``parent_id``; at most 200),

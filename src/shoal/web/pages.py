@@ -146,12 +146,14 @@ def stack(by_status: Mapping[str, int]) -> list[dict[str, Any]]:
 class Bar:
     """One step of the timeline: where its bar starts and how wide it is, in percent of the
     axis; ``took`` (seconds) None while it is in progress; ``target`` the time a sleep or a
-    wait in progress is due."""
+    wait in progress is due; ``estimated`` when the step's start is not stored (older steps)
+    and its bar starts where the step before it ended."""
 
     step: Mapping[str, Any]
     start: float
     end: float | None
     target: float | None
+    estimated: bool = False
     left: float = 0.0
     width: float = 0.0
 
@@ -161,29 +163,35 @@ class Bar:
 
     @property
     def took(self) -> float | None:
-        return None if self.end is None else self.end - self.start
+        return None if self.end is None else max(0.0, self.end - self.start)
 
 
 def timeline(run: Mapping[str, Any], steps: Sequence[Mapping[str, Any]],
              now: float) -> dict[str, Any]:
     """The step timeline: each step as a :class:`Bar` on one time axis from the run's start
-    to its end (or ``now``): ``{"rows", "start", "end", "span"}``. A step's start is not
-    stored; its bar starts where the step before it ended (``since_previous``), which is the
-    best the store knows. A step in progress (a sleep or a wait) runs from there to ``now``."""
+    to its end (or ``now``): ``{"rows", "start", "end", "span", "estimated"}``. A bar runs
+    from the step's ``started_at`` to its end; a step without a stored start (written by
+    older code) starts where the step before it ended (``since_previous``), and
+    ``estimated`` says some bar does. A step in progress (a sleep or a wait) runs to ``now``."""
     first: float = run.get("started_at") or run.get("created_at") or now
     rows: list[Bar] = []
     previous = first
     for s in steps:
         end: float | None = s.get("finished_at")
+        began: float | None = s.get("started_at")
         since: float | None = s.get("since_previous")
         output = s.get("output")
         target = None
         if not s.get("finished") and isinstance(output, dict):
             target = output.get("until") or output.get("deadline")
-        rows.append(Bar(s, previous if end is None or since is None else end - since, end,
-                        target))
+        if began is not None:
+            rows.append(Bar(s, began, end, target))
+        else:
+            rows.append(Bar(s, previous if end is None or since is None else end - since, end,
+                            target, estimated=True))
         if end is not None:
             previous = end
+    first = min([first] + [r.start for r in rows])
     last: float = run.get("finished_at") or max(
         [now] + [r.end for r in rows if r.end is not None])
     span = max(last - first, 1e-6)
@@ -192,7 +200,8 @@ def timeline(run: Mapping[str, Any], steps: Sequence[Mapping[str, Any]],
         left = min(max((r.start - first) / span, 0.0), 1.0)
         right = min(max((stop - first) / span, left), 1.0)
         r.left, r.width = round(100 * left, 3), round(100 * (right - left), 3)
-    return {"rows": rows, "start": first, "end": last, "span": last - first}
+    return {"rows": rows, "start": first, "end": last, "span": last - first,
+            "estimated": any(r.estimated for r in rows)}
 
 
 def tree(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -324,8 +324,7 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
         steps = self._steps.setdefault(fence.run_id, {})
         old = steps.get(step.seq)
         if old is None or not old.finished:
-            steps[step.seq] = Step(step.seq, step.name, _json.copy(step.output),
-                                   step.finished, fence.epoch)
+            steps[step.seq] = replace(step, output=_json.copy(step.output), epoch=fence.epoch)
             self._step_times[(fence.run_id, step.seq)] = now if step.finished else None
 
     async def checkpoint_step(
@@ -379,8 +378,8 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
         if pending:
             s = pending[0]
             s.consumed = True
-            self._put_step(fence, Step(step.seq, step.name, {"payload": s.payload}, True,
-                                       fence.epoch), now)
+            self._put_step(fence, replace(step, output={"payload": s.payload}, finished=True),
+                           now)
             return SignalWait(received=True, payload=copy.deepcopy(s.payload))
         if deadline is not None and deadline <= now:
             return SignalWait(received=False, parked=False)
@@ -562,9 +561,9 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
         if child is None:
             raise KeyError(f"no child run {child_id!r}")
         if child.status.final:
-            self._put_step(fence, Step(step.seq, step.name, {
+            self._put_step(fence, replace(step, output={
                 "status": child.status.value, "output": copy.deepcopy(child.output),
-                "error": child.error}, True, fence.epoch), now)
+                "error": child.error}, finished=True), now)
         else:
             self._suspend(r, RunStatus.WAITING, None, f"shoal.child:{child_id}")
             self._put_step(fence, step, now)
@@ -723,7 +722,8 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
         return copy.deepcopy(RunRecord(
             run=run,
             steps=tuple(StepRecord(s.seq, s.name, s.output, s.finished, s.epoch,
-                                   self._step_times.get((run_id, s.seq)))
+                                   self._step_times.get((run_id, s.seq)), s.started_at,
+                                   s.attempt, s.retries)
                         for s in (steps[seq] for seq in sorted(steps))),
             signals=tuple(SignalRecord(s.id, s.name, s.payload, s.created_at, s.consumed)
                           for s in sorted((s for s in self._signals if s.run_id == run_id),

@@ -203,7 +203,8 @@ WHERE runs.id = fenced.id AND runs.owner = %(owner)s AND runs.lease_epoch = fenc
 RETURNING runs.id, runs.cancel_requested;
 
 -- name: load_steps
-SELECT seq, name, output, finished, epoch FROM steps WHERE run_id = %(run_id)s ORDER BY seq;
+SELECT seq, name, output, finished, epoch, started_at, attempt, retries FROM steps
+WHERE run_id = %(run_id)s ORDER BY seq;
 
 -- name: checkpoint
 -- The checkpoints of several runs in one statement, one commit (a batch), one per run: for
@@ -215,11 +216,13 @@ WITH c AS (
     SELECT * FROM unnest(%(id)b::text[], %(owner)b::text[], %(epoch)b::bigint[],
                          %(expires)b::double precision[], %(seq)b::integer[], %(name)b::text[],
                          %(output)b::text[], %(finished)b::boolean[],
-                         %(finished_at)b::double precision[])
-        AS c(id, owner, epoch, expires, seq, name, output, finished, finished_at)
+                         %(finished_at)b::double precision[], %(started_at)b::double precision[],
+                         %(attempt)b::integer[], %(retries)b::integer[])
+        AS c(id, owner, epoch, expires, seq, name, output, finished, finished_at, started_at,
+             attempt, retries)
 ), fenced AS (
     SELECT r.id, c.owner, c.epoch, c.expires, c.seq, c.name, c.output, c.finished,
-           c.finished_at
+           c.finished_at, c.started_at, c.attempt, c.retries
     FROM runs r JOIN c ON c.id = r.id
     WHERE r.owner = c.owner AND r.lease_epoch = c.epoch AND r.status = 'running'
     ORDER BY r.id
@@ -230,11 +233,14 @@ WITH c AS (
     WHERE runs.id = f.id AND runs.owner = f.owner AND runs.lease_epoch = f.epoch
     RETURNING runs.id
 ), put AS (
-    INSERT INTO steps (run_id, seq, name, output, finished, epoch, finished_at)
-    SELECT id, seq, name, output, finished, epoch, finished_at FROM fenced
+    INSERT INTO steps (run_id, seq, name, output, finished, epoch, finished_at, started_at,
+                       attempt, retries)
+    SELECT id, seq, name, output, finished, epoch, finished_at, started_at, attempt, retries
+    FROM fenced
     ON CONFLICT (run_id, seq) DO UPDATE
     SET name = excluded.name, output = excluded.output, finished = excluded.finished,
-        epoch = excluded.epoch, finished_at = excluded.finished_at
+        epoch = excluded.epoch, finished_at = excluded.finished_at,
+        started_at = excluded.started_at, attempt = excluded.attempt, retries = excluded.retries
     WHERE NOT steps.finished
 )
 SELECT id FROM extended;
@@ -249,13 +255,16 @@ WITH fenced AS (
       AND status = 'running'
     RETURNING id
 ), put AS (
-    INSERT INTO steps (run_id, seq, name, output, finished, epoch, finished_at)
+    INSERT INTO steps (run_id, seq, name, output, finished, epoch, finished_at, started_at,
+                       attempt, retries)
     SELECT fenced.id, %(seq)s::integer, %(name)s::text, %(output)s::text, %(finished)s::boolean,
-           %(epoch)s::bigint, %(finished_at)s::double precision
+           %(epoch)s::bigint, %(finished_at)s::double precision,
+           %(started_at)s::double precision, %(attempt)s::integer, %(retries)s::integer
     FROM fenced
     ON CONFLICT (run_id, seq) DO UPDATE
     SET name = excluded.name, output = excluded.output, finished = excluded.finished,
-        epoch = excluded.epoch, finished_at = excluded.finished_at
+        epoch = excluded.epoch, finished_at = excluded.finished_at,
+        started_at = excluded.started_at, attempt = excluded.attempt, retries = excluded.retries
     WHERE NOT steps.finished
 )
 SELECT count(*) AS held FROM fenced;
@@ -267,11 +276,14 @@ WHERE id = %(run_id)s AND owner = %(owner)s AND lease_epoch = %(epoch)s AND stat
 FOR UPDATE;
 
 -- name: put_step
-INSERT INTO steps (run_id, seq, name, output, finished, epoch, finished_at)
-VALUES (%(run_id)s, %(seq)s, %(name)s, %(output)s, %(finished)s, %(epoch)s, %(finished_at)s)
+INSERT INTO steps (run_id, seq, name, output, finished, epoch, finished_at, started_at,
+                   attempt, retries)
+VALUES (%(run_id)s, %(seq)s, %(name)s, %(output)s, %(finished)s, %(epoch)s, %(finished_at)s,
+        %(started_at)s, %(attempt)s, %(retries)s)
 ON CONFLICT (run_id, seq) DO UPDATE
 SET name = excluded.name, output = excluded.output, finished = excluded.finished,
-    epoch = excluded.epoch, finished_at = excluded.finished_at
+    epoch = excluded.epoch, finished_at = excluded.finished_at,
+    started_at = excluded.started_at, attempt = excluded.attempt, retries = excluded.retries
 WHERE NOT steps.finished;
 
 -- name: consume_signal
@@ -622,13 +634,16 @@ WITH fenced AS (
       AND status = 'running'
     RETURNING id
 ), put AS (
-    INSERT INTO steps (run_id, seq, name, output, finished, epoch, finished_at)
+    INSERT INTO steps (run_id, seq, name, output, finished, epoch, finished_at, started_at,
+                       attempt, retries)
     SELECT fenced.id, %(seq)s::integer, %(name)s::text, %(output)s::text, %(finished)s::boolean,
-           %(epoch)s::bigint, %(finished_at)s::double precision
+           %(epoch)s::bigint, %(finished_at)s::double precision,
+           %(started_at)s::double precision, %(attempt)s::integer, %(retries)s::integer
     FROM fenced
     ON CONFLICT (run_id, seq) DO UPDATE
     SET name = excluded.name, output = excluded.output, finished = excluded.finished,
-        epoch = excluded.epoch, finished_at = excluded.finished_at
+        epoch = excluded.epoch, finished_at = excluded.finished_at,
+        started_at = excluded.started_at, attempt = excluded.attempt, retries = excluded.retries
     WHERE NOT steps.finished
 ), paused AS (
     INSERT INTO pauses (id, namespace, tenant, run_id, name, request, status, created_at,
@@ -787,11 +802,14 @@ WITH sent AS (
     ORDER BY o.run_id, o.seq, o.idx
     ON CONFLICT (run_id, seq, idx) DO NOTHING
 )
-INSERT INTO steps (run_id, seq, name, output, finished, epoch, finished_at)
-VALUES (%(run_id)s, %(seq)s, %(name)s, %(output)s, %(finished)s, %(epoch)s, %(finished_at)s)
+INSERT INTO steps (run_id, seq, name, output, finished, epoch, finished_at, started_at,
+                   attempt, retries)
+VALUES (%(run_id)s, %(seq)s, %(name)s, %(output)s, %(finished)s, %(epoch)s, %(finished_at)s,
+        %(started_at)s, %(attempt)s, %(retries)s)
 ON CONFLICT (run_id, seq) DO UPDATE
 SET name = excluded.name, output = excluded.output, finished = excluded.finished,
-    epoch = excluded.epoch, finished_at = excluded.finished_at
+    epoch = excluded.epoch, finished_at = excluded.finished_at,
+    started_at = excluded.started_at, attempt = excluded.attempt, retries = excluded.retries
 WHERE NOT steps.finished;
 
 -- name: claim_outbox
@@ -1596,7 +1614,7 @@ SELECT (SELECT count(*) FROM slots) + (SELECT count(*) FROM gone)
 -- search_runs is built in store.py from the filters given.
 
 -- name: inspect_steps
-SELECT seq, name, output, finished, epoch, finished_at FROM steps
+SELECT seq, name, output, finished, epoch, finished_at, started_at, attempt, retries FROM steps
 WHERE run_id = %(run_id)s ORDER BY seq;
 
 -- name: inspect_signals

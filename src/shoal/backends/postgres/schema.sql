@@ -95,6 +95,9 @@ CREATE TABLE steps (
     finished    boolean NOT NULL,
     epoch       bigint NOT NULL,   -- the lease epoch that wrote it
     finished_at double precision,
+    started_at  double precision,      -- when its function began (version 18)
+    attempt     integer,   -- the run's attempt that executed it
+    retries     integer,   -- in-place retries it took
     PRIMARY KEY (run_id, seq)
 );
 
@@ -475,4 +478,5 @@ FROM (VALUES (1, '0001_runs.sql'),
              (14, '0014_run_counts.sql'),
              (15, '0015_console_reads.sql'),
              (16, '0016_tree_flag.sql'),
-             (17, '0017_member_beats.sql')) AS applied (version, name);
+             (17, '0017_member_beats.sql'),
+             (18, '0018_step_timeline.sql')) AS applied (version, name);

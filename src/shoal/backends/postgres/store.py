@@ -23,6 +23,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any, Literal, LiteralString, TypeVar
 from urllib.parse import unquote, urlencode, urlsplit
 
@@ -145,7 +146,8 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
         self._settles = _Batcher(self, "settle", _SETTLE_COLUMNS)
         self._checkpoints = _Batcher(self, "checkpoint", ("id", "owner", "epoch", "expires",
                                                           "seq", "name", "output", "finished",
-                                                          "finished_at"))
+                                                          "finished_at", "started_at",
+                                                          "attempt", "retries"))
         self._busy = 0   # operations holding or waiting for a pooled connection
         self._turns = Turns(pool_max_size, pool_timeout)
         self._callers = joined.CallerConnections(
@@ -754,8 +756,8 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
 
     async def load_steps(self, run_id: str) -> list[Step]:
         rows = await self._all(_Q["load_steps"], {"run_id": run_id})
-        return [Step(r["seq"], r["name"], _json.loads(r["output"]), r["finished"], r["epoch"])
-                for r in rows]
+        return [Step(r["seq"], r["name"], _json.loads(r["output"]), r["finished"], r["epoch"],
+                     r["started_at"], r["attempt"], r["retries"]) for r in rows]
 
     @staticmethod
     def _step_args(fence: Fence, step: Step, now: float) -> dict[str, Any]:
@@ -763,6 +765,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
             "run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
             "seq": step.seq, "name": step.name, "output": _json.dumps(step.output),
             "finished": step.finished, "finished_at": now if step.finished else None,
+            "started_at": step.started_at, "attempt": step.attempt, "retries": step.retries,
         }
 
     async def checkpoint_step(
@@ -783,7 +786,8 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
             "id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
             "expires": now + lease, "seq": step.seq, "name": step.name,
             "output": _json.dumps(step.output), "finished": step.finished,
-            "finished_at": now if step.finished else None,
+            "finished_at": now if step.finished else None, "started_at": step.started_at,
+            "attempt": step.attempt, "retries": step.retries,
         })
 
     async def _checkpoint_outbox(
@@ -834,7 +838,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
                 "run_id": fence.run_id, "name": signal})).fetchone()
             if row is not None:
                 payload = _json.loads(row["payload"])
-                done = Step(step.seq, step.name, {"payload": payload}, True, fence.epoch)
+                done = replace(step, output={"payload": payload}, finished=True)
                 await conn.execute(_Q["put_step"], self._step_args(fence, done, now))
                 return SignalWait(received=True, payload=payload)
             if deadline is not None and deadline <= now:
@@ -1025,9 +1029,9 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
                 raise KeyError(f"no child run {child_id!r}")
             child = _run(row)
             if child.status.final:
-                done = Step(step.seq, step.name, {"status": child.status.value,
-                                                  "output": child.output, "error": child.error},
-                            True, fence.epoch)
+                done = replace(step, output={"status": child.status.value,
+                                             "output": child.output, "error": child.error},
+                               finished=True)
                 await conn.execute(_Q["put_step"], self._step_args(fence, done, now))
             else:
                 await conn.execute(_Q["suspend"], {
@@ -1197,7 +1201,8 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
             return RunRecord(
                 run=run,
                 steps=tuple(StepRecord(r["seq"], r["name"], _json.loads(r["output"]),
-                                       bool(r["finished"]), r["epoch"], r["finished_at"])
+                                       bool(r["finished"]), r["epoch"], r["finished_at"],
+                                       r["started_at"], r["attempt"], r["retries"])
                             for r in await rows("inspect_steps", one)),
                 signals=tuple(SignalRecord(r["id"], r["name"], _json.loads(r["payload"]),
                                            r["created_at"], bool(r["consumed"]))

@@ -98,7 +98,8 @@ WHERE id = :id AND owner = :owner AND lease_epoch = :epoch AND status = 'running
 RETURNING id, cancel_requested;
 
 -- name: load_steps
-SELECT seq, name, output, finished, epoch FROM steps WHERE run_id = :run_id ORDER BY seq;
+SELECT seq, name, output, finished, epoch, started_at, attempt, retries FROM steps
+WHERE run_id = :run_id ORDER BY seq;
 
 -- name: fence_extend
 UPDATE runs SET lease_expires_at = :expires
@@ -109,11 +110,14 @@ SELECT 1 FROM runs
 WHERE id = :run_id AND owner = :owner AND lease_epoch = :epoch AND status = 'running';
 
 -- name: put_step
-INSERT INTO steps (run_id, seq, name, output, finished, epoch, finished_at)
-VALUES (:run_id, :seq, :name, :output, :finished, :epoch, :finished_at)
+INSERT INTO steps (run_id, seq, name, output, finished, epoch, finished_at, started_at, attempt,
+                   retries)
+VALUES (:run_id, :seq, :name, :output, :finished, :epoch, :finished_at, :started_at, :attempt,
+        :retries)
 ON CONFLICT (run_id, seq) DO UPDATE
 SET name = excluded.name, output = excluded.output, finished = excluded.finished,
-    epoch = excluded.epoch, finished_at = excluded.finished_at
+    epoch = excluded.epoch, finished_at = excluded.finished_at,
+    started_at = excluded.started_at, attempt = excluded.attempt, retries = excluded.retries
 WHERE steps.finished = 0;
 
 -- name: suspend
@@ -839,7 +843,7 @@ WHERE (namespace, key) IN (
 -- search_runs is built in store.py from the filters given (its index chosen there).
 
 -- name: inspect_steps
-SELECT seq, name, output, finished, epoch, finished_at FROM steps
+SELECT seq, name, output, finished, epoch, finished_at, started_at, attempt, retries FROM steps
 WHERE run_id = :run_id ORDER BY seq;
 
 -- name: inspect_signals

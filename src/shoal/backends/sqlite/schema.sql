@@ -82,6 +82,9 @@ CREATE TABLE steps (
     finished    INTEGER NOT NULL,
     epoch       INTEGER NOT NULL,   -- the lease epoch that wrote it
     finished_at REAL,
+    started_at  REAL,      -- when its function began (version 18)
+    attempt     INTEGER,   -- the run's attempt that executed it
+    retries     INTEGER,   -- in-place retries it took
     PRIMARY KEY (run_id, seq)
 ) WITHOUT ROWID;
 
@@ -390,4 +393,5 @@ FROM (VALUES (1, '0001_runs.sql'),
              (14, '0014_run_counts.sql'),
              (15, '0015_console_reads.sql'),
              (16, '0016_tree_flag.sql'),
-             (17, '0017_member_beats.sql'));
+             (17, '0017_member_beats.sql'),
+             (18, '0018_step_timeline.sql'));

@@ -19,6 +19,7 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, ParamSpec, TypeVar
 from urllib.parse import parse_qs, urlsplit
@@ -564,7 +565,7 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
     async def load_steps(self, run_id: str) -> list[Step]:
         rows = self._db.execute(_Q["load_steps"], {"run_id": run_id}).fetchall()
         return [Step(r["seq"], r["name"], _json.loads(r["output"]), bool(r["finished"]),
-                     r["epoch"]) for r in rows]
+                     r["epoch"], r["started_at"], r["attempt"], r["retries"]) for r in rows]
 
     def _fenced(self, db: sqlite3.Connection, fence: Fence, lease: float, now: float) -> bool:
         cur = db.execute(_Q["fence_extend"], {"expires": now + self._waited + lease,
@@ -577,6 +578,7 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
             "run_id": fence.run_id, "seq": step.seq, "name": step.name,
             "output": _json.dumps(step.output), "finished": int(step.finished),
             "epoch": fence.epoch, "finished_at": now if step.finished else None,
+            "started_at": step.started_at, "attempt": step.attempt, "retries": step.retries,
         })
 
     async def checkpoint_step(
@@ -643,8 +645,8 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
             if row is not None:
                 db.execute(_Q["consume_signal"], {"id": row["id"]})
                 payload = _json.loads(row["payload"])
-                self._put_step(db, fence, Step(step.seq, step.name, {"payload": payload}, True,
-                                               fence.epoch), now)
+                self._put_step(db, fence, replace(step, output={"payload": payload},
+                                                  finished=True), now)
                 return SignalWait(received=True, payload=payload)
             if deadline is not None and deadline <= now:
                 return SignalWait(received=False, parked=False)
@@ -794,9 +796,9 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
                 raise KeyError(f"no child run {child_id!r}")
             child = _run(row)
             if child.status.final:
-                done = Step(step.seq, step.name, {"status": child.status.value,
-                                                  "output": child.output, "error": child.error},
-                            True, fence.epoch)
+                done = replace(step, output={"status": child.status.value,
+                                             "output": child.output, "error": child.error},
+                               finished=True)
                 self._put_step(db, fence, done, now)
             else:
                 db.execute(_Q["suspend"], {
@@ -976,7 +978,8 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
             return RunRecord(
                 run=run,
                 steps=tuple(StepRecord(r["seq"], r["name"], _json.loads(r["output"]),
-                                       bool(r["finished"]), r["epoch"], r["finished_at"])
+                                       bool(r["finished"]), r["epoch"], r["finished_at"],
+                                       r["started_at"], r["attempt"], r["retries"])
                             for r in db.execute(_Q["inspect_steps"], one)),
                 signals=tuple(SignalRecord(r["id"], r["name"], _json.loads(r["payload"]),
                                            r["created_at"], bool(r["consumed"]))

@@ -172,6 +172,49 @@ class InspectionContract:
         short = await other.inspect_run(grandchild.id, tree_limit=2)
         assert short is not None and [x.id for x in short.tree] == [root.id, child.id]
 
+    async def test_a_step_keeps_its_start_attempt_and_retries(
+        self, store: Store, other: Store
+    ) -> None:
+        # each path that writes a step: the checkpoint alone, with outbox entries, an
+        # unfinished sleep and its end, a signal consumed at once; and a step without them
+        run = await add(store, T0)
+        [r] = await claim(store, now=T0)
+        f, a = fence(r), r.attempts
+        assert await store.checkpoint_step(f, Step(0, "plain", 1, True, 0, T0 + 0.25, a, 0),
+                                           30, T0 + 1)
+        assert await store.checkpoint_step(f, Step(1, "sent", 2, True, 0, T0 + 1.5, a, 3), 30,
+                                           T0 + 2, entries(r, 1, "email", now=T0 + 2))
+        assert await store.checkpoint_step(f, Step(2, "old", 3, True, 0), 30, T0 + 3)
+        await store.send_signal(run.id, "go", {"n": 1}, "sig-1", T0 + 3)
+        got = await store.wait_signal(f, Step(3, "shoal.wait_for:go", {}, False, 0, T0 + 3.5, a,
+                                              0), "go", None, T0 + 4)
+        assert got is not None and got.received
+        asleep = Step(4, "shoal.sleep", {"until": T0 + 60}, False, 0, T0 + 5, a, 0)
+        assert await store.suspend_run(f, asleep, "sleeping", T0 + 60, None, T0 + 5)
+        record = await other.inspect_run(run.id)
+        assert record is not None
+        timeline = [(s.seq, s.started_at, s.finished_at, s.attempt, s.retries, s.epoch)
+                    for s in record.steps]
+        e = r.lease_epoch
+        assert timeline == [(0, T0 + 0.25, T0 + 1, a, 0, e), (1, T0 + 1.5, T0 + 2, a, 3, e),
+                            (2, None, T0 + 3, None, None, e), (3, T0 + 3.5, T0 + 4, a, 0, e),
+                            (4, T0 + 5, None, a, 0, e)]
+        # replay reads them too; the sleep's end, written by the next attempt, keeps its start
+        assert [(s.started_at, s.attempt, s.retries) for s in await other.load_steps(run.id)
+                ] == [(T0 + 0.25, a, 0), (T0 + 1.5, a, 3), (None, None, None),
+                      (T0 + 3.5, a, 0), (T0 + 5, a, 0)]
+        [again] = await claim(store, now=T0 + 60)
+        woke = Step(4, "shoal.sleep", {"until": T0 + 60}, True, 0, T0 + 5, again.attempts, 0)
+        assert await store.checkpoint_step(fence(again), woke, 30, T0 + 61)
+        # a stale fence writes nothing, the start included
+        late = Step(5, "late", 5, True, 0, T0 + 61, a, 9)
+        assert not await store.checkpoint_step(f, late, 30, T0 + 62)
+        after = await other.inspect_run(run.id)
+        assert after is not None
+        assert [(s.seq, s.started_at, s.finished_at, s.attempt, s.epoch)
+                for s in after.steps[4:]] == [(4, T0 + 5, T0 + 61, again.attempts,
+                                               again.lease_epoch)]
+
     async def test_finished_per_minute(self, store: Store, other: Store) -> None:
         since = T0 + 600.0
         cases: tuple[tuple[float, Outcome], ...] = (
