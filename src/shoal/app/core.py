@@ -771,7 +771,7 @@ class App:
         connection: object | None = None,
     ) -> Run:
         name = self._workflow_name(workflow)
-        input = _json.checked(input, "input", self.max_payload_bytes)
+        input, _, text = _json.checked_text(input, "input", self.max_payload_bytes)
         check_dispatch_options(idempotency_key, concurrency_key, priority, tenant, delay,
                                 max_attempts)
         await self._open_store()
@@ -788,7 +788,7 @@ class App:
             concurrency_key=concurrency_key, idempotency_key=idempotency_key,
             version=self.version,
             parent_id=None if parent is None else parent.id,
-            root_id=run_id if parent is None else parent.root_id,
+            root_id=run_id if parent is None else parent.root_id, input_json=text,
         )
         if joined is not None:
             run, created = await joined.create_run_in(

@@ -538,7 +538,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
         """The arguments of ``insert_run`` (and ``find_idempotent``) for ``new``."""
         return {
             "id": new.id, "namespace": new.namespace, "tenant": new.tenant,
-            "workflow": new.workflow, "input": _json.dumps(new.input),
+            "workflow": new.workflow, "input": _input_text(new),
             "priority": new.priority, "created_at": new.created_at, "run_at": new.run_at,
             "max_attempts": new.max_attempts, "concurrency_key": new.concurrency_key,
             "idempotency_key": new.idempotency_key, "version": new.version,
