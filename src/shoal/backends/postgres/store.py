@@ -87,6 +87,7 @@ _BATCH = 500   # rows per batched statement at most
 # then NOTIFY, in a transaction: 5 round trips, as cheap as insert_runs' one at 100 runs; half
 # its time per run at 1,000)
 _COPY_MIN = 100
+_COPY_CHUNK = 250   # rows per write of a COPY (about 40 KB of no-op runs)
 # COPY's text format: these characters of a value are written escaped
 _COPY_SPECIAL = re.compile(r"[\\\t\n\r]")
 _COPY_ESCAPES = {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"}
@@ -679,30 +680,17 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
         """copy_runs, in the transaction open on ``conn``, and one NOTIFY when a run is not
         held: every run of ``fresh`` (they have no idempotency keys), by id."""
         texts = list(map(_input_text, fresh))
-        ns = _copy_text(namespace)
-        cached: dict[str | None, str] = {}   # tenants, workflows, versions: a few per batch
-
-        def same(value: str | None) -> str:
-            out = cached.get(value)
-            if out is None:
-                out = cached[value] = _copy_value(value)
-            return out
-
-        # An input's JSON text is ASCII with its control characters escaped: only its
-        # backslashes need escaping again.
-        inputs = [text.replace("\\", "\\\\") for text in texts]
-        lines = [
-            f"{_copy_text(n.id)}\t{ns}\t{same(n.tenant)}\t{same(n.workflow)}\t{text}\t"
-            f"queued\t{n.priority}\t{n.created_at!r}\t{_copy_value(n.run_at)}\t"
-            f"{n.max_attempts}\t{_copy_value(n.concurrency_key)}\t\\N\t{same(n.version)}\t"
-            f"{_copy_value(n.parent_id)}\t{_copy_text(n.root_id or n.id)}\t{'t' if h else 'f'}\n"
-            for n, h, text in zip(fresh, held, inputs, strict=True)]
+        rows = list(zip(fresh, held, texts, strict=True))
         async with conn.cursor().copy(_Q["copy_runs"]) as copy:
-            await copy.write("".join(lines))
+            # In chunks: the server inserts one while the next is written, and the last while
+            # the runs are built.
+            lines = _CopyLines(namespace)
+            for i in range(0, len(rows), _COPY_CHUNK):
+                await copy.write("".join(map(lines.line, rows[i:i + _COPY_CHUNK])))
+            runs = {n.id: queued_run(n, h, text) for n, h, text in rows}
         if not all(held):
             await conn.execute(_Q["notify"], {"channel": self.channel})
-        return {n.id: queued_run(n, h, text) for n, h, text in zip(fresh, held, texts,
-                                                                    strict=True)}
+        return runs
 
     def _admission_key(self, namespace: str) -> str:
         return f"shoal:admission:{self.schema}:{namespace}"
@@ -1487,6 +1475,35 @@ def _run(row: DictRow) -> Run:
 def _input_text(new: NewRun) -> str:
     """The JSON text of a new run's input (the caller's, when it gave it)."""
     return new.input_json if new.input_json is not None else _json.dumps(new.input)
+
+
+class _CopyLines:
+    """The rows of new runs as lines of COPY's text format, in the columns of copy_runs."""
+
+    def __init__(self, namespace: str) -> None:
+        self.namespace = _copy_text(namespace)
+        # the values most runs of a batch share (tenant, workflow, version, times): each
+        # escaped or written once
+        self.known: dict[str | float | None, str] = {}
+
+    def same(self, value: str | float | None) -> str:
+        out = self.known.get(value)
+        if out is None:
+            out = self.known[value] = _copy_value(value)
+        return out
+
+    def line(self, row: tuple[NewRun, bool, str]) -> str:
+        n, held, text = row
+        run_id = _copy_text(n.id)
+        root = run_id if n.root_id is None or n.root_id == n.id else _copy_text(n.root_id)
+        # An input's JSON text (dumps) is ASCII with its control characters escaped: only its
+        # backslashes need escaping again.
+        text = text.replace("\\", "\\\\")
+        same = self.same
+        return (f"{run_id}\t{self.namespace}\t{same(n.tenant)}\t{same(n.workflow)}\t{text}\t"
+                f"queued\t{n.priority}\t{same(n.created_at)}\t{same(n.run_at)}\t"
+                f"{n.max_attempts}\t{_copy_value(n.concurrency_key)}\t\\N\t{same(n.version)}\t"
+                f"{_copy_value(n.parent_id)}\t{root}\t{'t' if held else 'f'}\n")
 
 
 def _copy_value(value: str | float | None) -> str:
