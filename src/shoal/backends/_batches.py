@@ -62,7 +62,7 @@ def held_flags(namespace: str, count: int, queued: int, parked: int, max_queued:
 
 def queued_run(new: NewRun, held: bool, text: str | None = None) -> Run:
     """The row ``new`` becomes when inserted, as a store reads it back (``text``: its input's
-    JSON text, when the caller has it already)."""
+    JSON text as ``shoal._json.dumps`` writes it, when the caller has it already)."""
     run = object.__new__(Run)
     # What Run's generated __init__ does, without its object.__setattr__ per field (the class
     # is frozen): 0.2 us instead of 2.3, for each run of a batch. _QUEUED names every field.
