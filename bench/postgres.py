@@ -2,12 +2,14 @@
 bench/README.md, "PostgreSQL"). One script, one run, on one PostgreSQL server:
 
 1. pgbench simple-update TPS (2 clients), before and after: the commit-rate ceiling;
-2. runs/s end to end, no-op jobs, N dispatched first, then 2 worker processes: shoal (``App`` over
+2. runs/s end to end, N jobs dispatched first, then 2 worker processes: shoal (``App`` over
    ``postgresql://...?schema=...``) vs pgqueuer, procrastinate and DBOS queues (each in the
    benchmark's own virtual environment, bench/.venv-peers, made on first use; never shoal
-   dependencies); beside each system's enqueue rate, shoal's with ``app.dispatch_many`` in
-   batches of 100 and 1,000 (``--bulk-batches``);
-3. dispatch -> start latency with idle workers, one dispatch every ``--interval``;
+   dependencies), for no-op jobs and for a workflow of 5 checkpointed steps (``--workflow``;
+   shoal and DBOS, the peer with durable steps); beside each system's enqueue rate, shoal's with
+   ``app.dispatch_many`` in batches of 100 and 1,000 (``--bulk-batches``);
+3. dispatch -> start latency with idle workers, one dispatch every ``--interval``; and with the
+   workers saturated: a backlog of N runs, and high-priority probes dispatched while it drains;
 4. ``store.claim_runs`` latency over an empty table vs 1,000,000 finished + 100,000 queued rows
    (``--no-large`` skips the large table);
 5. ``store.stats`` latency over the same tables, the large one against its 100,000 queued rows
@@ -35,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +52,13 @@ PEERS_DIR = HERE / "peers"
 PEER_VENV = HERE / ".venv-peers"
 PEER_REQUIREMENTS = HERE / "requirements-peers.txt"
 PEERS = ("pgqueuer", "procrastinate", "dbos")
+WORKFLOWS = ("noop", "steps5")
+STEPS = 5
+# The systems that run each workflow (None: all): only shoal and DBOS have durable steps.
+RUNS_WORKFLOW: dict[str, tuple[str, ...] | None] = {"noop": None, "steps5": ("shoal", "dbos")}
+# The systems whose jobs have priorities (higher first): the loaded latency's probes jump the
+# backlog. DBOS's queue priorities are left out (they need a queue made with priorities on).
+PRIORITIES = ("shoal", "pgqueuer", "pgqueuer-asyncpg", "procrastinate")
 NAMESPACE = "bench"
 FINAL = ("succeeded", "failed", "cancelled")
 # Jobs not finished yet, per system (the parent polls this until it is 0).
@@ -68,17 +78,33 @@ REMAINING = {
 
 def build_app(store: str, *, instance_id: str | None = None, slots: int = 16,
               tally: Any = None) -> shoal.App:
+    """The benchmark's app: a no-op workflow, and one of 5 checkpointed steps, each a trivial
+    async function (no hop to a worker thread), as bench/runs.py measures on SQLite."""
     app = shoal.App(NAMESPACE, store=store, instance_id=instance_id, max_concurrent_runs=slots)
+
+    def hit(input: Any) -> None:
+        if tally is not None:
+            tally.hit(input.get("t") if isinstance(input, dict) else None)
+
+    async def bump(i: int) -> int:
+        return i + 1
 
     @app.workflow(name="noop")
     async def noop(ctx: shoal.RunContext, input: Any) -> None:
-        if tally is not None:
-            tally.hit(input.get("t") if isinstance(input, dict) else None)
+        hit(input)
+
+    @app.workflow(name="steps5")
+    async def steps5(ctx: shoal.RunContext, input: Any) -> int:
+        hit(input)
+        value = 0
+        for i in range(STEPS):
+            value = await ctx.step(f"step{i}", bump, value)
+        return value
 
     return app
 
 
-STORE_CALLS = ("claim_runs", "settle_and_claim", "load_steps", "settle_run")
+STORE_CALLS = ("claim_runs", "settle_and_claim", "load_steps", "settle_run", "checkpoint_step")
 
 
 def instrument(store: Any, stats: dict[str, dict[str, float]]) -> None:
@@ -98,6 +124,8 @@ def instrument(store: Any, stats: dict[str, dict[str, float]]) -> None:
                 _entry["seconds"] += time.perf_counter() - t
             if isinstance(result, list):
                 _entry["rows"] += len(result)
+            elif result is False:   # checkpoint_step: fenced out
+                _entry["refused"] = _entry.get("refused", 0) + 1
             elif isinstance(result, tuple):   # settle_and_claim: (answers, runs claimed)
                 _entry["settled"] = _entry.get("settled", 0) + len(result[0])
                 _entry["rows"] += len(result[1])
@@ -135,54 +163,72 @@ def shoal_worker(args: argparse.Namespace) -> None:
         asyncio.run(main())
 
 
-async def dispatch_batched(store: str, n: int, batch: int) -> float:
-    """Dispatch ``n`` no-op runs, ``batch`` dispatches in flight at a time (concurrent
-    dispatches share the store's pool; ``dispatch_bulk`` measures ``dispatch_many``). Returns
-    the seconds."""
+async def dispatch_concurrently(store: str, workflow: str, n: int, callers: int) -> float:
+    """Dispatch ``n`` runs with single ``app.dispatch`` calls from ``callers`` concurrent
+    callers (tasks of one process, each awaiting its dispatches one after another; they share
+    the store's pool; ``dispatch_bulk`` measures ``dispatch_many``). Returns the seconds."""
     app = build_app(store)
     async with app.open():
+        async def caller(first: int) -> None:
+            for j in range(first, n, callers):
+                await app.dispatch(workflow, {"i": j})
+
         start = time.perf_counter()
-        for i in range(0, n, batch):
-            await asyncio.gather(*(app.dispatch("noop", {"i": j})
-                                   for j in range(i, min(n, i + batch))))
+        await asyncio.gather(*(caller(k) for k in range(callers)))
         return time.perf_counter() - start
 
 
-async def dispatch_bulk(store: str, n: int, batch: int) -> float:
-    """Dispatch ``n`` no-op runs with ``app.dispatch_many``, ``batch`` runs per call, one call
+async def dispatch_bulk(store: str, workflow: str, n: int, batch: int) -> float:
+    """Dispatch ``n`` runs with ``app.dispatch_many``, ``batch`` runs per call, one call
     after another (the store's schema migrated before the clock starts). Returns the seconds."""
     app = build_app(store)
     async with app.open():
         start = time.perf_counter()
         for i in range(0, n, batch):
-            await app.dispatch_many("noop", [{"i": j} for j in range(i, min(n, i + batch))])
+            await app.dispatch_many(workflow, [{"i": j} for j in range(i, min(n, i + batch))])
         return time.perf_counter() - start
 
 
-def bulk_enqueue(sql_dsn: str, n: int, batches: list[int]) -> dict[str, float]:
+def bulk_enqueue(sql_dsn: str, workflow: str, n: int, batches: list[int]) -> dict[str, float]:
     """Enqueues/s with ``app.dispatch_many`` per batch size, each into a schema of its own in the
     test's database (dropped afterwards, before the workers start)."""
     rates = {}
     for batch in batches:
         schema = f"bulk{batch}"
         try:
-            rates[str(batch)] = n / asyncio.run(dispatch_bulk(f"{sql_dsn}?schema={schema}", n,
-                                                              batch))
+            rates[str(batch)] = n / asyncio.run(dispatch_bulk(f"{sql_dsn}?schema={schema}",
+                                                              workflow, n, batch))
         finally:
             with psycopg.connect(sql_dsn, autocommit=True) as conn:
                 conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")  # type: ignore[arg-type]
     return rates
 
 
-async def dispatch_paced(store: str, n: int, interval: float) -> None:
+async def dispatch_paced(store: str, n: int, interval: float, priority: int = 0
+                         ) -> tuple[float, int]:
+    """One dispatch every ``interval`` seconds, each with its time as input, until ``n`` are
+    dispatched or ``stop`` comes on stdin (see bench/peers/_common.py: the peers' ``enqueue``
+    mode); returns the seconds and the dispatches made."""
+    sys.path.insert(0, str(PEERS_DIR))
+    from _common import paced
+
     app = build_app(store)
     async with app.open():
-        start = time.perf_counter()
-        for i in range(n):
-            delay = start + i * interval - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            await app.dispatch("noop", {"t": time.time()})
+        async def one(i: int) -> None:
+            await app.dispatch("noop", {"t": time.time()}, priority=priority)
+
+        return await paced(n, interval, one)
+
+
+def shoal_paced(args: argparse.Namespace) -> None:
+    """The hidden ``--paced N`` mode: the peers' paced ``enqueue`` for shoal, in a process of its
+    own, as theirs are."""
+    sys.path.insert(0, str(PEERS_DIR))
+    from _common import emit
+
+    seconds, count = asyncio.run(dispatch_paced(args.store, args.paced, args.interval,
+                                                args.priority))
+    emit(event="enqueued", seconds=seconds, count=count)
 
 
 async def migrate(store: str) -> None:
@@ -397,16 +443,18 @@ def stop(procs: Processes, ws: list[Worker]) -> list[dict[str, Any]]:
     return reports
 
 
-def wait_done(dsn: str, remaining_sql: str, ws: list[Worker], timeout: float
-              ) -> list[tuple[float, int]]:
-    """Poll every 10 ms until no job is left; returns every (time.time(), jobs left) seen, the
-    last with 0 left unless it timed out."""
+def wait_done(dsn: str, remaining_sql: str, ws: list[Worker], timeout: float,
+              on_poll: Callable[[int], None] | None = None) -> list[tuple[float, int]]:
+    """Poll every 10 ms until no job is left (telling ``on_poll`` how many are); returns every
+    (time.time(), jobs left) seen, the last with 0 left unless it timed out."""
     deadline = time.monotonic() + timeout
     seen: list[tuple[float, int]] = []
     with psycopg.connect(dsn, autocommit=True) as conn:
         while time.monotonic() < deadline:
             left = conn.execute(remaining_sql).fetchone()[0]   # type: ignore[index]
             seen.append((time.time(), left))
+            if on_poll is not None:
+                on_poll(left)
             if left == 0:
                 return seen
             for w in ws:
@@ -481,32 +529,47 @@ def prepare(procs: Processes, server: Server, system: str, tag: str, args: argpa
 
 
 def enqueue(procs: Processes, system: str, dsn: str, n: int, tag: str, args: argparse.Namespace,
-            interval: float = 0.0) -> float:
+            workflow: str = "noop") -> float:
+    """Fill the queue with ``n`` jobs, as fast as the system's enqueue goes; returns the
+    seconds."""
     if system == "shoal":
-        if interval:
-            start = time.perf_counter()
-            asyncio.run(dispatch_paced(dsn, n, interval))
-            return time.perf_counter() - start
-        return asyncio.run(dispatch_batched(dsn, n, args.dispatch_batch))
-    cmd = procs.command(system, dsn, "enqueue", str(n),
-                        *(["--interval", str(interval)] if interval else []))
+        return asyncio.run(dispatch_concurrently(dsn, workflow, n, args.dispatch_batch))
+    cmd = procs.command(system, dsn, "enqueue", str(n), "--workflow", workflow)
     return float(procs.run(f"{tag}-enqueue", cmd, timeout=args.timeout)["seconds"])
 
 
-def throughput(procs: Processes, server: Server, system: str, args: argparse.Namespace,
-               rep: int) -> dict[str, Any]:
-    tag = f"{system}_tp{rep}"
-    n = args.runs
+def paced_command(procs: Processes, system: str, dsn: str, n: int, interval: float,
+                  priority: int = 0) -> list[str]:
+    """The command of a process that enqueues one no-op job every ``interval`` seconds, each with
+    its time, until ``n`` are enqueued or it reads ``stop``; at ``priority`` (higher first)."""
+    paced = ["--interval", str(interval), *(["--priority", str(priority)] if priority else [])]
+    if system == "shoal":
+        return procs.command(system, dsn, "--paced", str(n), "--store", dsn, *paced)
+    return procs.command(system, dsn, "enqueue", str(n), *paced)
+
+
+def start_workers(procs: Processes, system: str, dsn: str, tag: str, args: argparse.Namespace
+                  ) -> list[Worker]:
+    """``--workers`` worker processes of the system, told to go once all are ready."""
+    extra = ["--poll", str(args.dbos_poll)] if system == "dbos" else []
+    ws = procs.workers(system, dsn, args.workers, args.slots, tag, extra)
+    for w in ws:
+        w.expect("ready", timeout=60)
+    for w in ws:
+        w.send("go")
+    return ws
+
+
+def throughput(procs: Processes, server: Server, system: str, workflow: str,
+               args: argparse.Namespace, rep: int) -> dict[str, Any]:
+    tag = f"{system}_{workflow}_tp{rep}"
+    n = args.runs if workflow == "noop" else args.steps_runs
     dsn, sql_dsn = prepare(procs, server, system, tag, args)
     try:
-        enqueue_s = enqueue(procs, system, dsn, n, tag, args)
-        bulk = bulk_enqueue(sql_dsn, n, args.bulk_batches) if system == "shoal" else {}
-        extra = ["--poll", str(args.dbos_poll)] if system == "dbos" else []
-        ws = procs.workers(system, dsn, args.workers, args.slots, tag, extra)
-        for w in ws:
-            w.expect("ready", timeout=60)
-        for w in ws:
-            w.send("go")
+        enqueue_s = enqueue(procs, system, dsn, n, tag, args, workflow)
+        bulk = (bulk_enqueue(sql_dsn, workflow, n, args.bulk_batches) if system == "shoal"
+                else {})
+        ws = start_workers(procs, system, dsn, tag, args)
         time.sleep(0.5)   # let the enqueuer's statistics reach pg_stat_database
         commits0 = commits(sql_dsn)
         for w in ws:
@@ -523,7 +586,8 @@ def throughput(procs: Processes, server: Server, system: str, args: argparse.Nam
         executed = sum(r["executed"] for r in reports)
         window = (done_at - min(firsts)) if done_at and firsts else float("nan")
         result = {
-            "system": system, "runs": n, "workers": args.workers, "slots": args.slots,
+            "system": system, "workflow": workflow, "runs": n, "workers": args.workers,
+            "slots": args.slots,
             "complete": done_at is not None, "executed": executed,
             "enqueue_seconds": enqueue_s, "enqueues_per_s": n / enqueue_s,
             "bulk_enqueues_per_s": bulk, "seconds": window,
@@ -557,20 +621,18 @@ def throughput(procs: Processes, server: Server, system: str, args: argparse.Nam
 
 def latency(procs: Processes, server: Server, system: str, args: argparse.Namespace
             ) -> dict[str, Any]:
+    """Idle workers; one job every ``--interval``: the time from just before each enqueue call
+    to its start (and for shoal ``started_at - created_at`` from the store too)."""
     tag = f"{system}_lat"
     n = args.latency_runs
     dsn, sql_dsn = prepare(procs, server, system, tag, args)
     try:
-        extra = ["--poll", str(args.dbos_poll)] if system == "dbos" else []
-        ws = procs.workers(system, dsn, args.workers, args.slots, tag, extra)
-        for w in ws:
-            w.expect("ready", timeout=60)
-        for w in ws:
-            w.send("go")
+        ws = start_workers(procs, system, dsn, tag, args)
         for w in ws:
             w.expect("started", timeout=60)
         time.sleep(1.0)   # idle
-        enqueue(procs, system, dsn, n, tag, args, interval=args.interval)
+        procs.run(f"{tag}-enqueue", paced_command(procs, system, dsn, n, args.interval),
+                  timeout=args.timeout)
         seen = wait_done(sql_dsn, REMAINING[system].format(schema="bench"), ws, args.timeout)
         done_at = seen[-1][0] if seen and seen[-1][1] == 0 else None
         reports = stop(procs, ws)
@@ -582,6 +644,49 @@ def latency(procs: Processes, server: Server, system: str, args: argparse.Namesp
             times = store_times(sql_dsn, "bench")
             result["store"] = percentiles([s - c for c, s, _ in times if s is not None])
         return result
+    finally:
+        server.drop(sql_dsn)
+
+
+def loaded_latency(procs: Processes, server: Server, system: str, args: argparse.Namespace
+                   ) -> dict[str, Any]:
+    """Saturated workers: ``--runs`` no-op jobs enqueued first (no time carried), the workers
+    started, then one probe every ``--loaded-interval`` at a higher priority, carrying its time,
+    until ``--loaded-probes`` are sent or only a tenth of the backlog is left (so every slot is
+    still busy and more jobs wait); the probes' enqueue -> start times. A probe jumps the
+    backlog, so this measures how long a new job waits for a slot of saturated workers and for
+    the claim that hands it over, not the length of the queue."""
+    tag = f"{system}_loaded"
+    n = args.runs
+    dsn, sql_dsn = prepare(procs, server, system, tag, args)
+    try:
+        enqueue(procs, system, dsn, n, tag, args)
+        ws = start_workers(procs, system, dsn, tag, args)
+        for w in ws:
+            w.expect("started", timeout=60)
+        probes = procs.spawn(f"{tag}-probes", paced_command(
+            procs, system, dsn, args.loaded_probes, args.loaded_interval, priority=1))
+        ended: list[int] = []   # the backlog when the probes ended
+
+        def watch(left: int) -> None:
+            if ended:
+                return
+            if left <= n // 10:
+                probes.send("stop")
+            if left <= n // 10 or probes.proc.poll() is not None:
+                ended.append(left)
+
+        seen = wait_done(sql_dsn, REMAINING[system].format(schema="bench"), ws, args.timeout,
+                         on_poll=watch)
+        sent = probes.expect("enqueued", timeout=60)
+        probes.proc.wait(timeout=30)
+        procs.all.remove(probes)
+        reports = stop(procs, ws)
+        job_side = [v for r in reports for v in r["latencies"]]
+        return {"system": system, "runs": n, "interval": args.loaded_interval,
+                "complete": bool(seen) and seen[-1][1] == 0, "probes": sent["count"],
+                "started": len(job_side), "backlog_at_end": ended[0] if ended else 0,
+                "job_side": percentiles(job_side)}
     finally:
         server.drop(sql_dsn)
 
@@ -868,79 +973,10 @@ def render(result: dict[str, Any]) -> None:
     console.print(t)
     ceiling = statistics.fmean([p["tps"] for p in result["pgbench"]]) if result["pgbench"] else 0
 
-    rounds = result["args"]["repeat"]
-    console.print(f"\n[bold]2. Runs end to end[/]: {result['args']['runs']} no-op jobs enqueued "
-                  f"first, then {result['args']['workers']} worker processes x "
-                  f"{result['args']['slots']} slots; runs/s from the first job start to the "
-                  f"moment no job is left (median of {rounds} round{'s' * (rounds != 1)})")
-    bulk_sizes = result["args"].get("bulk_batches") or []
-    t = table("system", "enqueue/s", *(f"bulk {b}/s" for b in bulk_sizes), "runs/s", "range",
-              "steady/s", "vs shoal", "%pgbench", "commits/run", "CPU ms/run", "server ms/run",
-              "per proc", "note")
-    shoal_rate = next((r["runs_per_s"] for r in result["throughput"] if r["system"] == "shoal"),
-                      None)
-    for r in result["throughput"]:
-        if r.get("error"):
-            t.add_row(r["system"], *["-"] * (10 + len(bulk_sizes)), r["error"][:60])
-            continue
-        note = "" if r["complete"] else "[red]incomplete[/]"
-        if r["system"] == "shoal" and r.get("store_runs_per_s"):
-            note = f"store window: {r['store_runs_per_s']:,.0f}/s " + note
-        bulk = r.get("bulk_enqueues_per_s") or {}
-        t.add_row(r["system"], f"{r['enqueues_per_s']:,.0f}",
-                  *(f"{bulk[str(b)]:,.0f}" if str(b) in bulk else "-" for b in bulk_sizes),
-                  f"{r['runs_per_s']:,.0f}",
-                  "{:,.0f}-{:,.0f}".format(*r["runs_per_s_range"]),
-                  f"{r['steady_runs_per_s']:,.0f}" if r.get("steady_runs_per_s") else "-",
-                  f"{shoal_rate / r['runs_per_s']:.2f}x" if shoal_rate else "-",
-                  f"{100 * r['runs_per_s'] / ceiling:.0f}%" if ceiling else "-",
-                  f"{r['commits_per_run']:.2f}", f"{r['cpu_ms_per_run']:.2f}",
-                  "-" if r.get("server_cpu_ms_per_run") is None
-                  else f"{r['server_cpu_ms_per_run']:.2f}",
-                  "/".join(map(str, r["executed_per_worker"])),
-                  note)
-    console.print(t)
-    console.print(
-        "enqueue/s: shoal app.dispatch with --dispatch-batch in flight; pgqueuer "
-        "and procrastinate one batch call per 500 jobs; DBOS one client enqueue per job, 8 at a "
-        "time. bulk N/s: shoal app.dispatch_many, N runs per call, one call after another (the "
-        "same number of jobs, into a schema of its own). vs shoal: shoal's runs/s / this row's "
-        "(>1: shoal faster). %pgbench: runs/s / "
-        "pgbench TPS. steady/s: jobs/s between 10 % and 90 % done. commits/run: transactions "
-        "committed in the test's database while the workers ran (pg_stat_database) / jobs. "
-        "CPU ms/run: the workers' user+sys / jobs. server ms/run: the same of the server "
-        "backends connected to the test's database (from /proc; '-' when the server is "
-        "elsewhere). shoal's store window: first "
-        "started_at to last finished_at. pgqueuer-defaults: pgqueuer's own run() defaults "
-        "(batch_size 10, no cap on concurrent jobs) instead of the same slots. pgqueuer-asyncpg: "
-        "pgqueuer's asyncpg driver, the same slots. DBOS polls its "
-        f"queue every {result['args']['dbos_poll']} s (its default is 1 s).")
-
-    shoal_row = next((r for r in result["throughput"]
-                      if r["system"] == "shoal" and r.get("store_calls")), None)
-    if shoal_row:
-        calls = shoal_row["store_calls"]
-        runs = max(shoal_row["executed"], 1)
-        console.print("\n[bold]2b. Where shoal's workers wait[/] (same round): store calls per "
-                      "run, and their wall time from call to answer (pool wait included)")
-        t = table("call", "calls/run", "runs claimed/call", "runs settled/call", "ms/call",
-                  "ms/run")
-        for name in STORE_CALLS:
-            c = calls.get(name)
-            if not c or not c["calls"]:
-                continue
-            t.add_row(name, f"{c['calls'] / runs:.2f}",
-                      f"{c['rows'] / c['calls']:.2f}" if "claim" in name else "-",
-                      f"{c['settled'] / c['calls']:.2f}" if "settled" in c else "-",
-                      f"{1000 * c['seconds'] / c['calls']:.2f}",
-                      f"{1000 * c['seconds'] / runs:.2f}")
-        console.print(t)
-        console.print("settle_and_claim: the settlements queued since the last batch, and the "
-                      "claim of as many runs as they leave slots free, in one statement. "
-                      "claim_runs: a claim alone, for slots freed otherwise (at start, after a "
-                      "wake-up). load_steps: one read per run that has run before (none here). "
-                      "settle_run: a settlement alone (none here). Wall time from call to "
-                      "answer, pool wait included.")
+    for workflow in result["args"]["workflow"]:
+        rows = [r for r in result["throughput"] if r.get("workflow", "noop") == workflow]
+        if rows:
+            render_throughput(console, table, result, workflow, rows, ceiling)
 
     console.print("\n[bold]3. Dispatch -> start latency[/]: idle workers, one enqueue every "
                   f"{1000 * result['args']['interval']:.0f} ms")
@@ -955,6 +991,27 @@ def render(result: dict[str, Any]) -> None:
                 t.add_row(r["system"], f"{r['started']}/{r['runs']}",
                           *(_ms(lat.get(k)) for k in ("p50", "p90", "p99", "max")), label)
     console.print(t)
+    if result.get("loaded"):
+        args = result["args"]
+        console.print(f"\n[bold]3b. Dispatch -> start latency under full load[/]: {args['runs']} "
+                      f"no-op jobs enqueued first, then the workers ({args['workers']} x "
+                      f"{args['slots']} slots) start; one probe at a higher priority every "
+                      f"{1000 * args['loaded_interval']:.0f} ms while more than a tenth of the "
+                      f"backlog is left")
+        t = table("system", "probes started", "backlog as they ended", "p50 ms", "p90 ms",
+                  "p99 ms", "max ms")
+        for r in result["loaded"]:
+            if r.get("error"):
+                t.add_row(r["system"], "-", "-", "-", "-", "-", r["error"][:60])
+                continue
+            lat = r["job_side"]
+            t.add_row(r["system"], f"{r['started']}/{r['probes']}", f"{r['backlog_at_end']:,}",
+                      *(_ms(lat.get(k)) for k in ("p50", "p90", "p99", "max")))
+        console.print(t)
+        console.print("The time from just before a probe's enqueue call to its job function's "
+                      "start. Every slot is busy and the backlog waits, so a probe waits for a "
+                      "slot to free and for the claim that hands it over; its priority lets it "
+                      "pass the backlog, so the number is the system's, not the queue's length.")
 
     if result.get("claims"):
         console.print("\n[bold]4. store.claim_runs latency[/] (one process, back to back, "
@@ -983,6 +1040,89 @@ def render(result: dict[str, Any]) -> None:
                       "generate_series, then ANALYZE. The tables take turns (10 rounds), so load "
                       "from elsewhere falls on all of them alike.")
         render_stats(console, table, result)
+
+
+def render_throughput(console: Any, table: Any, result: dict[str, Any], workflow: str,
+                      rows: list[dict[str, Any]], ceiling: float) -> None:
+    """Tables 2 and 2b of one workflow."""
+    args = result["args"]
+    rounds = args["repeat"]
+    what = ("no-op jobs" if workflow == "noop" else
+            f"runs of {STEPS} checkpointed async steps (shoal and DBOS)")
+    console.print(f"\n[bold]2. Runs end to end, {workflow}[/]: {rows[0]['runs']} {what} enqueued "
+                  f"first, then {args['workers']} worker processes x {args['slots']} slots; "
+                  f"runs/s from the first job start to the moment no job is left (median of "
+                  f"{rounds} round{'s' * (rounds != 1)})")
+    bulk_sizes = args.get("bulk_batches") or []
+    t = table("system", "enqueue/s", *(f"bulk {b}/s" for b in bulk_sizes), "runs/s", "range",
+              "steady/s", "vs shoal", "%pgbench", "commits/run", "CPU ms/run", "server ms/run",
+              "per proc", "note")
+    shoal_rate = next((r["runs_per_s"] for r in rows if r["system"] == "shoal"
+                       and not r.get("error")), None)
+    for r in rows:
+        if r.get("error"):
+            t.add_row(r["system"], *["-"] * (10 + len(bulk_sizes)), r["error"][:60])
+            continue
+        note = "" if r["complete"] else "[red]incomplete[/]"
+        if r["system"] == "shoal" and r.get("store_runs_per_s"):
+            note = f"store window: {r['store_runs_per_s']:,.0f}/s " + note
+        bulk = r.get("bulk_enqueues_per_s") or {}
+        t.add_row(r["system"], f"{r['enqueues_per_s']:,.0f}",
+                  *(f"{bulk[str(b)]:,.0f}" if str(b) in bulk else "-" for b in bulk_sizes),
+                  f"{r['runs_per_s']:,.0f}",
+                  "{:,.0f}-{:,.0f}".format(*r["runs_per_s_range"]),
+                  f"{r['steady_runs_per_s']:,.0f}" if r.get("steady_runs_per_s") else "-",
+                  f"{shoal_rate / r['runs_per_s']:.2f}x" if shoal_rate else "-",
+                  f"{100 * r['runs_per_s'] / ceiling:.0f}%" if ceiling else "-",
+                  f"{r['commits_per_run']:.2f}", f"{r['cpu_ms_per_run']:.2f}",
+                  "-" if r.get("server_cpu_ms_per_run") is None
+                  else f"{r['server_cpu_ms_per_run']:.2f}",
+                  "/".join(map(str, r["executed_per_worker"])),
+                  note)
+    console.print(t)
+    console.print(
+        "enqueue/s: shoal single app.dispatch calls from --dispatch-batch concurrent callers "
+        f"({args['dispatch_batch']}); pgqueuer and procrastinate one batch call per 500 jobs; "
+        "DBOS one client enqueue per job, 8 at a time. bulk N/s: shoal app.dispatch_many, N "
+        "runs per call, one call after another (the same number of jobs, into a schema of its "
+        "own). vs shoal: shoal's runs/s / this row's "
+        "(>1: shoal faster). %pgbench: runs/s / "
+        "pgbench TPS. steady/s: jobs/s between 10 % and 90 % done. commits/run: transactions "
+        "committed in the test's database while the workers ran (pg_stat_database) / jobs. "
+        "CPU ms/run: the workers' user+sys / jobs. server ms/run: the same of the server "
+        "backends connected to the test's database (from /proc; '-' when the server is "
+        "elsewhere). shoal's store window: first "
+        "started_at to last finished_at. pgqueuer-defaults: pgqueuer's own run() defaults "
+        "(batch_size 10, no cap on concurrent jobs) instead of the same slots. pgqueuer-asyncpg: "
+        "pgqueuer's asyncpg driver, the same slots. DBOS polls its "
+        f"queue every {args['dbos_poll']} s (its default is 1 s).")
+
+    shoal_row = next((r for r in rows if r["system"] == "shoal" and r.get("store_calls")), None)
+    if shoal_row:
+        calls = shoal_row["store_calls"]
+        runs = max(shoal_row["executed"], 1)
+        console.print(f"\n[bold]2b. Where shoal's workers wait, {workflow}[/] (same round): "
+                      "store calls per run, and their wall time from call to answer (pool wait "
+                      "included)")
+        t = table("call", "calls/run", "runs claimed/call", "runs settled/call", "ms/call",
+                  "ms/run")
+        for name in STORE_CALLS:
+            c = calls.get(name)
+            if not c or not c["calls"]:
+                continue
+            t.add_row(name, f"{c['calls'] / runs:.2f}",
+                      f"{c['rows'] / c['calls']:.2f}" if "claim" in name else "-",
+                      f"{c['settled'] / c['calls']:.2f}" if "settled" in c else "-",
+                      f"{1000 * c['seconds'] / c['calls']:.2f}",
+                      f"{1000 * c['seconds'] / runs:.2f}")
+        console.print(t)
+        console.print("settle_and_claim: the settlements queued since the last batch, and the "
+                      "claim of as many runs as they leave slots free, in one statement. "
+                      "claim_runs: a claim alone, for slots freed otherwise (at start, after a "
+                      "wake-up). load_steps: one read per run that has run before (none here). "
+                      "settle_run: a settlement alone (none here). checkpoint_step: a step's "
+                      "checkpoint (batched with other runs'). Wall time from call to "
+                      "answer, pool wait included.")
 
 
 def render_stats(console: Any, table: Any, result: dict[str, Any]) -> None:
@@ -1015,7 +1155,14 @@ def main(argv: list[str] | None = None) -> int:
         "SHOAL_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres"),
         help="a database on the server to connect to for CREATE/DROP DATABASE "
              "(default $SHOAL_BENCH_PG or postgresql://postgres@127.0.0.1:5432/postgres)")
-    parser.add_argument("--runs", type=int, default=10000, help="jobs per throughput test")
+    parser.add_argument("--runs", type=int, default=10000,
+                        help="jobs per throughput test (and backlog of the loaded latency test)")
+    parser.add_argument("--workflow", default="noop",
+                        help="workflows of the throughput test, comma separated: noop (no-op "
+                             "jobs, every system), steps5 (5 checkpointed async steps per run: "
+                             "shoal and DBOS); default noop")
+    parser.add_argument("--steps-runs", type=int,
+                        help="runs per steps5 throughput test (default: --runs)")
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     parser.add_argument("--slots", type=int, default=16,
                         help="concurrent jobs per worker process, every system (default 16)")
@@ -1023,12 +1170,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store-options", default="", metavar="QUERY",
                         help="more options of shoal's store URL, e.g. 'pool_max_size=20'")
     parser.add_argument("--dispatch-batch", type=int, default=50,
-                        help="shoal dispatches in flight at a time while filling the queue")
+                        help="concurrent callers of shoal's single app.dispatch while filling "
+                             "the queue (default 50)")
     parser.add_argument("--bulk-batches", default="100,1000",
                         help="shoal dispatch_many batch sizes whose enqueue rate the throughput "
                              "test also measures, comma separated ('' for none)")
-    parser.add_argument("--latency-runs", type=int, default=200)
-    parser.add_argument("--interval", type=float, default=0.02)
+    parser.add_argument("--latency-runs", type=int, default=200,
+                        help="jobs of the idle latency test (default 200)")
+    parser.add_argument("--interval", type=float, default=0.02,
+                        help="seconds between the idle latency test's jobs (default 0.02)")
+    parser.add_argument("--loaded-probes", type=int, default=200,
+                        help="high-priority probes of the loaded latency test at most "
+                             "(default 200)")
+    parser.add_argument("--loaded-interval", type=float, default=0.005,
+                        help="seconds between the loaded latency test's probes (default 0.005)")
     parser.add_argument("--dbos-poll", type=float, default=0.01,
                         help="DBOS queue polling interval, seconds (default 0.01)")
     parser.add_argument("--no-pgqueuer-defaults", dest="pgqueuer_defaults", action="store_false",
@@ -1047,7 +1202,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peers", default=",".join(PEERS),
                         help="peers to run, comma separated ('' for none)")
     parser.add_argument("--only", default="pgbench,throughput,latency,claims",
-                        help="parts to run, comma separated")
+                        help="parts to run, comma separated (latency: idle and loaded)")
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
     parser.add_argument("--profile", metavar="DIR",
@@ -1055,11 +1210,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)
     parser.add_argument("--instance-id", help=argparse.SUPPRESS)
+    parser.add_argument("--paced", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--priority", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.bulk_batches = [int(b) for b in args.bulk_batches.split(",") if b]
+    args.workflow = [w for w in args.workflow.split(",") if w]
+    if unknown := set(args.workflow) - set(WORKFLOWS):
+        parser.error(f"--workflow: unknown {', '.join(sorted(unknown))}; choose from "
+                     f"{', '.join(WORKFLOWS)}")
+    if args.steps_runs is None:
+        args.steps_runs = args.runs
 
     if args.worker:
         shoal_worker(args)
+        return 0
+    if args.paced is not None:
+        shoal_paced(args)
         return 0
 
     def interrupted(signum: int, frame: Any) -> None:
@@ -1076,7 +1242,8 @@ def main(argv: list[str] | None = None) -> int:
     procs = Processes(tmp, profile)
     server = Server(args.url)
     result: dict[str, Any] = {"args": vars(args), "started_at": time.time(),
-                              "pgbench": [], "throughput": [], "latency": [], "claims": []}
+                              "pgbench": [], "throughput": [], "latency": [], "loaded": [],
+                              "claims": []}
     began = time.perf_counter()
     try:
         reasons = peer_env(args) if peers else {}
@@ -1097,26 +1264,34 @@ def main(argv: list[str] | None = None) -> int:
                 systems.insert(systems.index("pgqueuer") + 1, "pgqueuer-defaults")
             if "pgqueuer" in peers:
                 systems.insert(systems.index("pgqueuer") + 1, "pgqueuer-asyncpg")
-            trials: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
-            errors: dict[str, str] = {p: f"not installed: {r}" for p, r in reasons.items() if r}
-            if errors.get("pgqueuer"):
-                errors["pgqueuer-defaults"] = errors["pgqueuer-asyncpg"] = errors["pgqueuer"]
+            tests = [(workflow, system) for workflow in args.workflow for system in systems
+                     if system in (RUNS_WORKFLOW[workflow] or systems)]
+            trials: dict[tuple[str, str], list[dict[str, Any]]] = {t: [] for t in tests}
+            errors: dict[tuple[str, str], str] = {}
+            for workflow, system in tests:
+                if reasons.get(system.split("-")[0]):
+                    errors[workflow, system] = f"not installed: {reasons[system.split('-')[0]]}"
+            # Rounds of every test rather than one test repeated: load from elsewhere on the
+            # machine then falls on every system alike.
             for rep in range(1, args.repeat + 1):
-                for system in systems:
-                    if system in errors:
+                for workflow, system in tests:
+                    if (workflow, system) in errors:
                         continue
-                    print(f"throughput {rep}/{args.repeat}: {system}...", file=sys.stderr)
+                    print(f"throughput {rep}/{args.repeat}: {workflow}, {system}...",
+                          file=sys.stderr)
                     try:
-                        trials[system].append(throughput(procs, server, system, args, rep))
+                        trials[workflow, system].append(
+                            throughput(procs, server, system, workflow, args, rep))
                     except Exception as e:   # one system failing never loses the others
                         procs.close()
-                        errors[system] = str(e).strip().splitlines()[-1][:300]
+                        errors[workflow, system] = str(e).strip().splitlines()[-1][:300]
                         print(f"  {system} failed: {e}", file=sys.stderr)
-            for system in systems:
-                ranked = sorted(trials[system], key=lambda t: t["runs_per_s"])
+            for workflow, system in tests:
+                ranked = sorted(trials[workflow, system], key=lambda t: t["runs_per_s"])
                 if not ranked:
-                    result["throughput"].append({"system": system,
-                                                 "error": errors.get(system, "no result")})
+                    result["throughput"].append({
+                        "system": system, "workflow": workflow,
+                        "error": errors.get((workflow, system), "no result")})
                     continue
                 median = dict(ranked[(len(ranked) - 1) // 2])
                 median["runs_per_s_range"] = [ranked[0]["runs_per_s"], ranked[-1]["runs_per_s"]]
@@ -1136,6 +1311,20 @@ def main(argv: list[str] | None = None) -> int:
                     procs.close()
                     result["latency"].append({"system": system,
                                               "error": str(e).strip().splitlines()[-1][:300]})
+            for system in PRIORITIES:
+                peer = system.split("-")[0]
+                if peer != "shoal" and peer not in peers:
+                    continue
+                if reasons.get(peer):
+                    result["loaded"].append({"system": system, "error": reasons[peer]})
+                    continue
+                print(f"loaded latency: {system}...", file=sys.stderr)
+                try:
+                    result["loaded"].append(loaded_latency(procs, server, system, args))
+                except Exception as e:   # one system failing never loses the others
+                    procs.close()
+                    result["loaded"].append({"system": system,
+                                             "error": str(e).strip().splitlines()[-1][:300]})
         if "claims" in parts:
             try:
                 result["claims"] = claim_latency(server, args)

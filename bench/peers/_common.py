@@ -4,9 +4,12 @@ A runner is started as ``python bench/peers/<peer>.py DSN MODE ...`` with the be
 interpreter (bench/.venv-peers). Modes:
 
 - ``setup``: create the peer's tables in the (new, empty) database DSN;
-- ``enqueue N [--interval S]``: enqueue N no-op jobs, in batches, or one every S seconds, each
-  with the time it was enqueued (``{"t": time.time()}``) as its argument; prints one JSON line
-  ``{"event": "enqueued", "seconds": ...}``;
+- ``enqueue N [--interval S [--priority P]]``: enqueue N jobs in batches; or one every S seconds,
+  each with the time it was enqueued (``{"t": time.time()}``) as its argument (at priority P,
+  higher first, where the runner supports it), until N are enqueued or ``stop`` comes on stdin;
+  prints one JSON line ``{"event": "enqueued", "seconds": ..., "count": ...}``;
+- ``--workflow noop|steps5`` (setup, enqueue and work): the no-op job, or a workflow of 5 trivial
+  async checkpointed steps where the runner has durable steps;
 - ``work --name NAME --slots C``: a worker process. It prints ``{"event": "ready"}``, waits for
   ``go`` on stdin, starts consuming and prints ``started``; on ``stop`` (or EOF, SIGTERM) it stops
   and prints ``done`` with what its jobs recorded (count, first start, enqueue->start latencies,
@@ -16,6 +19,7 @@ interpreter (bench/.venv-peers). Modes:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -88,12 +92,32 @@ async def serve(tally: Tally, start: Callable[[], Awaitable[None]],
     emit(event="done", cpu=cpu, **tally.report())
 
 
-async def paced(n: int, interval: float, one: Callable[[int], Awaitable[None]]) -> float:
-    """Call ``one(i)`` n times, one every ``interval`` seconds (no drift); returns the seconds."""
+async def paced(n: int, interval: float, one: Callable[[int], Awaitable[None]]
+                ) -> tuple[float, int]:
+    """Call ``one(i)`` n times, one every ``interval`` seconds (no drift), or until ``stop`` (or
+    EOF) comes on stdin; returns the seconds and the calls made."""
+    loop = asyncio.get_running_loop()
+    fd = sys.stdin.fileno()
+    halt = asyncio.Event()
+
+    def on_stdin() -> None:
+        data = os.read(fd, 64)
+        if not data or b"stop" in data:
+            halt.set()
+
+    loop.add_reader(fd, on_stdin)
     start = time.perf_counter()
-    for i in range(n):
-        delay = start + i * interval - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        await one(i)
-    return time.perf_counter() - start
+    done = 0
+    try:
+        for i in range(n):
+            delay = start + i * interval - time.perf_counter()
+            if delay > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(halt.wait(), delay)
+            if halt.is_set():
+                break
+            await one(i)
+            done += 1
+    finally:
+        loop.remove_reader(fd)
+    return time.perf_counter() - start, done

@@ -1,7 +1,7 @@
 """pgqueuer runner for bench/postgres.py (see _common.py for the modes). Written from pgqueuer's
 documentation: a QueueManager over a psycopg connection (``--driver asyncpg``: an asyncpg one),
 one entrypoint, ``Queries.enqueue`` with lists for a batch. Tables are pgqueuer's defaults
-(logged, durable)."""
+(logged, durable). pgqueuer has no durable steps: only the no-op workflow."""
 
 from __future__ import annotations
 
@@ -29,18 +29,19 @@ async def main(args: argparse.Namespace) -> None:
     if args.mode == "setup":
         await queries.install()
     elif args.mode == "enqueue":
+        count = args.n
         if args.interval:
             async def one(i: int) -> None:
-                await queries.enqueue("noop", json.dumps({"t": time.time()}).encode())
-            seconds = await paced(args.n, args.interval, one)
+                await queries.enqueue("noop", json.dumps({"t": time.time()}).encode(),
+                                      args.priority)
+            seconds, count = await paced(args.n, args.interval, one)
         else:
             start = time.perf_counter()
             for i in range(0, args.n, BATCH):
                 k = min(BATCH, args.n - i)
-                payload = json.dumps({"t": time.time()}).encode()
-                await queries.enqueue(["noop"] * k, [payload] * k, [0] * k)
+                await queries.enqueue(["noop"] * k, [b"{}"] * k, [0] * k)
             seconds = time.perf_counter() - start
-        emit(event="enqueued", seconds=seconds)
+        emit(event="enqueued", seconds=seconds, count=count)
     else:
         tally = Tally()
         if args.driver == "asyncpg":
@@ -82,6 +83,8 @@ if __name__ == "__main__":
     parser.add_argument("mode", choices=("setup", "enqueue", "work"))
     parser.add_argument("n", type=int, nargs="?", default=0)
     parser.add_argument("--interval", type=float, default=0.0)
+    parser.add_argument("--priority", type=int, default=0, help="of paced jobs; higher first")
+    parser.add_argument("--workflow", choices=("noop",), default="noop")
     parser.add_argument("--name", default="w")
     parser.add_argument("--slots", type=int, default=16, help="0: pgqueuer's defaults")
     parser.add_argument("--driver", choices=("psycopg", "asyncpg"), default="psycopg")

@@ -1,6 +1,7 @@
 """procrastinate runner for bench/postgres.py (see _common.py for the modes). Written from
 procrastinate's documentation: an App over a PsycopgConnector, one async task, ``batch_defer_async``
-for a batch, ``run_worker_async`` with ``concurrency`` (LISTEN/NOTIFY on, its default)."""
+for a batch, ``run_worker_async`` with ``concurrency`` (LISTEN/NOTIFY on, its default).
+procrastinate has no durable steps: only the no-op workflow."""
 
 from __future__ import annotations
 
@@ -34,18 +35,20 @@ async def main(args: argparse.Namespace) -> None:
         if args.mode == "setup":
             await app.schema_manager.apply_schema_async()
         elif args.mode == "enqueue":
+            count = args.n
             if args.interval:
+                paced_task = task.configure(priority=args.priority)
+
                 async def one(i: int) -> None:
-                    await task.defer_async(t=time.time())
-                seconds = await paced(args.n, args.interval, one)
+                    await paced_task.defer_async(t=time.time())
+                seconds, count = await paced(args.n, args.interval, one)
             else:
                 start = time.perf_counter()
                 for i in range(0, args.n, BATCH):
                     k = min(BATCH, args.n - i)
-                    now = time.time()
-                    await task.batch_defer_async(*({"t": now} for _ in range(k)))
+                    await task.batch_defer_async(*({} for _ in range(k)))
                 seconds = time.perf_counter() - start
-            emit(event="enqueued", seconds=seconds)
+            emit(event="enqueued", seconds=seconds, count=count)
         else:
             running: list[asyncio.Task[None]] = []
 
@@ -67,6 +70,8 @@ if __name__ == "__main__":
     parser.add_argument("mode", choices=("setup", "enqueue", "work"))
     parser.add_argument("n", type=int, nargs="?", default=0)
     parser.add_argument("--interval", type=float, default=0.0)
+    parser.add_argument("--priority", type=int, default=0, help="of paced jobs; higher first")
+    parser.add_argument("--workflow", choices=("noop",), default="noop")
     parser.add_argument("--name", default="w")
     parser.add_argument("--slots", type=int, default=16)
     asyncio.run(main(parser.parse_args()))

@@ -6,7 +6,7 @@ each other (River keeps ``rivertype`` for the same reason)."""
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 JSON = Any
@@ -163,6 +163,10 @@ class NewRun:
     version: str | None
     parent_id: str | None = None
     root_id: str | None = None
+    # the JSON text of ``input`` (as ``shoal._json.dumps`` writes it) when the caller has it
+    # already (the app does: it checks each input by encoding it); a store that keeps text uses
+    # it rather than encoding ``input`` again
+    input_json: str | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ Each test gets a schema of its own (the ``schema`` fixture of ``conftest.py``)."
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import statistics
 from typing import Any
 
@@ -58,6 +59,36 @@ async def test_a_batch_sends_one_notify(schema: str) -> None:
             assert all(run.held for run, _ in runs)
             counts.append(len(await _notifications(listener, s, "all parked")))
             assert counts == [1, 0, 1, 0]
+    finally:
+        await s.close()
+
+
+async def test_a_copied_batch_sends_one_notify_at_its_commit(schema: str) -> None:
+    # 100 or more runs without idempotency keys are copied in (COPY), then notified
+    s = await _open(schema)
+    try:
+        async with await psycopg.AsyncConnection.connect(URL, autocommit=True) as listener:
+            await listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(s.channel)))
+            counts = []
+            await s.create_runs([new_run(T0) for _ in range(150)], max_queued=None,
+                                admission="reject")
+            counts.append(len(await _notifications(listener, s, "copied")))
+            runs = await s.create_runs([new_run(T0 + 1) for _ in range(200)], max_queued=250,
+                                       admission="park")
+            assert sum(run.held for run, _ in runs) == 100
+            counts.append(len(await _notifications(listener, s, "some parked")))
+            runs = await s.create_runs([new_run(T0 + 2) for _ in range(100)], max_queued=250,
+                                       admission="park")
+            assert all(run.held for run, _ in runs)
+            counts.append(len(await _notifications(listener, s, "all parked")))
+            # refused: rolled back, no run and no wake-up
+            taken = dataclasses.replace(new_run(T0 + 3), id=runs[0][0].id)
+            with pytest.raises(psycopg.errors.UniqueViolation):
+                await s.create_runs([new_run(T0 + 3) for _ in range(120)] + [taken],
+                                    max_queued=None, admission="reject")
+            counts.append(len(await _notifications(listener, s, "refused")))
+            assert counts == [1, 1, 0, 0]
+            assert len(await s.list_runs(NS, limit=1000)) == 450
     finally:
         await s.close()
 
@@ -120,7 +151,7 @@ async def _lock_waiters(s: PostgresStore, schema: str) -> int:
     return int(rows[0]["n"])
 
 
-@pytest.mark.parametrize("size", [1, 50])
+@pytest.mark.parametrize("size", [1, 50, 300])
 async def test_idle_workers_start_a_batch_in_milliseconds(schema: str, size: int) -> None:
     # lease 30 s: the workers poll every 10 s, so only the batch's NOTIFY starts the runs soon
     url = _url(schema)

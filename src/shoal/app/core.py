@@ -109,6 +109,10 @@ def _either(item: _T | None, batch: _T | None, default: _T) -> _T:
     return item if item is not None else batch if batch is not None else default
 
 
+# the options of an item given as a bare input: all the batch's (its input is the item itself)
+_BATCH_OPTIONS = DispatchItem(None)
+
+
 def _about_item(e: Exception, i: int) -> Exception:
     """An error about one item of ``dispatch_many`` says which: a bad value is raised again
     with the item's position in its message, anything else carries it as a note."""
@@ -818,7 +822,7 @@ class App:
         connection: object | None = None,
     ) -> Run:
         name = self._workflow_name(workflow)
-        input = _json.checked(input, "input", self.max_payload_bytes)
+        input, _, text = _json.checked_text(input, "input", self.max_payload_bytes)
         check_dispatch_options(idempotency_key, concurrency_key, priority, tenant, delay,
                                 max_attempts)
         await self._open_store()
@@ -835,7 +839,7 @@ class App:
             concurrency_key=concurrency_key, idempotency_key=idempotency_key,
             version=self.version,
             parent_id=None if parent is None else parent.id,
-            root_id=run_id if parent is None else parent.root_id,
+            root_id=run_id if parent is None else parent.root_id, input_json=text,
         )
         if joined is not None:
             run, created = await joined.create_run_in(
@@ -885,23 +889,25 @@ class App:
         joined = self._transactional(connection, "dispatch_many")
         spec, options = await self._workflow_options(name)
         now = self.clock.now()
+        # the batch's options, which an item without its own takes
+        batch_priority = _either(priority, None, int(options.get("priority", 0)))
+        batch_attempts = _either(max_attempts, None, int(options.get("max_attempts", 3)))
+        run_at = now + (delay or 0.0)
         news = []
-        for i, (value, one) in enumerate(checked):
+        for i, ((value, text, one), run_id) in enumerate(
+                zip(checked, _ids.new_ids(now, len(checked)), strict=True)):
             given = concurrency_key if one.concurrency_key is None else one.concurrency_key
             try:
                 key = self._concurrency_key(name, spec, options, value, given)
             except Exception as e:
                 raise _about_item(e, i) from None
-            run_id = _ids.new_id(now)
             news.append(NewRun(
                 id=run_id, namespace=self.namespace, tenant=_either(one.tenant, None, tenant),
-                workflow=name, input=value,
-                priority=_either(one.priority, priority, int(options.get("priority", 0))),
-                created_at=now, run_at=now + _either(one.delay, delay, 0.0),
-                max_attempts=_either(one.max_attempts, max_attempts,
-                                     int(options.get("max_attempts", 3))),
+                workflow=name, input=value, priority=_either(one.priority, None, batch_priority),
+                created_at=now, run_at=run_at if one.delay is None else now + one.delay,
+                max_attempts=_either(one.max_attempts, None, batch_attempts),
                 concurrency_key=key, idempotency_key=one.idempotency_key,
-                version=self.version, root_id=run_id))
+                version=self.version, root_id=run_id, input_json=text))
         if not news:
             return []
         if joined is not None:
@@ -935,16 +941,18 @@ class App:
                 f"to join. Use a PostgreSQL or SQLite store, or {call} without connection=.")
         return self.store
 
-    def _checked_items(self, items: list[Any], tenant: str) -> list[tuple[Any, DispatchItem]]:
-        """Each item of a batch as (its input as stored, its options), after the checks of
-        ``app.dispatch``; the first bad one raises, naming its position."""
+    def _checked_items(self, items: list[Any], tenant: str
+                       ) -> list[tuple[Any, str, DispatchItem]]:
+        """Each item of a batch as (its input as stored, that input's JSON text, its options),
+        after the checks of ``app.dispatch``; the first bad one raises, naming its position."""
         checked = []
         size = 0
         for i, item in enumerate(items):
             try:
                 own = isinstance(item, DispatchItem)    # options of its own
-                one = item if own else DispatchItem(item)
-                value, n = _json.checked_size(one.input, "input", self.max_payload_bytes)
+                one = item if own else _BATCH_OPTIONS
+                value, n, text = _json.checked_text(one.input if own else item, "input",
+                                                    self.max_payload_bytes)
                 if own:
                     check_dispatch_options(
                         one.idempotency_key, one.concurrency_key, one.priority,
@@ -952,7 +960,7 @@ class App:
                         one.max_attempts, call="DispatchItem")
             except Exception as e:
                 raise _about_item(e, i) from None
-            checked.append((value, one))
+            checked.append((value, text, one))
             size += n
         if size > MAX_BATCH_BYTES:
             raise ValueError(f"app.dispatch_many was given {size} bytes of input JSON, over "

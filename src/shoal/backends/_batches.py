@@ -4,6 +4,7 @@ answers in the batch's order. The stores differ only in how they read and write 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 from shoal import _json
@@ -61,17 +62,25 @@ def held_flags(namespace: str, count: int, queued: int, parked: int, max_queued:
 
 def queued_run(new: NewRun, held: bool, text: str | None = None) -> Run:
     """The row ``new`` becomes when inserted, as a store reads it back (``text``: its input's
-    JSON text, when the caller has it already)."""
-    return Run(
-        id=new.id, namespace=new.namespace, tenant=new.tenant, workflow=new.workflow,
-        input=_json.copy(new.input) if text is None else _json.loads(text), output=None,
-        error=None, status=RunStatus.QUEUED, priority=new.priority, created_at=new.created_at,
-        run_at=new.run_at, attempts=0, max_attempts=new.max_attempts,
-        concurrency_key=new.concurrency_key, idempotency_key=new.idempotency_key, owner=None,
-        lease_expires_at=None, lease_epoch=0, cancel_requested=False, version=new.version,
-        parent_id=new.parent_id, root_id=new.root_id or new.id, wait_for=None, held=held,
-        started_at=None, finished_at=None,
-    )
+    JSON text as ``shoal._json.dumps`` writes it, when the caller has it already)."""
+    run = object.__new__(Run)
+    # What Run's generated __init__ does, without its object.__setattr__ per field (the class
+    # is frozen): 0.2 us instead of 2.3, for each run of a batch. _QUEUED names every field.
+    vars(run).update(
+        _QUEUED, id=new.id, namespace=new.namespace, tenant=new.tenant, workflow=new.workflow,
+        input=_json.copy(new.input) if text is None else _json.decode(text),
+        priority=new.priority, created_at=new.created_at, run_at=new.run_at,
+        max_attempts=new.max_attempts, concurrency_key=new.concurrency_key,
+        idempotency_key=new.idempotency_key, version=new.version, parent_id=new.parent_id,
+        root_id=new.root_id or new.id, held=held)
+    return run
+
+
+# Every field of a run just inserted, as queued_run starts it: queued, never claimed.
+_QUEUED: dict[str, object] = {
+    **dict.fromkeys(f.name for f in dataclasses.fields(Run)),
+    "status": RunStatus.QUEUED, "attempts": 0, "lease_epoch": 0, "cancel_requested": False,
+}
 
 
 def answers(news: Sequence[NewRun], inserted: Mapping[str, Run],
