@@ -443,3 +443,23 @@ def test_runs_query_turns_a_range_into_created_from() -> None:
     assert refused.value.status == 400 and refused.value.field == "within"
     assert pages.page_link({"q": "a b", "cursor": "c"}, cursor=None) == "?q=a+b"
     assert pages.page_link({}, cursor="z") == "?cursor=z"
+
+
+async def test_ledger_page_lists_charges_a_page_at_a_time_filtered_and_escaped() -> None:
+    store, clock = MemoryStore(), VirtualClock(time.time())
+    app = shoal.App("shop", store=store, clock=clock)
+    async with app.open():
+        for i in range(5):
+            await app.spend(0.5 + i, tenant="acme" if i % 2 else SCRIPT)
+        first = await html_of(app, "/ledger?limit=2")
+        assert section(first, "ledger").count("usd") == 2
+        assert_escaped(first)
+        after = re.search(r'id="next-page" href="([^"]+)"', first)
+        assert after is not None
+        second = await html_of(app, after.group(1).replace("&amp;", "&"))
+        assert section(second, "ledger").count("usd") == 2
+        assert section(first, "ledger") != section(second, "ledger")
+        acme = await html_of(app, "/ledger?tenant=acme")
+        rows = section(acme, "ledger")
+        assert rows.count("usd") == 2 and "1.5" in rows and "3.5" in rows
+        assert "ledger →" in await html_of(app, "/replicas")

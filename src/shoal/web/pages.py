@@ -3,8 +3,8 @@ read model as the JSON API (:class:`shoal.web.data.Console`). The pages' script 
 ``/api/overview`` and posts actions to the API; these routes only read.
 
 Pages: ``/`` overview, ``/runs`` (filters, search, keyset pages), ``/runs/{id}``, ``/approvals``,
-``/dead-letters``, ``/replicas``. The login form's route is :mod:`shoal.web.routes`'s; its
-template is with the pages'. The helpers below (``timeline``, ``tree``, ``chart``, ...) shape
+``/dead-letters``, ``/replicas``, ``/ledger``. The login form's route is
+:mod:`shoal.web.routes`'s; its template is with the pages'. The helpers below (``timeline``, ``tree``, ``chart``, ...) shape
 the read model's dicts into what the templates draw, and are plain functions so that tests can
 check them alone.
 """
@@ -303,6 +303,20 @@ async def dead_letters_page(c: Console, request: Request) -> tuple[str, dict[str
     return "dead_letters.html", {"entries": (await c.dead_letters())["dead_letters"]}
 
 
+async def ledger_page(c: Console, request: Request) -> tuple[str, dict[str, Any]]:
+    """The cost ledger, a page at a time (``after`` the last id shown), filtered by tenant, run
+    or root as the API's ``/api/ledger`` is."""
+    filters = {k: request.query_params.get(k) or None for k in ("tenant", "run_id", "root_id")}
+    ledger = await c.ledger(request.query_params)
+    next_url = None
+    if ledger["next_after"] is not None:
+        query = {k: v for k, v in filters.items() if v} | {"after": str(ledger["next_after"])}
+        if request.query_params.get("limit"):
+            query["limit"] = request.query_params["limit"]
+        next_url = f"{request.scope.get('root_path', '')}/ledger?{urlencode(query)}"
+    return "ledger.html", {"ledger": ledger, "filters": filters, "next_url": next_url}
+
+
 async def replicas_page(c: Console, request: Request) -> tuple[str, dict[str, Any]]:
     return "replicas.html", {"rep": await c.replicas(), "prov": await c.providers(),
                              "budgets": await c.budgets(), "cron": await c.cron(),
@@ -318,4 +332,5 @@ def routes() -> list[BaseRoute]:
         Route("/approvals", page(approvals_page), name="approvals"),
         Route("/dead-letters", page(dead_letters_page), name="dead_letters"),
         Route("/replicas", page(replicas_page), name="replicas"),
+        Route("/ledger", page(ledger_page), name="ledger"),
     ]
