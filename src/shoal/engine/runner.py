@@ -32,7 +32,6 @@ from shoal.types import Fence, Pause, Run, RunStatus, Settlement
 log = logging.getLogger("shoal")
 
 _SETTLE_BATCH = 500   # settlements written together at most
-_WRITERS = 2   # batches of settlements written at once at most
 
 
 
@@ -166,11 +165,7 @@ class Engine:
         self._settle_waiters: list[asyncio.Future[None]] = []   # wait_settled() calls
         # settlements of ending executions, written in batches by one task (_write_settlements)
         self._settlements: list[tuple[Execution, Settlement, float, asyncio.Future[bool]]] = []
-        self._writers: set[asyncio.Task[None]] = set()   # batches being written, at most 2
-        self._idle_writers = 0   # writers started that have not taken a batch yet
-        # slots promised to the runs a claim in flight will bring: no other claim may count them
-        self._reserved = 0
-        self._claims: set[asyncio.Future[None]] = set()   # claims in flight (close waits)
+        self._writer: asyncio.Task[None] | None = None
         self._closing = False
         self._pass_lock = asyncio.Lock()
         self.last_beat_at: float | None = None   # the last renewal pass that came back
@@ -196,8 +191,6 @@ class Engine:
             await cancel_and_wait(task)
         async with self._pass_lock:
             pass   # a pass already inside claim_runs launches what it got: count those too
-        while self._claims:   # so does a batch of settlements with its claim
-            await asyncio.wait(set(self._claims))
         tasks = [x.task for x in self._executions if x.task is not None]
         if tasks:
             waiter = asyncio.ensure_future(asyncio.wait(tasks))
@@ -308,7 +301,7 @@ class Engine:
         """Slots no execution holds: an execution holds its slot until its settlement is
         written (or is being written with the claim that takes the slot), and as long as a step
         thread of it runs."""
-        busy = self._reserved
+        busy = 0
         for x in self._executions:
             if not x.settled or (x.threads and any(not t.done() for t in x.threads)):
                 busy += 1
@@ -320,13 +313,9 @@ class Engine:
             if free <= 0:
                 return
             sent = self.clock.now()
-            self._reserved += free
-            try:
-                runs = await self.store.claim_runs(
-                    self.namespace, list(self.workflows), self.instance_id, free, self.lease,
-                    sent, version=self.config.version, any_version=self.registry.any_version())
-            finally:
-                self._reserved -= free
+            runs = await self.store.claim_runs(
+                self.namespace, list(self.workflows), self.instance_id, free, self.lease, sent,
+                version=self.config.version, any_version=self.registry.any_version())
             for run in runs:
                 self._launch(run, held_until=sent + self.lease)
             if len(runs) < free:
@@ -586,97 +575,61 @@ class Engine:
         """Queue the settlement for the next batch and wait for it to be written (fenced)."""
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._settlements.append((x, settlement, now, done))
-        self._start_writer()
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write_settlements(), name="shoal-settle",
+                                               context=outside_run())
         # a cancelled caller cancels only its own future: the settlement is written all the same
         return await done
-
-    def _start_writer(self) -> None:
-        """Start a batch writer unless one is about to take what is queued, or two batches are
-        being written already."""
-        if len(self._writers) < _WRITERS and not self._idle_writers:
-            writer = asyncio.create_task(self._write_settlements(), name="shoal-settle",
-                                         context=outside_run())
-            self._idle_writers += 1
-            self._writers.add(writer)
 
     async def _write_settlements(self) -> None:
         """Write the queued settlements, a batch at a time, each batch with the claim of as many
         runs as it leaves slots free (``store.settle_and_claim``: one transaction on the SQL
         stores, the claim committed with the settlements, so this instance never holds more
         claims than slots). Settlements queued meanwhile go in the next batch, at most one per
-        run, so each is answered as if alone.
-
-        Two batches may be written at once, each at most half the slots: while one batch's
-        statement is in flight, the runs the other brought execute, so the instance neither
-        waits for the store with nothing to run nor runs with the store idle. Each batch
-        reserves the slots its claim may fill, so two claims in flight never count one free
-        slot twice. The task is the engine's own: it is never cancelled with a caller or a
-        scheduling pass, and it writes what is queued even while the instance stops (then
-        without claiming)."""
-        try:
-            while self._settlements:
-                self._idle_writers -= 1
+        run, so each is answered as if alone. The task is the engine's own: it is never
+        cancelled with a caller or a scheduling pass, and it writes what is queued even while
+        the instance stops (then without claiming)."""
+        while self._settlements:
+            async with self._pass_lock:   # one claim at a time: passes and batches alike
+                batch: list[tuple[Execution, Settlement, float, asyncio.Future[bool]]] = []
+                rest: list[tuple[Execution, Settlement, float, asyncio.Future[bool]]] = []
+                runs: set[str] = set()
+                for item in self._settlements:
+                    if item[0].run.id in runs or len(batch) >= _SETTLE_BATCH:
+                        rest.append(item)
+                    else:
+                        runs.add(item[0].run.id)
+                        batch.append(item)
+                self._settlements = rest
+                for x, _, _, _ in batch:
+                    x.settled = True
+                claiming = self._accepting and not self._renewals_stalled()
+                free = max(0, self._free_slots()) if claiming else 0
+                sent = self.clock.now()
                 try:
-                    await self._write_batch()
-                finally:
-                    self._idle_writers += 1
-        finally:
-            # gone from the count at once, not when a done callback runs: a settlement queued
-            # in between must find the room to start another writer
-            self._idle_writers -= 1
-            self._writers.discard(asyncio.current_task())
-
-    async def _write_batch(self) -> None:
-        """One batch of :meth:`_write_settlements`."""
-        half = max(1, (self.config.slots + 1) // 2)
-        batch: list[tuple[Execution, Settlement, float, asyncio.Future[bool]]] = []
-        rest: list[tuple[Execution, Settlement, float, asyncio.Future[bool]]] = []
-        runs: set[str] = set()
-        for item in self._settlements:
-            if item[0].run.id in runs or len(batch) >= min(half, _SETTLE_BATCH):
-                rest.append(item)
-            else:
-                runs.add(item[0].run.id)
-                batch.append(item)
-        self._settlements = rest
-        if rest:
-            self._start_writer()   # the rest goes out beside this batch
-        for x, _, _, _ in batch:
-            x.settled = True
-        claiming = self._accepting and not self._renewals_stalled()
-        free = max(0, self._free_slots()) if claiming else 0
-        self._reserved += free
-        claim: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._claims.add(claim)
-        sent = self.clock.now()
-        try:
-            held, claimed = await self._settle_and_claim(batch, free, sent)
-            if len(held) != len(batch):
-                raise RuntimeError(f"the store answered {len(held)} of {len(batch)} "
-                                   f"settlements")
-        except BaseException as e:
-            for x, _, _, done in batch:
-                x.settled = False
-                if done.done():
+                    held, claimed = await self._settle_and_claim(batch, free, sent)
+                    if len(held) != len(batch):
+                        raise RuntimeError(f"the store answered {len(held)} of {len(batch)} "
+                                           f"settlements")
+                except BaseException as e:
+                    for x, _, _, done in batch:
+                        x.settled = False
+                        if done.done():
+                            continue
+                        if isinstance(e, Exception):
+                            done.set_exception(e)
+                        else:   # the loop is going away: so are the callers
+                            done.cancel()
+                    if not isinstance(e, Exception):
+                        raise
                     continue
-                if isinstance(e, Exception):
-                    done.set_exception(e)
-                else:   # the loop is going away: so are the callers
-                    done.cancel()
-            if not isinstance(e, Exception):
-                raise
-            return
-        finally:
-            self._reserved -= free
-            self._claims.discard(claim)
-            claim.set_result(None)
-        for (_, _, _, done), ok in zip(batch, held, strict=True):
-            if not done.done():
-                done.set_result(ok)
-        for run in claimed:
-            self._launch(run, held_until=sent + self.lease)
-        if free and len(claimed) >= free:
-            self.kick()   # there may be more due than this batch freed
+                for (_, _, _, done), ok in zip(batch, held, strict=True):
+                    if not done.done():
+                        done.set_result(ok)
+                for run in claimed:
+                    self._launch(run, held_until=sent + self.lease)
+            if free and len(claimed) >= free:
+                self.kick()   # there may be more due than this batch freed
 
     async def _settle_and_claim(
         self, batch: list[tuple[Execution, Settlement, float, asyncio.Future[bool]]],
