@@ -4,9 +4,9 @@ read model as the JSON API (:class:`shoal.web.data.Console`). The pages' script 
 
 Pages: ``/`` overview, ``/runs`` (filters, search, keyset pages), ``/runs/{id}``, ``/approvals``,
 ``/dead-letters``, ``/replicas``, ``/ledger``. The login form's route is
-:mod:`shoal.web.routes`'s; its template is with the pages'. The helpers below (``timeline``, ``tree``, ``chart``, ...) shape
-the read model's dicts into what the templates draw, and are plain functions so that tests can
-check them alone.
+:mod:`shoal.web.routes`'s; its template is with the pages'. The helpers below (``timeline``,
+``tree``, ``chart``, ...) shape the read model's dicts into what the templates draw, and are
+plain functions so that tests can check them alone.
 """
 
 from __future__ import annotations
