@@ -153,10 +153,9 @@ class Engine:
         self.heartbeat = config.heartbeat if config.heartbeat is not None else config.lease / 3
         self.workflows = registry.workflows
         self._local: dict[str, Execution] = {}   # the newest execution of each run here
-        # every execution still alive here (its task, or a step's thread it left behind): each
-        # holds a slot, and a run is never executed twice at once in this process
-        self._executions: set[Execution] = set()
-        # the same, by run id: a new claim of a run finds an earlier execution of it at once
+        # every execution still alive here (its task, or a step's thread it left behind), by run
+        # id: each holds a slot, and a new claim of a run finds an earlier execution of it at
+        # once, so a run is never executed twice at once in this process
         self._alive: dict[str, list[Execution]] = {}
         self._accepting = False
         self._kicked = asyncio.Event()
@@ -213,9 +212,14 @@ class Engine:
         self._kicked.set()
 
     @property
+    def _executions(self) -> list[Execution]:
+        """Every execution alive here."""
+        return [x for xs in self._alive.values() for x in xs]
+
+    @property
     def running(self) -> int:
         """Executions alive here, each holding a slot (a step's thread left running counts)."""
-        return len(self._executions)
+        return sum(map(len, self._alive.values()))
 
     async def wait_settled(self, timeout: float) -> None:
         """Return when a local run settles, or after ``timeout`` real seconds."""
@@ -386,7 +390,6 @@ class Engine:
         for e in earlier:
             self._abort(e, "lost", LeaseLostError(run.id, self.instance_id))
         self._local[run.id] = x
-        self._executions.add(x)
         if alive is None:
             self._alive[run.id] = [x]
         else:
@@ -400,7 +403,8 @@ class Engine:
             if not thread.done():
                 thread.add_done_callback(lambda _: self._retire(x))
                 return
-        if x in self._executions:
+        alive = self._alive.get(x.run.id)
+        if alive is not None and x in alive:
             # Nothing refers to x and its context in a cycle any more (x -> context -> x, and
             # the task's contextvars -> context -> x -> task): they go by reference count as
             # soon as the engine lets go of x, not by the garbage collector, whose passes over
@@ -408,12 +412,9 @@ class Engine:
             if x.context is not None:
                 x.context._ended()
                 x.context = None
-            self._executions.discard(x)
-            alive = self._alive.get(x.run.id)
-            if alive is not None:
-                alive.remove(x)
-                if not alive:
-                    del self._alive[x.run.id]
+            alive.remove(x)
+            if not alive:
+                del self._alive[x.run.id]
             self.kick()   # its slot is free
 
     async def _execute(self, x: Execution, earlier: list[Execution]) -> None:
