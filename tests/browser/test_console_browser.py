@@ -199,10 +199,12 @@ def test_find_a_failed_run_by_idempotency_key_read_its_traceback_and_retry(
     search = css(browser, "input[name=q]")
     search.send_keys("charge-7001")
     search.submit()
-    link = wait_for(lambda: css(browser, f'#runs a[href$="/runs/{run.id}"]'), 10,
-                    "the run in the results")
-    assert len(all_css(browser, "#runs tbody tr")) == 1
-    link.click()
+    # the whole list holds the run too: wait for the results page itself, then find the link
+    # on it (a link found on the old page goes stale when the new one replaces it)
+    wait_for(lambda: "q=charge-7001" in browser.current_url
+             and len(all_css(browser, "#runs tbody tr")) == 1, 10, "the search's one result")
+    wait_for(lambda: css(browser, f'#runs a[href$="/runs/{run.id}"]'), 10,
+             "the run in the results").click()
     traceback = wait_for(lambda: css(browser, "#traceback"), 10, "the traceback")
     assert "Traceback (most recent call last)" in traceback.text
     assert "RuntimeError: card declined: 4000-0000-0000-0002" in traceback.text
