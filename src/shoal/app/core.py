@@ -68,6 +68,7 @@ from shoal.maintenance.retention import PRUNE_BATCH
 from shoal.ports import CoordStore, RateStore, Store, TransactionalDispatch
 from shoal.scope import RunScope
 from shoal.stores import mask_url, open_coordination, open_store
+from shoal.telemetry import NOTHING, Telemetry, combine
 from shoal.types import (
     CoordinationView,
     NewRun,
@@ -178,6 +179,9 @@ class App:
         self._rate_store: RateStore | None = None
         self._ledger = Ledger(self._rates, self.clock, namespace)
         self._providers: dict[str, Provider] = {}
+        # what metrics, traces (and a user's own sink) are told: see shoal.telemetry
+        self._sinks: list[Telemetry] = []
+        self.telemetry: Telemetry = NOTHING
         self._opened = False
         self._started = False
         self._stopping = False
@@ -353,6 +357,21 @@ class App:
             self._engine.kick()
         return entry
 
+    def instrument(self, sink: Telemetry) -> Telemetry:
+        """Add a telemetry sink: a :class:`shoal.telemetry.Telemetry` subclass whose hooks
+        (run claimed, attempt started and ended, step, delivery, lock wait, provider call...)
+        feed metrics or traces of your own. Add it before ``start()``; a sink that raises is
+        logged once and ignored. Returns the sink."""
+        if not isinstance(sink, Telemetry):
+            raise TypeError(f"app.instrument(sink): a shoal.telemetry.Telemetry, not "
+                            f"{type(sink).__name__}.")
+        if self._started:
+            raise ConfigurationError("app.instrument(sink): add telemetry sinks before "
+                                     "app.start(); this app has started.")
+        self._sinks.append(sink)
+        self.telemetry = combine(self._sinks)
+        return sink
+
     def observe(self, observer: Any) -> Any:
         """Add an observer: any object with some of ``on_run_start(run)``,
         ``on_run_resume(run, reason)`` (reason ``dispatched`` for a retry, ``woke``, ``resumed``,
@@ -413,7 +432,8 @@ class App:
             pause_retention=self.pause_retention, version=self.version,
             max_payload_bytes=self.max_payload_bytes)
         host = Host(self._dispatch_child, self._spend)
-        self._engine = engine = Engine(self.store, self.clock, config, self._registry, host)
+        self._engine = engine = Engine(self.store, self.clock, config, self._registry, host,
+                                       self.telemetry)
         self._maintenance = host.maintenance = Maintenance.build(
             engine, self.store, self.clock, config, self._registry, self._fire_cron,
             self._prune_coordination)

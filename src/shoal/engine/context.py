@@ -32,6 +32,7 @@ from shoal.types import Fence, OutboxEntry, Pause, Run, Step
 
 if TYPE_CHECKING:
     from shoal.clock import Clock
+    from shoal.telemetry import Telemetry
 
 log = logging.getLogger("shoal")
 
@@ -215,6 +216,10 @@ class Execution:
     # once found, so a workflow that catches it cannot go on; the run fails at once (retrying
     # the same code would fail the same way)
     misuse: WorkflowCodeError | None = None
+    # how the execution ended, for telemetry and the log: the settlement's outcome, the parked
+    # status, or why it stopped without settling ("interrupted", "lost", "store_failed")
+    outcome: str | None = None
+    error: BaseException | str | None = None
 
     def dropped(self, call: _StepCall) -> None:
         """``call``'s coroutine was garbage-collected: without having started, it was never
@@ -303,6 +308,9 @@ class RunHost(Protocol):
 
     @property
     def max_payload_bytes(self) -> int: ...
+
+    @property
+    def telemetry(self) -> Telemetry: ...
 
     async def spend(self, ctx: RunContext, amount: float, currency: str) -> None:
         """Charge ``amount`` to the run's budgets and the ledger."""
@@ -469,8 +477,15 @@ class RunContext:
         token = _current_outbox.set(sent_here)
         inside = _current_step.set(name)
         began = self._host.clock.now()
+        telemetry = self._host.telemetry
+        told = telemetry.step_started(self._x.run, name, seq)
         try:
             result, retried = await self._call(fn, args, kwargs, retries, sent_here)
+        except BaseException as e:
+            telemetry.step_ended(told, self._x.run, name, e, retries)
+            raise
+        else:
+            telemetry.step_ended(told, self._x.run, name, None, retried)
         finally:
             self.step_key = None
             _current_step.reset(inside)
@@ -564,6 +579,7 @@ class RunContext:
         if not await self._write(host.store.suspend_run(
                 self._x.fence, pending, "sleeping", until, None, now)):
             self._lost()
+        host.telemetry.run_parked(self._x.run, "sleep", None, until)
         raise self._suspend("sleeping", until)
 
     async def wait_for(self, name: str, timeout: float | None = None) -> Any:
@@ -597,6 +613,7 @@ class RunContext:
                                          finished=True)
             return got.payload
         if got.parked:
+            host.telemetry.run_parked(self._x.run, "signal", name, deadline)
             raise self._suspend("waiting", deadline)
         done = replace(pending, output={"timeout": deadline}, finished=True)
         if not await self._write(host.store.checkpoint_step(
@@ -638,6 +655,7 @@ class RunContext:
                                                                now)):
                 self._lost()
             host.pause_created()
+            host.telemetry.run_parked(run, "approval", name, pause.expires_at)
             raise self._suspend("waiting", None)
         pause_id = recorded.output["pause_id"]
         found = await host.store.get_pause(pause_id)
@@ -650,6 +668,7 @@ class RunContext:
             if got is None:
                 self._lost()
             if got.parked:
+                host.telemetry.run_parked(self._x.run, "approval", name, None)
                 raise self._suspend("waiting", None)
             self._x.finishing = False
             found = got.pause
@@ -707,6 +726,7 @@ class RunContext:
                 if child is None:
                     self._lost()
                 if not child.status.final:
+                    host.telemetry.run_parked(self._x.run, "child", child_id, None)
                     raise self._suspend("waiting", None)
             self._x.finishing = False
             if child is None:   # record the missing child as a failure, once

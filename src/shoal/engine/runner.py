@@ -9,6 +9,7 @@ import dataclasses
 import inspect
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -27,12 +28,19 @@ from shoal.engine.cron import CronTrigger
 from shoal.errors import LeaseLostError, NonDeterminismError
 from shoal.ports import Store
 from shoal.scope import RunScope, current_run, outside_run
+from shoal.telemetry import NOTHING, Telemetry
 from shoal.types import Fence, Pause, Run, RunStatus, Settlement
 
 log = logging.getLogger("shoal")
 
 _SETTLE_BATCH = 500   # settlements written together at most
 
+
+
+def _fields(run: Run, event: str, **more: Any) -> dict[str, Any]:
+    """The ``extra`` of a log record about ``run``: its event name and the run's fields."""
+    return {"event": event, "run_id": run.id, "workflow": run.workflow, "tenant": run.tenant,
+            **more}
 
 
 async def _ended(x: Execution) -> None:
@@ -138,8 +146,9 @@ class Engine:
     :class:`~shoal.engine.context.RunHost` of every run it executes."""
 
     def __init__(self, store: Store, clock: Clock, config: EngineConfig, registry: Registry,
-                 host: EngineHost) -> None:
+                 host: EngineHost, telemetry: Telemetry = NOTHING) -> None:
         self.store = store
+        self.telemetry = telemetry
         self.clock = clock
         self.config = config
         self.registry = registry
@@ -321,7 +330,7 @@ class Engine:
                 self.namespace, list(self.workflows), self.instance_id, free, self.lease, sent,
                 version=self.config.version, any_version=self.registry.any_version())
             for run in runs:
-                self._launch(run, held_until=sent + self.lease)
+                self._launch(run, sent)
             if len(runs) < free:
                 return
 
@@ -379,9 +388,11 @@ class Engine:
         if self._local.get(x.run.id) is x:
             del self._local[x.run.id]
 
-    def _launch(self, run: Run, held_until: float) -> None:
+    def _launch(self, run: Run, claimed_at: float) -> None:
+        """Start executing ``run``, claimed here at ``claimed_at`` for a lease."""
+        self.telemetry.run_claimed(run, claimed_at)
         x = Execution(run=run, fence=Fence(run.id, self.instance_id, run.lease_epoch),
-                      held_until=held_until)
+                      held_until=claimed_at + self.lease)
         # An earlier execution of this run may still be alive here (its lease ran out while it
         # wound down, or a step's thread outlived it): it is aborted, and awaited before the
         # new one starts, so this process never runs the run twice at once.
@@ -424,6 +435,12 @@ class Engine:
         x.context = ctx
         # this task's context only: provider calls find their run
         scope = current_run.set(ctx)
+        telemetry = self.telemetry
+        began = time.monotonic()
+        if log.isEnabledFor(logging.INFO):
+            log.info("run.started: %s %s attempt %d epoch %d", run.workflow, run.id,
+                     run.attempts, run.lease_epoch, extra=_fields(run, "run.started"))
+        token = telemetry.attempt_started(run, self.instance_id)
         try:
             try:
                 for e in earlier:
@@ -447,6 +464,7 @@ class Engine:
                     output = _json.checked(output, f"the output of workflow {run.workflow!r}",
                                            self.max_payload_bytes)
             except Suspended as s:
+                x.outcome = s.status
                 if s.until is not None:
                     self.wake_at(s.until)
                 # the run may be claimed again (here too) while observers run: leave first
@@ -483,6 +501,13 @@ class Engine:
         except Exception as e:   # the store failed while the run was ending
             await self._store_failed(x, e)
         finally:
+            outcome = x.outcome or "interrupted"
+            telemetry.attempt_ended(token, run, outcome, x.error)
+            if log.isEnabledFor(logging.INFO):
+                took = time.monotonic() - began
+                log.info("run.ended: %s %s %s in %.3f s", run.workflow, run.id, outcome, took,
+                         extra=_fields(run, "run.ended", status=outcome,
+                                       duration=round(took, 6)))
             current_run.reset(scope)   # the task's context no longer holds the run (see _retire)
             self._leave(x)
             if self._settle_waiters:
@@ -493,11 +518,12 @@ class Engine:
         if x.abort == "cancel":
             await self._settle(x, Settlement("cancelled", error="cancelled"))
         elif x.abort == "interrupt":
+            x.outcome = "interrupted"
             x.finishing = True
             if x.thread_running:   # not released: see Execution.thread_running
                 return
             await self.store.release_run(x.fence, self.clock.now())
-            log.info("run.interrupted: %s", x.run.id, extra={"event": "run.interrupted"})
+            log.info("run.interrupted: %s", x.run.id, extra=_fields(x.run, "run.interrupted"))
         elif x.abort == "lost":
             await self._lost(x, LeaseLostError(x.run.id, self.instance_id))
         else:   # cancelled from outside (the event loop is going away): let it go quickly
@@ -510,7 +536,8 @@ class Engine:
         is no failure of the run: release it (fenced) so it is continued without charging an
         attempt; if even that fails, its lease lapses and recovery takes it."""
         log.warning("run.store_failed: %s %s: %s", x.run.workflow, x.run.id, error,
-                    extra={"event": "run.store_failed", "run_id": x.run.id})
+                    extra=_fields(x.run, "run.store_failed"))
+        x.outcome, x.error = "store_failed", error
         await self._report(error)
         x.finishing = True
         # Released at once if the store answers; else tried again every poll interval while
@@ -521,7 +548,7 @@ class Engine:
                 return
             except Exception as e:
                 log.warning("run.release_failed: %s: %s", x.run.id, e,
-                            extra={"event": "run.release_failed", "run_id": x.run.id})
+                            extra=_fields(x.run, "run.release_failed"))
             if self._closing or self.clock.now() + self.poll_interval >= x.held_until:
                 return
             await self.clock.sleep(self.poll_interval)
@@ -532,6 +559,7 @@ class Engine:
         # because of it (a step never awaited returns no result); a step not started yet is
         # no misuse here: the code may have raised before the await it was kept for
         misuse = x.check_code()
+        x.error = misuse or e
         error = f"{type(misuse or e).__name__}: {misuse or e}"
         trace = format_traceback(e)
         if misuse is None and run.attempts < run.max_attempts:
@@ -539,7 +567,7 @@ class Engine:
             delay *= random.uniform(0.5, 1.0)
             log.warning("run.retry: %s %s attempt %d/%d failed (%s); again in %.1fs",
                         run.workflow, run.id, run.attempts, run.max_attempts, error, delay,
-                        extra={"event": "run.retry", "run_id": run.id})
+                        extra=_fields(run, "run.retry"))
             settled = Settlement("retry", error=error, run_at=self.clock.now() + delay,
                                  traceback=trace)
             if await self._settle(x, settled):
@@ -547,7 +575,7 @@ class Engine:
         else:
             log.error("run.failed: %s %s after %d attempts: %s\n%s", run.workflow, run.id,
                       run.attempts, error, trace,
-                      extra={"event": "run.failed", "run_id": run.id})
+                      extra=_fields(run, "run.failed"))
             await self._settle(x, Settlement("failed", error=error, traceback=trace))
 
     async def _settle(self, x: Execution, settlement: Settlement) -> bool:
@@ -556,13 +584,16 @@ class Engine:
         failure settled from an ``except`` clause without a traceback gets that exception's."""
         if settlement.outcome == "succeeded" and (misuse := x.check_code(ended=True)):
             log.error("run.failed: %s %s: %s", x.run.workflow, x.run.id, misuse,
-                      extra={"event": "run.failed", "run_id": x.run.id})
+                      extra=_fields(x.run, "run.failed"))
             settlement = Settlement("failed", error=f"{type(misuse).__name__}: {misuse}")
         elif settlement.outcome == "failed" and settlement.traceback is None:
             settlement = dataclasses.replace(settlement, traceback=format_traceback())
         x.finishing = True
         now = self.clock.now()
+        if x.error is None and settlement.outcome != "cancelled":   # a cancel is no error
+            x.error = settlement.error
         if await self._write_settlement(x, settlement, now):
+            x.outcome = settlement.outcome
             if settlement.outcome != "retry" and self.registry.observers:
                 await self._observe("on_run_end", dataclasses.replace(
                     x.run, status=RunStatus(settlement.outcome), owner=None,
@@ -628,7 +659,7 @@ class Engine:
                     if not done.done():
                         done.set_result(ok)
                 for run in claimed:
-                    self._launch(run, held_until=sent + self.lease)
+                    self._launch(run, sent)
             if free and len(claimed) >= free:
                 self.kick()   # there may be more due than this batch freed
 
@@ -644,7 +675,8 @@ class Engine:
 
     async def _lost(self, x: Execution, e: LeaseLostError) -> None:
         log.warning("lease.lost: %s %s", x.run.workflow, x.run.id,
-                    extra={"event": "lease.lost", "run_id": x.run.id})
+                    extra=_fields(x.run, "lease.lost"))
+        x.outcome, x.error = "lost", e
         await self._report(e)
 
     async def _report(self, error: BaseException) -> None:
