@@ -32,9 +32,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from shoal import logs
 from shoal.app import App
 from shoal.app.options import CONCURRENCY_ENV, concurrency_setting
 from shoal.errors import ShoalError, UnknownPauseError, UnknownRunError
+from shoal.logs import FORMAT_ENV, FORMATS
 from shoal.ports import Store
 from shoal.stores import mask_url, open_store
 from shoal.types import (
@@ -218,9 +220,18 @@ def _load_app(spec: str) -> App:
 @click.option("--concurrency", envvar=CONCURRENCY_ENV, default=None, metavar="N",
               help="Runs this worker executes at once, instead of the app's "
                    f"max_concurrent_runs [env {CONCURRENCY_ENV}].")
+@click.option("--log-format", type=click.Choice(FORMATS, case_sensitive=False), default=None,
+              help=f"'text' (one human line a record) or 'json' (one JSON object a line) "
+                   f"[env {FORMAT_ENV}; default text].")
+@click.option("--health-port", type=click.IntRange(0, 65535), default=None, metavar="PORT",
+              help="Serve GET /livez and /readyz on this port (as App(health_port)).")
+@click.option("--health-host", default=None, metavar="HOST",
+              help="The address the probes listen on [default: the app's health_host, "
+                   "0.0.0.0: every interface].")
 @click.pass_context
 def worker(ctx: click.Context, app_spec: str, log_level: str, shutdown_timeout: float,
-           no_migrate: bool, concurrency: str | None) -> None:
+           no_migrate: bool, concurrency: str | None, log_format: str | None,
+           health_port: int | None, health_host: str | None) -> None:
     """Serve the App MODULE:APP until SIGTERM or SIGINT, then stop gracefully.
 
     The app names its own store; build it with shoal.App.from_env() to take SHOAL_STORE,
@@ -230,19 +241,52 @@ def worker(ctx: click.Context, app_spec: str, log_level: str, shutdown_timeout: 
     if concurrency is not None and concurrency.strip():
         given = ctx.get_parameter_source("concurrency") is click.core.ParameterSource.COMMANDLINE
         slots = concurrency_setting(concurrency, "--concurrency" if given else CONCURRENCY_ENV)
-    source = ctx.parent.get_parameter_source("store") if ctx.parent else None
-    if source is click.core.ParameterSource.COMMANDLINE:
-        click.echo("shoal worker: --store is ignored; the app names its own store "
-                   "(build it with shoal.App.from_env() to take SHOAL_STORE).", err=True)
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    try:
+        as_json = logs.log_format(log_format) == "json"
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    root = logging.getLogger()
+    level = root.level
+    handler = logs.configure("json" if as_json else "text", level=log_level)
+    try:
+        source = ctx.parent.get_parameter_source("store") if ctx.parent else None
+        _serve(app_spec, as_json, source is click.core.ParameterSource.COMMANDLINE,
+               no_migrate, slots, health_port, health_host, shutdown_timeout)
+    finally:    # as it was: the command may be invoked in a process that goes on
+        root.removeHandler(handler)
+        root.setLevel(level)
+
+
+def _serve(app_spec: str, as_json: bool, store_given: bool, no_migrate: bool,
+           slots: int | None, health_port: int | None, health_host: str | None,
+           shutdown_timeout: float) -> None:
+    """``shoal worker``, once its logging is set up."""
+    def say(level: int, text: str, **fields: Any) -> None:
+        """A note of the worker's own: a line on stderr, or a record among the JSON ones."""
+        if as_json:
+            logging.getLogger("shoal").log(level, text, extra=fields)
+        else:
+            click.echo(text, err=True)
+
+    if store_given:
+        say(logging.WARNING, "shoal worker: --store is ignored; the app names its own store "
+            "(build it with shoal.App.from_env() to take SHOAL_STORE).",
+            event="worker.store_ignored")
     app = _load_app(app_spec)
     if no_migrate:
         app.migrate = False
     if slots is not None:
         app.max_concurrent_runs = slots
-    click.echo(f"shoal worker: serving {app!r}, max_concurrent_runs={app.max_concurrent_runs}; "
-               f"SIGTERM or Ctrl-C stops it gracefully.", err=True)
+    if health_host is not None:
+        if not health_host.strip():
+            raise click.ClickException("--health-host must be an address, e.g. 0.0.0.0 or "
+                                       "127.0.0.1, not an empty string.")
+        app.health_host = health_host
+    if health_port is not None:
+        app.health_port = health_port
+    say(logging.INFO, f"shoal worker: serving {app!r}, max_concurrent_runs="
+        f"{app.max_concurrent_runs}; SIGTERM or Ctrl-C stops it gracefully.",
+        event="worker.serving", instance=app.instance_id)
     app.run_forever(timeout=shutdown_timeout)
 
 

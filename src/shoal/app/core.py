@@ -13,9 +13,10 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
 
-from shoal import _checks, _ids, _json
+from shoal import _checks, _ids, _json, logs
 from shoal._checks import CALL, CONFIG
 from shoal.abort import AbortSignal
+from shoal.app import probes
 from shoal.app.host import Host
 from shoal.app.options import (
     CONCURRENCY_ENV,
@@ -144,10 +145,15 @@ class App:
         heartbeat: float | None = None,
         migrate: bool = True,
         max_payload_bytes: int = _json.MAX_PAYLOAD_BYTES,
+        health_port: int | None = None,
+        health_host: str = "0.0.0.0",
     ) -> None:
         check_app_options(namespace, store, instance_id, max_concurrent_runs, lease, clock,
                            version, max_queued, admission, membership_interval,
                            pause_retention, run_retention, max_payload_bytes, heartbeat, migrate)
+        if health_port is not None:
+            _checks.integer(health_port, "App(health_port)", CONFIG, low=0, high=65535)
+        _checks.text(health_host, "App(health_host)", CONFIG)
         self.namespace = namespace
         self.store: Store = open_store(store) if isinstance(store, str) else store
         # A store passed in as an object may be shared by several apps: its owner closes it.
@@ -170,6 +176,10 @@ class App:
         self.run_retention = run_retention
         # False: never change the schema, refuse one that is behind (a role allowed rows only)
         self.migrate = migrate
+        # GET /livez and /readyz on this port while the app is started (None: no server)
+        self.health_port = health_port
+        self.health_host = health_host
+        self._probes: asyncio.Server | None = None
         self._registry = Registry()   # workflows, handlers, crons: what the engine serves
         self._engine: Engine | None = None
         self._maintenance: Maintenance | None = None
@@ -417,14 +427,30 @@ class App:
 
     async def start(self) -> None:
         """Migrate if needed (unless ``migrate=False``: then a schema behind is refused),
-        record this instance's workflows, then poll, schedule, recover."""
+        record this instance's workflows, then poll, schedule, recover. With ``health_port``,
+        serve the probes from then until :meth:`close` returns (``ConfigurationError`` when
+        the port cannot be listened on). The records shoal logs from the tasks started here
+        carry this instance's id (``shoal.logs``)."""
         if self._started:
             return
-        await self._open_store()
-        await self.store.register_workflows(
-            self.namespace,
-            {name: spec.options() for name, spec in self._registry.workflows.items()},
-            self.clock.now(), instance=self.instance_id)
+        logs.install_filter()
+        with logs.instance_scope(self.instance_id):
+            await self._open_store()
+            await self.store.register_workflows(
+                self.namespace,
+                {name: spec.options() for name, spec in self._registry.workflows.items()},
+                self.clock.now(), instance=self.instance_id)
+            await self._serve_probes()
+            try:
+                self._start_services()
+            except BaseException:
+                await self._stop_probes()
+                raise
+        log.info("app.started: %r", self,
+                 extra={"event": "app.started", "instance": self.instance_id})
+
+    def _start_services(self) -> None:
+        """The engine, the maintenance services and the membership, started."""
         config = EngineConfig(
             namespace=self.namespace, instance_id=self.instance_id,
             slots=self.max_concurrent_runs, lease=self.lease, heartbeat=self.heartbeat,
@@ -445,30 +471,64 @@ class App:
         else:
             log.warning("membership.unavailable: the store %s keeps no coordination and no "
                         "coordination= was given: slots() answers None", mask_url(self.store.url),
-                        extra={"event": "membership.unavailable"})
+                        extra={"event": "membership.unavailable", "instance": self.instance_id})
         self._started = True
-        log.info("app.started: %r", self, extra={"event": "app.started"})
 
     async def close(self, timeout: float = 25.0) -> None:
         """Graceful stop: take no more runs, wait up to ``timeout`` seconds for the running ones,
         then interrupt the rest (each releases its claim at once; another instance continues
-        it at its next poll). Idempotent."""
-        if self._engine is not None:
-            self._stopping = True
-            engine, self._engine = self._engine, None
-            maintenance, self._maintenance = self._maintenance, None
-            try:
-                if self._membership is not None:
-                    await self._membership.stop()
-                if maintenance is not None:
-                    await maintenance.stop()      # the heartbeat goes on while runs drain
-                await engine.close(timeout)
-                if maintenance is not None:
-                    await maintenance.stop_heartbeat()
-            finally:
-                self._stopping = False
-        self._started = False
-        await self._close_store()
+        it at its next poll). The probes answer ``stopping`` until then. Idempotent."""
+        with logs.instance_scope(self.instance_id):
+            if self._engine is not None:
+                self._stopping = True
+                engine, self._engine = self._engine, None
+                maintenance, self._maintenance = self._maintenance, None
+                try:
+                    if self._membership is not None:
+                        await self._membership.stop()
+                    if maintenance is not None:
+                        await maintenance.stop()      # the heartbeat goes on while runs drain
+                    await engine.close(timeout)
+                    if maintenance is not None:
+                        await maintenance.stop_heartbeat()
+                finally:
+                    await self._stop_probes()
+                    self._stopping = False
+            self._started = False
+            await self._close_store()
+
+    @property
+    def health_address(self) -> tuple[str, int] | None:
+        """(host, port) the probes are served on while the app is started with
+        ``health_port`` (the port chosen when it was 0); None otherwise."""
+        if self._probes is None or not self._probes.sockets:
+            return None
+        host, port = self._probes.sockets[0].getsockname()[:2]
+        return str(host), int(port)
+
+    async def _serve_probes(self) -> None:
+        if self.health_port is None or self._probes is not None:
+            return
+        where = f"{self.health_host}:{self.health_port}"
+        try:
+            self._probes = await probes.serve(self.health_host, self.health_port,
+                                              probes.health_routes(self))
+        except OSError as e:
+            raise ConfigurationError(
+                f"App(health_port={self.health_port}, health_host={self.health_host!r}) cannot "
+                f"listen on {where}: {e}. Give a free port (0 picks one), or "
+                f"health_port=None to serve no probes.") from e
+        host, port = self.health_address or (self.health_host, self.health_port)
+        log.info("health.serving: GET /livez and /readyz on %s:%d", host, port,
+                 extra={"event": "health.serving", "instance": self.instance_id, "port": port})
+
+    async def _stop_probes(self) -> None:
+        server, self._probes = self._probes, None
+        if server is not None:
+            server.close()
+            # bounded: from Python 3.12 it also waits for the open connections
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(server.wait_closed(), 1.0)
 
     async def _close_store(self) -> None:
         if self._opened:
@@ -498,7 +558,8 @@ class App:
             try:
                 await stop.wait()
             finally:
-                log.info("app.stopping: %r", self, extra={"event": "app.stopping"})
+                log.info("app.stopping: %r", self,
+                         extra={"event": "app.stopping", "instance": self.instance_id})
                 await self.close(timeout)
 
         asyncio.run(serve())
@@ -783,7 +844,8 @@ class App:
         renews every ``heartbeat`` and polls every lease/3 by itself."""
         if self._maintenance is None:
             raise ShoalError("The app is not started: use 'async with app:' or await app.start().")
-        await self._maintenance.poll()
+        with logs.instance_scope(self.instance_id):
+            await self._maintenance.poll()
 
     # -- runs ------------------------------------------------------------------------------
 

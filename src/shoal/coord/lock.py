@@ -106,6 +106,10 @@ class LockManager:
         self._renewals: dict[str, asyncio.Task[None]] = {}
         self._pending: set[asyncio.Future[Any]] = set()
 
+    def _fields(self, event: str) -> dict[str, Any]:
+        """``extra=`` of a record of this instance's."""
+        return {"event": event, "instance": self.instance_id}
+
     async def acquire(self, keys: tuple[str, ...]) -> Lock:
         coord = self._coord()
         holder = f"{self.instance_id}/{secrets.token_hex(6)}"
@@ -124,7 +128,7 @@ class LockManager:
                             failing = sent
                             log.warning("lock.unavailable: %s: %s; still waiting for %s",
                                         type(e).__name__, e, list(keys),
-                                        extra={"event": "lock.unavailable"})
+                                        extra=self._fields("lock.unavailable"))
                         self._give_up_after_a_lease(keys, failing, e)
                         # the store may have granted it before the error: give back whatever
                         # we have, or we would queue behind ourselves until our own lease ends
@@ -184,7 +188,7 @@ class LockManager:
             # the lease ends by itself; the next holder waits for it at most that long
             log.warning("lock.release_failed: %s: %s; %s ends with its lease",
                         type(e).__name__, e, list(lock.keys),
-                        extra={"event": "lock.release_failed"})
+                        extra=self._fields("lock.release_failed"))
         self._notify("on_lock_released", lock.keys, key_group(lock.keys),
                      self.clock.now() - lock.acquired_at, lost)
 
@@ -234,7 +238,7 @@ class LockManager:
                 except Exception as e:
                     if not failing:    # once per outage, not once per retry
                         log.warning("lock.renew_failed: %s: %s; retrying while the lease lasts",
-                                    type(e).__name__, e, extra={"event": "lock.renew_failed"})
+                                    type(e).__name__, e, extra=self._fields("lock.renew_failed"))
                     failing = True
                     await self.clock.sleep(min(self.lease / 10, 1.0,
                                                max(0.0, lock.held_until - self.clock.now())))
@@ -249,7 +253,7 @@ class LockManager:
 
     def _lost(self, lock: Lock, reason: str) -> None:
         log.warning("lock.lost: %s (token %d): %s", list(lock.keys), lock.token, reason,
-                    extra={"event": "lock.lost"})
+                    extra=self._fields("lock.lost"))
         lock.signal._abort(LockLostError(lock.keys, reason))
 
     def _notify(self, method: str, *args: Any) -> None:
@@ -264,4 +268,4 @@ class LockManager:
                     task.add_done_callback(self._pending.discard)
             except Exception:
                 log.exception("observer.failed: %s.%s", type(observer).__name__, method,
-                              extra={"event": "observer.failed"})
+                              extra=self._fields("observer.failed"))

@@ -73,6 +73,7 @@ class Membership:
         # an incarnation of its own: a restarted instance with the same id is another member,
         # so the row of a frozen predecessor keeps its slots until that row ends
         self.member = f"{instance_id}/{secrets.token_hex(4)}"
+        self.instance_id = instance_id
         self.interval = interval
         self.version = version          # the code version, shown by consoles beside the member
         self._observers = observers
@@ -103,6 +104,10 @@ class Membership:
                 asyncio.create_task(self._watchdog(), name=f"shoal-members-watch-{self.namespace}"),
             ]
 
+    def _fields(self, event: str) -> dict[str, Any]:
+        """``extra=`` of a record of this instance's."""
+        return {"event": event, "instance": self.instance_id}
+
     async def stop(self) -> None:
         """Let go of the assignment, let the listeners finish, then leave the roster (the others
         rebalance at once)."""
@@ -113,7 +118,7 @@ class Membership:
             await asyncio.wait_for(self.coord.leave(self.namespace, self.member), 2.0)
         except Exception as e:
             log.warning("membership.leave_failed: %s: %s; the row ends by itself",
-                        type(e).__name__, e, extra={"event": "membership.leave_failed"})
+                        type(e).__name__, e, extra=self._fields("membership.leave_failed"))
 
     async def _cancel_tasks(self) -> None:
         tasks = [t for t in self._tasks if t is not asyncio.current_task()]
@@ -160,7 +165,7 @@ class Membership:
             if delay <= 0:
                 log.warning("membership.expired: no heartbeat confirmed for %g s; owning nothing "
                             "until the store answers", 2 * self.interval,
-                            extra={"event": "membership.expired"})
+                            extra=self._fields("membership.expired"))
                 self._let_go()
                 continue
             await first_of(self._changed.wait(), self.clock, delay)
@@ -203,11 +208,11 @@ class Membership:
                 call.add_done_callback(_retrieve)
             if not self._unreachable:
                 log.warning("membership.unavailable: %s: %s", type(e).__name__, e,
-                            extra={"event": "membership.unavailable"})
+                            extra=self._fields("membership.unavailable"))
             self._unreachable = True
             return min(self.interval / 5, 1.0)
         if self._unreachable:
-            log.info("membership.available", extra={"event": "membership.available"})
+            log.info("membership.available", extra=self._fields("membership.available"))
             self._unreachable = False
         if self._broken:
             return 0.0
@@ -245,7 +250,7 @@ class Membership:
             return
         self._assignment = assignment
         self._changed.set()
-        log.info("membership.assigned: %s", assignment, extra={"event": "membership.assigned"})
+        log.info("membership.assigned: %s", assignment, extra=self._fields("membership.assigned"))
         self._deliver(assignment)
         for observer in self._observers:
             fn = getattr(observer, "on_slots_assigned", None)
@@ -258,7 +263,7 @@ class Membership:
                         task.add_done_callback(self._pending.discard)
                 except Exception:
                     log.exception("observer.failed: %s.on_slots_assigned",
-                                  type(observer).__name__, extra={"event": "observer.failed"})
+                                  type(observer).__name__, extra=self._fields("observer.failed"))
 
     def _deliver(self, assignment: Assignment | None) -> None:
         for subscription in list(self._subscriptions):
@@ -311,7 +316,7 @@ class Membership:
             return
         self._broken = True
         log.error("membership.listener_failed: %r raised %r; this replica owns no slots from now "
-                  "on", listener, error, extra={"event": "membership.listener_failed"})
+                  "on", listener, error, extra=self._fields("membership.listener_failed"))
         if self._generation is not None:
             self._letting_go = self._generation
             self._generation = None

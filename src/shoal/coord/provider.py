@@ -419,6 +419,10 @@ class Provider:
             raise ValueError(f"provider.call(cost=…) takes a finite number >= 0, not {cost!r}.")
         return ProviderCall(self, tokens, tenant, timeout, cost)
 
+    def _fields(self, event: str) -> dict[str, Any]:
+        """``extra=`` of a record about this provider."""
+        return {"event": event, "instance": self.instance_id}
+
     async def open_until(self) -> float | None:
         """When the breaker closes again (half-opens), if it is open now."""
         if self.breaker is None:
@@ -650,13 +654,13 @@ class Provider:
                         self.namespace, keys[which], holder, SLOT_LEASE, self.clock.now())
                 except Exception as e:
                     log.warning("provider.renew_failed: %s: %s: %s", self.name,
-                                type(e).__name__, e, extra={"event": "provider.renew_failed"})
+                                type(e).__name__, e, extra=self._fields("provider.renew_failed"))
                     continue
                 if not renewed:
                     lost.add(which)
                     log.warning("provider.slot_lost: %s: the %s slot of call %s ended before "
                                 "the call did; another call may take it", self.name,
-                                names[which], holder, extra={"event": "provider.slot_lost"})
+                                names[which], holder, extra=self._fields("provider.slot_lost"))
 
     async def _failed(self, taken: _Taken) -> None:
         """Count a failed call; open the circuit (see the class docstring) if it was the
@@ -672,7 +676,7 @@ class Provider:
             if taken.trial and taken.generation == opened:
                 until = await rates.pause_until(ns, k["open"], now + self.breaker.cooldown, now)
                 log.warning("provider.circuit_open: %s: the trial call failed; until %s",
-                            self.name, until, extra={"event": "provider.circuit_open"})
+                            self.name, until, extra=self._fields("provider.circuit_open"))
             return
         if failures.total < self.breaker.failures:
             return      # a trial of an opening that a later trial already closed
@@ -680,7 +684,7 @@ class Provider:
         await rates.counter_add(ns, [k["opened"]], [1.0], [closed + 1], now)
         log.warning("provider.circuit_open: %s after %g failures in %g s; until %s",
                     self.name, failures.total, self.breaker.window, until,
-                    extra={"event": "provider.circuit_open"})
+                    extra=self._fields("provider.circuit_open"))
 
     async def _succeeded(self, taken: _Taken) -> None:
         if not taken.trial or self.breaker is None:
@@ -693,7 +697,7 @@ class Provider:
         got = await rates.counter_add(ns, [k["closed"]], [1.0], [taken.generation], now)
         if got.added:
             log.info("provider.circuit_closed: %s", self.name,
-                     extra={"event": "provider.circuit_closed"})
+                     extra=self._fields("provider.circuit_closed"))
 
 
 def _amount(value: Any) -> bool:
@@ -805,6 +809,15 @@ class ProviderCall:
             self._renewal = asyncio.create_task(p._renew(self._holder, self._taken))
         return self
 
+    def _log_fields(self, event: str) -> dict[str, Any]:
+        """``extra=`` of a record about this call: the run and tenant it is made for."""
+        fields = self.provider._fields(event)
+        if self.spender is not None:
+            fields["tenant"] = self.spender.tenant
+            if self.spender.run_id is not None:
+                fields["run_id"] = self.spender.run_id
+        return fields
+
     async def _undo(self) -> None:
         """The call did not go: give back what admission took, then the budget reservation."""
         p = self.provider
@@ -821,7 +834,7 @@ class ProviderCall:
         except Exception as e:
             p = self.provider
             log.warning("provider.exit_failed: %s: could not %s: %s: %s", p.name, what,
-                        type(e).__name__, e, extra={"event": "provider.exit_failed"})
+                        type(e).__name__, e, extra=self._log_fields("provider.exit_failed"))
 
     async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None,
                         tb: object) -> None:
@@ -881,7 +894,7 @@ class ProviderCall:
         until = await p._rates().pause_until(p.namespace, p.keys["cooldown"],
                                              now + self._retry_after, now)
         log.warning("provider.rate_limited: %s paused until %s for every replica",
-                    p.name, until, extra={"event": "provider.rate_limited"})
+                    p.name, until, extra=self._log_fields("provider.rate_limited"))
 
     async def _correct_tokens(self, now: float, key: str, counted_at: float | None) -> None:
         """Correct the estimate in the tokens window ``key`` (the provider's or the tenant's),

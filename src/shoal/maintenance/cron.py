@@ -52,7 +52,7 @@ class Cron:
                     await self._fire(trigger, tick)
                 except Exception as e:
                     await self._reporter.failed(f"cron {trigger.name} at {tick}", e,
-                                                "cron.failed")
+                                                "cron.failed", workflow=trigger.workflow)
                     await self.clock.sleep(min(self._retry, 5.0))
                     continue
             await self.clock.sleep(max(0.0, trigger.next_tick(now) - self.clock.now()))

@@ -33,7 +33,8 @@ class PauseExpiry(Service):
         expired = await self._store.expire_pauses(self._namespace, self.clock.now())
         for pause in expired:
             log.info("pause.expired: %s of run %s", pause.id, pause.run_id,
-                     extra={"event": "pause.expired", "run_id": pause.run_id})
+                     extra={"event": "pause.expired", "run_id": pause.run_id,
+                            "tenant": pause.tenant})
         if expired:
             self._kick()
 
@@ -76,6 +77,7 @@ class PauseNotification(Triggered):
                 await call_handler(handler, deadline - self.clock.now(), pause)
         except Exception as e:
             log.warning("pause.notify_failed: %s of run %s: %s", pause.id, pause.run_id, e,
-                        extra={"event": "pause.notify_failed", "run_id": pause.run_id})
+                        extra={"event": "pause.notify_failed", "run_id": pause.run_id,
+                               "tenant": pause.tenant})
             return
         await self._store.mark_notified(pause.id)

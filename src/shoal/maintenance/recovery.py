@@ -13,8 +13,14 @@ from shoal.clock import Clock
 from shoal.engine.runner import Registry
 from shoal.maintenance.service import Reporter, Service
 from shoal.ports import RunQueue
+from shoal.types import Run
 
 log = logging.getLogger("shoal")
+
+
+def _fields(event: str, run: Run) -> dict[str, str]:
+    """``extra=`` of a record about ``run``."""
+    return {"event": event, "run_id": run.id, "workflow": run.workflow, "tenant": run.tenant}
 
 
 class Recovery(Service):
@@ -40,10 +46,10 @@ class Recovery(Service):
         now = self.clock.now()
         for run in await self._store.recover_runs(self._namespace, now):
             log.info("run.recovered: %s %s -> %s", run.workflow, run.id, run.status,
-                     extra={"event": "run.recovered", "run_id": run.id})
+                     extra=_fields("run.recovered", run))
             if run.status.final:
                 log.error("recovery.failed: %s %s: %s", run.workflow, run.id, run.error,
-                          extra={"event": "recovery.failed", "run_id": run.id})
+                          extra=_fields("recovery.failed", run))
         await self._log_incompatible(now)
 
     async def _log_incompatible(self, now: float) -> None:
@@ -62,4 +68,4 @@ class Recovery(Service):
                         "is %r and leaves it to an instance of that version (or set "
                         "on_incompatible='resume' on the workflow)", run.workflow, run.id,
                         run.version, self._version,
-                        extra={"event": "recovery.incompatible", "run_id": run.id})
+                        extra=_fields("recovery.incompatible", run))

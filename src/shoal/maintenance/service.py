@@ -27,9 +27,13 @@ class Reporter:
         self._every = every
         self._reported: dict[tuple[type[BaseException], str], float] = {}
 
-    async def failed(self, service: str, error: BaseException, event: str = "poll.failed") -> None:
+    async def failed(self, service: str, error: BaseException, event: str = "poll.failed",
+                     workflow: str | None = None) -> None:
+        fields = {"event": event, "service": service}
+        if workflow is not None:
+            fields["workflow"] = workflow
         log.warning("%s: %s: %s: %s", event, service, type(error).__name__, error,
-                    extra={"event": event, "service": service})
+                    extra=fields)
         now = self._clock.now()
         key = (type(error), str(error))
         last = self._reported.get(key)
