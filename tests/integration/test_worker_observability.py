@@ -194,6 +194,12 @@ def test_worker_serves_probes_and_writes_json_logs(
     assert (error["level"], error["run_id"], error["workflow"]) == ("error", failed.id, "greet")
     assert error["error"].startswith("Traceback") and "ValueError: no such name" in error["error"]
     assert one(event="run.failed")["run_id"] == failed.id
+    assert "ValueError: no such name" in one(event="run.failed")["error"]   # the traceback
+    # INFO lines as each run starts and ends, with its status and duration
+    assert one(event="run.started", run_id=ok.id)["workflow"] == "greet"
+    ended = one(event="run.ended", run_id=ok.id)
+    assert ended["status"] == "succeeded" and ended["duration"] >= 0
+    assert one(event="run.ended", run_id=failed.id)["status"] == "failed"
     assert one(event="run.interrupted").get("instance") == "obs-1"
 
 

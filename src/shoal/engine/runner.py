@@ -573,8 +573,9 @@ class Engine:
             if await self._settle(x, settled):
                 self.wake_at(self.clock.now() + delay)
         else:
-            log.error("run.failed: %s %s after %d attempts: %s\n%s", run.workflow, run.id,
-                      run.attempts, error, trace,
+            # the traceback as exc_info: the JSON log's "error", the text log's usual lines
+            log.error("run.failed: %s %s after %d attempts: %s", run.workflow, run.id,
+                      run.attempts, error, exc_info=misuse or e,
                       extra=_fields(run, "run.failed"))
             await self._settle(x, Settlement("failed", error=error, traceback=trace))
 
