@@ -484,6 +484,8 @@ class Engine:
             await self._store_failed(x, e)
         finally:
             current_run.reset(scope)   # the task's context no longer holds the run (see _retire)
+            if x.progress is not None:
+                x.progress.stop()
             self._leave(x)
             if self._settle_waiters:
                 self._wake_settle_waiters()
@@ -493,7 +495,7 @@ class Engine:
         if x.abort == "cancel":
             await self._settle(x, Settlement("cancelled", error="cancelled"))
         elif x.abort == "interrupt":
-            x.finishing = True
+            await x.begin_finishing()
             if x.thread_running:   # not released: see Execution.thread_running
                 return
             await self.store.release_run(x.fence, self.clock.now())
@@ -560,7 +562,7 @@ class Engine:
             settlement = Settlement("failed", error=f"{type(misuse).__name__}: {misuse}")
         elif settlement.outcome == "failed" and settlement.traceback is None:
             settlement = dataclasses.replace(settlement, traceback=format_traceback())
-        x.finishing = True
+        await x.begin_finishing()   # the progress not written yet goes first
         now = self.clock.now()
         if await self._write_settlement(x, settlement, now):
             if settlement.outcome != "retry" and self.registry.observers:
