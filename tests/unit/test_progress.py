@@ -7,6 +7,7 @@ through a store that counts its progress writes."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import math
 from typing import Any
@@ -139,7 +140,7 @@ async def test_the_newest_value_is_written_once_per_interval(
     assert got is not None and got.message == "done"
     times = [at for at, _ in store.writes]
     assert 9 <= len(times) <= 12, times        # about one a second, not one per report
-    gaps = [b - a for a, b in zip(times[:-1], times[1:], strict=True)]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
     assert all(gap >= PROGRESS_INTERVAL - 1e-9 for gap in gaps[:-1]), gaps
     assert store.writes[-1][1] == got          # the last one, flushed before the settlement
 
