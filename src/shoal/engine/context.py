@@ -440,6 +440,8 @@ class RunContext:
         x = self._x
         writer = x.progress
         if writer is None:
+            if x.task is not None and x.task.done():   # a step's thread outlived the execution
+                return
             with _NEW_WRITER:
                 if x.progress is None:
                     loop = x.task.get_loop() if x.task is not None else asyncio.get_running_loop()
