@@ -20,9 +20,9 @@ import math
 import os
 import sqlite3
 import sys
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine
-from contextlib import asynccontextmanager
-from datetime import datetime
+from contextlib import asynccontextmanager, suppress
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, TypeVar
@@ -43,20 +43,20 @@ from shoal.types import (
     OutboxEntry,
     Pause,
     Run,
+    RunFilter,
     RunStatus,
     SpendEntry,
     Stats,
     Step,
     WorkflowInfo,
 )
+from shoal.watch import follow_run, progress_cell, runs_table, watch_runs
+from shoal.watch import json_text as _json_text
+from shoal.watch import status as _status
+from shoal.watch import when as _when
 
 DEFAULT_STORE = "sqlite:///shoal.db"
 T = TypeVar("T")
-
-_STATUS_STYLE = {
-    "queued": "cyan", "running": "bold yellow", "sleeping": "blue", "waiting": "magenta",
-    "interrupted": "yellow", "succeeded": "green", "failed": "bold red", "cancelled": "dim",
-}
 
 
 class _Target:
@@ -293,33 +293,35 @@ def _serve(app_spec: str, as_json: bool, store_given: bool, no_migrate: bool,
 # -- runs ------------------------------------------------------------------------------------
 
 
-def _when(t: float | None) -> str:
-    if t is None:
-        return ""
-    return datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _status(status: RunStatus | str) -> str:
-    value = str(status)
-    return f"[{_STATUS_STYLE.get(value, '')}]{value}[/]"
-
-
 def _first_line(text: str | None, limit: int = 120) -> str:
     line = (text or "").strip().split("\n", 1)[0]
     return line if len(line) <= limit else line[: limit - 1] + "…"
-
-
-def _json_text(value: Any, limit: int | None = None) -> str:
-    text = json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
-    if limit is not None and len(text) > limit:
-        text = text[: limit - 1] + "…"
-    return text
 
 
 def _run_dict(run: Run) -> dict[str, Any]:
     out = dataclasses.asdict(run)
     out["status"] = str(run.status)
     return out
+
+
+def _interval_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--interval``: seconds between two reads of the store while ``what`` is on."""
+    return click.option("--interval", type=click.FloatRange(min=0, min_open=True), default=None,
+                        metavar="S", help=f"With {what}: seconds between two reads of the "
+                                          f"store (default 1).")
+
+
+async def _newest_runs(store: Store, namespace: str | None, where: RunFilter, limit: int,
+                       after: str | None) -> list[Run]:
+    """The newest ``limit`` runs matching ``where``, newest first, created after run ``after``:
+    of ``namespace``, or of every namespace where an instance registered workflows."""
+    names = ([namespace] if namespace is not None else
+             sorted({w.namespace for w in await store.list_workflows(None)}))
+    found: list[Run] = []
+    for name in names:
+        found += await store.search_runs(name, where, limit=limit)
+    found.sort(key=lambda r: r.id, reverse=True)
+    return [r for r in found if after is None or r.id > after][:limit]
 
 
 @cli.command()
@@ -332,13 +334,26 @@ def _run_dict(run: Run) -> dict[str, Any]:
 @click.option("--after", default=None, metavar="RUN_ID",
               help="Only runs created after this one (to page).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.option("--watch", is_flag=True,
+              help="Redraw the table until Ctrl-C: the newest runs first, with their progress.")
+@_interval_option("--watch")
 @_target_options
 @click.pass_context
 def runs(ctx: click.Context, status: str | None, workflow: str | None, tenant: str | None,
-         limit: int, after: str | None, as_json: bool, store_override: str | None,
-         namespace_override: str | None) -> None:
-    """List runs in creation order (all namespaces unless one is given)."""
+         limit: int, after: str | None, as_json: bool, watch: bool, interval: float | None,
+         store_override: str | None, namespace_override: str | None) -> None:
+    """List runs in creation order (all namespaces unless one is given); with --watch, the
+    newest runs first, redrawn every --interval seconds until Ctrl-C."""
     target = _target(ctx, store_override, namespace_override)
+    if interval is not None and not watch:
+        raise click.UsageError("--interval goes with --watch.")
+    if watch and as_json:
+        raise click.UsageError("--watch draws a table in the terminal; --json prints the runs "
+                               "once: give one of them.")
+    if watch:
+        _watch_runs(target, RunFilter(status=status, workflow=workflow, tenant=tenant), limit,
+                    after, interval or 1.0)
+        return
 
     async def read() -> list[Run]:
         async with _opened_store(target.store) as store:
@@ -355,23 +370,32 @@ def runs(ctx: click.Context, status: str | None, workflow: str | None, tenant: s
         where = f"namespace {target.namespace!r}" if target.namespace else "any namespace"
         console.print(f"No runs in {escape(where)} of {escape(mask_url(target.store))}.")
         return
-    table = Table(title=f"runs in {escape(mask_url(target.store))}", title_justify="left")
-    table.add_column("id", no_wrap=True)
-    if target.namespace is None:
-        table.add_column("namespace")
-    for column in ("workflow", "status", "attempts", "owner", "created"):
-        table.add_column(column, no_wrap=column in ("status", "created"))
-    for run in found:
-        cells = [run.id]
-        if target.namespace is None:
-            cells.append(escape(run.namespace))
-        cells += [escape(run.workflow), _status(run.status),
-                  f"{run.attempts}/{run.max_attempts}", escape(run.owner or ""),
-                  _when(run.created_at)]
-        table.add_row(*cells)
-    console.print(table)
+    console.print(runs_table(found, f"runs in {escape(mask_url(target.store))}",
+                             namespaces=target.namespace is None))
     if len(found) == limit:
         console.print(f"[dim]First {limit} shown; the next page: --after {found[-1].id}[/]")
+
+
+def _watch_runs(target: _Target, where: RunFilter, limit: int, after: str | None,
+                interval: float) -> None:
+    """``shoal runs --watch``: the newest runs, redrawn every ``interval`` s until Ctrl-C."""
+    console = _console()
+    where_text = f"namespace {target.namespace!r}" if target.namespace else "every namespace"
+
+    async def watch() -> None:
+        async with _opened_store(target.store) as store:
+            async def read() -> Any:
+                found = await _newest_runs(store, target.namespace, where, limit, after)
+                title = (f"newest runs of {escape(where_text)} in "
+                         f"{escape(mask_url(target.store))} at {_when(time.time())}")
+                if not found:
+                    return f"[bold]{title}[/]\nNo runs match."
+                return runs_table(found, title, namespaces=target.namespace is None)
+
+            await watch_runs(read, console, interval)
+
+    with suppress(KeyboardInterrupt):
+        _run_async(watch())
 
 
 # -- run show / cancel -----------------------------------------------------------------------
@@ -384,15 +408,27 @@ def run() -> None:
 
 @run.command("show")
 @click.argument("run_id")
-@click.option("--json", "as_json", is_flag=True, help="The run and its steps as JSON.")
+@click.option("--json", "as_json", is_flag=True,
+              help="The run and its steps as JSON (with --follow, one line each time they "
+                   "change).")
+@click.option("--follow", "-f", is_flag=True,
+              help="Redraw the run (status, progress, steps) until it ends; exit code 1 if it "
+                   "fails or is cancelled.")
+@_interval_option("--follow")
 @_tenant_option("run")
 @_target_options
 @click.pass_context
-def run_show(ctx: click.Context, run_id: str, as_json: bool, tenant: str | None,
-             store_override: str | None, namespace_override: str | None) -> None:
-    """Every field of run RUN_ID, its checkpointed steps, and the traceback of its last failed
-    attempt."""
+def run_show(ctx: click.Context, run_id: str, as_json: bool, follow: bool,
+             interval: float | None, tenant: str | None, store_override: str | None,
+             namespace_override: str | None) -> None:
+    """Every field of run RUN_ID, its progress, its checkpointed steps, and the traceback of
+    its last failed attempt; with --follow, the run as it goes until it ends."""
     target = _target(ctx, store_override, namespace_override)
+    if interval is not None and not follow:
+        raise click.UsageError("--interval goes with --follow.")
+    if follow:
+        _follow_run(target, run_id, tenant, as_json, interval or 1.0)
+        return
 
     async def read() -> tuple[Run, list[Step]]:
         async with _opened_store(target.store) as store, \
@@ -402,9 +438,7 @@ def run_show(ctx: click.Context, run_id: str, as_json: bool, tenant: str | None,
 
     found, steps = _run_async(read())
     if as_json:
-        out = _run_dict(found)
-        out["steps"] = [dataclasses.asdict(s) for s in steps]
-        click.echo(json.dumps(out, ensure_ascii=False, indent=2))
+        click.echo(json.dumps(_run_and_steps(found, steps), ensure_ascii=False, indent=2))
         return
     console = _console()
     fields = Table(show_header=False, title=f"run {found.id}", title_justify="left")
@@ -416,6 +450,13 @@ def run_show(ctx: click.Context, run_id: str, as_json: bool, tenant: str | None,
             continue   # printed below the table, as Python prints it
         if field.name == "status":
             text = _status(value)
+        elif field.name == "progress":
+            if value is None:
+                continue
+            text = progress_cell(value, width=30, message_limit=200)
+            if value.data:
+                text += f"  {escape(_json_text(value.data))}"
+            text += f"  [dim]at {_when(value.at)}[/]"
         elif field.name in ("input", "output"):
             text = escape(_json_text(value))
         elif field.name.endswith("_at") and isinstance(value, float):
@@ -437,6 +478,41 @@ def run_show(ctx: click.Context, run_id: str, as_json: bool, tenant: str | None,
     if found.traceback is not None:   # last, as Python prints it: it ends where it was raised
         console.print("[bold]traceback[/] of the last failed attempt:")
         console.print(escape(found.traceback.rstrip("\n")), highlight=False, soft_wrap=True)
+
+
+def _run_and_steps(run: Run, steps: list[Step]) -> dict[str, Any]:
+    out = _run_dict(run)
+    out["steps"] = [dataclasses.asdict(s) for s in steps]
+    return out
+
+
+def _follow_run(target: _Target, run_id: str, tenant: str | None, as_json: bool,
+                interval: float) -> None:
+    """``shoal run show --follow``: the run redrawn (or, with ``as_json``, one JSON line per
+    change) every ``interval`` seconds until it ends; exit code 1 unless it succeeded, 130 on
+    Ctrl-C."""
+    console = _console()
+
+    def emit(run: Run, steps: list[Step]) -> None:
+        click.echo(json.dumps(_run_and_steps(run, steps), ensure_ascii=False))
+
+    async def follow() -> Run:
+        async with _opened_store(target.store) as store, \
+                _app_for_run(target, store, run_id) as app:
+            async def read() -> tuple[Run, list[Step]]:
+                return await app.get_run(run_id, tenant=tenant), await store.load_steps(run_id)
+
+            return await follow_run(read, console, interval, emit if as_json else None)
+
+    try:
+        ended = _run_async(follow())
+    except KeyboardInterrupt:
+        click.echo(f"Stopped following run {run_id}; it goes on.", err=True)
+        sys.exit(130)
+    if ended.status == RunStatus.FAILED:
+        raise click.ClickException(f"Run {run_id} failed: {_first_line(ended.error)}")
+    if ended.status == RunStatus.CANCELLED:
+        raise click.ClickException(f"Run {run_id} was cancelled.")
 
 
 @run.command("cancel")

@@ -73,6 +73,7 @@ from shoal.types import (
     Pause,
     PauseNeed,
     PauseWait,
+    Progress,
     RateView,
     Refused,
     Renewal,
@@ -318,6 +319,12 @@ class Checkpoints(Protocol):
         the lease, in one transaction, only under ``fence``; False when the fence no longer
         holds (nothing written). A step's entries exist once (invariant 3): a finished step is
         never written again."""
+
+    async def record_progress(self, fence: Fence, progress: Progress) -> bool:
+        """Under ``fence``: replace the run's progress by ``progress`` (the latest value only,
+        kept with its ``at``; nothing else of the run changes, the lease is not extended);
+        False when the fence no longer holds (nothing written). ``get_run`` and every read of
+        the run return it as ``Run.progress``."""
 
     async def suspend_run(
         self,

@@ -71,6 +71,31 @@ class Run:
     resume_reason: str | None = None
     # the traceback of the attempt that last settled (a failure, or a retry); None otherwise
     traceback: str | None = None
+    # the latest ``ctx.progress(...)`` an execution of the run reported, None before any
+    progress: Progress | None = None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far a run says it has got: the latest ``ctx.progress(fraction, message, **data)``
+    of its execution, written at most about once a second. ``fraction`` is in [0, 1] or None,
+    ``message`` a str or None, ``data`` a JSON object (the call's keywords), ``at`` when the
+    run reported it (the app's clock). Not a checkpoint: a run executed again after a crash
+    keeps the value its last execution wrote until it reports a new one."""
+
+    fraction: float | None
+    message: str | None
+    data: dict[str, JSON]
+    at: float
+
+    def to_json(self) -> dict[str, JSON]:
+        """The value as a store keeps it (``at`` apart): ``{"fraction", "message", "data"}``."""
+        return {"fraction": self.fraction, "message": self.message, "data": self.data}
+
+    @classmethod
+    def from_json(cls, value: JSON, at: float) -> Progress:
+        """The value :meth:`to_json` made, reported at ``at``."""
+        return cls(value.get("fraction"), value.get("message"), value.get("data") or {}, at)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,9 @@ they did to a shared log (one JSON line per write), so a test can count effects.
 - ``nap``: a step, then a durable sleep of an hour, then a step.
 - ``notify``: one step sending a ``webhook`` entry, whose handler fails (dead-lettered at its
   first failure) until the flag file ``webhook-ok`` exists.
+- ``index``: ``input["chunks"]`` chunks, each a step that starts once the flag file
+  ``index-RUN_ID-I`` exists, reporting its progress (``ctx.progress``) before each one and at
+  the end.
 
 ``python console_app.py worker``: serve until SIGTERM. Environment: ``CONSOLE_STORE`` (a store
 URL), ``CONSOLE_LOG`` (the log), ``CONSOLE_FLAGS`` (the directory of flag files),
@@ -112,6 +115,19 @@ def make_app(store: str, instance_id: str | None = None) -> shoal.App:
             return "sent"
 
         return await ctx.step("send", send)
+
+    @app.workflow(name="index")
+    async def index(ctx: shoal.RunContext, input: dict[str, Any]) -> int:
+        total = input["chunks"]
+        for i in range(total):
+            ctx.progress(i / total, f"chunk {i + 1} of {total}", chunk=i + 1)
+            while True:   # the test moves it along
+                if flag(f"index-{ctx.run_id}-{i}"):
+                    break
+                await asyncio.sleep(0.05)
+            await ctx.step(f"chunk {i}", pause_a_little, f"chunk {i}")
+        ctx.progress(1.0, "indexed", chunks=total)
+        return total
 
     @app.outbox_handler("email")
     async def email(payload: Any, key: str) -> None:

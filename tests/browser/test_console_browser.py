@@ -313,6 +313,44 @@ def test_cancel_a_sleeping_run(browser: Any, shop: Shop, console: ConsoleServer,
     assert not all_css(browser, "button[data-act$='/cancel']")
 
 
+def test_a_running_runs_progress_moves_on_its_page_until_it_ends(
+        browser: Any, shop: Shop, console: ConsoleServer, shots: Shots) -> None:
+    run = dispatch(shop, "index", {"chunks": 4}, idempotency_key="index-1")
+
+    def shown(pct: str) -> bool:
+        return bool(css(browser, "#progress .pct").text == pct)
+
+    wait_for(lambda: (run_status(shop, run.id) == "running"
+                      and shop.call(lambda app: app.get_run(run.id)).progress), 30,
+             "the run to report its progress")
+    browser.get(console.url + "/runs?status=running")
+    row = wait_for(lambda: [r for r in all_css(browser, "#runs tbody tr")
+                            if run.id in r.get_attribute("innerHTML")], 10,
+                   "the running run in the list")[0]
+    assert "0%" in row.find_element("css selector", ".progress.compact").text
+    browser.get(f"{console.url}/runs/{run.id}")
+    assert shown("0%") and "chunk 1 of 4" in css(browser, "#progress").text
+    browser.execute_script("window.notReloaded = true")
+    for i in range(2):
+        shop.set_flag(f"index-{run.id}-{i}")
+    # redrawn by the page's script from /api/runs/{id}: the page is not loaded again
+    wait_for(lambda: shown("50%"), 20, "the progress to reach 50 % on the page")
+    assert "chunk 3 of 4" in css(browser, "#progress").text
+    assert css(browser, "#progress .pbar").get_attribute("aria-valuenow") == "50"
+    assert browser.execute_script("return window.notReloaded === true")
+    shots.take(browser, "run-progress")
+    for i in range(2, 4):
+        shop.set_flag(f"index-{run.id}-{i}")
+    wait_status(shop, run.id, "succeeded")
+    # the run ended: the page loads again, and shows its last report
+    wait_for(lambda: css(browser, ".head .status").text == "succeeded", 20,
+             "the page to show the run's end")
+    assert shown("100%") and "indexed" in css(browser, "#progress").text
+    assert "(its last report)" in css(browser, "#progress").text
+    assert not browser.execute_script("return window.notReloaded === true")
+    assert js_errors(browser) == []
+
+
 def test_redrive_a_dead_letter(browser: Any, shop: Shop, console: ConsoleServer,
                                shots: Shots) -> None:
     run = dispatch(shop, "notify", {"event": "paid", "order": 7}, idempotency_key="notify-7")

@@ -13,7 +13,7 @@ from shoal.backends.memory import MemoryStore
 from shoal.backends.sqlite import SQLiteStore
 from shoal.ports import Store
 from shoal.testing.contract import RunDifferential, StoreContract
-from shoal.types import Fence, Settlement
+from shoal.types import Fence, Progress, Settlement
 
 
 class TestMemoryStore(StoreContract):
@@ -154,3 +154,27 @@ async def test_a_store_at_version_13_gets_its_final_runs_counted(tmp_path: Path)
     async with sqlite_store(path) as store:
         assert await store.migrate() >= 14
         await check_the_counts_after_14(store)
+
+
+# A file at schema version 18: a run running under owner w-1, epoch 1 (migration 19 adds the
+# progress columns of runs).
+RUNNING_AT_18 = (
+    "INSERT INTO runs (id, namespace, tenant, workflow, input, status, created_at, max_attempts, "
+    "root_id, owner, lease_epoch, lease_expires_at, started_at) VALUES ('r1', 'ns', 'acme', "
+    "'wf', '{}', 'running', 1, 3, 'r1', 'w-1', 1, 100, 1)",
+)
+
+
+async def test_a_store_at_version_18_gets_the_progress_of_runs(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    assert sqlite_file_at(path, 18, *RUNNING_AT_18) == list(range(1, 19))
+
+    async with sqlite_store(path) as store:
+        assert await store.migrate() >= 19
+        run = await store.get_run("r1")
+        assert run is not None and run.progress is None and run.status == "running"
+        value = Progress(0.25, "a quarter", {"rows": 25}, 50.0)
+        assert await store.record_progress(Fence("r1", "w-1", 1), value)
+        assert not await store.record_progress(Fence("r1", "w-1", 2), Progress(1, None, {}, 51))
+        run = await store.get_run("r1")
+        assert run is not None and run.progress == value

@@ -14,6 +14,7 @@ from helpers import until
 import shoal
 from shoal.backends.memory import MemoryStore
 from shoal.engine.context import Execution, RunContext
+from shoal.engine.progress import ProgressWriter
 from shoal.testing import VirtualClock
 
 
@@ -31,9 +32,9 @@ def alive(kind: type) -> int:
     return sum(1 for o in gc.get_objects() if type(o) is kind)
 
 
-@pytest.mark.parametrize("steps", [0, 3])
-async def test_an_ended_run_leaves_nothing_for_the_collector(no_collector: None,
-                                                             steps: int) -> None:
+@pytest.mark.parametrize(("steps", "progress"), [(0, False), (3, False), (3, True)])
+async def test_an_ended_run_leaves_nothing_for_the_collector(no_collector: None, steps: int,
+                                                             progress: bool) -> None:
     clock = VirtualClock()
     app = shoal.App("test", store=MemoryStore(), clock=clock, lease=30.0,
                     max_concurrent_runs=8)
@@ -46,6 +47,8 @@ async def test_an_ended_run_leaves_nothing_for_the_collector(no_collector: None,
         total = 0
         for i in range(steps):
             total += await ctx.step(f"s{i}", one, i)
+            if progress:   # its writer and the writer's task go too
+                ctx.progress((i + 1) / steps, f"step {i}", i=i)
         assert ctx.tree is not None   # made on use, like ctx.step: no cycle either
         return total
 
@@ -59,6 +62,7 @@ async def test_an_ended_run_leaves_nothing_for_the_collector(no_collector: None,
         await until(lambda: _none_left(app))
         assert alive(Execution) == 0
         assert alive(RunContext) == 0
+        assert alive(ProgressWriter) == 0
 
 
 async def _none_left(app: shoal.App) -> bool:

@@ -10,8 +10,9 @@ from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any
 
+from shoal import _json
 from shoal.errors import SchemaVersionError
-from shoal.types import LockState, LockWaiter
+from shoal.types import LockState, LockWaiter, Progress
 
 _NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
 _TABLE = re.compile(r"^CREATE TABLE (\w+)", re.MULTILINE)
@@ -75,6 +76,14 @@ def qualified(query: str, schema: str, backend: str) -> str:
         return f"{keyword}{space}{quoted}.{name}" if name in ours else m.group(0)
 
     return _TABLE_REF.sub(qualify, query)
+
+
+def progress_of(text: str | None, at: float | None) -> Progress | None:
+    """A run's progress as its columns ``progress`` (JSON text) and ``progress_at`` keep it;
+    None when it reported none."""
+    if text is None or at is None:
+        return None
+    return Progress.from_json(_json.loads(text), at)
 
 
 def lock_states(held: Sequence[Mapping[str, Any]], waiting: Sequence[Mapping[str, Any]],

@@ -9,6 +9,7 @@ import inspect
 import logging
 import random
 import sys
+import threading
 import traceback
 import types
 import weakref
@@ -20,6 +21,7 @@ from shoal import _checks, _json
 from shoal._checks import CALL
 from shoal._ids import new_id
 from shoal.abort import AbortSignal
+from shoal.engine.progress import ProgressWriter
 from shoal.errors import (
     LeaseLostError,
     NonDeterminismError,
@@ -28,7 +30,7 @@ from shoal.errors import (
     WorkflowCodeError,
 )
 from shoal.ports import Checkpoints, Pauses, Trees
-from shoal.types import Fence, OutboxEntry, Pause, Run, Step
+from shoal.types import Fence, OutboxEntry, Pause, Progress, Run, Step
 
 if TYPE_CHECKING:
     from shoal.clock import Clock
@@ -40,6 +42,8 @@ T = TypeVar("T")
 P = ParamSpec("P")
 
 TRACEBACK_LIMIT = 64 * 1024   # characters of a failed attempt's traceback kept: its last ones
+# taken only to make an execution's ProgressWriter, which step threads may race to do
+_NEW_WRITER = threading.Lock()
 
 
 def format_traceback(error: BaseException | None = None) -> str | None:
@@ -220,6 +224,16 @@ class Execution:
     # status, or why it stopped without settling ("interrupted", "lost", "store_failed")
     outcome: str | None = None
     error: BaseException | str | None = None
+    # ctx.progress: the newest value reported, written in the background (made on first use)
+    progress: ProgressWriter | None = None
+
+    async def begin_finishing(self) -> None:
+        """The next write may end the claim (settle, suspend, release): set ``finishing``, then
+        write the progress reported and not written yet, so that it is seen with the run's end,
+        sleep or wait."""
+        self.finishing = True
+        if self.progress is not None:
+            await self.progress.flush()
 
     def dropped(self, call: _StepCall) -> None:
         """``call``'s coroutine was garbage-collected: without having started, it was never
@@ -411,6 +425,40 @@ class RunContext:
             raise ValueError(f"ctx.spend(currency=…): a non-empty str, not {currency!r}.")
         await self._host.spend(self, float(amount), currency)
 
+    def progress(self, fraction: float | None = None, message: str | None = None,
+                 **data: Any) -> None:
+        """Report how far the run has got: ``fraction`` done (a number in [0, 1], or None),
+        a ``message`` and any JSON ``data``. A plain call, also from a step's function or its
+        thread: it keeps the value and returns; the engine writes the newest value at most
+        once a second, and before the run ends, sleeps or waits. The latest value only, not a
+        checkpoint (a run executed again keeps it until it reports anew): ``Run.progress``."""
+        if fraction is not None:
+            if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+                raise TypeError(f"ctx.progress(fraction=...): a number between 0 and 1, or "
+                                f"None, not {fraction!r:.80}.")
+            if not 0 <= fraction <= 1:   # NaN too
+                raise ValueError(f"ctx.progress(fraction=...): a number between 0 and 1, "
+                                 f"not {fraction!r}.")
+            fraction = float(fraction)
+        if message is not None and not isinstance(message, str):
+            raise TypeError(f"ctx.progress(message=...): a str or None, not {message!r:.80}.")
+        host = self._host
+        value = _json.checked({"fraction": fraction, "message": message, "data": data},
+                              "ctx.progress(...)", host.max_payload_bytes)
+        x = self._x
+        writer = x.progress
+        if writer is None:
+            if x.task is not None and x.task.done():   # a step's thread outlived the execution
+                return
+            with _NEW_WRITER:
+                if x.progress is None:
+                    loop = x.task.get_loop() if x.task is not None else asyncio.get_running_loop()
+                    x.progress = ProgressWriter(
+                        loop, functools.partial(host.store.record_progress, x.fence),
+                        host.clock, self.run_id)
+                writer = x.progress
+        writer.report(Progress(fraction, message, value["data"], host.clock.now()))
+
     def _check_lease(self) -> None:
         if self._host.clock.now() >= self._x.held_until:
             self._lost()
@@ -575,7 +623,7 @@ class RunContext:
             self._x.steps[seq] = step
             return
         pending = self._record(seq, "shoal.sleep", {"until": until}, False, began)
-        self._x.finishing = True
+        await self._x.begin_finishing()
         if not await self._write(host.store.suspend_run(
                 self._x.fence, pending, "sleeping", until, None, now)):
             self._lost()
@@ -602,7 +650,7 @@ class RunContext:
             deadline = None if timeout is None else now + timeout
         pending = self._record(seq, step_name, {"deadline": deadline}, False,
                                self._began(recorded, now))
-        self._x.finishing = True
+        await self._x.begin_finishing()
         got = await self._write(host.store.wait_signal(
             self._x.fence, pending, name, deadline, now))
         if got is None:
@@ -650,7 +698,7 @@ class RunContext:
                 notified=False,
             )
             pending = self._record(seq, step_name, {"pause_id": pause.id}, False, now)
-            self._x.finishing = True
+            await self._x.begin_finishing()
             if not await self._write(host.store.create_pause(self._x.fence, pending, pause,
                                                                now)):
                 self._lost()
@@ -662,7 +710,7 @@ class RunContext:
         if found is not None and found.status == "pending":
             # delivered while its pause is pending (a stray signal named after the pause): park
             # again, in one operation that parks only if it is still pending
-            self._x.finishing = True
+            await self._x.begin_finishing()
             got = await self._write(host.store.wait_pause(self._x.fence, recorded, pause_id,
                                                             now))
             if got is None:
@@ -711,7 +759,7 @@ class RunContext:
             host = self._host
             pending = self._record(seq, step_name, {"child": child_id}, False,
                                    self._began(recorded, host.clock.now()))
-            self._x.finishing = True
+            await self._x.begin_finishing()
             try:
                 child = await self._write(host.store.wait_child(
                     self._x.fence, pending, child_id, host.clock.now()))

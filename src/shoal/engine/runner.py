@@ -509,6 +509,8 @@ class Engine:
                          extra=_fields(run, "run.ended", status=outcome,
                                        duration=round(took, 6)))
             current_run.reset(scope)   # the task's context no longer holds the run (see _retire)
+            if x.progress is not None:
+                x.progress.stop()
             self._leave(x)
             if self._settle_waiters:
                 self._wake_settle_waiters()
@@ -519,7 +521,7 @@ class Engine:
             await self._settle(x, Settlement("cancelled", error="cancelled"))
         elif x.abort == "interrupt":
             x.outcome = "interrupted"
-            x.finishing = True
+            await x.begin_finishing()
             if x.thread_running:   # not released: see Execution.thread_running
                 return
             await self.store.release_run(x.fence, self.clock.now())
@@ -589,7 +591,7 @@ class Engine:
             settlement = Settlement("failed", error=f"{type(misuse).__name__}: {misuse}")
         elif settlement.outcome == "failed" and settlement.traceback is None:
             settlement = dataclasses.replace(settlement, traceback=format_traceback())
-        x.finishing = True
+        await x.begin_finishing()   # the progress not written yet goes first
         now = self.clock.now()
         if x.error is None and settlement.outcome != "cancelled":   # a cancel is no error
             x.error = settlement.error

@@ -12,7 +12,8 @@ Shapes (``Run`` and the others below are these dicts):
 
     {"id", "workflow", "tenant", "status", "priority", "created_at", "started_at",
      "finished_at", "attempts", "max_attempts", "idempotency_key", "concurrency_key",
-     "owner", "parent_id", "root_id", "error"}          # error: its first line, or None
+     "owner", "parent_id", "root_id", "error",          # error: its first line, or None
+     "progress"}     # the latest ctx.progress: {"fraction", "message", "data", "at"} or None
 
 ``run_full`` (every field a run has)::
 
@@ -64,6 +65,7 @@ from shoal.types import (
     MeterState,
     OutboxEntry,
     Pause,
+    Progress,
     Run,
     RunFilter,
     RunOwner,
@@ -120,8 +122,16 @@ def run_summary(run: Run) -> dict[str, Any]:
         "attempts": run.attempts, "max_attempts": run.max_attempts,
         "idempotency_key": run.idempotency_key, "concurrency_key": run.concurrency_key,
         "owner": run.owner, "parent_id": run.parent_id, "root_id": run.root_id,
-        "error": _first_line(run.error),
+        "error": _first_line(run.error), "progress": progress_dict(run.progress),
     }
+
+
+def progress_dict(progress: Progress | None) -> dict[str, Any] | None:
+    """A run's latest progress: ``{"fraction", "message", "data", "at"}``, None before any."""
+    if progress is None:
+        return None
+    return {"fraction": progress.fraction, "message": progress.message, "data": progress.data,
+            "at": progress.at}
 
 
 def run_full(run: Run) -> dict[str, Any]:
@@ -418,21 +428,21 @@ class Console:
         return sorted(found.values(), key=lambda r: r.id, reverse=True)[:limit]
 
     async def run(self, run_id: str) -> dict[str, Any]:
-        """``{"run": run_full, "steps": [{"seq", "name", "finished", "epoch", "attempt",
+        """``{"run": run_full, "at", "steps": [{"seq", "name", "finished", "epoch", "attempt",
         "retries", "started_at", "finished_at", "duration", "since_previous", "output"}],
         "signals": [{"id", "name", "payload", "created_at",
         "consumed"}], "pauses": [pause], "tree": [run_summary], "outbox": [outbox_entry],
         "spend": spend_dict, "actions": {"cancel", "retry", "signal": bool}}``: ``tree`` is
         the runs of its root's tree (root first, each with its ``parent_id``; at most 200),
-        ``actions`` what may be asked of it now (all False when read-only). 404 when
-        unknown."""
+        ``actions`` what may be asked of it now (all False when read-only), ``at`` the time
+        of the read (the app's clock). 404 when unknown."""
         record = await self._record(run_id)
         now = self.app.clock.now()
         run = record.run
         spend = await self.app.ledger(run_id=run.id, limit=1000)
         live = not run.status.final and not self.read_only
         return {
-            "run": run_full(run),
+            "run": run_full(run), "at": now,
             "steps": step_dicts(record.steps, run.started_at),
             "signals": [{"id": s.id, "name": s.name, "payload": s.payload,
                          "created_at": s.created_at, "consumed": s.consumed}

@@ -38,6 +38,7 @@ from shoal.types import (
     OutboxEntry,
     Pause,
     PauseWait,
+    Progress,
     QueueDepth,
     Renewal,
     Run,
@@ -343,6 +344,14 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
                     self._outbox[entry.id] = replace(entry, payload=_json.copy(entry.payload),
                                                      next_at=now)
         self._put_step(fence, step, now)
+        return True
+
+    async def record_progress(self, fence: Fence, progress: Progress) -> bool:
+        r = self._holds(fence)
+        if r is None:
+            return False
+        kept = Progress.from_json(_json.copy(progress.to_json()), progress.at)
+        self._runs[r.id] = replace(r, progress=kept)
         return True
 
     def _suspend(self, r: Run, status: RunStatus, run_at: float | None,

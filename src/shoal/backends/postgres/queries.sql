@@ -256,6 +256,25 @@ WITH c AS (
 )
 SELECT id FROM extended;
 
+-- name: record_progress
+-- The progress of several runs in one statement (a batch), one per run, each under its fence.
+-- Rows are locked in id order, as the checkpoint batch locks them, so the two never deadlock.
+WITH p AS (
+    SELECT * FROM unnest(%(id)b::text[], %(owner)b::text[], %(epoch)b::bigint[],
+                         %(progress)b::text[], %(progress_at)b::double precision[])
+        AS p(id, owner, epoch, progress, progress_at)
+), fenced AS (
+    SELECT r.id, p.progress, p.progress_at
+    FROM runs r JOIN p ON p.id = r.id
+    WHERE r.owner = p.owner AND r.lease_epoch = p.epoch AND r.status = 'running'
+    ORDER BY r.id
+    FOR UPDATE OF r
+)
+UPDATE runs SET progress = f.progress, progress_at = f.progress_at
+FROM fenced f
+WHERE runs.id = f.id
+RETURNING runs.id;
+
 -- name: suspend
 -- Under the fence: record the unfinished step and set the run sleeping/waiting, without a claim.
 WITH fenced AS (

@@ -49,7 +49,9 @@ CREATE TABLE runs (
     -- retry), woke, resumed, recovered; set by the claim
     resume_reason    text,
     traceback        text,  -- a failed run's last attempt's (at most 64 KiB, its end)
-    has_tree_keys    boolean NOT NULL DEFAULT false  -- a root whose tree stored keys (version 16)
+    has_tree_keys    boolean NOT NULL DEFAULT false,  -- a root whose tree stored keys (version 16)
+    progress         text,  -- the latest ctx.progress, as JSON (version 19)
+    progress_at      double precision  -- when the run reported it
 );
 
 -- invariant 5: one run per (tenant, workflow, idempotency key) in a namespace
@@ -479,4 +481,5 @@ FROM (VALUES (1, '0001_runs.sql'),
              (15, '0015_console_reads.sql'),
              (16, '0016_tree_flag.sql'),
              (17, '0017_member_beats.sql'),
-             (18, '0018_step_timeline.sql')) AS applied (version, name);
+             (18, '0018_step_timeline.sql'),
+             (19, '0019_run_progress.sql')) AS applied (version, name);

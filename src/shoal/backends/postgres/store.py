@@ -44,7 +44,7 @@ from shoal.backends._batches import (
     namespace_of,
     queued_run,
 )
-from shoal.backends._sql import behind, current_schema, migrations, queries
+from shoal.backends._sql import behind, current_schema, migrations, progress_of, queries
 from shoal.backends._stats import keep, since, stats_from_rows
 from shoal.backends._urls import mask_url
 from shoal.backends.postgres import joined
@@ -60,6 +60,7 @@ from shoal.types import (
     OutboxEntry,
     Pause,
     PauseWait,
+    Progress,
     Renewal,
     Run,
     RunFilter,
@@ -156,6 +157,8 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
                                                           "seq", "name", "output", "finished",
                                                           "finished_at", "started_at",
                                                           "attempt", "retries"))
+        self._progress = _Batcher(self, "record_progress",
+                                  ("id", "owner", "epoch", "progress", "progress_at"))
         self._busy = 0   # operations holding or waiting for a pooled connection
         self._turns = Turns(pool_max_size, pool_timeout)
         self._callers = joined.CallerConnections(
@@ -315,6 +318,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
         # writes already asked for are still made
         await self._settles.drain()
         await self._checkpoints.drain()
+        await self._progress.drain()
         tasks = [t for t in (self._listener, self._sweeping) if t is not None]
         self._listener = self._sweeping = None
         self._turns.close()
@@ -842,6 +846,13 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits):
                 "o_created_at": [e.created_at for e in outbox],
             })
             return True
+
+    async def record_progress(self, fence: Fence, progress: Progress) -> bool:
+        # batched with the progress of other runs: one statement, one commit
+        return await self._progress.write(fence.run_id, {
+            "id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
+            "progress": _json.dumps(progress.to_json()), "progress_at": progress.at,
+        })
 
     async def suspend_run(
         self,
@@ -1579,7 +1590,7 @@ def _run(row: DictRow) -> Run:
         version=row["version"], parent_id=row["parent_id"], root_id=row["root_id"],
         wait_for=row["wait_for"], held=row["held"], started_at=row["started_at"],
         finished_at=row["finished_at"], resume_reason=row["resume_reason"],
-        traceback=row["traceback"],
+        traceback=row["traceback"], progress=progress_of(row["progress"], row["progress_at"]),
     )
 
 

@@ -120,6 +120,10 @@ SET name = excluded.name, output = excluded.output, finished = excluded.finished
     started_at = excluded.started_at, attempt = excluded.attempt, retries = excluded.retries
 WHERE steps.finished = 0;
 
+-- name: record_progress
+UPDATE runs SET progress = :progress, progress_at = :progress_at
+WHERE id = :run_id AND owner = :owner AND lease_epoch = :epoch AND status = 'running';
+
 -- name: suspend
 UPDATE runs
 SET status = :status, run_at = :run_at, wait_for = :wait_for, owner = NULL, lease_expires_at = NULL

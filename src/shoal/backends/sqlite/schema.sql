@@ -40,7 +40,9 @@ CREATE TABLE runs (
     started_at       REAL,
     finished_at      REAL,
     resume_reason    TEXT,                -- why it is delivered again (observers' on_run_resume)
-    traceback        TEXT                 -- a failed run's last attempt's (at most 64 KiB, its end)
+    traceback        TEXT,                -- a failed run's last attempt's (at most 64 KiB, its end)
+    progress         TEXT,                -- the latest ctx.progress, as JSON (version 19)
+    progress_at      REAL                 -- when the run reported it
 );
 
 -- invariant 5: one run per (tenant, workflow, idempotency key) in a namespace
@@ -394,4 +396,5 @@ FROM (VALUES (1, '0001_runs.sql'),
              (15, '0015_console_reads.sql'),
              (16, '0016_tree_flag.sql'),
              (17, '0017_member_beats.sql'),
-             (18, '0018_step_timeline.sql'));
+             (18, '0018_step_timeline.sql'),
+             (19, '0019_run_progress.sql'));

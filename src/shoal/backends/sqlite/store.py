@@ -34,7 +34,7 @@ from shoal.backends._batches import (
     namespace_of,
     queued_run,
 )
-from shoal.backends._sql import behind, current_schema, migrations, queries
+from shoal.backends._sql import behind, current_schema, migrations, progress_of, queries
 from shoal.backends._stats import keep, since, stats_from_rows
 from shoal.backends.sqlite import joined
 from shoal.backends.sqlite.batches import GroupCommit
@@ -49,6 +49,7 @@ from shoal.types import (
     OutboxEntry,
     Pause,
     PauseWait,
+    Progress,
     Renewal,
     Run,
     RunFilter,
@@ -610,6 +611,13 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
                         "now": now})
         self._put_step(db, fence, step, now)
         return True
+
+    async def record_progress(self, fence: Fence, progress: Progress) -> bool:
+        # with the checkpoints and settlements of other runs (group commit)
+        args = {"progress": _json.dumps(progress.to_json()), "progress_at": progress.at,
+                "run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch}
+        return await self._writes.write(
+            lambda db: db.execute(_Q["record_progress"], args).rowcount == 1)
 
     async def suspend_run(
         self,
@@ -1235,5 +1243,5 @@ def _run(row: sqlite3.Row) -> Run:
         version=row["version"], parent_id=row["parent_id"], root_id=row["root_id"],
         wait_for=row["wait_for"], held=bool(row["held"]), started_at=row["started_at"],
         finished_at=row["finished_at"], resume_reason=row["resume_reason"],
-        traceback=row["traceback"],
+        traceback=row["traceback"], progress=progress_of(row["progress"], row["progress_at"]),
     )

@@ -9,7 +9,9 @@
 - :class:`StatsContract`: a namespace's stats and their fold (``store``, ``other``);
 - :class:`InspectionContract`: what a console reads, and the redrive of a dead letter
   (``store``, ``other``);
-- :class:`StoreContract`: the six above, a whole :class:`~shoal.ports.Store`;
+- :class:`ProgressContract`: a run's progress, the latest value only, fenced (``store``,
+  ``other``);
+- :class:`StoreContract`: the seven above, a whole :class:`~shoal.ports.Store`;
 - :class:`CoordContract`: locks, membership and meters, a :class:`~shoal.ports.CoordStore`
   (``coord``, ``other``);
 - :class:`RateContract`: rate limits and the ledger, a :class:`~shoal.ports.RateStore`
@@ -69,6 +71,7 @@ from shoal.testing.contract.differential import (
 from shoal.testing.contract.inspection import InspectionContract
 from shoal.testing.contract.outbox import OutboxContract
 from shoal.testing.contract.pauses import PauseContract
+from shoal.testing.contract.progress import ProgressContract
 from shoal.testing.contract.rates import RateContract
 from shoal.testing.contract.runs import RunContract
 from shoal.testing.contract.stats import StatsContract
@@ -90,7 +93,7 @@ from shoal.testing.contract.trees import TreeContract
 
 
 class StoreContract(RunContract, PauseContract, TreeContract, OutboxContract, StatsContract,
-                    InspectionContract):
+                    InspectionContract, ProgressContract):
     """A whole :class:`~shoal.ports.Store`: every run-store suite. Provide the ``store`` and
     ``other`` fixtures."""
 
@@ -106,6 +109,7 @@ __all__ = [
     "InspectionContract",
     "OutboxContract",
     "PauseContract",
+    "ProgressContract",
     "RateContract",
     "RateDifferential",
     "RunContract",

@@ -48,6 +48,7 @@ from shoal.types import (
     OutboxEntry,
     Pause,
     PauseNeed,
+    Progress,
     Run,
     RunStatus,
     Settlement,
@@ -266,6 +267,16 @@ async def _checkpoint(w: _RunWorld) -> None:
                  _entries(w, fence.run_id, seq))
 
 
+async def _progress(w: _RunWorld) -> None:
+    fence = w.some_fence()
+    if fence is None:
+        return
+    rnd = w.rnd
+    value = Progress(rnd.choice([None, 0.0, 0.25, 1.0]), rnd.choice([None, "rows", "ünï ✓"]),
+                     rnd.choice([{}, {"rows": 3, "of": [1, 2.5, None]}]), w.now)
+    await w.both("record_progress", fence, value)
+
+
 async def _settle(w: _RunWorld) -> None:
     fence = w.some_fence()
     if fence is None:
@@ -467,6 +478,7 @@ _RUN_OPS: list[tuple[Callable[[_RunWorld], Awaitable[None]], int]] = [
     (_sleep, 4), (_wait_signal, 4), (_send_signal, 5), (_recover, 5), (_cancel, 3), (_retry, 3),
     (_release_held, 2), (_create_pause, 3), (_resolve_pause, 3), (_wait_pause, 2),
     (_pause_reads, 4), (_wait_child, 3), (_tree_keys, 3), (_outbox, 5), (_reads, 6), (_prune, 1),
+    (_progress, 3),
 ]
 
 

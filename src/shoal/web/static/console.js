@@ -182,7 +182,8 @@
                                              headers: { Accept: "application/json" } });
         if (!response.ok) throw new Error(`HTTP ${response.status}`);
         const data = await response.json();
-        if (window.shoalRender) window.shoalRender(live, data, { setText, localizeTimes });
+        const render = renderers[live.dataset.render || "overview"];
+        if (render) render(live, data);
         failures = 0;
         if (note) {
           note.classList.remove("stale");
@@ -340,7 +341,38 @@
     setText(document, "chart_total", sum(counts));
     setText(document, "chart_max", top);
   }
-  window.shoalRender = renderOverview;
+  // -- a live run's progress (run.html's #progress), from /api/runs/{id} ----------------------
+  function renderRun(live, d) {
+    const r = d.run, p = r.progress;
+    if (r.status !== live.dataset.status) {   // it moved on: the whole page shows where to
+      window.location.reload();
+      return;
+    }
+    if (!p) return;
+    const part = (name) => live.querySelector(`[data-part="${name}"]`);
+    part("detail").hidden = false;
+    if (part("none")) part("none").hidden = true;
+    const bar = part("bar"), pct = part("pct");
+    if (p.fraction === null) {
+      bar.hidden = true;
+      pct.textContent = "";
+    } else {
+      const value = 100 * p.fraction;
+      bar.hidden = false;
+      bar.setAttribute("aria-valuenow", String(Math.round(value)));
+      bar.firstElementChild.style.width = `${value.toFixed(1)}%`;
+      pct.textContent = `${Math.round(value)}%`;
+    }
+    part("message").textContent = p.message || "";
+    bar.parentElement.title = `${pct.textContent} ${p.message || ""}`.trim();
+    const data = part("data");
+    data.hidden = Object.keys(p.data || {}).length === 0;
+    data.textContent = JSON.stringify(p.data, null, 2);
+    part("ago").replaceChildren(ago(p.at, d.at));
+    localizeTimes(live);
+  }
+
+  const renderers = { overview: renderOverview, run: renderRun };
 
   document.addEventListener("DOMContentLoaded", () => {
     localizeTimes(document);
