@@ -27,6 +27,7 @@ from shoal.backends._batches import (
 )
 from shoal.backends._stats import since
 from shoal.backends.memory.coord import MemoryCoordination
+from shoal.backends.memory.graphs import MemoryGraphCheckpoints
 from shoal.backends.memory.rates import MemoryRateLimits
 from shoal.errors import AdmissionRejectedError
 from shoal.types import (
@@ -67,7 +68,7 @@ class _Signal:
     consumed: bool = False
 
 
-class MemoryStore(MemoryCoordination, MemoryRateLimits):
+class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
     """``memory://``: nothing is shared with other processes and nothing survives a restart."""
 
     url = "memory://"

@@ -39,6 +39,7 @@ from shoal.backends._stats import keep, since, stats_from_rows
 from shoal.backends.sqlite import joined
 from shoal.backends.sqlite.batches import GroupCommit
 from shoal.backends.sqlite.coord import SQLiteCoordination
+from shoal.backends.sqlite.graphs import SQLiteGraphCheckpoints
 from shoal.backends.sqlite.rates import SQLiteRateLimits
 from shoal.errors import AdmissionRejectedError, ConfigurationError, StoreUnavailableError
 from shoal.types import (
@@ -121,7 +122,7 @@ def _unavailable_on_failure(cls: _C) -> _C:
 
 
 @_unavailable_on_failure
-class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
+class SQLiteStore(SQLiteCoordination, SQLiteRateLimits, SQLiteGraphCheckpoints):
     """The ``sqlite:///path`` store. ``synchronous`` is SQLite's setting (default ``full``)."""
 
     def __init__(self, path: str, *, busy_timeout: float = 5.0, synchronous: str = "full") -> None:
