@@ -115,7 +115,8 @@ class SQLiteGraphCheckpoints:
     async def delete_graph_threads(
         self, namespace: str, tenant: str, thread_ids: Sequence[str]
     ) -> None:
-        args = {"namespace": namespace, "tenant": tenant, "thread_ids": json.dumps(list(thread_ids))}
+        args = {"namespace": namespace, "tenant": tenant,
+                "thread_ids": json.dumps(list(thread_ids))}
         async with self._tx() as db:
             db.execute(_Q["graph_delete_thread_writes"], args)
             db.execute(_Q["graph_delete_thread_checkpoints"], args)
@@ -140,7 +141,8 @@ class SQLiteGraphCheckpoints:
         if not keep_latest:
             await self.delete_graph_threads(namespace, tenant, thread_ids)
             return
-        args = {"namespace": namespace, "tenant": tenant, "thread_ids": json.dumps(list(thread_ids))}
+        args = {"namespace": namespace, "tenant": tenant,
+                "thread_ids": json.dumps(list(thread_ids))}
         async with self._tx() as db:
             db.execute(_Q["graph_prune_writes"], args)
             db.execute(_Q["graph_prune_checkpoints"], args)

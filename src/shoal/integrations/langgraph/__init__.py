@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 try:
-    import langgraph.checkpoint.base  # noqa: F401
+    import langgraph.checkpoint.base
     import langgraph.types  # noqa: F401
 except ImportError as e:   # pragma: no cover - the extra is installed in development
     raise ImportError(
