@@ -266,8 +266,9 @@ class RunQueue(Protocol):
 
     async def prune_runs(self, namespace: str, before: float, limit: int) -> int:
         """Delete up to ``limit`` final runs that finished before ``before``, with their steps,
-        signals and outbox entries, oldest first; return how many. Live runs, and runs with
-        outbox entries still to deliver, are never touched."""
+        signals, outbox entries and graph checkpoints (a :class:`GraphCheckpoints` thread that
+        is the run, in its namespace and tenant), oldest first; return how many. Live runs, and
+        runs with outbox entries still to deliver, are never touched."""
 
     async def stats(self, namespace: str, now: float) -> Stats:
         """The namespace's runs, pending pauses and outbox as one consistent read sees them at

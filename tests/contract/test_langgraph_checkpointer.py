@@ -22,7 +22,7 @@ from test_postgres import _url
 from shoal.integrations.langgraph import ShoalCheckpointer
 from shoal.stores import open_store
 from shoal.testing.contract.support import NS, T0, new_run
-from shoal.types import Fence, GraphCheckpoint, GraphWrite
+from shoal.types import Fence, GraphCheckpoint, GraphWrite, Settlement
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
@@ -122,6 +122,38 @@ async def test_a_fenced_write_holds_only_while_the_run_is_claimed(url: str) -> N
             NS, "default", checkpoint("b"), Fence(run.id, "w2", again.lease_epoch))
         assert [c.checkpoint_id for c in await store.list_graph_checkpoints(
             NS, "default", thread_id=run.id)] == ["b", "a"]
+    finally:
+        await store.close()
+
+
+async def test_a_pruned_run_takes_its_graph_along(url: str) -> None:
+    """``prune_runs`` deletes the checkpoints of the thread that is the run (in its namespace and
+    tenant), and nobody else's."""
+    store: Any = open_store(url)
+    await store.open()
+    try:
+        runs = [run for run, _ in [await store.create_run(new_run(T0, tenant=tenant),
+                                                          max_queued=None, admission="reject")
+                                   for tenant in ("acme", "acme")]]
+        claimed = await store.claim_runs(NS, ["wf"], "w1", 2, 30.0, T0)
+        for run in claimed:
+            fence = Fence(run.id, "w1", run.lease_epoch)
+            for namespace, tenant in [(NS, "acme"), (NS, "globex"), ("other", "acme")]:
+                checkpoint = GraphCheckpoint(run.id, "", "c1", None, "json", b"{}", {})
+                assert await store.put_graph_checkpoint(namespace, tenant, checkpoint, fence)
+                assert await store.put_graph_writes(
+                    namespace, tenant, run.id, "", "c1",
+                    [GraphWrite("task", 0, "ch", "json", b"1")], fence)
+        ended = runs[0].id
+        [first] = [r for r in claimed if r.id == ended]
+        assert await store.settle_run(Fence(ended, "w1", first.lease_epoch),
+                                      Settlement("succeeded"), T0 + 1)
+        assert await store.prune_runs(NS, T0 + 2, 10) == 1
+        assert await store.get_graph_checkpoint(NS, "acme", ended, "", None) is None
+        for namespace, tenant, thread in [(NS, "globex", ended), ("other", "acme", ended),
+                                          (NS, "acme", runs[1].id)]:
+            kept = await store.get_graph_checkpoint(namespace, tenant, thread, "", None)
+            assert kept is not None and len(kept.writes) == 1, (namespace, tenant, thread)
     finally:
         await store.close()
 

@@ -17,6 +17,7 @@ Configured by environment variables: ``GRAPH_STORE`` (a store URL), ``GRAPH_LOG`
 from __future__ import annotations
 
 import asyncio
+import itertools
 import operator
 import os
 import sys
@@ -61,7 +62,7 @@ def build_graph() -> Any:
     for name in NODES:
         builder.add_node(name, _node(name))
     builder.add_edge(START, NODES[0])
-    for before, after in zip(NODES, NODES[1:], strict=False):
+    for before, after in itertools.pairwise(NODES):
         builder.add_edge(before, after)
     builder.add_edge(NODES[-1], END)
     return builder.compile()

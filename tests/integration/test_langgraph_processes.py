@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -83,3 +84,14 @@ async def test_kill9_mid_graph_then_approve_from_the_cli(store_url: str, tmp_pat
         raise
     finally:
         procs.cleanup()
+
+
+def test_the_example_agent_runs(tmp_path: Path) -> None:
+    """examples/langgraph_agent/agent.py's demo, in a folder of its own."""
+    example = HERE.parent.parent / "examples" / "langgraph_agent" / "agent.py"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}
+    done = subprocess.run([sys.executable, str(example)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "'refund': {'approved': True, 'by': 'ana'}" in done.stdout
+    assert "2 model calls" in done.stdout

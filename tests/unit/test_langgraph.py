@@ -193,3 +193,52 @@ async def test_bad_input_is_refused_with_what_to_do() -> None:
         ShoalCheckpointer("mysql://x")
     with pytest.raises(TypeError, match=r"app.provider\(...\) returns"):
         metered(GenericFakeChatModel(messages=iter([])), object())  # type: ignore[arg-type]
+
+
+class Inner(TypedDict):
+    answer: str
+
+
+async def test_two_interrupts_in_a_node_and_one_in_a_subgraph_are_three_pauses() -> None:
+    def twice(state: State) -> dict[str, list[str]]:
+        first = interrupt({"ask": 1})
+        second = interrupt({"ask": 2})
+        return {"log": [first["by"], second["by"]]}
+
+    def ask(state: Inner) -> Inner:
+        return {"answer": interrupt({"ask": "inner"})["by"]}
+
+    inner = StateGraph(Inner)
+    inner.add_node("ask", ask)
+    inner.add_edge(START, "ask")
+    inner.add_edge("ask", END)
+    compiled_inner = inner.compile()
+
+    async def nested(state: State) -> dict[str, list[str]]:
+        return {"log": [(await compiled_inner.ainvoke({"answer": ""}))["answer"]]}
+
+    builder = StateGraph(State)
+    builder.add_node("twice", twice)
+    builder.add_node("nested", nested)
+    builder.add_edge(START, "twice")
+    builder.add_edge("twice", "nested")
+    builder.add_edge("nested", END)
+    graph = builder.compile()
+    clock = VirtualClock()
+    async with cluster(maker(graph), instances=2, clock=clock) as (a, b):
+        run = await a.dispatch("post", "start")
+        asked = []
+        for who, app in [("ann", a), ("bob", b), ("cy", a)]:
+            async def asks(app: shoal.App = app) -> bool:
+                return bool(await app.pending_pauses())
+
+            await until(asks)
+            [pause] = await app.pending_pauses()
+            asked.append((pause.name, pause.request))
+            await app.resume(pause.id, approved=True, by=who)
+        assert await a.result(run.id) == ["start", "ann", "bob", "cy"]
+        assert asked == [("twice", {"ask": 1}), ("twice", {"ask": 2}),
+                         ("nested", {"ask": "inner"})]
+        steps = [s.name for s in await a.store.load_steps(run.id)]
+        assert steps == ["langgraph", "shoal.approval:twice"] * 2 + [
+            "langgraph", "shoal.approval:nested", "langgraph"]

@@ -123,3 +123,10 @@ class MemoryGraphCheckpoints:
         for n in names:
             latest[n[2:4]] = max(latest.get(n[2:4], ""), n[4])
         self._drop_graph([n for n in names if not keep_latest or n[4] != latest[n[2:4]]])
+
+    def _prune_graphs(self, namespace: str, runs: set[tuple[str, str]]) -> None:
+        """With prune_runs: the graphs of these runs (``(tenant, id)``), whose thread is the
+        run."""
+        if runs:
+            self._drop_graph([n for n in [*self._graph_checkpoints, *self._graph_writes]
+                              if n[0] == namespace and (n[1], n[2]) in runs])

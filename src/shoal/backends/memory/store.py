@@ -762,6 +762,7 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
                       and r.finished_at < before and r.id not in busy),
                      key=lambda r: (r.finished_at or 0.0, r.id))[:limit]
         gone = {r.id for r in old}
+        self._prune_graphs(namespace, {(r.tenant, r.id) for r in old})
         for run_id in gone:
             del self._runs[run_id]
             for seq in self._steps.pop(run_id, {}):

@@ -131,3 +131,15 @@ WHERE namespace = :namespace AND tenant = :tenant
       WHERE c.namespace = :namespace AND c.tenant = :tenant
         AND c.thread_id = graph_checkpoints.thread_id
         AND c.checkpoint_ns = graph_checkpoints.checkpoint_ns);
+
+-- name: graph_prune_run_writes
+-- With prune_runs, before the runs go: the graphs of the runs :ids (run_graph's thread is the
+-- run, in its namespace and tenant).
+DELETE FROM graph_writes
+WHERE (namespace, tenant, thread_id) IN (
+    SELECT namespace, tenant, id FROM runs WHERE id IN (SELECT value FROM json_each(:ids)));
+
+-- name: graph_prune_run_checkpoints
+DELETE FROM graph_checkpoints
+WHERE (namespace, tenant, thread_id) IN (
+    SELECT namespace, tenant, id FROM runs WHERE id IN (SELECT value FROM json_each(:ids)));

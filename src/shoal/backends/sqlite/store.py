@@ -66,6 +66,7 @@ from shoal.types import (
 )
 
 _Q = queries("sqlite")
+_QG = queries("sqlite", "graphs.sql")
 _SYNCHRONOUS = {"off", "normal", "full", "extra"}
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -1022,6 +1023,8 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits, SQLiteGraphCheckpoints):
             db.execute(_Q["prune_steps"], batch)
             db.execute(_Q["prune_outbox"], batch)
             db.execute(_Q["prune_signals"], batch)
+            db.execute(_QG["graph_prune_run_writes"], batch)
+            db.execute(_QG["graph_prune_run_checkpoints"], batch)
             return db.execute(_Q["prune_runs"], batch).rowcount
 
     async def stats(self, namespace: str, now: float) -> Stats:
