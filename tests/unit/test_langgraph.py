@@ -4,6 +4,7 @@ continuing from the last super-step, budgets through ``metered`` models, bad inp
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 from collections import Counter
@@ -242,3 +243,41 @@ async def test_two_interrupts_in_a_node_and_one_in_a_subgraph_are_three_pauses()
         steps = [s.name for s in await a.store.load_steps(run.id)]
         assert steps == ["langgraph", "shoal.approval:twice"] * 2 + [
             "langgraph", "shoal.approval:nested", "langgraph"]
+
+
+async def test_a_lost_claim_writes_nothing_more_of_the_graph() -> None:
+    """While a node runs, another owner takes the run over (here: its row changed under the
+    engine, as a recovery after a frozen process would): the node's writes and the next
+    checkpoint are refused, and the attempt ends as a lost lease, not a failure."""
+    clock = VirtualClock()
+    holder: dict[str, Any] = {}
+
+    def steal(state: State) -> dict[str, list[str]]:
+        store, run_id = holder["store"], holder["run"]
+        run = store._runs[run_id]
+        store._runs[run_id] = dataclasses.replace(run, owner="thief",
+                                                  lease_epoch=run.lease_epoch + 1)
+        return {"log": ["stolen"]}
+
+    builder = StateGraph(State)
+    builder.add_node("steal", steal)
+    builder.add_edge(START, "steal")
+    builder.add_edge("steal", END)
+    lost: list[BaseException] = []
+    async with cluster(maker(builder.compile()), instances=1, clock=clock) as (a,):
+        a.on_error(lost.append)
+        holder["store"] = a.store
+        run = await a.dispatch("post", "x")
+        holder["run"] = run.id
+        await until(lambda: _true(bool(lost)))
+        assert isinstance(lost[0], shoal.LeaseLostError)
+        taken = await a.get_run(run.id)
+        assert (taken.status, taken.owner) == ("running", "thief")
+        saver = ShoalCheckpointer(a.store, namespace="graphs")
+        latest = await saver.aget_tuple({"configurable": {"thread_id": run.id}})
+        assert latest is not None and latest.pending_writes == []
+        assert latest.checkpoint["channel_values"]["log"] == ["x"]   # the input's only
+
+
+async def _true(value: bool) -> bool:
+    return value

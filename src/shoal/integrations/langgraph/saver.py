@@ -143,6 +143,7 @@ class ShoalCheckpointer(BaseCheckpointSaver[str]):
         here = asyncio.get_running_loop()
         with self._opening:
             if self._loop is None or self._loop.is_closed():
+                self._forget_closed_loop()
                 self._loop = here
         if self._loop is here:
             return await work(await self._open())
@@ -167,6 +168,7 @@ class ShoalCheckpointer(BaseCheckpointSaver[str]):
                         "ShoalCheckpointer: a store object serves on its own event loop; make "
                         "the checkpointer in async code (on that loop) to use its sync methods "
                         "from other threads, or give it the store's URL.")
+                self._forget_closed_loop()
                 self._start_loop()
         if here is not None and here is self._loop:
             raise RuntimeError(
@@ -174,6 +176,13 @@ class ShoalCheckpointer(BaseCheckpointSaver[str]):
                 "called on the event loop that serves this checkpointer, which it would block "
                 "for ever: use ainvoke, astream and aget_state in async code.")
         return self._submit(work).result()
+
+    def _forget_closed_loop(self) -> None:
+        """The loop that served the store has ended (an ``asyncio.run`` returned): a store
+        opened from a URL on it is opened again on the next loop (its connections went with
+        the old one)."""
+        if self._loop is not None and self._url is not None:
+            self._store = None
 
     def _start_loop(self) -> None:
         loop = asyncio.new_event_loop()
