@@ -64,6 +64,8 @@ from shoal.types import (
     CoordinationView,
     CounterResult,
     Fence,
+    GraphCheckpoint,
+    GraphWrite,
     LockGrant,
     LockWait,
     MemberView,
@@ -265,8 +267,9 @@ class RunQueue(Protocol):
 
     async def prune_runs(self, namespace: str, before: float, limit: int) -> int:
         """Delete up to ``limit`` final runs that finished before ``before``, with their steps,
-        signals and outbox entries, oldest first; return how many. Live runs, and runs with
-        outbox entries still to deliver, are never touched."""
+        signals, outbox entries and graph checkpoints (a :class:`GraphCheckpoints` thread that
+        is the run, in its namespace and tenant), oldest first; return how many. Live runs, and
+        runs with outbox entries still to deliver, are never touched."""
 
     async def stats(self, namespace: str, now: float) -> Stats:
         """The namespace's runs, pending pauses and outbox as one consistent read sees them at
@@ -495,6 +498,69 @@ class Store(StoreLifecycle, WorkflowRegistry, RunQueue, Checkpoints, Pauses, Tre
     """A run store: every concern above, as the memory, SQLite and PostgreSQL backends provide
     it (each also provides :class:`Coordination` and :class:`RateStore`).
     ``shoal.testing.contract`` is the behaviour to match."""
+
+
+@runtime_checkable
+class GraphCheckpoints(Protocol):
+    """LangGraph checkpoints (``shoal.integrations.langgraph.ShoalCheckpointer``) in a run store's
+    own tables, scoped by namespace and tenant: two tenants' threads never meet. A checkpoint is
+    named by ``(thread_id, checkpoint_ns, checkpoint_id)``; checkpoint ids sort in the order they
+    were made (LangGraph's uuid6), so the latest of a thread's namespace is the greatest.
+
+    A write given a ``fence`` (a durable graph inside a run) happens only while the run is
+    ``running`` under that owner and epoch, checked in the write's own transaction (invariant
+    1): it answers False and writes nothing otherwise. Without a fence it always writes."""
+
+    async def put_graph_checkpoint(
+        self, namespace: str, tenant: str, checkpoint: GraphCheckpoint, fence: Fence | None,
+    ) -> bool:
+        """Keep ``checkpoint`` (its ``writes`` ignored), replacing one of the same name."""
+
+    async def put_graph_writes(
+        self, namespace: str, tenant: str, thread_id: str, checkpoint_ns: str,
+        checkpoint_id: str, writes: Sequence[GraphWrite], fence: Fence | None,
+    ) -> bool:
+        """Keep ``writes`` under that checkpoint, all or nothing: a write whose
+        ``(task_id, idx)`` is kept already stays as it was when ``idx >= 0`` (a task's writes
+        are written once) and is replaced when ``idx < 0`` (a special channel)."""
+
+    async def get_graph_checkpoint(
+        self, namespace: str, tenant: str, thread_id: str, checkpoint_ns: str,
+        checkpoint_id: str | None,
+    ) -> GraphCheckpoint | None:
+        """That checkpoint (the latest of the thread's namespace when ``checkpoint_id`` is
+        None) with its pending writes, or None."""
+
+    async def list_graph_checkpoints(
+        self, namespace: str, tenant: str, *, thread_id: str | None = None,
+        checkpoint_ns: str | None = None, checkpoint_id: str | None = None,
+        before: str | None = None, metadata: Mapping[str, JSON] | None = None,
+        limit: int | None = None,
+    ) -> list[GraphCheckpoint]:
+        """At most ``limit`` checkpoints (all when None) with their pending writes, newest id
+        first, that match every filter given: thread, namespace and id equal, id less than
+        ``before``, and each key of ``metadata`` equal to the checkpoint's."""
+
+    async def delete_graph_threads(
+        self, namespace: str, tenant: str, thread_ids: Sequence[str]
+    ) -> None:
+        """Delete every checkpoint and write of these threads, in every namespace."""
+
+    async def delete_graph_runs(self, namespace: str, tenant: str, run_ids: Sequence[str]) -> None:
+        """Delete the checkpoints whose LangGraph ``run_id`` is one of ``run_ids``, with their
+        writes."""
+
+    async def copy_graph_thread(
+        self, namespace: str, tenant: str, source: str, target: str
+    ) -> None:
+        """Copy every checkpoint and write of thread ``source`` to thread ``target`` (same
+        names otherwise), replacing those of the same name there."""
+
+    async def prune_graph_threads(
+        self, namespace: str, tenant: str, thread_ids: Sequence[str], *, keep_latest: bool,
+    ) -> None:
+        """Delete the checkpoints of these threads with their writes: all of them, or (with
+        ``keep_latest``) all but the latest of each thread's namespace."""
 
 
 # -- coordination ----------------------------------------------------------------------------------

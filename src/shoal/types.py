@@ -623,3 +623,42 @@ class RateView:
     windows: dict[str, float]
     pauses: dict[str, float | None]
     counters: dict[str, float]
+
+
+# -- LangGraph checkpoints (shoal.ports.GraphCheckpoints) ----------------------------------------
+
+
+@dataclass(frozen=True)
+class GraphWrite:
+    """A pending write of a LangGraph task: ``(task_id, idx)`` names it within its checkpoint
+    (``idx`` < 0 for LangGraph's special channels: error, interrupt, resume, scheduled);
+    ``type`` and ``value`` are the serializer's output, ``task_path`` orders it (LangGraph's
+    ``writes_sort_key``)."""
+
+    task_id: str
+    idx: int
+    channel: str
+    type: str
+    value: bytes
+    task_path: str = ""
+
+
+@dataclass(frozen=True)
+class GraphCheckpoint:
+    """One LangGraph checkpoint of a thread, kept by a store for ``ShoalCheckpointer``: the
+    serialized checkpoint (``type``, ``checkpoint``: the serializer's output, channel values
+    included), its ``metadata`` (a JSON object, filtered by ``list``), its parent's id, the
+    LangGraph ``run_id`` of the metadata (``delete_for_runs``) and when it was written (the
+    app's clock). ``writes`` are its pending writes when read, in ``(task_path, task_id, idx)``
+    order."""
+
+    thread_id: str
+    checkpoint_ns: str
+    checkpoint_id: str
+    parent_id: str | None
+    type: str
+    checkpoint: bytes
+    metadata: dict[str, JSON]
+    run_id: str | None = None
+    created_at: float = 0.0
+    writes: tuple[GraphWrite, ...] = ()

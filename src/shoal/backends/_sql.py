@@ -20,9 +20,9 @@ _TABLE = re.compile(r"^CREATE TABLE (\w+)", re.MULTILINE)
 _TABLE_REF = re.compile(r"\b(FROM|INTO|UPDATE|JOIN)(\s+)([A-Za-z_]\w*)\b")
 
 
-def queries(backend: str) -> dict[str, str]:
-    """The named statements of ``shoal/backends/<backend>/queries.sql``."""
-    text = resources.files(f"shoal.backends.{backend}").joinpath("queries.sql").read_text()
+def queries(backend: str, file: str = "queries.sql") -> dict[str, str]:
+    """The named statements of ``shoal/backends/<backend>/<file>``."""
+    text = resources.files(f"shoal.backends.{backend}").joinpath(file).read_text()
     parts = _NAME.split(text)
     named: dict[str, str] = {}
     for name, body in zip(parts[1::2], parts[2::2], strict=True):

@@ -25,7 +25,7 @@ from shoal.engine.context import (
     format_traceback,
 )
 from shoal.engine.cron import CronTrigger
-from shoal.errors import LeaseLostError, NonDeterminismError
+from shoal.errors import BudgetExceededError, LeaseLostError, NonDeterminismError
 from shoal.ports import Store
 from shoal.scope import RunScope, current_run, outside_run
 from shoal.telemetry import NOTHING, Telemetry
@@ -564,7 +564,10 @@ class Engine:
         x.error = misuse or e
         error = f"{type(misuse or e).__name__}: {misuse or e}"
         trace = format_traceback(e)
-        if misuse is None and run.attempts < run.max_attempts:
+        # over a budget, a retry could only be refused again (before spending anything): the
+        # run ends now, with what it spent recorded
+        again = not isinstance(e, BudgetExceededError)
+        if misuse is None and again and run.attempts < run.max_attempts:
             delay = min(spec.max_backoff, spec.backoff * 2 ** (run.attempts - 1))
             delay *= random.uniform(0.5, 1.0)
             log.warning("run.retry: %s %s attempt %d/%d failed (%s); again in %.1fs",

@@ -27,6 +27,7 @@ from shoal.backends._batches import (
 )
 from shoal.backends._stats import since
 from shoal.backends.memory.coord import MemoryCoordination
+from shoal.backends.memory.graphs import MemoryGraphCheckpoints
 from shoal.backends.memory.rates import MemoryRateLimits
 from shoal.errors import AdmissionRejectedError
 from shoal.types import (
@@ -68,7 +69,7 @@ class _Signal:
     consumed: bool = False
 
 
-class MemoryStore(MemoryCoordination, MemoryRateLimits):
+class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
     """``memory://``: nothing is shared with other processes and nothing survives a restart."""
 
     url = "memory://"
@@ -770,6 +771,7 @@ class MemoryStore(MemoryCoordination, MemoryRateLimits):
                       and r.finished_at < before and r.id not in busy),
                      key=lambda r: (r.finished_at or 0.0, r.id))[:limit]
         gone = {r.id for r in old}
+        self._prune_graphs(namespace, {(r.tenant, r.id) for r in old})
         for run_id in gone:
             del self._runs[run_id]
             for seq in self._steps.pop(run_id, {}):

@@ -555,10 +555,11 @@ WHERE %(namespace)s::text IS NULL OR namespace = %(namespace)s
 ORDER BY namespace, workflow, registered_at DESC, instance;
 
 -- name: prune_runs
--- A bounded batch of the oldest finished runs with their steps, signals and outbox entries; runs
+-- A bounded batch of the oldest finished runs with their steps, signals, outbox entries and the
+-- LangGraph checkpoints of their graphs (run_graph: the thread is the run, in its tenant); runs
 -- another instance is pruning at the same moment are skipped, not waited for.
 WITH old AS (
-    SELECT id FROM runs
+    SELECT id, tenant FROM runs
     WHERE namespace = %(namespace)s AND status IN ('succeeded', 'failed', 'cancelled')
       AND finished_at < %(before)s
       -- a run whose outbox entries are still being delivered stays until they are done
@@ -576,6 +577,12 @@ WITH old AS (
 ), gone_tree_keys AS (
     -- none, but those stored by shoal code older than schema version 16 during a rollout
     DELETE FROM tree_keys WHERE root_id IN (SELECT id FROM old)
+), gone_graph_writes AS (
+    DELETE FROM graph_writes w USING old
+    WHERE w.namespace = %(namespace)s AND w.tenant = old.tenant AND w.thread_id = old.id
+), gone_graph_checkpoints AS (
+    DELETE FROM graph_checkpoints c USING old
+    WHERE c.namespace = %(namespace)s AND c.tenant = old.tenant AND c.thread_id = old.id
 ), gone AS (
     DELETE FROM runs WHERE id IN (SELECT id FROM old)
     RETURNING id, namespace, workflow, status, finished_at

@@ -459,6 +459,40 @@ CREATE INDEX cost_ledger_root ON cost_ledger (namespace, root_id, id);
 CREATE INDEX cost_ledger_namespace ON cost_ledger (namespace, id);
 CREATE INDEX cost_ledger_run ON cost_ledger (namespace, run_id, id);
 
+-- LangGraph checkpoints (version 20) ----------------------------------------------------------
+
+CREATE TABLE graph_checkpoints (
+    namespace      text NOT NULL,
+    tenant         text NOT NULL,
+    thread_id      text NOT NULL,
+    checkpoint_ns  text NOT NULL,
+    checkpoint_id  text COLLATE "C" NOT NULL,
+    parent_id      text,
+    run_id         text,
+    type           text NOT NULL,
+    checkpoint     bytea NOT NULL,
+    metadata       jsonb NOT NULL,
+    created_at     double precision NOT NULL,
+    PRIMARY KEY (namespace, tenant, thread_id, checkpoint_ns, checkpoint_id)
+);
+CREATE INDEX graph_checkpoints_run ON graph_checkpoints (namespace, tenant, run_id)
+    WHERE run_id IS NOT NULL;
+
+CREATE TABLE graph_writes (
+    namespace      text NOT NULL,
+    tenant         text NOT NULL,
+    thread_id      text NOT NULL,
+    checkpoint_ns  text NOT NULL,
+    checkpoint_id  text COLLATE "C" NOT NULL,
+    task_id        text NOT NULL,
+    idx            integer NOT NULL,
+    channel        text NOT NULL,
+    type           text NOT NULL,
+    value          bytea NOT NULL,
+    task_path      text NOT NULL DEFAULT '',
+    PRIMARY KEY (namespace, tenant, thread_id, checkpoint_ns, checkpoint_id, task_id, idx)
+);
+
 -- The schema version: every migration this script holds, recorded as the store records one it
 -- applies (shoal_migrations is the store's own table, created before this script runs).
 
@@ -482,4 +516,5 @@ FROM (VALUES (1, '0001_runs.sql'),
              (16, '0016_tree_flag.sql'),
              (17, '0017_member_beats.sql'),
              (18, '0018_step_timeline.sql'),
-             (19, '0019_run_progress.sql')) AS applied (version, name);
+             (19, '0019_run_progress.sql'),
+             (20, '0020_graph_checkpoints.sql')) AS applied (version, name);

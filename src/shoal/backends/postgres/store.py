@@ -49,6 +49,7 @@ from shoal.backends._stats import keep, since, stats_from_rows
 from shoal.backends._urls import mask_url
 from shoal.backends.postgres import joined
 from shoal.backends.postgres.coord import PostgresCoordination
+from shoal.backends.postgres.graphs import PostgresGraphCheckpoints
 from shoal.backends.postgres.rates import PostgresRateLimits
 from shoal.backends.postgres.turns import Turns
 from shoal.errors import AdmissionRejectedError, ConfigurationError, StoreUnavailableError
@@ -102,7 +103,7 @@ _SETTLE_COLUMNS = ("id", "owner", "epoch", "status", "output", "error", "finishe
                    "attempt_inc", "traceback")
 
 
-class PostgresStore(PostgresCoordination, PostgresRateLimits):
+class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheckpoints):
     """The ``postgresql://user:password@host:port/db?schema=shoal`` store.
 
     ``schema`` is created if missing and holds every table; ``pool_min_size``/``pool_max_size``

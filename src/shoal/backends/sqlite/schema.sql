@@ -374,6 +374,40 @@ CREATE INDEX cost_ledger_root ON cost_ledger (namespace, root_id, id);
 CREATE INDEX cost_ledger_namespace ON cost_ledger (namespace, id);
 CREATE INDEX cost_ledger_run ON cost_ledger (namespace, run_id, id);
 
+-- LangGraph checkpoints (version 20) ----------------------------------------------------------
+
+CREATE TABLE graph_checkpoints (
+    namespace      TEXT NOT NULL,
+    tenant         TEXT NOT NULL,
+    thread_id      TEXT NOT NULL,
+    checkpoint_ns  TEXT NOT NULL,
+    checkpoint_id  TEXT NOT NULL,
+    parent_id      TEXT,
+    run_id         TEXT,
+    type           TEXT NOT NULL,
+    checkpoint     BLOB NOT NULL,
+    metadata       TEXT NOT NULL,
+    created_at     REAL NOT NULL,
+    PRIMARY KEY (namespace, tenant, thread_id, checkpoint_ns, checkpoint_id)
+) WITHOUT ROWID;
+CREATE INDEX graph_checkpoints_run ON graph_checkpoints (namespace, tenant, run_id)
+    WHERE run_id IS NOT NULL;
+
+CREATE TABLE graph_writes (
+    namespace      TEXT NOT NULL,
+    tenant         TEXT NOT NULL,
+    thread_id      TEXT NOT NULL,
+    checkpoint_ns  TEXT NOT NULL,
+    checkpoint_id  TEXT NOT NULL,
+    task_id        TEXT NOT NULL,
+    idx            INTEGER NOT NULL,
+    channel        TEXT NOT NULL,
+    type           TEXT NOT NULL,
+    value          BLOB NOT NULL,
+    task_path      TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (namespace, tenant, thread_id, checkpoint_ns, checkpoint_id, task_id, idx)
+) WITHOUT ROWID;
+
 -- The schema version: every migration this script holds, recorded as the store records one it
 -- applies (shoal_migrations is the store's own table, created before this script runs).
 
@@ -397,4 +431,5 @@ FROM (VALUES (1, '0001_runs.sql'),
              (16, '0016_tree_flag.sql'),
              (17, '0017_member_beats.sql'),
              (18, '0018_step_timeline.sql'),
-             (19, '0019_run_progress.sql'));
+             (19, '0019_run_progress.sql'),
+             (20, '0020_graph_checkpoints.sql'));

@@ -39,6 +39,7 @@ from shoal.backends._stats import keep, since, stats_from_rows
 from shoal.backends.sqlite import joined
 from shoal.backends.sqlite.batches import GroupCommit
 from shoal.backends.sqlite.coord import SQLiteCoordination
+from shoal.backends.sqlite.graphs import SQLiteGraphCheckpoints
 from shoal.backends.sqlite.rates import SQLiteRateLimits
 from shoal.errors import AdmissionRejectedError, ConfigurationError, StoreUnavailableError
 from shoal.types import (
@@ -66,6 +67,7 @@ from shoal.types import (
 )
 
 _Q = queries("sqlite")
+_QG = queries("sqlite", "graphs.sql")
 _SYNCHRONOUS = {"off", "normal", "full", "extra"}
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -122,7 +124,7 @@ def _unavailable_on_failure(cls: _C) -> _C:
 
 
 @_unavailable_on_failure
-class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
+class SQLiteStore(SQLiteCoordination, SQLiteRateLimits, SQLiteGraphCheckpoints):
     """The ``sqlite:///path`` store. ``synchronous`` is SQLite's setting (default ``full``)."""
 
     def __init__(self, path: str, *, busy_timeout: float = 5.0, synchronous: str = "full") -> None:
@@ -1029,6 +1031,8 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits):
             db.execute(_Q["prune_steps"], batch)
             db.execute(_Q["prune_outbox"], batch)
             db.execute(_Q["prune_signals"], batch)
+            db.execute(_QG["graph_prune_run_writes"], batch)
+            db.execute(_QG["graph_prune_run_checkpoints"], batch)
             return db.execute(_Q["prune_runs"], batch).rowcount
 
     async def stats(self, namespace: str, now: float) -> Stats:
