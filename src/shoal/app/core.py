@@ -964,7 +964,7 @@ class App:
         check_dispatch_options(None, concurrency_key, priority, tenant, delay, max_attempts,
                                call="app.dispatch_many")
         checked = self._checked_items(batch_items(inputs), tenant,
-                                      self._input_codec(name, workflow))
+                                      self._input_codec(name, workflow), name)
         await self._open_store()
         joined = self._transactional(connection, "dispatch_many")
         spec, options = await self._workflow_options(name)
@@ -1022,7 +1022,7 @@ class App:
         return self.store
 
     def _checked_items(self, items: list[Any], tenant: str, codec: Codec | None = None,
-                       ) -> list[tuple[Any, str, DispatchItem]]:
+                       name: str = "") -> list[tuple[Any, str, DispatchItem]]:
         """Each item of a batch as (its input as stored, that input's JSON text, its options),
         after the checks of ``app.dispatch``; the first bad one raises, naming its position."""
         checked = []
@@ -1033,7 +1033,7 @@ class App:
                 one = item if own else _BATCH_OPTIONS
                 value = one.input if own else item
                 if codec is not None:
-                    value = codec.dump(value, "input")
+                    value = codec.dump(value, f"the input of workflow {name!r}")
                 elif values.typed_instance(value) is not None:
                     value = values.plain(value)
                 value, n, text = _json.checked_text(value, "input", self.max_payload_bytes)
