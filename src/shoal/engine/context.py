@@ -180,6 +180,23 @@ class ChildRun(Generic[Result]):
         return cast(Result, values.load(codec, output, f"the output of child run {self.id}"))
 
 
+class ReplayStop(BaseException):
+    """Raised in a replay of a recorded history (:mod:`shoal.engine.replay`) where it stops:
+    the code reached a position the history has not finished (``ended``), or one recorded
+    under another name (``recorded`` and ``new`` differ). A BaseException, so a workflow's
+    ``except Exception`` does not swallow it."""
+
+    def __init__(self, seq: int, recorded: str | None, new: str) -> None:
+        super().__init__(f"#{seq}: recorded {recorded!r}, reached {new!r}")
+        self.seq = seq
+        self.recorded = recorded
+        self.new = new
+
+    @property
+    def ended(self) -> bool:
+        return self.recorded is None or self.recorded == self.new
+
+
 class StoreWriteFailed(BaseException):
     """A checkpoint or suspend write failed in the store (not fenced out: unreachable, locked).
     A BaseException, so the workflow cannot mistake it for its own error and retry around it."""
@@ -240,6 +257,8 @@ class Execution:
     # status, or why it stopped without settling ("interrupted", "lost", "store_failed")
     outcome: str | None = None
     error: BaseException | str | None = None
+    # a replay of a recorded history: no store call, stop where the history does
+    replay_only: bool = False
 
     def dropped(self, call: _StepCall) -> None:
         """``call``'s coroutine was garbage-collected: without having started, it was never
@@ -429,6 +448,9 @@ class RunContext:
         self._x.seq += 1
         seq = self._x.seq
         recorded = self._x.steps.get(seq)
+        if self._x.replay_only and (recorded is None or not recorded.finished
+                                    or recorded.name != name):
+            raise ReplayStop(seq, None if recorded is None else recorded.name, name)
         if recorded is not None and recorded.name != name:
             raise NonDeterminismError(self.run_id, seq, recorded.name, name)
         return seq, recorded
