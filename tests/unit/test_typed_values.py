@@ -5,7 +5,10 @@ annotation names is refused. On the memory store under a VirtualClock."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pydantic
@@ -190,3 +193,52 @@ async def test_a_submitter_without_the_workflow_stores_a_models_json() -> None:
                                                    charged=4)
         with pytest.raises(shoal.RunFailedError, match="amount: Field required"):
             await worker.result(bad, timeout=0)
+
+
+def test_dataclasses_need_no_pydantic(tmp_path: Path) -> None:
+    """Without pydantic importable, a dataclass still crosses the boundary both ways; a
+    ``ctx`` annotated with a name imported only for the type checker does not stop it."""
+    script = tmp_path / "no_pydantic.py"
+    script.write_text('''
+from __future__ import annotations
+import asyncio, sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+sys.modules["pydantic"] = None          # import pydantic raises ImportError
+import shoal
+from shoal.testing import VirtualClock
+if TYPE_CHECKING:
+    from shoal import RunContext
+
+@dataclass
+class Point:
+    x: int
+    y: int = 0
+
+def move(p: Point) -> Point:
+    return Point(p.x + 1, p.y)
+
+clock = VirtualClock()
+app = shoal.App("dc", store="memory://", clock=clock)
+
+@app.workflow
+async def walk(ctx: RunContext, p: Point) -> Point:
+    assert isinstance(p, Point), p
+    q = await ctx.step("move", move, p)
+    await ctx.sleep(5)
+    return await ctx.step("again", move, q)
+
+async def main() -> None:
+    async with app:
+        run = await app.dispatch(walk, {"x": 1})
+        await clock.advance(6)
+        assert await app.result(run, timeout=0) == Point(3, 0)
+        assert (await app.get_run(run.id)).output == {"x": 3, "y": 0}
+    assert "pydantic" not in sys.modules or sys.modules["pydantic"] is None
+    print("ok")
+
+asyncio.run(main())
+''')
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr

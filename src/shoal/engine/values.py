@@ -209,8 +209,11 @@ class _Dict(Codec):
 def _hints(cls: type[Any]) -> dict[str, Any]:
     try:
         return typing.get_type_hints(cls)
-    except Exception:   # an annotation that does not resolve: those fields stay plain JSON
-        return {}
+    except Exception:   # one that does not resolve: the others one by one, it stays plain JSON
+        module = sys.modules.get(cls.__module__)
+        namespace = dict(vars(module)) if module is not None else {}
+        return {name: _evaluate(raw, namespace) if isinstance(raw, str) else raw
+                for name, raw in getattr(cls, "__annotations__", {}).items()}
 
 
 @functools.lru_cache(maxsize=1024)
@@ -286,6 +289,15 @@ def _resolve(fn: Callable[..., Any], name: str, raw: Any) -> Any:
         return raw
     try:
         return typing.get_type_hints(fn).get(name, Any)
+    except Exception:   # another annotation does not resolve (a TYPE_CHECKING import): this one
+        return _evaluate(raw, getattr(fn, "__globals__", {}))
+
+
+def _evaluate(annotation: str, namespace: dict[str, Any]) -> Any:
+    """A string annotation evaluated in ``namespace``, as ``get_type_hints`` does; ``Any``
+    when it does not resolve."""
+    try:
+        return eval(annotation, dict(namespace))
     except Exception:
         return Any
 
