@@ -6,7 +6,7 @@ from shoal.clock import Clock, SystemClock
 from shoal.coord.lock import Lock
 from shoal.coord.membership import Assignment
 from shoal.coord.provider import Breaker, Provider, ProviderState
-from shoal.engine.context import Decision, RunContext
+from shoal.engine.context import ChildRun, Decision, RunContext
 from shoal.errors import (
     AdmissionRejectedError,
     BudgetExceededError,
@@ -52,6 +52,7 @@ __all__ = [
     "Assignment",
     "Breaker",
     "BudgetExceededError",
+    "ChildRun",
     "CircuitOpenError",
     "Clock",
     "ConfigurationError",

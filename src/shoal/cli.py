@@ -33,7 +33,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from shoal import logs
-from shoal.app import App
+from shoal.app import App, history
 from shoal.app.options import CONCURRENCY_ENV, concurrency_setting
 from shoal.errors import ShoalError, UnknownPauseError, UnknownRunError
 from shoal.logs import FORMAT_ENV, FORMATS
@@ -1055,6 +1055,72 @@ def ledger(ctx: click.Context, tenant: str | None, root_id: str | None, run_id: 
 
 
 # -- migrate ---------------------------------------------------------------------------------
+
+
+@cli.command("export", short_help="A run's recorded history as JSON, for shoal replay.")
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True,
+              help="The history as JSON: its only form (accepted like on every command).")
+@_tenant_option("run")
+@_target_options
+@click.pass_context
+def export_run(ctx: click.Context, run_id: str, as_json: bool, tenant: str | None,
+               store_override: str | None, namespace_override: str | None) -> None:
+    """Print run RUN_ID's recorded history (the run's row and its checkpoints in order) as
+    JSON, to check new workflow code against it with 'shoal replay FILE --app MODULE:APP'
+    before deploying it: shoal export RUN_ID > run.json."""
+    target = _target(ctx, store_override, namespace_override)
+
+    async def read() -> dict[str, Any]:
+        async with _opened_store(target.store) as store, \
+                _app_for_run(target, store, run_id) as app:
+            return await history.export(app, run_id, tenant=tenant)
+
+    click.echo(json.dumps(_run_async(read()), ensure_ascii=False, indent=2))
+
+
+@cli.command(short_help="Check workflow code against recorded histories (shoal export).")
+@click.argument("files", metavar="FILE...", nargs=-1, required=True,
+                type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--app", "app_spec", required=True, metavar="MODULE:APP",
+              help="The App whose workflow code to check, as for shoal worker.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per history.")
+def replay(files: tuple[Path, ...], app_spec: str, as_json: bool) -> None:
+    """Run the workflow code of MODULE:APP over each recorded history FILE (written by 'shoal
+    export RUN_ID'), with no store and no side effects: each recorded step, sleep, wait,
+    approval and child returns its recorded outcome, and the replay stops where the history
+    ends. Reports the first place where the code leaves the recorded path (the checkpoint's
+    seq, its recorded name, the name the code reached); exits 1 when a history does not
+    replay."""
+    app = _load_app(app_spec)
+
+    async def check() -> list[tuple[Path, history.ReplayResult | str]]:
+        results: list[tuple[Path, history.ReplayResult | str]] = []
+        for path in files:
+            try:
+                results.append((path, await history.replay(app, path)))
+            except (ValueError, ShoalError) as e:   # not a history; a workflow not in app
+                results.append((path, str(e)))
+        return results
+
+    failed = False
+    console = _console()
+    for path, result in _run_async(check()):
+        if isinstance(result, str):
+            failed = True
+            if as_json:
+                click.echo(json.dumps({"file": str(path), "ok": False, "error": result}))
+            else:
+                console.print(f"[bold red]error[/] {escape(str(path))}: {escape(result)}")
+            continue
+        failed = failed or not result.ok
+        if as_json:
+            click.echo(json.dumps({"file": str(path), **result.to_json()}, ensure_ascii=False))
+        else:
+            mark = "[green]ok[/]" if result.ok else "[bold red]FAILED[/]"
+            console.print(f"{mark} {escape(str(path))}: {escape(str(result))}")
+    if failed:
+        sys.exit(1)
 
 
 @cli.command(short_help="Create or upgrade the store; print its version.")

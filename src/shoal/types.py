@@ -7,7 +7,16 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Generic, Literal
+
+# What app.result(run) gives for a run of a Workflow[In, Out]: its Out. A default (PEP 696,
+# typing_extensions for the type checker only) makes a bare ``Run`` a ``Run[Any]``.
+if TYPE_CHECKING:
+    from typing_extensions import TypeVar
+    Output = TypeVar("Output", default=Any)
+else:
+    from typing import TypeVar
+    Output = TypeVar("Output")
 
 JSON = Any
 
@@ -36,8 +45,12 @@ KEY_HOLDING_STATUSES = ("running", "sleeping", "waiting", "interrupted")
 
 
 @dataclass(frozen=True)
-class Run:
-    """One run as the store keeps it. ``held`` is True while admission control parks it."""
+class Run(Generic[Output]):
+    """One run as the store keeps it. ``held`` is True while admission control parks it.
+
+    The type parameter is the output type of its workflow when it is known, as for the run
+    ``app.dispatch`` returns for a ``Workflow[In, Out]``: ``await app.result(run)`` is then an
+    ``Out``. ``output`` itself is the JSON the store keeps."""
 
     id: str
     namespace: str

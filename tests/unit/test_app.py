@@ -656,6 +656,7 @@ async def test_a_run_claimed_again_waits_for_its_earlier_execution_here(
     new execution waits for that thread: the step never runs twice at once here."""
     import threading
 
+    clock.max_thread_wait = 0     # time moves while the step's thread runs: that is the test
     store = RefusedRenewals()
     app = make_app(clock, store, max_concurrent_runs=2)
     gate = threading.Event()

@@ -60,3 +60,59 @@ async def test_system_clock() -> None:
     before = clock.now()
     await clock.sleep(0.01)
     assert clock.now() >= before + 0.005
+
+
+async def test_advance_waits_for_a_plain_function_step_and_never_hangs() -> None:
+    """The natural unit test: a plain function (run in a thread) before a durable sleep. The
+    advance must not move time while the step's thread runs, or the sleep would begin after
+    the advance and wait for a time nobody moves the clock to."""
+    import threading
+
+    import shoal
+
+    clock = VirtualClock()
+    app = shoal.App("clock-threads", store="memory://", clock=clock)
+    started = clock.now()
+    seen: list[tuple[str, float]] = []
+    slow = threading.Event()
+
+    def fetch(n: int) -> int:
+        slow.wait(0.05)                 # real time: a blocking client
+        seen.append((threading.current_thread().name, clock.now()))
+        return n + 1
+
+    @app.workflow
+    async def wf(ctx: shoal.RunContext, n: int) -> int:
+        a = await ctx.step("fetch", fetch, n)
+        await ctx.sleep(60)
+        return await ctx.step("again", fetch, a)
+
+    async with app:
+        run = await app.dispatch(wf, 1)
+        await clock.advance(61)
+        assert (await app.get_run(run.id)).status == shoal.RunStatus.SUCCEEDED
+        assert await app.result(run.id, timeout=0) == 3
+    # the first step ran before any time passed, the second after the sleep
+    assert [at - started for _, at in seen] == [0.0, 60.0]
+    assert all(name.startswith("shoal-virtual") for name, _ in seen)
+
+
+async def test_a_thread_that_waits_on_the_test_delays_advance_by_max_thread_wait_only() -> None:
+    import threading
+
+    clock = VirtualClock(start=0.0, max_thread_wait=0.2)
+    release = threading.Event()
+    work = asyncio.ensure_future(asyncio.to_thread(release.wait, 30))
+    ticks: list[float] = []
+
+    async def sleeper() -> None:
+        await clock.sleep(5)
+        ticks.append(clock.now())
+
+    task = asyncio.create_task(sleeper())
+    await clock.advance(10)             # waits 0.2 s for the thread, then moves on
+    assert ticks == [5.0] and clock.now() == 10.0 and not work.done()
+    await clock.advance(10)             # a thread given up on is not waited for again
+    release.set()
+    assert await work is True
+    await task

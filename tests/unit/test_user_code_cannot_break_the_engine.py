@@ -146,7 +146,7 @@ def _thread_apps(clock: VirtualClock, lease: float, release: threading.Event,
 
 
 async def test_a_stopping_instance_waits_for_its_step_thread_before_releasing_the_run() -> None:
-    clock = VirtualClock()
+    clock = VirtualClock(max_thread_wait=0)   # time moves while the step's thread runs
     spans: list[tuple[str, float, float]] = []
     release = threading.Event()
     stopping, other = _thread_apps(clock, 30.0, release, spans)
@@ -170,7 +170,7 @@ async def test_a_step_thread_outliving_the_stop_leaves_the_run_to_its_lease() ->
     """Half a lease after the drain, the thread still runs: the run is not released (another
     instance would run the step beside it at once) but left to lapse, and taken over as a crash
     only after its lease."""
-    clock = VirtualClock()
+    clock = VirtualClock(max_thread_wait=0)   # time moves while the step's thread runs
     release = threading.Event()
     lease = 1.0                     # half of it is the real time waited for the thread
     stopping, other = _thread_apps(clock, lease, release, [])

@@ -11,7 +11,7 @@ import os
 import signal as signals
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
+from typing import Any, Generic, Literal, ParamSpec, Protocol, TypeVar, Unpack, cast, overload
 
 from shoal import _checks, _ids, _json, logs
 from shoal._checks import CALL, CONFIG
@@ -22,6 +22,7 @@ from shoal.app.options import (
     CONCURRENCY_ENV,
     MAX_BATCH_BYTES,
     DispatchItem,
+    DispatchOptions,
     batch_items,
     check_app_options,
     check_dispatch_options,
@@ -39,6 +40,7 @@ from shoal.coord.provider import (
     Spender,
     check_provider_options,
 )
+from shoal.engine import values
 from shoal.engine.context import RunContext
 from shoal.engine.cron import CronTrigger
 from shoal.engine.runner import (
@@ -50,6 +52,7 @@ from shoal.engine.runner import (
     Registry,
     WorkflowSpec,
 )
+from shoal.engine.values import Codec, WorkflowTypes
 from shoal.errors import (
     ConfigurationError,
     NotDeadError,
@@ -85,22 +88,50 @@ log = logging.getLogger("shoal")
 
 P = ParamSpec("P")
 R = TypeVar("R")
+I = TypeVar("I")   # noqa: E741 (an input type, beside O)
+O = TypeVar("O")   # noqa: E741
+In = TypeVar("In", contravariant=True)
+Out = TypeVar("Out", covariant=True)
 WorkflowFunction = Callable[[RunContext, Any], Awaitable[Any]]
 KeyFn = Callable[[Any], "str | None"]
 
 
-class Workflow(Generic[R]):
-    """A registered workflow. Pass it (or its name) to ``app.dispatch``."""
+class Workflow(Generic[In, Out]):
+    """A registered workflow: ``@app.workflow`` on ``async def fn(ctx, input: In) -> Out`` makes
+    a ``Workflow[In, Out]``. Pass it (or its name) to ``app.dispatch``: a type checker then
+    checks the input against ``In``, and ``await app.result(run)`` is an ``Out``."""
 
     def __init__(self, spec: WorkflowSpec) -> None:
         self.spec = spec
         self.name = spec.name
 
-    async def __call__(self, ctx: RunContext, input: Any) -> Any:
-        return await self.spec.fn(ctx, input)
+    @property
+    def types(self) -> WorkflowTypes:
+        """The codecs of its input and output (pydantic models, dataclasses)."""
+        return self.spec.types
+
+    async def __call__(self, ctx: RunContext, input: In) -> Out:
+        return cast(Out, await self.spec.fn(ctx, input))
 
     def __repr__(self) -> str:
         return f"<shoal.Workflow {self.name!r}>"
+
+
+class WorkflowDecorator(Protocol):
+    """What ``@app.workflow(name=..., ...)`` returns: it makes a ``Workflow[In, Out]`` of
+    ``async def fn(ctx, input: In) -> Out``."""
+
+    def __call__(self, fn: Callable[[RunContext, I], Awaitable[O]], /) -> Workflow[I, O]: ...
+
+
+class CronDecorator(Protocol):
+    """What ``@app.cron(...)`` returns: it fires a workflow (or makes one of a function)."""
+
+    @overload
+    def __call__(self, target: Workflow[I, O], /) -> Workflow[I, O]: ...
+
+    @overload
+    def __call__(self, target: Callable[[RunContext, I], Awaitable[O]], /) -> Workflow[I, O]: ...
 
 
 _T = TypeVar("_T")
@@ -181,6 +212,8 @@ class App:
         self.health_host = health_host
         self._probes: asyncio.Server | None = None
         self._registry = Registry()   # workflows, handlers, crons: what the engine serves
+        # the codecs of workflows dispatched here as a Workflow but registered elsewhere
+        self._dispatched: dict[str, WorkflowTypes] = {}
         self._engine: Engine | None = None
         self._maintenance: Maintenance | None = None
         self._locks = LockManager(self._coord, self.clock, namespace, self.instance_id,
@@ -223,7 +256,7 @@ class App:
     # -- registration ----------------------------------------------------------------------
 
     @overload
-    def workflow(self, fn: WorkflowFunction, /) -> Workflow[Any]: ...
+    def workflow(self, fn: Callable[[RunContext, I], Awaitable[O]], /) -> Workflow[I, O]: ...
 
     @overload
     def workflow(
@@ -238,7 +271,7 @@ class App:
         backoff: float = 1.0,
         max_backoff: float = 300.0,
         on_incompatible: Literal["wait", "resume"] = "wait",
-    ) -> Callable[[WorkflowFunction], Workflow[Any]]: ...
+    ) -> WorkflowDecorator: ...
 
     def workflow(
         self,
@@ -252,13 +285,13 @@ class App:
         backoff: float = 1.0,
         max_backoff: float = 300.0,
         on_incompatible: Literal["wait", "resume"] = "wait",
-    ) -> Workflow[Any] | Callable[[WorkflowFunction], Workflow[Any]]:
+    ) -> Workflow[Any, Any] | WorkflowDecorator:
         """Register an ``async def fn(ctx, input)`` as a workflow. ``max_attempts`` counts failed
         attempts (an exception, or a crash of the executing instance); retries wait
         ``backoff * 2**(attempt-1)`` seconds (at most ``max_backoff``) times a jitter in
         [0.5, 1]."""
 
-        def register(f: WorkflowFunction) -> Workflow[Any]:
+        def register(f: WorkflowFunction) -> Workflow[Any, Any]:
             if isinstance(f, Workflow):
                 raise ConfigurationError(
                     f"{f!r} is already a workflow: put @app.workflow directly above the "
@@ -279,7 +312,7 @@ class App:
 
         if fn is not None:
             return register(fn)
-        return register
+        return cast(WorkflowDecorator, register)
 
     def cron(
         self,
@@ -288,14 +321,14 @@ class App:
         name: str | None = None,
         tz: str = "UTC",
         catch_up: float = 60.0,
-    ) -> Callable[[Workflow[Any] | WorkflowFunction], Workflow[Any]]:
+    ) -> CronDecorator:
         """Fire the workflow on a cron schedule: each tick starts exactly one run across all
         instances, with input ``{"cron": name, "scheduled_at": tick}``. ``expression`` has five
         fields (or six, seconds last) read in time zone ``tz``. A tick missed by more than
         ``catch_up`` seconds because every instance was down is skipped; within it, the latest
         missed tick fires once. Put it above ``@app.workflow`` (or on a bare async function)."""
 
-        def register(target: Workflow[Any] | WorkflowFunction) -> Workflow[Any]:
+        def register(target: Workflow[Any, Any] | WorkflowFunction) -> Workflow[Any, Any]:
             wf_name = target.name if isinstance(target, Workflow) else getattr(
                 target, "__name__", None)
             if not isinstance(wf_name, str):
@@ -312,7 +345,7 @@ class App:
             self._registry.crons[trigger_name] = trigger
             return wf
 
-        return register
+        return cast(CronDecorator, register)
 
     async def _fire_cron(self, trigger: CronTrigger, tick: float) -> None:
         await self.dispatch(trigger.workflow, {"cron": trigger.name, "scheduled_at": tick},
@@ -849,9 +882,29 @@ class App:
 
     # -- runs ------------------------------------------------------------------------------
 
+    @overload
+    async def dispatch(self, workflow: Workflow[I, O], input: I,
+                       **options: Unpack[DispatchOptions]) -> Run[O]: ...
+
+    @overload
+    async def dispatch(self, workflow: Workflow[None, O], input: None = None,
+                       **options: Unpack[DispatchOptions]) -> Run[O]: ...
+
+    @overload
+    async def dispatch(self, workflow: Callable[[RunContext, I], Awaitable[O]], input: I,
+                       **options: Unpack[DispatchOptions]) -> Run[O]: ...
+
+    @overload
+    async def dispatch(self, workflow: Callable[[RunContext, None], Awaitable[O]],
+                       input: None = None, **options: Unpack[DispatchOptions]) -> Run[O]: ...
+
+    @overload
+    async def dispatch(self, workflow: str, input: Any = None,
+                       **options: Unpack[DispatchOptions]) -> Run[Any]: ...
+
     async def dispatch(
         self,
-        workflow: Workflow[Any] | WorkflowFunction | str,
+        workflow: Workflow[Any, Any] | WorkflowFunction | str,
         input: Any = None,
         *,
         idempotency_key: str | None = None,
@@ -861,12 +914,17 @@ class App:
         delay: float | None = None,
         max_attempts: int | None = None,
         connection: object | None = None,
-    ) -> Run:
+    ) -> Run[Any]:
         """Store a new queued run and return it; with an ``idempotency_key`` already used for
         this (tenant, workflow), return that run instead. Raises ``TypeError`` for input that is
         not JSON (or nests deeper than 256) and for an option of the wrong type, ``ValueError``
         for input over ``max_payload_bytes`` and for an option out of range, and
         ``UnknownWorkflowError`` for a name no instance registered; nothing is stored then.
+
+        When the workflow's ``input`` annotation names a pydantic model or a dataclass (and
+        the workflow is registered here or given as a ``Workflow``), the input is that type
+        or JSON that loads as one: its JSON is stored, and a bad one raises ``ValueError``
+        naming the field.
 
         With ``connection`` (a psycopg 3 connection to a PostgreSQL store's database, or a
         ``sqlite3`` connection to a SQLite store's file), the run is written in that
@@ -891,7 +949,7 @@ class App:
 
     async def _dispatch(
         self,
-        workflow: Workflow[Any] | WorkflowFunction | str,
+        workflow: Workflow[Any, Any] | WorkflowFunction | str,
         input: Any,
         *,
         idempotency_key: str | None = None,
@@ -904,6 +962,7 @@ class App:
         connection: object | None = None,
     ) -> Run:
         name = self._workflow_name(workflow)
+        input = self._typed_input(name, workflow, input)
         input, _, text = _json.checked_text(input, "input", self.max_payload_bytes)
         check_dispatch_options(idempotency_key, concurrency_key, priority, tenant, delay,
                                 max_attempts)
@@ -941,7 +1000,7 @@ class App:
 
     async def dispatch_many(
         self,
-        workflow: Workflow[Any] | WorkflowFunction | str,
+        workflow: Workflow[Any, Any] | WorkflowFunction | str,
         inputs: Iterable[Any],
         *,
         concurrency_key: str | None = None,
@@ -966,7 +1025,8 @@ class App:
         name = self._workflow_name(workflow)
         check_dispatch_options(None, concurrency_key, priority, tenant, delay, max_attempts,
                                call="app.dispatch_many")
-        checked = self._checked_items(batch_items(inputs), tenant)
+        checked = self._checked_items(batch_items(inputs), tenant,
+                                      self._input_codec(name, workflow), name)
         await self._open_store()
         joined = self._transactional(connection, "dispatch_many")
         spec, options = await self._workflow_options(name)
@@ -1023,8 +1083,8 @@ class App:
                 f"to join. Use a PostgreSQL or SQLite store, or {call} without connection=.")
         return self.store
 
-    def _checked_items(self, items: list[Any], tenant: str
-                       ) -> list[tuple[Any, str, DispatchItem]]:
+    def _checked_items(self, items: list[Any], tenant: str, codec: Codec | None = None,
+                       name: str = "") -> list[tuple[Any, str, DispatchItem]]:
         """Each item of a batch as (its input as stored, that input's JSON text, its options),
         after the checks of ``app.dispatch``; the first bad one raises, naming its position."""
         checked = []
@@ -1033,8 +1093,12 @@ class App:
             try:
                 own = isinstance(item, DispatchItem)    # options of its own
                 one = item if own else _BATCH_OPTIONS
-                value, n, text = _json.checked_text(one.input if own else item, "input",
-                                                    self.max_payload_bytes)
+                value = one.input if own else item
+                if codec is not None:
+                    value = codec.dump(value, f"the input of workflow {name!r}")
+                elif values.typed_instance(value) is not None:
+                    value = values.plain(value)
+                value, n, text = _json.checked_text(value, "input", self.max_payload_bytes)
                 if own:
                     check_dispatch_options(
                         one.idempotency_key, one.concurrency_key, one.priority,
@@ -1093,6 +1157,33 @@ class App:
         raise TypeError(f"dispatch takes a workflow registered with @app.workflow or its name, "
                         f"not {workflow!r}")
 
+    def _types(self, name: str, workflow: object = None) -> WorkflowTypes | None:
+        """The codecs of workflow ``name``: registered here, given as a ``Workflow``, or one
+        dispatched here as a ``Workflow`` before."""
+        if isinstance(workflow, Workflow):
+            self._dispatched.setdefault(name, workflow.types)
+            return workflow.types
+        spec = self._registry.workflows.get(name)
+        return spec.types if spec is not None else self._dispatched.get(name)
+
+    def _input_codec(self, name: str, workflow: object) -> Codec | None:
+        types = self._types(name, workflow)
+        return None if types is None else types.input
+
+    def _typed_input(self, name: str, workflow: object, input: Any) -> Any:
+        """``input`` as the JSON to store (see :mod:`shoal.engine.values`): through the codec
+        of the workflow's input annotation when shoal knows the workflow, else a model or
+        dataclass is dumped as it is (the instance that runs it checks it)."""
+        codec = self._input_codec(name, workflow)
+        if codec is not None:
+            return codec.dump(input, f"the input of workflow {name!r}")
+        return values.plain(input) if values.typed_instance(input) is not None else input
+
+    def _typed_output(self, run: Run[Any]) -> Any:
+        types = self._types(run.workflow)
+        codec = None if types is None else types.output
+        return values.load(codec, run.output, f"the output of run {run.id}")
+
     async def get_run(self, run_id: str, *, tenant: str | None = None) -> Run:
         """The run; raises ``UnknownRunError`` (also when ``tenant`` is given and the run
         belongs to another tenant: one tenant cannot learn of another's runs)."""
@@ -1131,21 +1222,35 @@ class App:
         await self._open_store()
         return await self.store.stats(self.namespace, self.clock.now())
 
+    @overload
+    async def result(self, run_id: Run[O], timeout: float | None = None, *,
+                     tenant: str | None = None) -> O: ...
+
+    @overload
     async def result(self, run_id: str, timeout: float | None = None, *,
+                     tenant: str | None = None) -> Any: ...
+
+    async def result(self, run_id: Run[Any] | str, timeout: float | None = None, *,
                      tenant: str | None = None) -> Any:
-        """Wait until the run is final and return its output. Raises ``RunFailedError``,
-        ``RunCancelledError``, or ``TimeoutError`` after ``timeout`` seconds (app clock)."""
+        """Wait until the run (its id, or the ``Run`` itself) is final and return its output:
+        the model or dataclass its workflow's return annotation names, when the workflow is
+        registered here (or was dispatched here as a ``Workflow``), else the JSON the run
+        keeps. Raises ``RunFailedError``, ``RunCancelledError``, or ``TimeoutError`` after
+        ``timeout`` seconds (app clock)."""
+        if not isinstance(run_id, str):
+            run_id = run_id.id
         deadline = None if timeout is None else self.clock.now() + timeout
         while True:
-            run = await self.get_run(run_id, tenant=tenant)
-            if run.status == RunStatus.SUCCEEDED:
-                return run.output
-            if run.status == RunStatus.FAILED:
-                raise RunFailedError(run.id, run.error)
-            if run.status == RunStatus.CANCELLED:
-                raise RunCancelledError(run.id)
+            found = await self.get_run(run_id, tenant=tenant)
+            if found.status == RunStatus.SUCCEEDED:
+                return self._typed_output(found)
+            if found.status == RunStatus.FAILED:
+                raise RunFailedError(found.id, found.error)
+            if found.status == RunStatus.CANCELLED:
+                raise RunCancelledError(found.id)
             if deadline is not None and self.clock.now() >= deadline:
-                raise TimeoutError(f"Run {run_id} is still {run.status.value} after {timeout}s.")
+                raise TimeoutError(f"Run {run_id} is still {found.status.value} after "
+                                   f"{timeout}s.")
             if self._engine is not None:
                 await self._engine.wait_settled(0.05)
             else:

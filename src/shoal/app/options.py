@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from shoal import _checks
 from shoal._checks import CALL, CONFIG
@@ -17,6 +17,18 @@ from shoal.ports import Store
 # app.dispatch_many: items per call, and the JSON of their inputs together (one statement)
 MAX_BATCH = 10_000
 MAX_BATCH_BYTES = 64 << 20
+
+
+class DispatchOptions(TypedDict, total=False):
+    """The keyword options of ``app.dispatch`` (for its typed overloads)."""
+
+    idempotency_key: str | None
+    concurrency_key: str | None
+    priority: int | None
+    tenant: str
+    delay: float | None
+    max_attempts: int | None
+    connection: object | None
 
 
 @dataclass(frozen=True)

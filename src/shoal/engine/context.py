@@ -13,15 +13,27 @@ import threading
 import traceback
 import types
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, Protocol, TypeVar, cast, overload
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Generic,
+    NoReturn,
+    ParamSpec,
+    Protocol,
+    TypeVar,
+    cast,
+    overload,
+)
 
 from shoal import _checks, _json
 from shoal._checks import CALL
 from shoal._ids import new_id
 from shoal.abort import AbortSignal
+from shoal.engine import values
 from shoal.engine.progress import ProgressWriter
+from shoal.engine.values import WorkflowTypes
 from shoal.errors import (
     LeaseLostError,
     NonDeterminismError,
@@ -40,6 +52,9 @@ log = logging.getLogger("shoal")
 
 T = TypeVar("T")
 P = ParamSpec("P")
+In = TypeVar("In")
+Out = TypeVar("Out")
+Result = TypeVar("Result", covariant=True)
 
 TRACEBACK_LIMIT = 64 * 1024   # characters of a failed attempt's traceback kept: its last ones
 # taken only to make an execution's ProgressWriter, which step threads may race to do
@@ -147,21 +162,43 @@ class Outbox:
                                             self._max_bytes)))
 
 
-class ChildRun:
+class ChildRun(Generic[Result]):
     """A child run started by ``ctx.start_child``. ``await child.result()`` parks the parent,
-    holding no slot, until the child ends."""
+    holding no slot, until the child ends. Of a ``Workflow[In, Out]`` it is a
+    ``ChildRun[Out]``."""
 
-    def __init__(self, ctx: RunContext, run_id: str) -> None:
+    def __init__(self, ctx: RunContext, run_id: str, types: WorkflowTypes | None = None) -> None:
         self._ctx = ctx
+        self._types = types
         self.id = run_id
 
     def __repr__(self) -> str:
         return f"<shoal.ChildRun {self.id}>"
 
-    async def result(self) -> Any:
-        """The child's output; raises ``RunFailedError`` or ``RunCancelledError`` as
+    async def result(self) -> Result:
+        """The child's output (the model or dataclass its workflow's return annotation names,
+        when it names one); raises ``RunFailedError`` or ``RunCancelledError`` as
         ``app.result`` does."""
-        return await self._ctx._child_result(self.id)
+        output = await self._ctx._child_result(self.id)
+        codec = None if self._types is None else self._types.output
+        return cast(Result, values.load(codec, output, f"the output of child run {self.id}"))
+
+
+class ReplayStop(BaseException):
+    """Raised in a replay of a recorded history (:mod:`shoal.engine.replay`) where it stops:
+    the code reached a position the history has not finished (``ended``), or one recorded
+    under another name (``recorded`` and ``new`` differ). A BaseException, so a workflow's
+    ``except Exception`` does not swallow it."""
+
+    def __init__(self, seq: int, recorded: str | None, new: str) -> None:
+        super().__init__(f"#{seq}: recorded {recorded!r}, reached {new!r}")
+        self.seq = seq
+        self.recorded = recorded
+        self.new = new
+
+    @property
+    def ended(self) -> bool:
+        return self.recorded is None or self.recorded == self.new
 
 
 class StoreWriteFailed(BaseException):
@@ -234,6 +271,8 @@ class Execution:
         self.finishing = True
         if self.progress is not None:
             await self.progress.flush()
+    # a replay of a recorded history: no store call, stop where the history does
+    replay_only: bool = False
 
     def dropped(self, call: _StepCall) -> None:
         """``call``'s coroutine was garbage-collected: without having started, it was never
@@ -307,6 +346,16 @@ class RunStore(Checkpoints, Pauses, Trees, Protocol):
     """The store as a running attempt writes it: checkpoints, pauses, tree keys, child waits."""
 
 
+class Registered(Protocol):
+    """A workflow as the host keeps it: its function and the codecs of its input and output."""
+
+    @property
+    def fn(self) -> Callable[..., Any]: ...
+
+    @property
+    def types(self) -> WorkflowTypes: ...
+
+
 class RunHost(Protocol):
     """What a :class:`RunContext` needs from the instance executing its run (the engine): the
     store it writes through, the clock, the lease its writes extend, and four callbacks."""
@@ -325,6 +374,10 @@ class RunHost(Protocol):
 
     @property
     def telemetry(self) -> Telemetry: ...
+
+    @property
+    def workflows(self) -> Mapping[str, Registered]:
+        """The workflows registered here, by name (what a child's output is loaded as)."""
 
     async def spend(self, ctx: RunContext, amount: float, currency: str) -> None:
         """Charge ``amount`` to the run's budgets and the ledger."""
@@ -409,6 +462,9 @@ class RunContext:
         self._x.seq += 1
         seq = self._x.seq
         recorded = self._x.steps.get(seq)
+        if self._x.replay_only and (recorded is None or not recorded.finished
+                                    or recorded.name != name):
+            raise ReplayStop(seq, None if recorded is None else recorded.name, name)
         if recorded is not None and recorded.name != name:
             raise NonDeterminismError(self.run_id, seq, recorded.name, name)
         return seq, recorded
@@ -516,8 +572,9 @@ class RunContext:
         self._x.unstarted.discard(call)
         name = call.name
         seq, recorded = self._next(name)
+        codec = values.returned(fn)
         if recorded is not None and recorded.finished:
-            return _json.clone(recorded.output)
+            return values.load(codec, recorded.output, f"the result of step {name!r}")
         self.signal.raise_if_aborted()
         self._check_lease()
         self.step_key = f"{self.run_id}:{seq}"
@@ -540,8 +597,10 @@ class RunContext:
             _current_outbox.reset(token)
         if self._x.misuse is not None:   # refused inside the function, which caught it
             raise self._x.misuse
-        result = _json.checked(result, f"the result of step {name!r}",
-                               self._host.max_payload_bytes)
+        what = f"the result of step {name!r}"
+        result = _json.checked(values.dump(codec, result, what,
+                                           f"the return type of the function of step {name!r}"),
+                               what, self._host.max_payload_bytes)
         step = self._record(seq, name, result, True, began, retried)
         host = self._host
         sent = host.clock.now()
@@ -556,7 +615,7 @@ class RunContext:
             host.outbox_written()
         self._x.held_until = max(self._x.held_until, sent + host.lease)
         self._x.steps[seq] = step
-        return _json.clone(result)
+        return values.load(codec, result, what)   # as a replay will give it
 
     async def _in_thread(self, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         """Run a plain function in a thread. A thread cannot be stopped: when the run is
@@ -734,7 +793,20 @@ class RunContext:
         self._x.steps[seq] = done
         return Decision(**decision)
 
-    async def start_child(self, workflow: Any, input: Any = None, **options: Any) -> ChildRun:
+    @overload
+    async def start_child(self, workflow: Callable[[RunContext, In], Awaitable[Out]],
+                          input: In, **options: Any) -> ChildRun[Out]: ...
+
+    @overload
+    async def start_child(self, workflow: Callable[[RunContext, None], Awaitable[Out]],
+                          input: None = None, **options: Any) -> ChildRun[Out]: ...
+
+    @overload
+    async def start_child(self, workflow: str, input: Any = None,
+                          **options: Any) -> ChildRun[Any]: ...
+
+    async def start_child(self, workflow: Any, input: Any = None,
+                          **options: Any) -> ChildRun[Any]:
         """Start a run of ``workflow`` (a registered workflow or its name) in this run's tree:
         same root and tenant, this run as parent. Checkpointed: a replay gets the same child,
         never a second one. ``options`` are those of ``app.dispatch`` (priority, delay, ...)."""
@@ -749,7 +821,18 @@ class RunContext:
             return child.id
 
         child_id = await self.step(f"shoal.start_child:{name}", start)
-        return ChildRun(self, str(child_id))
+        return ChildRun(self, str(child_id), self._types_of(workflow))
+
+    def _types_of(self, workflow: Any) -> WorkflowTypes | None:
+        """The codecs of ``workflow`` (a Workflow, a registered function or a name)."""
+        types = getattr(workflow, "types", None)
+        if isinstance(types, WorkflowTypes):
+            return types
+        registered = self._host.workflows
+        if isinstance(workflow, str):
+            spec = registered.get(workflow)
+            return None if spec is None else spec.types
+        return next((s.types for s in registered.values() if s.fn is workflow), None)
 
     async def _child_result(self, child_id: str) -> Any:
         self._outside_step(f"the result() of child run {child_id}")

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from shoal import _json
 from shoal._tasks import cancel_and_wait, report
 from shoal.clock import Clock
+from shoal.engine import values
 from shoal.engine.context import (
     Execution,
     RunContext,
@@ -25,6 +26,7 @@ from shoal.engine.context import (
     format_traceback,
 )
 from shoal.engine.cron import CronTrigger
+from shoal.engine.values import WorkflowTypes
 from shoal.errors import BudgetExceededError, LeaseLostError, NonDeterminismError
 from shoal.ports import Store
 from shoal.scope import RunScope, current_run, outside_run
@@ -76,6 +78,11 @@ class WorkflowSpec:
     backoff: float
     max_backoff: float
     on_incompatible: str = "wait"
+    # the codecs of its input and output (pydantic models, dataclasses), from fn's annotations
+    types: WorkflowTypes = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "types", WorkflowTypes(self.fn))
 
     def options(self) -> dict[str, Any]:
         """What another process needs to dispatch this workflow by name (kept in the store)."""
@@ -86,6 +93,26 @@ class WorkflowSpec:
             "concurrency_key": key if isinstance(key, str) else None,
             "key_from_input": callable(key),
         }
+
+
+def typed_input(spec: WorkflowSpec, run: Run) -> Any:
+    """The run's input as its workflow function takes it: a copy of the JSON to change as it
+    likes, or the model or dataclass its ``input`` annotation names (``ValueError`` naming the
+    field when the JSON is not one)."""
+    codec = spec.types.input
+    if codec is None:
+        value = run.input
+        # the workflow's own copy to change
+        return _json.clone(value) if isinstance(value, (dict, list)) else value
+    return codec.load(run.input, f"the input of run {run.id} of workflow {spec.name!r}")
+
+
+def typed_output(spec: WorkflowSpec, output: Any, max_bytes: int | None) -> Any:
+    """What the workflow returned as the JSON its run keeps (see :mod:`.values`)."""
+    what = f"the output of workflow {spec.name!r}"
+    output = values.dump(spec.types.output, output, what,
+                         f"the return type of workflow function {spec.name!r}")
+    return _json.checked(output, what, max_bytes)
 
 
 @dataclass(frozen=True)
@@ -456,13 +483,10 @@ class Engine:
                         x.steps = {s.seq: s for s in await self.store.load_steps(run.id)}
                     except Exception as e:
                         raise StoreWriteFailed(e) from e
-                value = run.input
-                if isinstance(value, (dict, list)):   # the workflow's own copy to change
-                    value = _json.clone(value)
+                value = typed_input(spec, run)
                 output = await spec.fn(ctx, value)
                 if output is not None:   # None is JSON as it is
-                    output = _json.checked(output, f"the output of workflow {run.workflow!r}",
-                                           self.max_payload_bytes)
+                    output = typed_output(spec, output, self.max_payload_bytes)
             except Suspended as s:
                 x.outcome = s.status
                 if s.until is not None:

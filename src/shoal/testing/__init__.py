@@ -1,5 +1,6 @@
-"""Helpers for testing code built on shoal: a virtual clock and several instances in one test
-(the store contracts a backend must pass are :mod:`shoal.testing.contract`)."""
+"""Helpers for testing code built on shoal: a virtual clock, several instances in one test, and
+the replay of a recorded run's history against new code (the store contracts a backend must
+pass are :mod:`shoal.testing.contract`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from shoal.app import App
+from shoal.app.history import History, ReplayResult, replay
 from shoal.backends.memory import MemoryStore
 from shoal.clock import Clock
 from shoal.ports import Store
@@ -36,4 +38,4 @@ async def cluster(
             await app.close(timeout=0)
 
 
-__all__ = ["VirtualClock", "cluster", "settle"]
+__all__ = ["History", "ReplayResult", "VirtualClock", "cluster", "replay", "settle"]

@@ -4,24 +4,75 @@ the contract suites (:mod:`shoal.testing.contract`) can use it without the engin
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import heapq
 import itertools
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("shoal")
+
+
+class _CountingExecutor(concurrent.futures.ThreadPoolExecutor):
+    """The event loop's default executor while a VirtualClock drives it: it keeps the work
+    still running in its threads (``asyncio.to_thread``: plain-function steps, sync handlers),
+    so that ``advance()`` can wait for it before it moves time."""
+
+    def __init__(self) -> None:
+        super().__init__(thread_name_prefix="shoal-virtual")
+        self.running: set[concurrent.futures.Future[Any]] = set()
+        self._guard = threading.Lock()
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any,
+               **kwargs: Any) -> concurrent.futures.Future[Any]:
+        work = super().submit(fn, *args, **kwargs)
+        with self._guard:
+            self.running.add(work)
+        work.add_done_callback(self._ended)
+        return work
+
+    def _ended(self, work: concurrent.futures.Future[Any]) -> None:
+        with self._guard:
+            self.running.discard(work)
+
+    def busy(self) -> list[concurrent.futures.Future[Any]]:
+        with self._guard:
+            return [w for w in self.running if not w.done()]
 
 
 class VirtualClock:
     """A clock that moves only when told. ``await clock.advance(s)`` lets the work already started
     reach its next wait, then moves time forward, waking every due ``sleep`` in time order
-    (lease renewals, polls, durable sleeps), letting each woken task run before the next."""
+    (lease renewals, polls, durable sleeps), letting each woken task run before the next.
 
-    def __init__(self, start: float = 1_767_225_600.0) -> None:
+    Work the event loop runs in a thread (a plain-function step, a sync outbox handler: anything
+    given to ``asyncio.to_thread``) counts as work already started: the clock makes the loop's
+    default executor its own, and ``advance`` waits for that work to end (in real time) before
+    it moves time, so time never jumps past a step still running. A thread still running after
+    ``max_thread_wait`` real seconds (one that waits for something only the test does after
+    ``advance``) is logged (``clock.thread_running``) and time moves on without it; with
+    ``max_thread_wait=0`` time moves on at once (a test of what happens while a thread
+    runs)."""
+
+    def __init__(self, start: float = 1_767_225_600.0, *, max_thread_wait: float = 10.0) -> None:
         self._now = float(start)
         self._waiters: list[tuple[float, int, asyncio.Future[None]]] = []
         self._order = itertools.count()
+        self.max_thread_wait = float(max_thread_wait)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._executor: _CountingExecutor | None = None
+        self._given_up: set[concurrent.futures.Future[Any]] = set()   # waited for too long
 
     def now(self) -> float:
+        if self._loop is None or asyncio._get_running_loop() is not self._loop:
+            self._attach()
         return self._now
 
     async def sleep(self, seconds: float) -> None:
+        if self._loop is not asyncio.get_running_loop():
+            self._attach()
         if seconds <= 0:
             await asyncio.sleep(0)
             return
@@ -30,20 +81,56 @@ class VirtualClock:
         await future
 
     async def advance(self, seconds: float) -> None:
-        """Move time forward by ``seconds``, waking due sleeps in time order."""
+        """Move time forward by ``seconds``, waking due sleeps in time order; before it moves,
+        and after each wake-up, the work started meanwhile (threads included) reaches its
+        next wait."""
         if seconds < 0:
             raise ValueError("a VirtualClock only moves forward")
+        self._attach()
         target = self._now + seconds
-        await settle()
+        await self._quiet()
         while self._waiters and self._waiters[0][0] <= target:
             when, _, future = heapq.heappop(self._waiters)
             if future.done():
                 continue
             self._now = max(self._now, when)
             future.set_result(None)
-            await settle()
+            await self._quiet()
         self._now = target
-        await settle()
+        await self._quiet()
+
+    def _attach(self) -> None:
+        """Count the thread work of the running loop (see the class): once per loop."""
+        loop = asyncio._get_running_loop()
+        if loop is None or loop is self._loop:
+            return
+        self._loop = loop
+        self._executor = _CountingExecutor()
+        loop.set_default_executor(self._executor)
+
+    async def _quiet(self) -> None:
+        """Settle the loop; while thread work started from it still runs, wait for it (at most
+        ``max_thread_wait`` real seconds) and settle again."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.max_thread_wait
+        while True:
+            await settle()
+            busy = [w for w in (self._executor.busy() if self._executor is not None else [])
+                    if w not in self._given_up]
+            self._given_up = {w for w in self._given_up if not w.done()}
+            if not busy:
+                return
+            left = deadline - loop.time()
+            if left <= 0:
+                self._given_up.update(busy)
+                if self.max_thread_wait <= 0:
+                    return
+                log.warning("clock.thread_running: %d thread(s) still run after %.1f s; the "
+                            "VirtualClock moves on without them", len(busy),
+                            self.max_thread_wait, extra={"event": "clock.thread_running"})
+                return
+            await asyncio.wait([asyncio.wrap_future(w) for w in busy], timeout=left,
+                               return_when=asyncio.FIRST_COMPLETED)
 
 
 async def settle(rounds: int = 50) -> None:
