@@ -7,12 +7,15 @@
    tool's side effect happened once; the ledger has one row per answered call, with its tokens.
 2. A tool that needs approval pauses the run; ``shoal approve`` answers it from another process
    (the CLI), and the worker finishes the run: the tool ran once, after the approval.
+3. The example, ``examples/openai_agent/support_agent.py`` with its offline model, served by
+   ``shoal worker`` and driven by the CLI as its README says.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -31,6 +34,7 @@ from harness import Processes, read_log, wait_until
 HERE = Path(__file__).resolve().parent
 AGENT_APP = HERE / "agent_app.py"
 SHOAL = Path(sys.executable).parent / "shoal"
+EXAMPLE = HERE.parent.parent / "examples" / "openai_agent"
 
 pytestmark = pytest.mark.slow
 
@@ -130,3 +134,53 @@ async def test_a_tool_approval_answered_from_the_cli_in_another_process(
     assert out == "done: refunded 40"
     assert [r["name"] for r in events(log, "tool")] == ["lookup", "refund"]
     assert Counter(r["turn"] for r in events(log, "answered")) == {1: 1, 2: 1, 3: 1}
+
+
+async def shoal_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return await asyncio.to_thread(subprocess.run, [str(SHOAL), *args], capture_output=True,
+                                   text=True, timeout=60, env=env)
+
+
+async def test_the_example_serves_with_shoal_worker_and_is_answered_from_the_cli(
+    tmp_path: Path
+) -> None:
+    store = f"sqlite:///{tmp_path / 'support.db'}"
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SHOAL_", "OPENAI_"))}
+    env.update(SHOAL_STORE=store, SUPPORT_FAKE_MODEL="1", PYTHONPATH=str(EXAMPLE))
+    procs = Processes(tmp_path, SHOAL, "SUPPORT", {**env, "SUPPORT_MAX_LIFE": "120"})
+    try:
+        procs.spawn(["worker", "support_agent:app"], "worker")
+
+        async def dispatched() -> str | None:    # once the worker registered the workflow
+            got = await shoal_cli(env, "dispatch", "ticket", '"Please refund order A1"')
+            return got.stdout.strip() if got.returncode == 0 else None
+
+        async def paused() -> list[dict[str, object]]:
+            got = await shoal_cli(env, "-n", "support", "pauses", "--json")
+            return [json.loads(line) for line in got.stdout.splitlines()]
+
+        async def shown() -> dict[str, object] | None:
+            got = await shoal_cli(env, "run", "show", run_id, "--json")
+            run = json.loads(got.stdout)
+            return run if run["status"] == "succeeded" else None
+
+        try:
+            run_id = await wait_until(dispatched, 30, "the worker to register", step=0.2)
+            [pause] = await wait_until(paused, 30, "the refund to ask", step=0.2)
+            assert pause["name"] == "agent.tool:refund" and pause["run_id"] == run_id
+            approved = await shoal_cli(env, "approve", str(pause["id"]), "--by", "you")
+            assert approved.returncode == 0, approved.stderr
+            run = await wait_until(shown, 30, "the run to finish", step=0.2)
+        except BaseException:
+            print(procs.stderr_tail())
+            raise
+        assert run["output"] == "Done: refunded 40 usd on order A1."
+        assert [s["name"] for s in run["steps"]] == [  # type: ignore[union-attr]
+            "agent.model:support:1", "agent.tool:lookup_order", "agent.model:support:2",
+            "shoal.approval:agent.tool:refund", "agent.tool:refund", "agent.model:support:3"]
+        ledger = await shoal_cli(env, "-n", "support", "ledger", "--json")
+        rows = [json.loads(line) for line in ledger.stdout.splitlines()]
+        assert [(r["provider"], r["tokens"]) for r in rows] == [("openai", 220)] * 3
+    finally:
+        procs.cleanup()

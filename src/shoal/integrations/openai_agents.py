@@ -362,7 +362,7 @@ class DurableModel(Model):
     ) -> AsyncIterator[TResponseStreamEvent]:
         raise NotImplementedError(
             "Streaming is not supported inside a durable run: a stream cannot be replayed from "
-            "a checkpoint. run_agent calls Runner.run; report progress with ctx.progress(...).")
+            "a checkpoint. run_agent calls Runner.run, which does not stream.")
 
     async def close(self) -> None:
         if self._model is not None:
