@@ -140,6 +140,9 @@ async def run_agent(
                         f"{provider!r}.")
     if price is not None and not isinstance(price, Price):
         raise TypeError(f"run_agent(price=…) takes a Price, not {price!r}.")
+    if run_config is not None and not isinstance(run_config, RunConfig):
+        raise TypeError(f"run_agent(run_config=…) takes an agents.RunConfig, not "
+                        f"{run_config!r}.")
     if isinstance(estimate, bool) or not isinstance(estimate, int) or estimate < 0:
         raise ValueError(f"run_agent(estimate=…) takes an int >= 0 (tokens), not {estimate!r}.")
     durable = _DurableRun(ctx, provider, price, estimate, run_config or RunConfig())
