@@ -5,7 +5,7 @@ from shoal.app import App, DispatchItem, Workflow
 from shoal.clock import Clock, SystemClock
 from shoal.coord.lock import Lock
 from shoal.coord.membership import Assignment
-from shoal.coord.provider import Breaker, Provider, ProviderState
+from shoal.coord.provider import Aimd, Breaker, Provider, ProviderState
 from shoal.engine.context import ChildRun, Decision, RunContext
 from shoal.errors import (
     AdmissionRejectedError,
@@ -48,6 +48,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AbortSignal",
     "AdmissionRejectedError",
+    "Aimd",
     "App",
     "Assignment",
     "Breaker",

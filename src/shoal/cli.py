@@ -1033,6 +1033,8 @@ def ledger(ctx: click.Context, tenant: str | None, root_id: str | None, run_id: 
     table.add_column("tenant")
     table.add_column("run", no_wrap=True)
     table.add_column("root", no_wrap=True)
+    table.add_column("provider")
+    table.add_column("tokens", justify="right", no_wrap=True)
     table.add_column("amount", justify="right", no_wrap=True)
     table.add_column("currency")
     totals: dict[str, list[float]] = {}
@@ -1040,13 +1042,15 @@ def ledger(ctx: click.Context, tenant: str | None, root_id: str | None, run_id: 
         totals.setdefault(entry.currency, []).append(entry.amount)
         table.add_row(str(entry.id), _when(entry.at), escape(entry.tenant),
                       entry.run_id or "[dim]-[/]",
-                      entry.root_id or "[dim]-[/]", _amount(entry.amount),
-                      escape(entry.currency))
+                      entry.root_id or "[dim]-[/]",
+                      escape(entry.provider) if entry.provider else "[dim]-[/]",
+                      "[dim]-[/]" if entry.tokens is None else f"{entry.tokens:,}",
+                      _amount(entry.amount), escape(entry.currency))
     table.add_section()
     for currency in sorted(totals):
         amounts = totals[currency]
         count = f"{len(amounts)} row{'' if len(amounts) == 1 else 's'}"
-        table.add_row("", "[bold]total[/]", "", f"[dim]{count}[/]", "",
+        table.add_row("", "[bold]total[/]", "", f"[dim]{count}[/]", "", "", "",
                       f"[bold]{_amount(math.fsum(amounts))}[/]", escape(currency))
     console.print(table)
     if len(rows) == limit:

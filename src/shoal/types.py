@@ -461,7 +461,9 @@ class SpendEntry:
 
     ``id`` is given by the store when the row is written (None on an entry not written yet):
     strictly increasing within a namespace, in the order rows become visible to readers, never
-    reused, so ``ledger(after=rows[-1].id)`` reads on without a gap or a repeat."""
+    reused, so ``ledger(after=rows[-1].id)`` reads on without a gap or a repeat. ``provider``
+    and ``tokens``: the provider a priced call went through and the tokens it reported using
+    (``call.used(tokens=…)``); None for other spending."""
 
     tenant: str
     run_id: str | None
@@ -470,6 +472,8 @@ class SpendEntry:
     currency: str
     at: float
     id: int | None = None
+    provider: str | None = None
+    tokens: int | None = None
 
 
 # -- what a console reads (shoal.ports.RunInspection) ------------------------------------------

@@ -25,6 +25,7 @@ from sql_support import (
 )
 from test_postgres import URL, _open
 
+import shoal
 from shoal.backends._sql import migrations
 from shoal.backends.postgres import PostgresStore
 from shoal.backends.postgres.rates import _Q
@@ -378,3 +379,32 @@ async def test_prune_never_cuts_a_circuits_pair_behind_a_lock(schema: str) -> No
         assert got.totals[0] <= got.totals[1], f"the breaker looks tripped: {got.totals}"
     finally:
         await store.close()
+
+
+async def test_aimd_lowers_the_limit_for_every_replica_over_postgres(schema: str) -> None:
+    """A 429 on one replica lowers the concurrency limit the other replica, on a pool of its
+    own, admits calls under."""
+    from shoal.testing import VirtualClock
+
+    clock = VirtualClock()
+    stores = [await _open(schema), await _open(schema)]
+    apps = [shoal.App("aimd", store=s, clock=clock, instance_id=f"r{i}")
+            for i, s in enumerate(stores)]
+    a, b = (app.provider("openai", max_concurrent=6, aimd=shoal.Aimd()) for app in apps)
+    try:
+        async with apps[0].open(), apps[1].open():
+            async with a.call() as call:
+                call.rate_limited(retry_after=0)
+            assert (await b.state()).concurrency_limit == 3
+            held = [b.call() for _ in range(3)]
+            for h in held:
+                await h.__aenter__()
+            with pytest.raises(shoal.RateLimitTimeoutError, match="lowered by AIMD from 6"):
+                async with a.call(timeout=0):
+                    pass
+            for h in held:
+                await h.__aexit__(None, None, None)
+            assert (await a.state()).concurrency_limit == 4
+    finally:
+        for s in stores:
+            await s.close()

@@ -449,3 +449,26 @@ async def _prune_leaves_windows(rates: RateStore) -> None:
         await rates.window_add(NS, "w", 1, 60, None, T0 + i)
     assert await rates.prune_rates(NS, T0 + 10, 2) == 0
     assert (await rates.window_add(NS, "w", 0, 1000, None, T0 + 11)).total == 5
+
+
+async def test_aimd_lowers_the_limit_for_every_replica_over_redis(prefix: str) -> None:
+    """A 429 on one replica lowers the concurrency limit the other replica admits calls under:
+    AIMD's counters live in Redis beside the slots."""
+    clock = VirtualClock()
+    store = MemoryStore()
+    apps = [shoal.App("aimd", store=store, clock=clock, instance_id=f"r{i}",
+                      coordination=RedisCoordStore(URL, prefix=prefix)) for i in range(2)]
+    a, b = (app.provider("openai", max_concurrent=6, aimd=shoal.Aimd()) for app in apps)
+    async with apps[0].open(), apps[1].open():
+        async with a.call() as call:
+            call.rate_limited(retry_after=0)
+        assert (await b.state()).concurrency_limit == 3
+        held = [b.call() for _ in range(3)]
+        for h in held:
+            await h.__aenter__()
+        with pytest.raises(shoal.RateLimitTimeoutError, match="lowered by AIMD from 6"):
+            async with a.call(timeout=0):
+                pass
+        for h in held:
+            await h.__aexit__(None, None, None)
+        assert (await a.state()).concurrency_limit == 4     # 3 successes at 3: one slot back

@@ -244,7 +244,8 @@ def test_ledger_json_lists_rows_oldest_first_filtered_by_tenant_and_root(books: 
     assert [(r["tenant"], r["amount"], r["currency"]) for r in rows] == [
         ("acme", 0.1, "usd"), ("globex", 3.0, "eur"), ("acme", 1.25, "usd"),
         ("acme", 0.5, "eur"), ("acme", 0.2, "usd")]
-    assert set(rows[0]) == {"tenant", "run_id", "root_id", "amount", "currency", "at", "id"}
+    assert set(rows[0]) == {"tenant", "run_id", "root_id", "amount", "currency", "at", "id",
+                            "provider", "tokens"}
     assert [r["id"] for r in rows] == sorted({r["id"] for r in rows})
     assert rows[0]["run_id"] is None and rows[0]["root_id"] is None
     assert rows[2]["run_id"] == rows[2]["root_id"] == books.root

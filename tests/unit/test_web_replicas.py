@@ -210,7 +210,8 @@ async def test_providers_show_calls_windows_pauses_and_the_breaker() -> None:
         assert p["state"] == {"in_flight": 1, "requests_last_minute": 2,
                               "tokens_last_minute": 350, "paused_until": None,
                               "breaker": "closed", "open_until": None,
-                              "trial_in_flight": False, "failures_in_window": 0}
+                              "trial_in_flight": False, "failures_in_window": 0,
+                              "concurrency_limit": 4}
         assert q["state"]["breaker"] is None and q["state"]["failures_in_window"] is None
         leave.set()
         await task

@@ -33,6 +33,7 @@ from shoal.clock import Clock, SystemClock
 from shoal.coord.lock import LockManager, LockRequest, lock_keys
 from shoal.coord.membership import Listener, Membership
 from shoal.coord.provider import (
+    Aimd,
     Breaker,
     Budgets,
     Ledger,
@@ -723,6 +724,7 @@ class App:
         tenant_max_concurrent: int | None = None,
         tenant_requests_per_minute: int | None = None,
         tenant_tokens_per_minute: int | None = None,
+        aimd: Aimd | None = None,
     ) -> Provider:
         """A model provider's limits, shared by every replica of this app: at most
         ``max_concurrent`` calls at once, ``requests_per_minute`` and ``tokens_per_minute`` over
@@ -733,11 +735,14 @@ class App:
         ``tenant_max_concurrent``, ``tenant_requests_per_minute`` and
         ``tenant_tokens_per_minute`` cap each tenant on its own (the same caps for every tenant,
         counted over all replicas under keys that carry the tenant), on top of the
-        provider-wide limits: a tenant at its cap waits without holding up other tenants."""
+        provider-wide limits: a tenant at its cap waits without holding up other tenants.
+
+        ``aimd`` (a :class:`shoal.Aimd`) lowers ``max_concurrent`` for every replica after a 429
+        and raises it back as calls succeed."""
         check_provider_options(name, max_concurrent, requests_per_minute, tokens_per_minute,
                                breaker, price_per_token, tenant_max_concurrent,
                                tenant_requests_per_minute, tenant_tokens_per_minute,
-                               currency)
+                               currency, aimd)
         if name in self._providers:
             raise ConfigurationError(f"A provider named {name!r} is already defined; use "
                                      f"app.providers[{name!r}].")
@@ -748,7 +753,7 @@ class App:
             breaker=breaker, price_per_token=price_per_token, currency=currency,
             tenant_max_concurrent=tenant_max_concurrent,
             tenant_requests_per_minute=tenant_requests_per_minute,
-            tenant_tokens_per_minute=tenant_tokens_per_minute)
+            tenant_tokens_per_minute=tenant_tokens_per_minute, aimd=aimd)
         self._providers[name] = provider
         return provider
 

@@ -68,6 +68,29 @@ class Breaker:
 
 
 @dataclass(frozen=True)
+class Aimd:
+    """Adapt the provider's concurrency to its 429s, for every replica: a 429 multiplies the
+    limit of calls in flight by ``decrease`` (once per round of calls: the 429s of calls that
+    went before the limit was last lowered lower it no further), never below ``min_concurrent``;
+    each call that succeeds adds ``increase / limit`` back, so the limit grows by ``increase``
+    for every ``limit`` calls that succeed, up to ``max_concurrent``."""
+
+    decrease: float = 0.5
+    increase: float = 1.0
+    min_concurrent: int = 1
+
+    def __post_init__(self) -> None:
+        if (isinstance(self.decrease, bool) or not isinstance(self.decrease, (int, float))
+                or not 0 < self.decrease < 1):
+            raise ValueError(f"Aimd(decrease=…) takes a number between 0 and 1 (exclusive), "
+                             f"not {self.decrease!r}.")
+        if not _amount(self.increase) or self.increase == 0:
+            raise ValueError(f"Aimd(increase=…) takes a finite number > 0, not "
+                             f"{self.increase!r}.")
+        _checks.integer(self.min_concurrent, "Aimd(min_concurrent)", _checks.VALUE, low=1)
+
+
+@dataclass(frozen=True)
 class Budgets:
     """Spending limits in ``currency``: per run, per root run (its whole tree), per tenant per
     UTC day (``tenants`` overrides ``per_tenant_day`` for named tenants)."""
@@ -145,16 +168,19 @@ class Ledger:
         return scopes
 
     async def record(self, who: Spender, amount: float, currency: str,
-                     reserved: float = 0.0, scopes: list[Scope] | None = None) -> None:
+                     reserved: float = 0.0, scopes: list[Scope] | None = None,
+                     provider: str | None = None, tokens: int | None = None) -> None:
         """Record ``amount`` actually spent (in the ledger and every budget), replacing a
         reservation of ``reserved`` made under ``scopes`` (what :meth:`reserve` returned;
-        default: the budgets that apply now). Never refused: the money is spent."""
+        default: the budgets that apply now). Never refused: the money is spent. ``provider``
+        and ``tokens`` go into the ledger's row: what a provider call spent on."""
         now = self.clock.now()
         if scopes is None:
             scopes = self._scopes(who, currency, now)
         if amount == 0 and reserved == 0:
             return                   # nothing spent, nothing reserved: nothing to write
-        entry = SpendEntry(who.tenant, who.run_id, who.root_id, amount, currency, now)
+        entry = SpendEntry(who.tenant, who.run_id, who.root_id, amount, currency, now,
+                           provider=provider, tokens=tokens)
         await self._rates().counter_add(
             self.namespace, [k for k, _, _ in scopes], [amount - reserved] * len(scopes),
             [None] * len(scopes), now, entry if amount else None)
@@ -254,6 +280,7 @@ class _Taken:
     tenant_slot: bool = False           # a slot under the tenant's own concurrency cap
     tenant_request_at: float | None = None  # its entry in the tenant's requests window
     tenant_tokens_at: float | None = None   # its estimate in the tenant's tokens window
+    aimd: tuple[int, float, float] | None = None   # AIMD as the call went: (limit, cut, lowered)
 
 
 @dataclass(frozen=True)
@@ -303,7 +330,9 @@ class ProviderState:
     matching limit is set); ``paused_until``: the end of the pause after a 429, if in force;
     ``breaker``: None without a breaker, else ``closed``, ``open`` (until ``open_until``) or
     ``half-open`` (the cooldown is over: one trial call may go; ``trial_in_flight`` while it
-    runs); ``failures_in_window``: failed calls counted in the breaker's window."""
+    runs); ``failures_in_window``: failed calls counted in the breaker's window;
+    ``concurrency_limit``: the calls in flight admitted now, ``max_concurrent`` lowered by AIMD
+    after 429s (None without ``max_concurrent``)."""
 
     at: float
     in_flight: int
@@ -314,6 +343,7 @@ class ProviderState:
     open_until: float | None
     trial_in_flight: bool
     failures_in_window: float | None
+    concurrency_limit: int | None = None
 
 
 class Provider:
@@ -359,7 +389,8 @@ class Provider:
                  breaker: Breaker | None, price_per_token: float | None, currency: str,
                  tenant_max_concurrent: int | None = None,
                  tenant_requests_per_minute: int | None = None,
-                 tenant_tokens_per_minute: int | None = None) -> None:
+                 tenant_tokens_per_minute: int | None = None,
+                 aimd: Aimd | None = None) -> None:
         self.name = name
         self._rates = rates
         self.clock = clock
@@ -373,6 +404,7 @@ class Provider:
         self.tenant_requests_per_minute = tenant_requests_per_minute
         self.tenant_tokens_per_minute = tenant_tokens_per_minute
         self.breaker = breaker
+        self.aimd = aimd
         self.price_per_token = price_per_token
         self.currency = currency
         self._turns = _RoundRobin()
@@ -383,7 +415,8 @@ class Provider:
                      "tokens": f"{k}:tokens", "cooldown": f"{k}:cooldown",
                      "failures": f"{k}:failures", "open": f"{k}:circuit-open",
                      "trial": f"{k}:circuit-trial", "opened": f"{k}:circuit-opened",
-                     "closed": f"{k}:circuit-reclosed"}
+                     "closed": f"{k}:circuit-reclosed", "cut": f"{k}:aimd-cut",
+                     "lowered": f"{k}:aimd-lowered"}
 
     def tenant_keys(self, tenant: str) -> dict[str, str]:
         """The store keys of ``tenant``'s own caps on this provider."""
@@ -444,7 +477,8 @@ class Provider:
             windows.append((k["failures"], self.breaker.window))
         got = await self._rates().read_rates(
             self.namespace, now, slots=[k["slots"], k["trial"]], windows=windows,
-            pauses=[k["cooldown"], k["open"]], counters=[k["opened"], k["closed"]])
+            pauses=[k["cooldown"], k["open"]],
+            counters=[k["opened"], k["closed"], *((k["cut"],) if self.aimd else ())])
         breaker: str | None = None
         if self.breaker is not None:
             tripped = got.counters[k["opened"]] > got.counters[k["closed"]]
@@ -458,7 +492,9 @@ class Provider:
             open_until=got.pauses[k["open"]] if self.breaker is not None else None,
             trial_in_flight=got.slots[k["trial"]] > 0,
             failures_in_window=(got.windows[k["failures"]] if self.breaker is not None
-                                else None))
+                                else None),
+            concurrency_limit=(self._limit(got.counters[k["cut"]]) if self.aimd is not None
+                               else self.max_concurrent))
 
     # -- what a call does -----------------------------------------------------------------
 
@@ -508,13 +544,15 @@ class Provider:
             [None, None], now)
         return got.totals[0], got.totals[1]
 
-    def _needs(self, tenant: str, tokens: int) -> list[tuple[Need, str, bool]]:
+    def _needs(self, tenant: str, tokens: int,
+               limit: int | None = None) -> list[tuple[Need, str, bool]]:
         """What a call of ``tenant`` estimated at ``tokens`` needs from the store, in the order
         admission looks at it: ``(need, the limit it is for, whether it is the tenant's own
         cap)``. The breaker first; each tenant cap before the matching provider-wide limit, so a
         capped tenant is refused as such (and never counted against the provider's limits); the
         429 pause after the slot (a call that got a 429 pauses the provider before it frees its
-        slot: the call that takes that slot sees the pause)."""
+        slot: the call that takes that slot sees the pause). ``limit``: the concurrency limit
+        AIMD lowered ``max_concurrent`` to."""
         k, tk = self.keys, self.tenant_keys(tenant)
         needs: list[tuple[Need, str, bool]] = []
         if self.breaker is not None:
@@ -524,8 +562,10 @@ class Provider:
             needs.append((SlotNeed(tk["slots"], self.tenant_max_concurrent, SLOT_LEASE),
                           f"tenant_max_concurrent={self.tenant_max_concurrent}", True))
         if self.max_concurrent is not None:
-            needs.append((SlotNeed(k["slots"], self.max_concurrent, SLOT_LEASE),
-                          f"max_concurrent={self.max_concurrent}", False))
+            why = (f"max_concurrent={self.max_concurrent}" if limit is None
+                   else f"max_concurrent={limit} (lowered by AIMD from {self.max_concurrent})")
+            needs.append((SlotNeed(k["slots"], limit or self.max_concurrent, SLOT_LEASE), why,
+                          False))
         needs.append((PauseNeed(k["cooldown"]), "the pause after a 429", False))
         if self.tenant_requests_per_minute is not None:
             needs.append((WindowNeed(tk["requests"], 1, MINUTE, self.tenant_requests_per_minute),
@@ -551,11 +591,14 @@ class Provider:
 
         Each attempt is one atomic store operation (:meth:`RateStore.admit`, all or nothing):
         a refused attempt holds nothing, so there is nothing to give back before waiting."""
-        listed = self._needs(taken.tenant, tokens)
-        needs = [need for need, _, _ in listed]
         try:
             while True:
                 now = self.clock.now()
+                if self.aimd is not None:   # the limit in force now, as every replica lowered it
+                    taken.aimd = await self._answer(self._aimd_read(now), deadline)
+                listed = self._needs(taken.tenant, tokens,
+                                     None if taken.aimd is None else taken.aimd[0])
+                needs = [need for need, _, _ in listed]
                 # slots are marked before they are asked for (see _Taken); a window entry only
                 # once the store has answered
                 taken.trial = self.breaker is not None
@@ -685,6 +728,58 @@ class Provider:
         log.warning("provider.circuit_open: %s after %g failures in %g s; until %s",
                     self.name, failures.total, self.breaker.window, until,
                     extra=self._fields("provider.circuit_open"))
+
+    # -- AIMD: the concurrency limit after 429s ------------------------------------------------
+    #
+    # Two counters in the store, shared by every replica: ``aimd-cut``, how far the limit is
+    # below max_concurrent (a float: successes give it back a fraction at a time), and
+    # ``aimd-lowered``, how many times a 429 lowered it. A call remembers both as it goes; its 429
+    # lowers the limit only if nobody lowered it since (``lowered`` + 1 under the limit of the
+    # value it saw, one atomic counter_add): the 429s of a round of calls that went together
+    # lower it once, as TCP halves its window once per round trip.
+
+    def _limit(self, cut: float) -> int:
+        """The concurrency limit with the limit cut by ``cut``."""
+        assert self.aimd is not None and self.max_concurrent is not None
+        return max(self.aimd.min_concurrent, min(self.max_concurrent, math.floor(
+            self.max_concurrent - max(0.0, cut) + 1e-9)))
+
+    async def _aimd_read(self, now: float) -> tuple[int, float, float]:
+        """(the limit in force, the cut, the times lowered), read without writing."""
+        k = self.keys
+        got = await self._rates().read_rates(self.namespace, now,
+                                             counters=[k["cut"], k["lowered"]])
+        cut = got.counters[k["cut"]]
+        return self._limit(cut), cut, got.counters[k["lowered"]]
+
+    async def _aimd_lower(self, taken: _Taken) -> None:
+        """A 429: multiply the limit by ``decrease``, unless it was lowered since the call went."""
+        assert self.aimd is not None and self.max_concurrent is not None
+        if taken.aimd is None:
+            return
+        rates, ns, k, now = self._rates(), self.namespace, self.keys, self.clock.now()
+        limit, cut, lowered = await self._aimd_read(now)
+        if lowered > taken.aimd[2] or limit <= self.aimd.min_concurrent:
+            return
+        to = max(self.aimd.min_concurrent, math.floor(limit * self.aimd.decrease))
+        got = await rates.counter_add(ns, [k["lowered"], k["cut"]],
+                                      [1.0, self.max_concurrent - to - cut],
+                                      [taken.aimd[2] + 1, None], now)
+        if got.added:
+            log.warning("provider.concurrency_lowered: %s: %d calls at once, was %d, after a 429",
+                        self.name, to, limit, extra={"event": "provider.concurrency_lowered"})
+
+    async def _aimd_raise(self, taken: _Taken) -> None:
+        """A success: give back ``increase / limit`` of a slot, if the limit is lowered."""
+        assert self.aimd is not None
+        if taken.aimd is None or taken.aimd[1] <= 0:
+            return          # at max_concurrent as the call went: nothing to write
+        rates, ns, k, now = self._rates(), self.namespace, self.keys, self.clock.now()
+        limit, cut, _ = taken.aimd
+        got = await rates.counter_add(ns, [k["cut"]], [-min(cut, self.aimd.increase / limit)],
+                                      [None], now)
+        if got.totals[0] < 0:   # successes on several replicas at once gave back too much
+            await rates.counter_add(ns, [k["cut"]], [-got.totals[0]], [None], now)
 
     async def _succeeded(self, taken: _Taken) -> None:
         if not taken.trial or self.breaker is None:
@@ -855,10 +950,14 @@ class ProviderCall:
         now = p.clock.now()
         if self._retry_after is not None:
             await self._step("pause the provider after a 429", self._pause(now))
+            if p.aimd is not None:
+                await self._step("lower the concurrency limit", p._aimd_lower(taken))
         if self._retry_after is not None:
             pass    # a 429 says nothing about an outage (a trial frees its slot for the next)
         elif error is None:
             await self._step("close the circuit", p._succeeded(taken))
+            if p.aimd is not None:
+                await self._step("raise the concurrency limit", p._aimd_raise(taken))
         elif isinstance(error, Exception) and not isinstance(error, BudgetExceededError):
             await self._step("count the failure", p._failed(taken))
         if self._used_tokens is not None and p.tokens_per_minute is not None:
@@ -886,7 +985,8 @@ class ProviderCall:
                     if self._used_tokens is not None and p.price_per_token else self._estimate)
         assert self.spender is not None
         await self._step("record the cost", p.ledger.record(
-            self.spender, cost, p.currency, reserved=self._estimate, scopes=self._scopes))
+            self.spender, cost, p.currency, reserved=self._estimate, scopes=self._scopes,
+            provider=p.name, tokens=self._used_tokens))
 
     async def _pause(self, now: float) -> None:
         p = self.provider
@@ -914,7 +1014,7 @@ def check_provider_options(name: str, max_concurrent: Any, requests_per_minute: 
                            tenant_max_concurrent: Any = None,
                            tenant_requests_per_minute: Any = None,
                            tenant_tokens_per_minute: Any = None,
-                           currency: Any = "usd") -> None:
+                           currency: Any = "usd", aimd: Any = None) -> None:
     """Raise ``ValueError`` naming the first option of ``app.provider(...)`` that cannot
     work."""
     _checks.text(name, "app.provider(name)", _checks.VALUE)
@@ -937,3 +1037,11 @@ def check_provider_options(name: str, max_concurrent: Any, requests_per_minute: 
         raise ValueError(f"app.provider({name!r}, price_per_token=…) takes a finite number "
                          f">= 0, not {price_per_token!r}.")
     _checks.text(currency, f"app.provider({name!r}, currency)", _checks.VALUE)
+    if aimd is not None and not isinstance(aimd, Aimd):
+        raise ValueError(f"app.provider({name!r}, aimd=…) takes a shoal.Aimd, not {aimd!r}.")
+    if aimd is not None and max_concurrent is None:
+        raise ValueError(f"app.provider({name!r}, aimd=…) adapts max_concurrent: give "
+                         f"max_concurrent too.")
+    if aimd is not None and aimd.min_concurrent > max_concurrent:
+        raise ValueError(f"app.provider({name!r}): Aimd(min_concurrent={aimd.min_concurrent}) "
+                         f"is above max_concurrent={max_concurrent}.")

@@ -192,14 +192,15 @@ def step_dicts(steps: tuple[StepRecord, ...], started_at: float | None) -> list[
 
 
 def spend_dict(rows: list[SpendEntry]) -> dict[str, Any]:
-    """``{"entries": [{"id", "tenant", "run_id", "root_id", "amount", "currency", "at"}],
-    "total": {currency: sum}}``."""
+    """``{"entries": [{"id", "tenant", "run_id", "root_id", "amount", "currency", "at",
+    "provider", "tokens"}], "total": {currency: sum}}``."""
     total: dict[str, float] = {}
     for r in rows:
         total[r.currency] = total.get(r.currency, 0.0) + r.amount
     return {"entries": [{"id": r.id, "tenant": r.tenant, "run_id": r.run_id,
                          "root_id": r.root_id, "amount": r.amount, "currency": r.currency,
-                         "at": r.at} for r in rows],
+                         "at": r.at, "provider": r.provider, "tokens": r.tokens}
+                        for r in rows],
             "total": total}
 
 
@@ -313,7 +314,8 @@ def provider_state_dict(state: ProviderState) -> dict[str, Any]:
             "tokens_last_minute": state.tokens_last_minute,
             "paused_until": state.paused_until, "breaker": state.breaker,
             "open_until": state.open_until, "trial_in_flight": state.trial_in_flight,
-            "failures_in_window": state.failures_in_window}
+            "failures_in_window": state.failures_in_window,
+            "concurrency_limit": state.concurrency_limit}
 
 
 # -- the console -------------------------------------------------------------------------------
@@ -534,8 +536,9 @@ class Console:
         hold and used now, read from the store without writing (``provider.state()``; None
         and ``error`` when the store cannot be read): ``{"in_flight", "requests_last_minute",
         "tokens_last_minute", "paused_until", "breaker": "closed"|"open"|"half-open"|None,
-        "open_until", "trial_in_flight", "failures_in_window"}``. ``open_until``: the breaker
-        is open until then; ``paused_until``: a 429's pause (both repeated from ``state``)."""
+        "open_until", "trial_in_flight", "failures_in_window", "concurrency_limit"}``.
+        ``open_until``: the breaker is open until then; ``paused_until``: a 429's pause (both
+        repeated from ``state``)."""
         out = []
         for p in self.app.providers.values():
             b = p.breaker

@@ -1484,9 +1484,11 @@ WITH RECURSIVE step AS (
     WHERE verdict.over IS NULL AND rate_counters.namespace = %(namespace)s
       AND rate_counters.key = last.key
 ), logged AS (
-    INSERT INTO cost_ledger (namespace, tenant, run_id, root_id, amount, currency, at)
+    INSERT INTO cost_ledger (namespace, tenant, run_id, root_id, amount, currency, at, provider,
+                             tokens)
     SELECT %(namespace)s::text, %(tenant)s::text, %(run_id)s::text, %(root_id)s::text,
-           %(amount)s::double precision, %(currency)s::text, %(at)s::double precision
+           %(amount)s::double precision, %(currency)s::text, %(at)s::double precision,
+           %(provider)s::text, %(tokens)s::bigint
     FROM verdict WHERE verdict.over IS NULL AND %(entry)s::boolean
 )
 SELECT c.i, c.total, r.total AS before, verdict.over
@@ -1501,7 +1503,7 @@ ORDER BY c.i;
 -- matches. The other cost_ledger_of_* statements are the same, each walking the index of its
 -- narrowest filter (a run, then a root, then a tenant) from :after; the other filters, and
 -- :since/:until on at (the writer's clock, not in id order), are checked on the rows walked.
-SELECT id, tenant, run_id, root_id, amount, currency, at FROM cost_ledger
+SELECT id, tenant, run_id, root_id, amount, currency, at, provider, tokens FROM cost_ledger
 WHERE namespace = %(namespace)s AND id > %(after)s
   AND (%(since)s::double precision IS NULL OR at >= %(since)s)
   AND (%(until)s::double precision IS NULL OR at < %(until)s)
@@ -1509,7 +1511,7 @@ ORDER BY id
 LIMIT %(limit)s;
 
 -- name: cost_ledger_of_tenant
-SELECT id, tenant, run_id, root_id, amount, currency, at FROM cost_ledger
+SELECT id, tenant, run_id, root_id, amount, currency, at, provider, tokens FROM cost_ledger
 WHERE namespace = %(namespace)s AND tenant = %(tenant)s AND id > %(after)s
   AND (%(since)s::double precision IS NULL OR at >= %(since)s)
   AND (%(until)s::double precision IS NULL OR at < %(until)s)
@@ -1517,7 +1519,7 @@ ORDER BY id
 LIMIT %(limit)s;
 
 -- name: cost_ledger_of_root
-SELECT id, tenant, run_id, root_id, amount, currency, at FROM cost_ledger
+SELECT id, tenant, run_id, root_id, amount, currency, at, provider, tokens FROM cost_ledger
 WHERE namespace = %(namespace)s AND root_id = %(root_id)s AND id > %(after)s
   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
   AND (%(since)s::double precision IS NULL OR at >= %(since)s)
@@ -1526,7 +1528,7 @@ ORDER BY id
 LIMIT %(limit)s;
 
 -- name: cost_ledger_of_run
-SELECT id, tenant, run_id, root_id, amount, currency, at FROM cost_ledger
+SELECT id, tenant, run_id, root_id, amount, currency, at, provider, tokens FROM cost_ledger
 WHERE namespace = %(namespace)s AND run_id = %(run_id)s AND id > %(after)s
   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
   AND (%(root_id)s::text IS NULL OR root_id = %(root_id)s)

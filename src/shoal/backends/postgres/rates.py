@@ -250,10 +250,11 @@ class PostgresRateLimits:
             "namespace": namespace, "keys": list(keys), "amounts": [float(a) for a in amounts],
             "limits": [None if x is None else float(x) for x in limits], "now": float(now),
             "entry": entry is not None, "tenant": None, "run_id": None, "root_id": None,
-            "amount": None, "currency": None, "at": None}
+            "amount": None, "currency": None, "at": None, "provider": None, "tokens": None}
         if entry is not None:
             args.update(tenant=entry.tenant, run_id=entry.run_id, root_id=entry.root_id,
-                        amount=float(entry.amount), currency=entry.currency, at=float(entry.at))
+                        amount=float(entry.amount), currency=entry.currency, at=float(entry.at),
+                        provider=entry.provider, tokens=entry.tokens)
         steps = [(_Q["rate_counter_keys_create"], args), (_Q["rate_counter_keys"], args)]
         if entry is not None:   # after the counters' locks, as every spend takes them
             steps.append(self._rate_lock("ledger", namespace, ""))
@@ -280,7 +281,7 @@ class PostgresRateLimits:
             "since": None if since is None else float(since),
             "until": None if until is None else float(until)})])
         return [SpendEntry(r["tenant"], r["run_id"], r["root_id"], r["amount"], r["currency"],
-                           r["at"], r["id"]) for r in rows]
+                           r["at"], r["id"], r["provider"], r["tokens"]) for r in rows]
 
     # -- retention -----------------------------------------------------------------------------
 

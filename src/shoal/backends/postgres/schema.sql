@@ -452,7 +452,9 @@ CREATE TABLE cost_ledger (
     root_id   text,
     amount    double precision NOT NULL,
     currency  text NOT NULL,
-    at        double precision NOT NULL
+    at        double precision NOT NULL,
+    provider  text,
+    tokens    bigint
 );
 CREATE INDEX cost_ledger_tenant ON cost_ledger (namespace, tenant, id);
 CREATE INDEX cost_ledger_root ON cost_ledger (namespace, root_id, id);
@@ -517,4 +519,5 @@ FROM (VALUES (1, '0001_runs.sql'),
              (17, '0017_member_beats.sql'),
              (18, '0018_step_timeline.sql'),
              (19, '0019_run_progress.sql'),
-             (20, '0020_graph_checkpoints.sql')) AS applied (version, name);
+             (20, '0020_graph_checkpoints.sql'),
+             (21, '0021_ledger_tokens.sql')) AS applied (version, name);

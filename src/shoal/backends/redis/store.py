@@ -922,10 +922,14 @@ class RedisCoordStore:
     @staticmethod
     def _ledger_row(e: SpendEntry) -> str:
         # encoded here, not by the script's cjson (which keeps 14 digits): floats read back exact
-        return json.dumps([e.tenant, e.run_id, e.root_id, e.amount, e.currency, e.at],
-                          separators=(",", ":"))
+        fields = [e.tenant, e.run_id, e.root_id, e.amount, e.currency, e.at]
+        if e.provider is not None or e.tokens is not None:
+            fields += [e.provider, e.tokens]
+        return json.dumps(fields, separators=(",", ":"))
 
     @staticmethod
     def _ledger_entry(row: str, id: int) -> SpendEntry:
-        tenant, run_id, root_id, amount, currency, at = json.loads(row)
-        return SpendEntry(tenant, run_id, root_id, amount, currency, at, id)
+        # a row of other spending (or written before tokens were kept) has six fields
+        tenant, run_id, root_id, amount, currency, at, *more = json.loads(row)
+        provider, tokens = more if more else (None, None)
+        return SpendEntry(tenant, run_id, root_id, amount, currency, at, id, provider, tokens)

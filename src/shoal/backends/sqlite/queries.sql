@@ -744,8 +744,9 @@ ON CONFLICT (namespace, key) DO UPDATE
 SET total = excluded.total, updated_at = excluded.updated_at;
 
 -- name: cost_ledger_add
-INSERT INTO cost_ledger (namespace, tenant, run_id, root_id, amount, currency, at)
-VALUES (:namespace, :tenant, :run_id, :root_id, :amount, :currency, :at);
+INSERT INTO cost_ledger (namespace, tenant, run_id, root_id, amount, currency, at, provider,
+                         tokens)
+VALUES (:namespace, :tenant, :run_id, :root_id, :amount, :currency, :at, :provider, :tokens);
 
 -- name: cost_ledger
 -- A page of the ledger (shoal.ports.RateStore.ledger): rows with id > :after in id order, the
@@ -753,7 +754,7 @@ VALUES (:namespace, :tenant, :run_id, :root_id, :amount, :currency, :at);
 -- matches. The other cost_ledger_of_* statements are the same, each walking the index of its
 -- narrowest filter (a run, then a root, then a tenant) from :after; the other filters, and
 -- :since/:until on at (the writer's clock, not in id order), are checked on the rows walked.
-SELECT id, tenant, run_id, root_id, amount, currency, at
+SELECT id, tenant, run_id, root_id, amount, currency, at, provider, tokens
 FROM cost_ledger INDEXED BY cost_ledger_namespace
 WHERE namespace = :namespace AND id > :after
   AND (:since IS NULL OR at >= :since) AND (:until IS NULL OR at < :until)
@@ -761,7 +762,7 @@ ORDER BY id
 LIMIT :limit;
 
 -- name: cost_ledger_of_tenant
-SELECT id, tenant, run_id, root_id, amount, currency, at
+SELECT id, tenant, run_id, root_id, amount, currency, at, provider, tokens
 FROM cost_ledger INDEXED BY cost_ledger_tenant
 WHERE namespace = :namespace AND tenant = :tenant AND id > :after
   AND (:since IS NULL OR at >= :since) AND (:until IS NULL OR at < :until)
@@ -769,7 +770,7 @@ ORDER BY id
 LIMIT :limit;
 
 -- name: cost_ledger_of_root
-SELECT id, tenant, run_id, root_id, amount, currency, at
+SELECT id, tenant, run_id, root_id, amount, currency, at, provider, tokens
 FROM cost_ledger INDEXED BY cost_ledger_root
 WHERE namespace = :namespace AND root_id = :root_id AND id > :after
   AND (:tenant IS NULL OR tenant = :tenant)
@@ -778,7 +779,7 @@ ORDER BY id
 LIMIT :limit;
 
 -- name: cost_ledger_of_run
-SELECT id, tenant, run_id, root_id, amount, currency, at
+SELECT id, tenant, run_id, root_id, amount, currency, at, provider, tokens
 FROM cost_ledger INDEXED BY cost_ledger_run
 WHERE namespace = :namespace AND run_id = :run_id AND id > :after
   AND (:tenant IS NULL OR tenant = :tenant) AND (:root_id IS NULL OR root_id = :root_id)

@@ -243,7 +243,8 @@ class SQLiteRateLimits:
                 db.execute(_Q["cost_ledger_add"], {
                     "namespace": namespace, "tenant": entry.tenant, "run_id": entry.run_id,
                     "root_id": entry.root_id, "amount": entry.amount,
-                    "currency": entry.currency, "at": entry.at})
+                    "currency": entry.currency, "at": entry.at, "provider": entry.provider,
+                    "tokens": entry.tokens})
         return CounterResult(True, after)
 
     async def ledger(
@@ -265,7 +266,7 @@ class SQLiteRateLimits:
         finally:
             cur.close()     # no read snapshot left open
         return [SpendEntry(r["tenant"], r["run_id"], r["root_id"], r["amount"], r["currency"],
-                           r["at"], r["id"]) for r in rows]
+                           r["at"], r["id"], r["provider"], r["tokens"]) for r in rows]
 
     # -- retention -----------------------------------------------------------------------------
 

@@ -367,7 +367,9 @@ CREATE TABLE cost_ledger (
     root_id   TEXT,
     amount    REAL NOT NULL,
     currency  TEXT NOT NULL,
-    at        REAL NOT NULL
+    at        REAL NOT NULL,
+    provider  TEXT,
+    tokens    INTEGER
 );
 CREATE INDEX cost_ledger_tenant ON cost_ledger (namespace, tenant, id);
 CREATE INDEX cost_ledger_root ON cost_ledger (namespace, root_id, id);
@@ -432,4 +434,5 @@ FROM (VALUES (1, '0001_runs.sql'),
              (17, '0017_member_beats.sql'),
              (18, '0018_step_timeline.sql'),
              (19, '0019_run_progress.sql'),
-             (20, '0020_graph_checkpoints.sql'));
+             (20, '0020_graph_checkpoints.sql'),
+             (21, '0021_ledger_tokens.sql'));

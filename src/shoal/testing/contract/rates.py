@@ -447,6 +447,23 @@ class RateContract:
         assert await other.ledger(NS, run_id="r2") == [rows[1]]
         assert await rates.ledger("elsewhere") == []
 
+    async def test_the_ledger_keeps_the_provider_and_tokens_of_a_row(
+        self, rates: RateStore, other: RateStore
+    ) -> None:
+        """A priced provider call's row names its provider and the tokens it used; a row of
+        other spending leaves both None. Every filter reads them back."""
+        call = SpendEntry("t1", "r1", "r1", 0.0125, "usd", T0, provider="openai", tokens=1250)
+        other_spend = SpendEntry("t1", "r1", "r1", 0.05, "usd", T0 + 1)
+        large = SpendEntry("t1", None, None, 9.5, "usd", T0 + 2, provider="p", tokens=3 * 2**31)
+        for i, e in enumerate((call, other_spend, large)):
+            await (rates, other)[i % 2].counter_add(NS, ["c"], [e.amount], [None], e.at, e)
+        rows = await rates.ledger(NS)
+        assert [unwritten(r) for r in rows] == [call, other_spend, large]
+        for read in (other.ledger(NS, tenant="t1"), other.ledger(NS, root_id="r1"),
+                     other.ledger(NS, run_id="r1")):
+            assert [(r.provider, r.tokens) for r in await read][:2] == [
+                ("openai", 1250), (None, None)]
+
     async def test_the_ledger_pages_by_id_without_gaps_or_repeats(
         self, rates: RateStore, other: RateStore
     ) -> None:
