@@ -218,9 +218,15 @@ def _load_app(spec: str) -> App:
 @click.option("--concurrency", envvar=CONCURRENCY_ENV, default=None, metavar="N",
               help="Runs this worker executes at once, instead of the app's "
                    f"max_concurrent_runs [env {CONCURRENCY_ENV}].")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, metavar="PORT",
+              help="Serve Prometheus metrics over HTTP on this port (/metrics), turning the "
+                   "app's metrics on if it did not (needs shoal[metrics]).")
+@click.option("--metrics-host", default="0.0.0.0", show_default=True, metavar="HOST",
+              help="The address --metrics-port listens on (127.0.0.1: this machine only).")
 @click.pass_context
 def worker(ctx: click.Context, app_spec: str, log_level: str, shutdown_timeout: float,
-           no_migrate: bool, concurrency: str | None) -> None:
+           no_migrate: bool, concurrency: str | None, metrics_port: int | None,
+           metrics_host: str) -> None:
     """Serve the App MODULE:APP until SIGTERM or SIGINT, then stop gracefully.
 
     The app names its own store; build it with shoal.App.from_env() to take SHOAL_STORE,
@@ -241,9 +247,35 @@ def worker(ctx: click.Context, app_spec: str, log_level: str, shutdown_timeout: 
         app.migrate = False
     if slots is not None:
         app.max_concurrent_runs = slots
+    stop_metrics = None
+    if metrics_port is not None:
+        stop_metrics = _serve_metrics(app, metrics_host, metrics_port)
     click.echo(f"shoal worker: serving {app!r}, max_concurrent_runs={app.max_concurrent_runs}; "
                f"SIGTERM or Ctrl-C stops it gracefully.", err=True)
-    app.run_forever(timeout=shutdown_timeout)
+    try:
+        app.run_forever(timeout=shutdown_timeout)
+    finally:
+        if stop_metrics is not None:
+            stop_metrics()
+
+
+def _serve_metrics(app: App, host: str, port: int) -> Callable[[], None]:
+    """Turn the app's metrics on (unless it did) and serve them on ``host:port``; a clear
+    error when the extra is missing or the port cannot be bound."""
+    if app.metrics is None:
+        try:
+            from shoal.telemetry.metrics import PrometheusMetrics
+        except ImportError as e:
+            raise click.ClickException(f"--metrics-port needs the metrics extra: pip install "
+                                       f"'shoal[metrics]' ({e}).") from None
+        app.metrics = app.instrument(PrometheusMetrics())
+    try:
+        stop = app.metrics.serve(port, host)
+    except OSError as e:
+        raise click.ClickException(f"--metrics-port: cannot listen on {host}:{port}: "
+                                   f"{e.strerror or e}.") from None
+    click.echo(f"shoal worker: metrics on http://{host}:{port}/metrics", err=True)
+    return stop
 
 
 # -- runs ------------------------------------------------------------------------------------

@@ -11,12 +11,13 @@ import os
 import signal as signals
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeVar, overload
 
 from shoal import _checks, _ids, _json
 from shoal._checks import CALL, CONFIG
 from shoal.abort import AbortSignal
 from shoal.app.host import Host
+from shoal.app.metrics import AppMetrics, metrics_sink
 from shoal.app.options import (
     CONCURRENCY_ENV,
     MAX_BATCH_BYTES,
@@ -81,10 +82,16 @@ from shoal.types import (
     Stats,
 )
 
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from shoal.telemetry.metrics import PrometheusMetrics
+
 log = logging.getLogger("shoal")
 
 P = ParamSpec("P")
 R = TypeVar("R")
+SinkT = TypeVar("SinkT", bound=Telemetry)
 WorkflowFunction = Callable[[RunContext, Any], Awaitable[Any]]
 KeyFn = Callable[[Any], "str | None"]
 
@@ -145,6 +152,7 @@ class App:
         heartbeat: float | None = None,
         migrate: bool = True,
         max_payload_bytes: int = _json.MAX_PAYLOAD_BYTES,
+        metrics: bool | CollectorRegistry | PrometheusMetrics = False,
     ) -> None:
         check_app_options(namespace, store, instance_id, max_concurrent_runs, lease, clock,
                            version, max_queued, admission, membership_interval,
@@ -187,9 +195,15 @@ class App:
         # timing each call once a sink wants store calls (see instrument)
         self._calls: Store = self.store
         self._coord_calls: CoordStore | None = self._coord_store
+        # Prometheus metrics (docs/observability.md): a sink fed like any other, and what a
+        # started app's scrapes read of its engine and its store
+        self.metrics: PrometheusMetrics | None = metrics_sink(metrics)
+        self._app_metrics: AppMetrics | None = None
         self._opened = False
         self._started = False
         self._stopping = False
+        if self.metrics is not None:
+            self.instrument(self.metrics)
 
     def __repr__(self) -> str:
         return (f"<shoal.App {self.namespace!r} instance={self.instance_id!r} "
@@ -362,7 +376,7 @@ class App:
             self._engine.kick()
         return entry
 
-    def instrument(self, sink: Telemetry) -> Telemetry:
+    def instrument(self, sink: SinkT) -> SinkT:
         """Add a telemetry sink: a :class:`shoal.telemetry.Telemetry` subclass whose hooks
         (run claimed, attempt started and ended, step, delivery, lock wait, provider call...)
         feed metrics or traces of your own. Add it before ``start()``; a sink that raises is
@@ -455,6 +469,9 @@ class App:
         membership = self._membership_for() if self._coordinates() else None
         engine.start()
         self._maintenance.start()
+        if self.metrics is not None:
+            self._app_metrics = AppMetrics(self, self.metrics, self._registry.on_error)
+            self._app_metrics.start()
         if membership is not None:
             membership.start()
         else:
@@ -473,6 +490,9 @@ class App:
             engine, self._engine = self._engine, None
             maintenance, self._maintenance = self._maintenance, None
             try:
+                if self._app_metrics is not None:
+                    await self._app_metrics.stop()
+                    self._app_metrics = None
                 if self._membership is not None:
                     await self._membership.stop()
                 if maintenance is not None:
