@@ -398,3 +398,29 @@ async def test_the_console_serves_the_apps_metrics_behind_its_token() -> None:
     assert scraped.headers["content-type"].startswith("text/plain; version=")
     assert 'shoal_runs_finished_total{status="succeeded",workflow="job"} 1.0' in scraped.text
     assert absent.status_code == 404 and "App(metrics=True)" in absent.json()["error"]
+
+
+async def test_dispatch_in_the_callers_transaction_goes_through_the_timed_store(
+        tmp_path: Any) -> None:
+    import sqlite3
+
+    db = tmp_path / "shop.db"
+    app = shoal.App("m", store=f"sqlite:///{db}", metrics=True)
+
+    @app.workflow
+    async def ship(ctx: shoal.RunContext, order: int) -> str:
+        return f"shipped {order}"
+
+    async with app:
+        conn = sqlite3.connect(db)
+        try:
+            conn.execute("CREATE TABLE IF NOT EXISTS orders (id INTEGER)")
+            conn.commit()
+            conn.execute("INSERT INTO orders (id) VALUES (1)")
+            run = await app.dispatch(ship, 1, connection=conn)
+            conn.commit()
+        finally:
+            conn.close()
+        assert await app.result(run.id, timeout=10) == "shipped 1"
+    assert count(app, "shoal_store_call_duration_seconds_count", operation="create_run_in") == 1
+    assert count(app, "shoal_runs_dispatched_total", workflow="ship") == 1

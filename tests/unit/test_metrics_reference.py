@@ -99,8 +99,6 @@ def families(text: str) -> dict[str, tuple[str, list[Any]]]:
     """The exported metrics by their name in the table: a counter with ``_total``."""
     out: dict[str, tuple[str, list[Any]]] = {}
     for family in text_string_to_metric_families(text):
-        if family.name.endswith("_created"):
-            continue   # prometheus_client's creation times, read as families of their own
         name = family.name + ("_total" if family.type == "counter" else "")
         out[name] = (family.type, family.samples)
     return out
@@ -114,8 +112,7 @@ def test_the_reference_lists_every_metric_with_its_type_and_labels(exposition: s
         f"in the table, not exported: {sorted(set(rows) - set(exported))}")
     for name, (kind, samples) in exported.items():
         assert rows[name][0] == kind, f"{name} is a {kind}, the table says {rows[name][0]}"
-        label_sets = {frozenset(s.labels) - {"le"} for s in samples
-                      if not s.name.endswith("_created")}
+        label_sets = {frozenset(s.labels) - {"le"} for s in samples}
         for labels in label_sets:
             assert labels == rows[name][1], f"{name} has labels {set(labels)}"
 

@@ -345,3 +345,26 @@ async def test_without_a_sink_timing_store_calls_the_store_is_called_directly() 
     assert app._calls is store
     app.instrument(Recorder())
     assert isinstance(app._calls, Measured)
+
+
+async def test_a_single_sink_and_one_of_two_get_their_own_tokens_back() -> None:
+    class Ends(Telemetry):
+        """Implements only the end of a lock wait: it gets no token of another sink's."""
+
+        def __init__(self) -> None:
+            self.tokens: list[Any] = []
+
+        def lock_wait_ended(self, token: Any, keys: tuple[str, ...], acquired: bool,
+                            queued: bool) -> None:
+            self.tokens.append(token)
+
+    for sinks in ([Recorder()], [Ends(), Recorder()], [Recorder(), Ends()]):
+        app = shoal.App("hooks", store="memory://", clock=VirtualClock())
+        for sink in sinks:
+            app.instrument(sink)
+        async with app.open(), app.lock("k"):
+            pass
+        recorder = next(s for s in sinks if isinstance(s, Recorder))
+        ends = next((s for s in sinks if isinstance(s, Ends)), None)
+        assert recorder.of("lock") == [(("k",), True, False)]   # its token came back
+        assert ends is None or ends.tokens == [None]

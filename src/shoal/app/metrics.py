@@ -85,7 +85,7 @@ class StoreSampling(Service):
         try:
             sample = await self._read()
         except Exception:
-            self._sink.sample_failures.inc()
+            self._sink.sample_failures.inc(())
             raise
         self._sink.store_sampled(sample)
 

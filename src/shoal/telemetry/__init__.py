@@ -150,9 +150,15 @@ class Telemetry:
 NOTHING = Telemetry()
 
 
+def _nothing(*args: Any) -> None:
+    return None
+
+
 class _Combined(Telemetry):
-    """Sinks as one: each hook called on each sink, a token per sink. A sink that raises is
-    logged once per hook and skipped, so telemetry never fails a run."""
+    """Sinks as one: each hook called on each sink that implements it, a token per sink. A sink
+    that raises is logged once per hook and skipped, so telemetry never fails a run. Each hook
+    is made once, calling the sinks' bound methods directly: a hook no sink implements does
+    nothing, one that a single sink implements costs one call more than the sink's own."""
 
     def __init__(self, sinks: Sequence[Telemetry]) -> None:
         self._sinks = tuple(sinks)
@@ -160,44 +166,86 @@ class _Combined(Telemetry):
         for hook in _HOOKS:   # made once: each hook an attribute of its own
             setattr(self, hook, self._make(hook))
 
-    def _call(self, i: int, hook: str, *args: Any) -> Any:
-        try:
-            return getattr(self._sinks[i], hook)(*args)
-        except Exception:
-            if (i, hook) not in self._failed:
-                self._failed.add((i, hook))
-                log.exception("telemetry.failed: %s.%s", type(self._sinks[i]).__name__, hook,
-                              extra={"event": "telemetry.failed"})
-            return None
+    def _failure(self, i: int, hook: str) -> None:
+        """Sink ``i`` raised in ``hook`` (called from an ``except``): logged the first time."""
+        if (i, hook) not in self._failed:
+            self._failed.add((i, hook))
+            log.exception("telemetry.failed: %s.%s", type(self._sinks[i]).__name__, hook,
+                          extra={"event": "telemetry.failed"})
 
     def _make(self, hook: str) -> Any:
-        call = self._call
-        order = range(len(self._sinks))
+        n = len(self._sinks)
+        live = [(i, getattr(sink, hook)) for i, sink in enumerate(self._sinks)
+                if overrides(sink, hook)]
+        if not live:
+            return _nothing
         if hook == "trace_carrier":
-            def carrier() -> str | None:
-                for i in order:
-                    found = call(i, hook)
-                    if found is not None:
-                        return str(found)
-                return None
-            return carrier
+            return self._carrier(live)
+        paired = hook in _BEGINS or hook in _ENDS
+        if n == 1 or (len(live) == 1 and not paired):
+            # one sink: its token passed as it is, not in a tuple
+            return self._one(hook, *live[0])
+        fail = self._failure
         if hook in _BEGINS:
             def begin(*args: Any) -> Token:
-                return tuple(call(i, hook, *args) for i in order)
+                tokens: list[Token] = [None] * n
+                for i, method in live:
+                    try:
+                        tokens[i] = method(*args)
+                    except Exception:
+                        fail(i, hook)
+                return tuple(tokens)
             return begin
-        if hook in _ENDS:
-            back = list(reversed(order))
+        back = live[::-1]   # ends in the reverse order of beginning: spans close inside out
 
-            def end(token: Token, *args: Any) -> None:
-                tokens = token if isinstance(token, tuple) else (None,) * len(order)
-                for i in back:   # the reverse order of beginning: spans close inside out
-                    call(i, hook, tokens[i], *args)
-            return end
+        def end(token: Token, *args: Any) -> None:
+            tokens = token if isinstance(token, tuple) and len(token) == n else (None,) * n
+            for i, method in back:
+                try:
+                    method(tokens[i], *args)
+                except Exception:
+                    fail(i, hook)
 
-        def each(*args: Any) -> Any:
-            for i in order:
-                call(i, hook, *args)
-        return each
+        def each(*args: Any) -> None:
+            for i, method in live:
+                try:
+                    method(*args)
+                except Exception:
+                    fail(i, hook)
+        return end if hook in _ENDS else each
+
+    def _one(self, hook: str, i: int, method: Any) -> Any:
+        fail = self._failure
+        if hook in _BEGINS:
+            def begin(*args: Any) -> Token:
+                try:
+                    return method(*args)
+                except Exception:
+                    fail(i, hook)
+                    return None
+            return begin
+
+        def call(*args: Any) -> None:
+            try:
+                method(*args)
+            except Exception:
+                fail(i, hook)
+        return call
+
+    def _carrier(self, live: list[tuple[int, Any]]) -> Any:
+        fail = self._failure
+
+        def carrier() -> str | None:
+            for i, method in live:
+                try:
+                    found = method()
+                except Exception:
+                    fail(i, "trace_carrier")
+                    continue
+                if found is not None:
+                    return str(found)
+            return None
+        return carrier
 
 
 _HOOKS = frozenset(name for name in vars(Telemetry) if not name.startswith("_"))
@@ -217,4 +265,6 @@ def overrides(telemetry: Telemetry, hook: str) -> bool:
     whose hook costs something to feed (timing every store call) skips it otherwise."""
     if isinstance(telemetry, _Combined):
         return any(overrides(sink, hook) for sink in telemetry._sinks)
-    return getattr(type(telemetry), hook, None) is not getattr(Telemetry, hook)
+    method = getattr(telemetry, hook, None)
+    # a method of the sink's class, or a function set on the sink itself
+    return getattr(method, "__func__", method) is not getattr(Telemetry, hook)
