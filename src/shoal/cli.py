@@ -218,7 +218,7 @@ def _load_app(spec: str) -> App:
 @click.option("--concurrency", envvar=CONCURRENCY_ENV, default=None, metavar="N",
               help="Runs this worker executes at once, instead of the app's "
                    f"max_concurrent_runs [env {CONCURRENCY_ENV}].")
-@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, metavar="PORT",
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=None, metavar="PORT",
               help="Serve Prometheus metrics over HTTP on this port (/metrics), turning the "
                    "app's metrics on if it did not (needs shoal[metrics]).")
 @click.option("--metrics-host", default="0.0.0.0", show_default=True, metavar="HOST",
