@@ -228,10 +228,16 @@ def _load_app(spec: str) -> App:
 @click.option("--health-host", default=None, metavar="HOST",
               help="The address the probes listen on [default: the app's health_host, "
                    "0.0.0.0: every interface].")
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=None, metavar="PORT",
+              help="Serve Prometheus metrics over HTTP on this port (/metrics), turning the "
+                   "app's metrics on if it did not (needs shoal[metrics]).")
+@click.option("--metrics-host", default="0.0.0.0", show_default=True, metavar="HOST",
+              help="The address --metrics-port listens on (127.0.0.1: this machine only).")
 @click.pass_context
 def worker(ctx: click.Context, app_spec: str, log_level: str, shutdown_timeout: float,
            no_migrate: bool, concurrency: str | None, log_format: str | None,
-           health_port: int | None, health_host: str | None) -> None:
+           health_port: int | None, health_host: str | None, metrics_port: int | None,
+           metrics_host: str) -> None:
     """Serve the App MODULE:APP until SIGTERM or SIGINT, then stop gracefully.
 
     The app names its own store; build it with shoal.App.from_env() to take SHOAL_STORE,
@@ -251,7 +257,8 @@ def worker(ctx: click.Context, app_spec: str, log_level: str, shutdown_timeout: 
     try:
         source = ctx.parent.get_parameter_source("store") if ctx.parent else None
         _serve(app_spec, as_json, source is click.core.ParameterSource.COMMANDLINE,
-               no_migrate, slots, health_port, health_host, shutdown_timeout)
+               no_migrate, slots, health_port, health_host,
+               None if metrics_port is None else (metrics_host, metrics_port), shutdown_timeout)
     finally:    # as it was: the command may be invoked in a process that goes on
         root.removeHandler(handler)
         root.setLevel(level)
@@ -259,7 +266,7 @@ def worker(ctx: click.Context, app_spec: str, log_level: str, shutdown_timeout: 
 
 def _serve(app_spec: str, as_json: bool, store_given: bool, no_migrate: bool,
            slots: int | None, health_port: int | None, health_host: str | None,
-           shutdown_timeout: float) -> None:
+           metrics: tuple[str, int] | None, shutdown_timeout: float) -> None:
     """``shoal worker``, once its logging is set up."""
     def say(level: int, text: str, **fields: Any) -> None:
         """A note of the worker's own: a line on stderr, or a record among the JSON ones."""
@@ -284,10 +291,38 @@ def _serve(app_spec: str, as_json: bool, store_given: bool, no_migrate: bool,
         app.health_host = health_host
     if health_port is not None:
         app.health_port = health_port
+    stop_metrics = None
+    if metrics is not None:
+        stop_metrics = _serve_metrics(app, *metrics, say)
     say(logging.INFO, f"shoal worker: serving {app!r}, max_concurrent_runs="
         f"{app.max_concurrent_runs}; SIGTERM or Ctrl-C stops it gracefully.",
         event="worker.serving", instance=app.instance_id)
-    app.run_forever(timeout=shutdown_timeout)
+    try:
+        app.run_forever(timeout=shutdown_timeout)
+    finally:
+        if stop_metrics is not None:
+            stop_metrics()
+
+
+def _serve_metrics(app: App, host: str, port: int,
+                   say: Callable[..., None]) -> Callable[[], None]:
+    """Turn the app's metrics on (unless it did) and serve them on ``host:port``; a clear
+    error when the extra is missing or the port cannot be bound."""
+    if app.metrics is None:
+        try:
+            from shoal.telemetry.metrics import PrometheusMetrics
+        except ImportError as e:
+            raise click.ClickException(f"--metrics-port needs the metrics extra: pip install "
+                                       f"'shoal[metrics]' ({e}).") from None
+        app.metrics = app.instrument(PrometheusMetrics())
+    try:
+        stop = app.metrics.serve(port, host)
+    except OSError as e:
+        raise click.ClickException(f"--metrics-port: cannot listen on {host}:{port}: "
+                                   f"{e.strerror or e}.") from None
+    say(logging.INFO, f"shoal worker: metrics on http://{host}:{port}/metrics",
+        event="metrics.serving", instance=app.instance_id, port=port)
+    return stop
 
 
 # -- runs ------------------------------------------------------------------------------------

@@ -173,11 +173,12 @@ def test_combine_gives_each_sink_its_token_and_ends_inside_out() -> None:
         def __init__(self, name: str) -> None:
             self.name = name
 
-        def lock_wait_started(self, name: str) -> Any:
+        def lock_wait_started(self, keys: tuple[str, ...]) -> Any:
             order.append(f"{self.name} begins")
             return self.name
 
-        def lock_wait_ended(self, token: Any, name: str, acquired: bool) -> None:
+        def lock_wait_ended(self, token: Any, keys: tuple[str, ...], acquired: bool,
+                            queued: bool) -> None:
             order.append(f"{self.name} ends {token}")
 
         def trace_carrier(self) -> str | None:
@@ -185,11 +186,11 @@ def test_combine_gives_each_sink_its_token_and_ends_inside_out() -> None:
 
     assert combine([]) is NOTHING and combine([NOTHING]) is NOTHING
     both = combine([Sink("a"), Sink("b")])
-    token = both.lock_wait_started("orders")
-    both.lock_wait_ended(token, "orders", True)
+    token = both.lock_wait_started(("orders",))
+    both.lock_wait_ended(token, ("orders",), True, False)
     assert order == ["a begins", "b begins", "b ends b", "a ends a"]
     assert both.trace_carrier() == "carrier-b"
-    both.meter_refused("api")   # a hook no sink overrides does nothing
+    both.metered(["api"], [1.0], [1.0])   # a hook no sink overrides does nothing
     assert NOTHING.attempt_started  # the base's hooks exist and do nothing
     assert NOTHING.trace_carrier() is None
 

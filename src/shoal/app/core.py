@@ -11,13 +11,25 @@ import os
 import signal as signals
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from typing import Any, Generic, Literal, ParamSpec, Protocol, TypeVar, Unpack, cast, overload
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Generic,
+    Literal,
+    ParamSpec,
+    Protocol,
+    TypeVar,
+    Unpack,
+    cast,
+    overload,
+)
 
 from shoal import _checks, _ids, _json, logs
 from shoal._checks import CALL, CONFIG
 from shoal.abort import AbortSignal
 from shoal.app import probes
 from shoal.app.host import Host
+from shoal.app.metrics import AppMetrics, metrics_sink
 from shoal.app.options import (
     CONCURRENCY_ENV,
     MAX_BATCH_BYTES,
@@ -73,7 +85,8 @@ from shoal.maintenance.retention import PRUNE_BATCH
 from shoal.ports import CoordStore, RateStore, Store, TransactionalDispatch
 from shoal.scope import RunScope
 from shoal.stores import mask_url, open_coordination, open_store
-from shoal.telemetry import NOTHING, Telemetry, combine
+from shoal.telemetry import NOTHING, Telemetry, combine, overrides
+from shoal.telemetry.store import measured
 from shoal.types import (
     CoordinationView,
     NewRun,
@@ -85,6 +98,11 @@ from shoal.types import (
     Stats,
 )
 
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from shoal.telemetry.metrics import PrometheusMetrics
+
 log = logging.getLogger("shoal")
 
 P = ParamSpec("P")
@@ -93,6 +111,7 @@ I = TypeVar("I")   # noqa: E741 (an input type, beside O)
 O = TypeVar("O")   # noqa: E741
 In = TypeVar("In", contravariant=True)
 Out = TypeVar("Out", covariant=True)
+SinkT = TypeVar("SinkT", bound=Telemetry)
 WorkflowFunction = Callable[[RunContext, Any], Awaitable[Any]]
 KeyFn = Callable[[Any], "str | None"]
 
@@ -179,6 +198,7 @@ class App:
         max_payload_bytes: int = _json.MAX_PAYLOAD_BYTES,
         health_port: int | None = None,
         health_host: str = "0.0.0.0",
+        metrics: bool | CollectorRegistry | PrometheusMetrics = False,
     ) -> None:
         check_app_options(namespace, store, instance_id, max_concurrent_runs, lease, clock,
                            version, max_queued, admission, membership_interval,
@@ -226,9 +246,19 @@ class App:
         # what metrics, traces (and a user's own sink) are told: see shoal.telemetry
         self._sinks: list[Telemetry] = []
         self.telemetry: Telemetry = NOTHING
+        # what the app, its engine and its services call: the stores themselves, or wrappers
+        # timing each call once a sink wants store calls (see instrument)
+        self._calls: Store = self.store
+        self._coord_calls: CoordStore | None = self._coord_store
+        # Prometheus metrics (docs/observability.md): a sink fed like any other, and what a
+        # started app's scrapes read of its engine and its store
+        self.metrics: PrometheusMetrics | None = metrics_sink(metrics)
+        self._app_metrics: AppMetrics | None = None
         self._opened = False
         self._started = False
         self._stopping = False
+        if self.metrics is not None:
+            self.instrument(self.metrics)
 
     def __repr__(self) -> str:
         return (f"<shoal.App {self.namespace!r} instance={self.instance_id!r} "
@@ -377,7 +407,7 @@ class App:
     async def dead_letters(self, limit: int = 100) -> list[OutboxEntry]:
         """Outbox entries of this namespace that failed ``max_deliveries`` times."""
         await self._open_store()
-        return await self.store.dead_letters(self.namespace, limit)
+        return await self._calls.dead_letters(self.namespace, limit)
 
     async def redrive(self, entry_id: str) -> OutboxEntry:
         """Make dead-lettered outbox entry ``entry_id`` of this namespace deliverable again: due
@@ -387,7 +417,7 @@ class App:
         wins); nothing changes then."""
         _checks.text(entry_id, "app.redrive(entry_id)", CALL)
         await self._open_store()
-        entry, redriven = await self.store.redrive(entry_id, self.clock.now())
+        entry, redriven = await self._calls.redrive(entry_id, self.clock.now())
         if entry is None or entry.namespace != self.namespace:
             raise UnknownOutboxEntryError(
                 f"No outbox entry with id {entry_id!r} in namespace {self.namespace!r}; "
@@ -401,7 +431,7 @@ class App:
             self._engine.kick()
         return entry
 
-    def instrument(self, sink: Telemetry) -> Telemetry:
+    def instrument(self, sink: SinkT) -> SinkT:
         """Add a telemetry sink: a :class:`shoal.telemetry.Telemetry` subclass whose hooks
         (run claimed, attempt started and ended, step, delivery, lock wait, provider call...)
         feed metrics or traces of your own. Add it before ``start()``; a sink that raises is
@@ -413,7 +443,17 @@ class App:
             raise ConfigurationError("app.instrument(sink): add telemetry sinks before "
                                      "app.start(); this app has started.")
         self._sinks.append(sink)
-        self.telemetry = combine(self._sinks)
+        self.telemetry = telemetry = combine(self._sinks)
+        # Everything that reports to telemetry gets it now (all is made before start): the
+        # stores, timed only if a sink times store calls; locks, the ledger, the providers.
+        timed = overrides(telemetry, "store_call")
+        self._calls = measured(self.store, telemetry) if timed else self.store
+        coord = self._coord_store
+        self._coord_calls = measured(coord, telemetry) if timed and coord is not None else coord
+        self._rate_store = None
+        self._locks.telemetry = self._ledger.telemetry = telemetry
+        for provider in self._providers.values():
+            provider.telemetry = telemetry
         return sink
 
     def observe(self, observer: Any) -> Any:
@@ -470,7 +510,7 @@ class App:
         logs.install_filter()
         with logs.instance_scope(self.instance_id):
             await self._open_store()
-            await self.store.register_workflows(
+            await self._calls.register_workflows(
                 self.namespace,
                 {name: spec.options() for name, spec in self._registry.workflows.items()},
                 self.clock.now(), instance=self.instance_id)
@@ -492,14 +532,17 @@ class App:
             pause_retention=self.pause_retention, version=self.version,
             max_payload_bytes=self.max_payload_bytes)
         host = Host(self._dispatch_child, self._spend)
-        self._engine = engine = Engine(self.store, self.clock, config, self._registry, host,
+        self._engine = engine = Engine(self._calls, self.clock, config, self._registry, host,
                                        self.telemetry)
         self._maintenance = host.maintenance = Maintenance.build(
-            engine, self.store, self.clock, config, self._registry, self._fire_cron,
+            engine, self._calls, self.clock, config, self._registry, self._fire_cron,
             self._prune_coordination)
         membership = self._membership_for() if self._coordinates() else None
         engine.start()
         self._maintenance.start()
+        if self.metrics is not None:
+            self._app_metrics = AppMetrics(self, self.metrics, self._registry.on_error)
+            self._app_metrics.start()
         if membership is not None:
             membership.start()
         else:
@@ -518,6 +561,9 @@ class App:
                 engine, self._engine = self._engine, None
                 maintenance, self._maintenance = self._maintenance, None
                 try:
+                    if self._app_metrics is not None:
+                        await self._app_metrics.stop()
+                        self._app_metrics = None
                     if self._membership is not None:
                         await self._membership.stop()
                     if maintenance is not None:
@@ -601,14 +647,15 @@ class App:
     # -- coordination between replicas ---------------------------------------------------
 
     def _coord(self) -> CoordStore:
-        if self._coord_store is not None:
-            return self._coord_store
-        if not isinstance(self.store, CoordStore):
+        if self._coord_calls is not None:
+            return self._coord_calls
+        calls = self._calls
+        if not isinstance(calls, CoordStore):
             raise ConfigurationError(
                 f"The store {mask_url(self.store.url)!r} does not implement coordination "
                 f"(shoal.ports.CoordStore): give App(coordination='redis://…') or a store "
                 f"that does.")
-        return self.store
+        return calls
 
     def _coordinates(self) -> bool:
         return self._coord_store is not None or isinstance(self.store, CoordStore)
@@ -696,8 +743,10 @@ class App:
                 raise ValueError(f"A meter delta is a finite number of milliseconds, not "
                                  f"{delta!r}.")
         await self._open_store()
-        return await self._coord().meter(self.namespace, keys, [float(d) for d in deltas],
-                                         self.clock.now())
+        charged = [float(d) for d in deltas]
+        debts = await self._coord().meter(self.namespace, keys, charged, self.clock.now())
+        self.telemetry.metered(keys, charged, debts)
+        return debts
 
     # -- model providers and budgets -------------------------------------------------------
 
@@ -754,6 +803,7 @@ class App:
             tenant_max_concurrent=tenant_max_concurrent,
             tenant_requests_per_minute=tenant_requests_per_minute,
             tenant_tokens_per_minute=tenant_tokens_per_minute, aimd=aimd)
+        provider.telemetry = self.telemetry
         self._providers[name] = provider
         return provider
 
@@ -990,13 +1040,17 @@ class App:
         if joined is not None:
             run, created = await joined.create_run_in(
                 connection, new, max_queued=self.max_queued, admission=self.admission)
+            if created:
+                self.telemetry.runs_dispatched(name, 1)
             if created and delay and self._engine is not None:
                 # not kicked: the run is not there before the caller commits, and its commit
                 # wakes the workers (NOTIFY, data_version); a delayed one is due later
                 self._engine.wake_at(new.run_at or now)
             return run
-        run, created = await self.store.create_run(new, max_queued=self.max_queued,
-                                                   admission=self.admission)
+        run, created = await self._calls.create_run(new, max_queued=self.max_queued,
+                                                    admission=self.admission)
+        if created:
+            self.telemetry.runs_dispatched(name, 1)
         if created and self._engine is not None:
             self._engine.kick()
             if delay:
@@ -1061,9 +1115,11 @@ class App:
             answered = await joined.create_runs_in(connection, news, max_queued=self.max_queued,
                                                    admission=self.admission)
         else:
-            answered = await self.store.create_runs(news, max_queued=self.max_queued,
-                                                    admission=self.admission)
+            answered = await self._calls.create_runs(news, max_queued=self.max_queued,
+                                                     admission=self.admission)
         created = [run for run, new in answered if new]
+        if created:
+            self.telemetry.runs_dispatched(name, len(created))
         if created and self._engine is not None:
             if joined is None:
                 # not kicked for a caller's transaction: its commit wakes the workers (NOTIFY,
@@ -1080,13 +1136,14 @@ class App:
         ``ConfigurationError`` for a store with no transaction to join."""
         if connection is None:
             return None
-        if not isinstance(self.store, TransactionalDispatch):
+        calls = self._calls
+        if not isinstance(calls, TransactionalDispatch):
             raise ConfigurationError(
                 f"{call}(connection=...) writes the "
                 f"{'run' if call == 'dispatch' else 'runs'} in your own database transaction; "
                 f"the store {mask_url(self.store.url)!r} ({type(self.store).__name__}) has none "
                 f"to join. Use a PostgreSQL or SQLite store, or {call} without connection=.")
-        return self.store
+        return calls
 
     def _checked_items(self, items: list[Any], tenant: str, codec: Codec | None = None,
                        name: str = "") -> list[tuple[Any, str, DispatchItem]]:
@@ -1123,7 +1180,7 @@ class App:
         """The workflow registered here (None when another instance registered it) and its
         dispatch options; ``UnknownWorkflowError`` when no instance of the namespace did."""
         spec = self._registry.workflows.get(name)
-        options = spec.options() if spec is not None else await self.store.get_workflow(
+        options = spec.options() if spec is not None else await self._calls.get_workflow(
             self.namespace, name)
         if options is None:
             raise UnknownWorkflowError(name, self.namespace)
@@ -1193,7 +1250,7 @@ class App:
         """The run; raises ``UnknownRunError`` (also when ``tenant`` is given and the run
         belongs to another tenant: one tenant cannot learn of another's runs)."""
         await self._open_store()
-        run = await self.store.get_run(run_id)
+        run = await self._calls.get_run(run_id)
         if run is None or run.namespace != self.namespace or (
                 tenant is not None and run.tenant != tenant):
             raise UnknownRunError(run_id)
@@ -1215,7 +1272,7 @@ class App:
             except ValueError:
                 raise ValueError(f"Unknown status {status!r}; one of "
                                  f"{', '.join(s.value for s in RunStatus)}") from None
-        return await self.store.list_runs(
+        return await self._calls.list_runs(
             self.namespace, status=None if status is None else status.value,
             workflow=workflow, tenant=tenant, limit=limit, after=after)
 
@@ -1225,7 +1282,7 @@ class App:
         pauses and the outbox, as one read of the store at the app's clock. Cheap however many
         final runs the store keeps: for a console or a metrics scrape."""
         await self._open_store()
-        return await self.store.stats(self.namespace, self.clock.now())
+        return await self._calls.stats(self.namespace, self.clock.now())
 
     @overload
     async def result(self, run_id: Run[O], timeout: float | None = None, *,
@@ -1266,7 +1323,7 @@ class App:
         (which aborts it at its next poll, or at once when it is this instance)."""
         # of this namespace (and tenant), or UnknownRunError: nothing changed
         await self.get_run(run_id, tenant=tenant)
-        run = await self.store.cancel_run(run_id, self.clock.now())
+        run = await self._calls.cancel_run(run_id, self.clock.now())
         if run is None:
             raise UnknownRunError(run_id)
         if self._engine is not None:
@@ -1285,8 +1342,8 @@ class App:
         if tenant is not None and not isinstance(tenant, str):
             raise TypeError(f"tenant must be a str, not {type(tenant).__name__}")
         await self._open_store()
-        run, retried = await self.store.retry_run(self.namespace, run_id, tenant,
-                                                  self.clock.now())
+        run, retried = await self._calls.retry_run(self.namespace, run_id, tenant,
+                                                   self.clock.now())
         if run is None:
             raise UnknownRunError(run_id)
         if not retried:
@@ -1300,7 +1357,7 @@ class App:
     async def pending_pauses(self, tenant: str | None = None, limit: int = 100) -> list[Pause]:
         """Pauses of this namespace waiting for a decision, oldest first."""
         await self._open_store()
-        return await self.store.list_pauses(self.namespace, tenant=tenant, limit=limit)
+        return await self._calls.list_pauses(self.namespace, tenant=tenant, limit=limit)
 
     async def resume(
         self, pause_id: str, approved: bool = True, data: Any = None, by: str | None = None,
@@ -1319,11 +1376,11 @@ class App:
         data = _json.checked(data, "data", self.max_payload_bytes)
         await self._open_store()
         decision = {"approved": approved, "data": data, "by": by, "reason": reason}
-        found = await self.store.get_pause(pause_id)
+        found = await self._calls.get_pause(pause_id)
         foreign = found is not None and tenant is not None and found.tenant != tenant
         pause, won = (None, False) if (
             found is None or found.namespace != self.namespace or foreign) else (
-            await self.store.resolve_pause(pause_id, decision, self.clock.now()))
+            await self._calls.resolve_pause(pause_id, decision, self.clock.now()))
         if pause is None:
             raise UnknownPauseError(
                 f"No pause with id {pause_id!r} in namespace {self.namespace!r}. Resolved "
@@ -1349,12 +1406,12 @@ class App:
         _checks.text(name, "app.signal(name)", CALL)
         payload = _json.checked(payload, "payload", self.max_payload_bytes)
         await self._open_store()
-        existing = await self.store.get_run(run_id)
+        existing = await self._calls.get_run(run_id)
         if existing is None or existing.namespace != self.namespace or (
                 tenant is not None and existing.tenant != tenant):
             raise UnknownRunError(run_id)
         now = self.clock.now()
-        run = await self.store.send_signal(run_id, name, payload, _ids.new_id(now), now)
+        run = await self._calls.send_signal(run_id, name, payload, _ids.new_id(now), now)
         if run is None:
             raise UnknownRunError(run_id)
         if self._engine is not None:

@@ -26,6 +26,7 @@ from shoal.abort import AbortSignal
 from shoal.clock import Clock
 from shoal.errors import LockLostError, StoreUnavailableError
 from shoal.ports import CoordStore
+from shoal.telemetry import NOTHING, Telemetry
 from shoal.types import LockGrant
 
 log = logging.getLogger("shoal")
@@ -105,12 +106,28 @@ class LockManager:
         self._observers = observers
         self._renewals: dict[str, asyncio.Task[None]] = {}
         self._pending: set[asyncio.Future[Any]] = set()
+        self.telemetry: Telemetry = NOTHING    # the app's, set by app.instrument
 
     def _fields(self, event: str) -> dict[str, Any]:
         """``extra=`` of a record of this instance's."""
         return {"event": event, "instance": self.instance_id}
 
     async def acquire(self, keys: tuple[str, ...]) -> Lock:
+        """Wait for the lock on ``keys`` and hold it (renewed) until :meth:`release`."""
+        telemetry = self.telemetry
+        told = telemetry.lock_wait_started(keys)
+        asked: list[bool] = []   # the store's first answer: was it a grant (the lock free)?
+        try:
+            lock = await self._acquire(keys, asked)
+        except BaseException:
+            telemetry.lock_wait_ended(told, keys, False, asked[:1] == [False])
+            raise
+        telemetry.lock_wait_ended(told, keys, True, asked[:1] == [False])
+        return lock
+
+    async def _acquire(self, keys: tuple[str, ...], asked: list[bool]) -> Lock:
+        """Wait for the lock; the store's first answer goes in ``asked`` (True: a grant), for
+        telemetry to tell a free lock from one handed over."""
         coord = self._coord()
         holder = f"{self.instance_id}/{secrets.token_hex(6)}"
         started = self.clock.now()
@@ -137,6 +154,8 @@ class LockManager:
                         await self.clock.sleep(min(self.lease / 3, 1.0))
                         continue
                     failing = None
+                    if not asked:
+                        asked.append(isinstance(got, LockGrant))
                     if isinstance(got, LockGrant):
                         if self.clock.now() < sent + self.lease:
                             granted = got
@@ -189,8 +208,9 @@ class LockManager:
             log.warning("lock.release_failed: %s: %s; %s ends with its lease",
                         type(e).__name__, e, list(lock.keys),
                         extra=self._fields("lock.release_failed"))
-        self._notify("on_lock_released", lock.keys, key_group(lock.keys),
-                     self.clock.now() - lock.acquired_at, lost)
+        held = self.clock.now() - lock.acquired_at
+        self.telemetry.lock_released(lock.keys, held, lost)
+        self._notify("on_lock_released", lock.keys, key_group(lock.keys), held, lost)
 
     async def locked(self, keys: tuple[str, ...], fn: Callable[[AbortSignal], Any]) -> Any:
         lock = await self.acquire(keys)

@@ -37,6 +37,7 @@ from shoal.clock import Clock
 from shoal.errors import BudgetExceededError, CircuitOpenError, RateLimitTimeoutError
 from shoal.ports import RateStore
 from shoal.scope import current_run
+from shoal.telemetry import NOTHING, Telemetry
 from shoal.types import Admitted, CircuitNeed, Need, PauseNeed, SlotNeed, SpendEntry, WindowNeed
 
 log = logging.getLogger("shoal")
@@ -126,6 +127,7 @@ class Ledger:
         self.clock = clock
         self.namespace = namespace
         self.budgets: dict[str, Budgets] = {}      # currency -> budgets
+        self.telemetry: Telemetry = NOTHING        # the app's, set by app.instrument
 
     def _scopes(self, who: Spender, currency: str, now: float) -> list[Scope]:
         """(counter key, limit, what to call it) for each budget that applies."""
@@ -184,6 +186,8 @@ class Ledger:
         await self._rates().counter_add(
             self.namespace, [k for k, _, _ in scopes], [amount - reserved] * len(scopes),
             [None] * len(scopes), now, entry if amount else None)
+        if amount:
+            self.telemetry.spent(who.tenant, amount, currency)
 
     async def spent(self, who: Spender, currency: str) -> dict[str, float]:
         now = self.clock.now()
@@ -311,6 +315,19 @@ async def _shielded(work: Awaitable[None]) -> None:
 _running: set[asyncio.Future[None]] = set()     # shielded work a cancelled caller left running
 
 
+def _refusal(error: BaseException) -> str:
+    """Why a call did not go, as telemetry names it (see ``Telemetry.provider_call_ended``)."""
+    if isinstance(error, CircuitOpenError):
+        return "circuit_open"
+    if isinstance(error, BudgetExceededError):
+        return "refused"
+    if isinstance(error, RateLimitTimeoutError) and error.limit != NO_ANSWER:
+        return "timed_out"
+    if not isinstance(error, Exception):
+        return "cancelled"
+    return "store_failed"
+
+
 def _store_failed(error: BaseException) -> bool:
     """Whether admission ended because the store failed or did not answer (not because a limit,
     the breaker or a budget said no, nor a cancel): asking it to give back would fail alike."""
@@ -408,6 +425,7 @@ class Provider:
         self.price_per_token = price_per_token
         self.currency = currency
         self._turns = _RoundRobin()
+        self.telemetry: Telemetry = NOTHING       # the app's, set by app.instrument
         self._freed = asyncio.Event()
         self._waiting_for: str | None = None     # what the call holding the turn waits for
         k = f"provider:{name}"
@@ -820,6 +838,7 @@ class ProviderCall:
         self._scopes: list[Scope] | None = None
         self._renewal: asyncio.Task[None] | None = None
         self._entered = False
+        self._told: Any = None      # the telemetry token of this call
         self.spender: Spender | None = None
 
     @property
@@ -863,6 +882,18 @@ class ProviderCall:
         tenant = self._tenant or (ctx.tenant if ctx is not None else "default")
         self.spender = Spender(tenant, ctx.run_id if ctx is not None else None,
                                ctx.root_id if ctx is not None else None)
+        self._told = p.telemetry.provider_call_started(p.name, tenant)
+        try:
+            await self._admitted(tenant)
+        except BaseException as e:
+            p.telemetry.provider_call_ended(self._told, p.name, _refusal(e), e)
+            raise
+        return self
+
+    async def _admitted(self, tenant: str) -> None:
+        """Wait until the call may go (see :meth:`Provider.call`), holding what it takes."""
+        p = self.provider
+        assert self.spender is not None
         deadline = (None if self._timeout is None or math.isinf(self._timeout)
                     else p.clock.now() + self._timeout)
         if p.breaker is not None and p._turns.busy:
@@ -902,7 +933,6 @@ class ProviderCall:
         if p.max_concurrent is not None or p.tenant_max_concurrent is not None \
                 or self._taken.trial:
             self._renewal = asyncio.create_task(p._renew(self._holder, self._taken))
-        return self
 
     def _log_fields(self, event: str) -> dict[str, Any]:
         """``extra=`` of a record about this call: the run and tenant it is made for."""
@@ -934,7 +964,14 @@ class ProviderCall:
     async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None,
                         tb: object) -> None:
         # never raises what the store says: the body's own exception (if any) goes on
-        await _shielded(self._finish(error))
+        try:
+            await _shielded(self._finish(error))
+        finally:
+            p = self.provider
+            result = ("rate_limited" if self._retry_after is not None else
+                      "succeeded" if error is None else
+                      "failed" if isinstance(error, Exception) else "cancelled")
+            p.telemetry.provider_call_ended(self._told, p.name, result, error)
 
     async def _finish(self, error: BaseException | None) -> None:
         """What a call does when it ends, each step on its own (one that fails is logged and
@@ -993,6 +1030,7 @@ class ProviderCall:
         assert self._retry_after is not None
         until = await p._rates().pause_until(p.namespace, p.keys["cooldown"],
                                              now + self._retry_after, now)
+        p.telemetry.provider_paused(p.name, self._retry_after)
         log.warning("provider.rate_limited: %s paused until %s for every replica",
                     p.name, until, extra=self._log_fields("provider.rate_limited"))
 

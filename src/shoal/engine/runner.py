@@ -337,6 +337,11 @@ class Engine:
         last = self.last_beat_at if self.last_beat_at is not None else self.started_at
         return self.clock.now() - last > 2 * self.heartbeat
 
+    @property
+    def free_slots(self) -> int:
+        """Slots free for a claim now (never below 0): what a metrics scrape reads."""
+        return max(0, self._free_slots())
+
     def _free_slots(self) -> int:
         """Slots no execution holds: an execution holds its slot until its settlement is
         written (or is being written with the claim that takes the slot), and as long as a step

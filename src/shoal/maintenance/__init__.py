@@ -73,15 +73,16 @@ class Maintenance:
         every = config.lease / 3
         reporter = Reporter(clock, registry.on_error, every)
         ns = config.namespace
+        telemetry = engine.telemetry
         return cls(
             heartbeat=Heartbeat(clock, engine.heartbeat, reporter, engine.renew),
             expiry=PauseExpiry(clock, every, reporter, store, ns, engine.kick),
             notification=PauseNotification(clock, every, reporter, store, ns, config.lease,
-                                           registry.on_pause_notify),
+                                           registry.on_pause_notify, telemetry),
             delivery=OutboxDelivery(clock, every, reporter, store, ns, config.lease,
-                                    registry.outbox_handlers),
+                                    registry.outbox_handlers, telemetry),
             recovery=Recovery(clock, every, reporter, store, ns, config.version, registry,
-                              engine.kick),
+                              engine.kick, telemetry),
             admission=(AdmissionRelease(clock, every, reporter, store, ns, config.max_queued,
                                         engine.kick)
                        if config.max_queued is not None else None),

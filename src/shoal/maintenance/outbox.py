@@ -15,6 +15,8 @@ from shoal.clock import Clock
 from shoal.engine.runner import OutboxHandlerSpec
 from shoal.maintenance.service import Reporter, Triggered
 from shoal.ports import Outbox
+from shoal.telemetry import NOTHING, Telemetry
+from shoal.types import OutboxEntry
 
 log = logging.getLogger("shoal")
 
@@ -26,12 +28,14 @@ class OutboxDelivery(Triggered):
 
     def __init__(self, clock: Clock, interval: float, reporter: Reporter, store: Outbox,
                  namespace: str, lease: float,
-                 handlers: Mapping[str, OutboxHandlerSpec]) -> None:
+                 handlers: Mapping[str, OutboxHandlerSpec],
+                 telemetry: Telemetry = NOTHING) -> None:
         super().__init__(clock, interval, reporter)
         self._store = store
         self._namespace = namespace
         self._lease = lease
         self._handlers = handlers
+        self._telemetry = telemetry
 
     def trigger(self) -> None:
         if self._handlers:
@@ -55,24 +59,39 @@ class OutboxDelivery(Triggered):
             remaining = deadline - self.clock.now()
             if remaining <= 0:
                 return False
-            spec = self._handlers[entry.topic]
+            told = self._telemetry.delivery_started(entry)
+            # what telemetry is told if writing the outcome fails: the entry is taken again
+            # once its lease passes
+            result, error = "store_failed", None
             try:
-                await call_handler(spec.fn, remaining, copy.deepcopy(entry.payload), entry.key)
-            except Exception as e:
-                now = self.clock.now()
-                error = f"{type(e).__name__}: {e}"
-                if entry.attempts + 1 >= spec.max_deliveries:
-                    log.error("outbox.dead: %s %s after %d deliveries: %s", entry.topic,
-                              entry.key, entry.attempts + 1, error,
-                              extra={"event": "outbox.dead", "run_id": entry.run_id})
-                    await self._store.finish_delivery(entry.id, now, error, None)
-                else:
-                    delay = min(300.0, 2.0 ** entry.attempts) * random.uniform(0.5, 1.0)
-                    log.warning("outbox.retry: %s %s: %s; again in %.1fs", entry.topic,
-                                entry.key, error, delay,
-                                extra={"event": "outbox.retry", "run_id": entry.run_id})
-                    await self._store.finish_delivery(entry.id, now, error, now + delay)
-                    self.trigger_at(now + delay)
-                continue
-            await self._store.finish_delivery(entry.id, self.clock.now())
+                try:
+                    await call_handler(self._handlers[entry.topic].fn, remaining,
+                                       copy.deepcopy(entry.payload), entry.key)
+                except Exception as e:
+                    error = e
+                    result = await self._failed(entry, e)
+                    continue
+                await self._store.finish_delivery(entry.id, self.clock.now())
+                result = "delivered"
+            finally:
+                self._telemetry.delivery_ended(told, entry, result, error)
         return len(entries) == DELIVERY_BATCH
+
+    async def _failed(self, entry: OutboxEntry, e: Exception) -> str:
+        """Record a failed delivery: due again after a backoff (``retry``), or dead-lettered
+        after the handler's ``max_deliveries`` (``dead``)."""
+        now = self.clock.now()
+        error = f"{type(e).__name__}: {e}"
+        if entry.attempts + 1 >= self._handlers[entry.topic].max_deliveries:
+            log.error("outbox.dead: %s %s after %d deliveries: %s", entry.topic,
+                      entry.key, entry.attempts + 1, error,
+                      extra={"event": "outbox.dead", "run_id": entry.run_id})
+            await self._store.finish_delivery(entry.id, now, error, None)
+            return "dead"
+        delay = min(300.0, 2.0 ** entry.attempts) * random.uniform(0.5, 1.0)
+        log.warning("outbox.retry: %s %s: %s; again in %.1fs", entry.topic,
+                    entry.key, error, delay,
+                    extra={"event": "outbox.retry", "run_id": entry.run_id})
+        await self._store.finish_delivery(entry.id, now, error, now + delay)
+        self.trigger_at(now + delay)
+        return "retry"

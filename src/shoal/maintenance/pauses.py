@@ -12,6 +12,7 @@ from shoal._tasks import call_handler
 from shoal.clock import Clock
 from shoal.maintenance.service import Reporter, Service, Triggered
 from shoal.ports import Pauses
+from shoal.telemetry import NOTHING, Telemetry
 from shoal.types import Pause
 
 log = logging.getLogger("shoal")
@@ -48,12 +49,14 @@ class PauseNotification(Triggered):
 
     def __init__(self, clock: Clock, interval: float, reporter: Reporter, store: Pauses,
                  namespace: str, lease: float,
-                 handlers: Sequence[Callable[[Pause], Any]]) -> None:
+                 handlers: Sequence[Callable[[Pause], Any]],
+                 telemetry: Telemetry = NOTHING) -> None:
         super().__init__(clock, interval, reporter)
         self._store = store
         self._namespace = namespace
         self._lease = lease
         self._handlers = handlers
+        self._telemetry = telemetry
 
     def trigger(self) -> None:
         if self._handlers:
@@ -79,5 +82,7 @@ class PauseNotification(Triggered):
             log.warning("pause.notify_failed: %s of run %s: %s", pause.id, pause.run_id, e,
                         extra={"event": "pause.notify_failed", "run_id": pause.run_id,
                                "tenant": pause.tenant})
+            self._telemetry.pause_notified(pause, e)
             return
         await self._store.mark_notified(pause.id)
+        self._telemetry.pause_notified(pause, None)

@@ -13,6 +13,7 @@ from shoal.clock import Clock
 from shoal.engine.runner import Registry
 from shoal.maintenance.service import Reporter, Service
 from shoal.ports import RunQueue
+from shoal.telemetry import NOTHING, Telemetry
 from shoal.types import Run
 
 log = logging.getLogger("shoal")
@@ -28,13 +29,14 @@ class Recovery(Service):
 
     def __init__(self, clock: Clock, interval: float, reporter: Reporter, store: RunQueue,
                  namespace: str, version: str | None, registry: Registry,
-                 kick: Callable[[], None]) -> None:
+                 kick: Callable[[], None], telemetry: Telemetry = NOTHING) -> None:
         super().__init__(clock, interval, reporter)
         self._store = store
         self._namespace = namespace
         self._version = version
         self._registry = registry
         self._kick = kick
+        self._telemetry = telemetry
         self._incompatible_logged: set[str] = set()
 
     async def run_once(self) -> None:
@@ -47,6 +49,7 @@ class Recovery(Service):
         for run in await self._store.recover_runs(self._namespace, now):
             log.info("run.recovered: %s %s -> %s", run.workflow, run.id, run.status,
                      extra=_fields("run.recovered", run))
+            self._telemetry.run_recovered(run)
             if run.status.final:
                 log.error("recovery.failed: %s %s: %s", run.workflow, run.id, run.error,
                           extra=_fields("recovery.failed", run))

@@ -84,57 +84,81 @@ class Telemetry:
 
     def delivery_ended(self, token: Token, entry: OutboxEntry, result: str,
                        error: BaseException | None) -> None:
-        """``result``: ``delivered``, ``retry`` (due again later) or ``dead``."""
+        """``result``: ``delivered``, ``retry`` (due again later), ``dead``, or
+        ``store_failed`` (the outcome could not be written: the entry is taken again once its
+        lease passes); ``error`` what the handler raised."""
 
-    def pause_notified(self, pause: Pause) -> None:
-        """A pending pause was announced to the ``on_pause_notify`` handlers."""
+    def pause_notified(self, pause: Pause, error: BaseException | None) -> None:
+        """A pending pause was announced to the ``on_pause_notify`` handlers: ``error`` is None
+        when every handler returned (it is not sent again), else what one raised (it is)."""
 
     # -- coordination ----------------------------------------------------------------------
 
-    def lock_wait_started(self, name: str) -> Token:
-        """``app.lock(name)`` begins waiting for the lock."""
+    def lock_wait_started(self, keys: tuple[str, ...]) -> Token:
+        """``app.lock(keys)`` (or ``app.locked``) begins asking for the lock on ``keys``."""
         return None
 
-    def lock_wait_ended(self, token: Token, name: str, acquired: bool) -> None:
-        """The wait begun with ``token`` ended: ``acquired``, or it timed out / failed."""
+    def lock_wait_ended(self, token: Token, keys: tuple[str, ...], acquired: bool,
+                        queued: bool) -> None:
+        """The wait begun with ``token`` ended: ``acquired``, or not (the store could not be
+        asked for a lease, or the caller was cancelled). ``queued``: the first ask found the
+        lock held or waited for, so it was handed over to this caller by a release or an
+        expiry (a contended lock)."""
 
-    def lock_released(self, name: str, held_seconds: float, handed_off: bool) -> None:
-        """A lock held here for ``held_seconds`` was released; ``handed_off`` when a waiter
-        was waiting for it."""
+    def lock_released(self, keys: tuple[str, ...], held_seconds: float, lost: bool) -> None:
+        """A lock acquired here was released after ``held_seconds`` (app clock); ``lost``
+        when it had been lost while held (a renewal refused or not confirmed in time)."""
 
-    def meter_refused(self, name: str) -> None:
-        """``app.meter(name)`` refused a take (the limit was reached)."""
+    def metered(self, keys: Sequence[str], deltas: Sequence[float],
+                debts: Sequence[float]) -> None:
+        """``app.meter(keys, deltas)`` added ``deltas`` and the store answered ``debts``
+        (milliseconds). The meter itself refuses nothing: the caller compares the debts."""
 
     # -- providers and budgets -------------------------------------------------------------
 
-    def provider_call_started(self, provider: str, tenant: str | None) -> Token:
-        """A call through ``app.provider(name)`` asks for admission."""
+    def provider_call_started(self, provider: str, tenant: str) -> Token:
+        """A call through ``app.provider(name)`` asks for admission for ``tenant`` (the one
+        given to ``provider.call``, else the current run's, else ``default``)."""
         return None
 
     def provider_call_ended(self, token: Token, provider: str, result: str,
                             error: BaseException | None) -> None:
-        """``result``: ``admitted`` (the call was made and returned), ``failed`` (admitted,
-        the call raised), ``rate_limited`` (the provider answered 429), ``circuit_open``,
-        ``timed_out`` (no admission within the timeout) or ``refused`` (budget, bad use)."""
+        """The call begun with ``token`` ended. ``result``: ``succeeded`` (admitted, made, and
+        its block returned), ``failed`` (admitted, its block raised), ``rate_limited`` (the
+        block said the provider answered 429), ``circuit_open``, ``timed_out`` (no admission
+        within the timeout), ``refused`` (a budget had no room), ``cancelled`` (the caller was
+        cancelled, waiting for admission or in its block) or ``store_failed`` (the
+        coordination store failed during admission); ``error`` what was raised, if any."""
 
     def provider_paused(self, provider: str, seconds: float) -> None:
         """A 429 paused every replica's calls to ``provider`` for ``seconds``."""
 
     def spent(self, tenant: str, amount: float, currency: str) -> None:
-        """A run of ``tenant`` spent ``amount`` (``ctx.spend``, a provider call's cost)."""
+        """``amount`` (> 0) of ``currency`` was recorded as spent by ``tenant`` (``ctx.spend``,
+        ``app.spend``, a provider call's cost), once written to the ledger."""
 
     # -- the store -------------------------------------------------------------------------
 
     def store_call(self, operation: str, seconds: float, error: BaseException | None) -> None:
-        """A call of the store's ``operation`` took ``seconds`` (and raised ``error``)."""
+        """A call of the store's ``operation`` (a method name of the Store, CoordStore or
+        RateStore protocols) took ``seconds`` (real time) and raised ``error``. Only called
+        when a sink overrides it: the app then calls its stores through a wrapper
+        (:func:`shoal.telemetry.store.measured`) that times every call; without one, no
+        wrapper is made. ``wait_for_work`` (a wait, not a query) is not reported."""
 
 
 NOTHING = Telemetry()
 
 
+def _nothing(*args: Any) -> None:
+    return None
+
+
 class _Combined(Telemetry):
-    """Sinks as one: each hook called on each sink, a token per sink. A sink that raises is
-    logged once per hook and skipped, so telemetry never fails a run."""
+    """Sinks as one: each hook called on each sink that implements it, a token per sink. A sink
+    that raises is logged once per hook and skipped, so telemetry never fails a run. Each hook
+    is made once, calling the sinks' bound methods directly: a hook no sink implements does
+    nothing, one that a single sink implements costs one call more than the sink's own."""
 
     def __init__(self, sinks: Sequence[Telemetry]) -> None:
         self._sinks = tuple(sinks)
@@ -142,44 +166,86 @@ class _Combined(Telemetry):
         for hook in _HOOKS:   # made once: each hook an attribute of its own
             setattr(self, hook, self._make(hook))
 
-    def _call(self, i: int, hook: str, *args: Any) -> Any:
-        try:
-            return getattr(self._sinks[i], hook)(*args)
-        except Exception:
-            if (i, hook) not in self._failed:
-                self._failed.add((i, hook))
-                log.exception("telemetry.failed: %s.%s", type(self._sinks[i]).__name__, hook,
-                              extra={"event": "telemetry.failed"})
-            return None
+    def _failure(self, i: int, hook: str) -> None:
+        """Sink ``i`` raised in ``hook`` (called from an ``except``): logged the first time."""
+        if (i, hook) not in self._failed:
+            self._failed.add((i, hook))
+            log.exception("telemetry.failed: %s.%s", type(self._sinks[i]).__name__, hook,
+                          extra={"event": "telemetry.failed"})
 
     def _make(self, hook: str) -> Any:
-        call = self._call
-        order = range(len(self._sinks))
+        n = len(self._sinks)
+        live = [(i, getattr(sink, hook)) for i, sink in enumerate(self._sinks)
+                if overrides(sink, hook)]
+        if not live:
+            return _nothing
         if hook == "trace_carrier":
-            def carrier() -> str | None:
-                for i in order:
-                    found = call(i, hook)
-                    if found is not None:
-                        return str(found)
-                return None
-            return carrier
+            return self._carrier(live)
+        paired = hook in _BEGINS or hook in _ENDS
+        if n == 1 or (len(live) == 1 and not paired):
+            # one sink: its token passed as it is, not in a tuple
+            return self._one(hook, *live[0])
+        fail = self._failure
         if hook in _BEGINS:
             def begin(*args: Any) -> Token:
-                return tuple(call(i, hook, *args) for i in order)
+                tokens: list[Token] = [None] * n
+                for i, method in live:
+                    try:
+                        tokens[i] = method(*args)
+                    except Exception:
+                        fail(i, hook)
+                return tuple(tokens)
             return begin
-        if hook in _ENDS:
-            back = list(reversed(order))
+        back = live[::-1]   # ends in the reverse order of beginning: spans close inside out
 
-            def end(token: Token, *args: Any) -> None:
-                tokens = token if isinstance(token, tuple) else (None,) * len(order)
-                for i in back:   # the reverse order of beginning: spans close inside out
-                    call(i, hook, tokens[i], *args)
-            return end
+        def end(token: Token, *args: Any) -> None:
+            tokens = token if isinstance(token, tuple) and len(token) == n else (None,) * n
+            for i, method in back:
+                try:
+                    method(tokens[i], *args)
+                except Exception:
+                    fail(i, hook)
 
-        def each(*args: Any) -> Any:
-            for i in order:
-                call(i, hook, *args)
-        return each
+        def each(*args: Any) -> None:
+            for i, method in live:
+                try:
+                    method(*args)
+                except Exception:
+                    fail(i, hook)
+        return end if hook in _ENDS else each
+
+    def _one(self, hook: str, i: int, method: Any) -> Any:
+        fail = self._failure
+        if hook in _BEGINS:
+            def begin(*args: Any) -> Token:
+                try:
+                    return method(*args)
+                except Exception:
+                    fail(i, hook)
+                    return None
+            return begin
+
+        def call(*args: Any) -> None:
+            try:
+                method(*args)
+            except Exception:
+                fail(i, hook)
+        return call
+
+    def _carrier(self, live: list[tuple[int, Any]]) -> Any:
+        fail = self._failure
+
+        def carrier() -> str | None:
+            for i, method in live:
+                try:
+                    found = method()
+                except Exception:
+                    fail(i, "trace_carrier")
+                    continue
+                if found is not None:
+                    return str(found)
+            return None
+        return carrier
 
 
 _HOOKS = frozenset(name for name in vars(Telemetry) if not name.startswith("_"))
@@ -192,3 +258,13 @@ def combine(sinks: Sequence[Telemetry]) -> Telemetry:
     one for none."""
     sinks = [s for s in sinks if s is not NOTHING]
     return _Combined(sinks) if sinks else NOTHING
+
+
+def overrides(telemetry: Telemetry, hook: str) -> bool:
+    """Whether ``telemetry`` (or one of the sinks it combines) implements ``hook``: a caller
+    whose hook costs something to feed (timing every store call) skips it otherwise."""
+    if isinstance(telemetry, _Combined):
+        return any(overrides(sink, hook) for sink in telemetry._sinks)
+    method = getattr(telemetry, hook, None)
+    # a method of the sink's class, or a function set on the sink itself
+    return getattr(method, "__func__", method) is not getattr(Telemetry, hook)

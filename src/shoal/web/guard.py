@@ -5,7 +5,8 @@ set by the login form for the pages), CSRF protection on every POST, and read-on
   only, and checks the Host header against DNS rebinding). With one, a request needs
   ``Authorization: Bearer TOKEN`` or the session cookie (``shoal_session``: an HMAC of the
   token, HttpOnly, SameSite=Strict) that ``POST /login`` sets; pages without it are sent to
-  ``/login``, API calls get 401.
+  ``/login``, API calls and ``/metrics`` (a Prometheus scrape: give it
+  ``authorization: {type: Bearer, credentials: TOKEN}``) get 401.
 - **CSRF.** A POST needs the header ``X-CSRF-Token`` (the login and logout forms: the field
   ``csrf_token``) equal to the ``shoal_csrf`` cookie that every response sets when missing
   (double submit; ``GET /api/config`` also returns it), and an ``Origin`` header, when sent,
@@ -34,6 +35,7 @@ CSRF_COOKIE = "shoal_csrf"
 CSRF_HEADER = "x-csrf-token"
 # reachable without a token: the login form and the static files the pages need
 OPEN_PATHS = ("/login", "/static/")
+METRICS_PATH = "/metrics"   # Prometheus' scrape: a bearer token, as the API
 # POSTs that read-only mode allows and that check CSRF from their form themselves
 FORM_POSTS = ("/login", "/logout")
 
@@ -92,7 +94,8 @@ class Guard:
 
     def refusal(self, request: Request) -> Response | None:
         path = self.path(request)
-        api = path.startswith("/api/")
+        # answered 401, not sent to the login form: a program asks (a scraper: /metrics)
+        api = path.startswith("/api/") or path == METRICS_PATH
         let_in, bearer = self.authenticated(request)
         if not let_in and not path.startswith(OPEN_PATHS):
             if api:

@@ -158,11 +158,29 @@ def _safe_next(values: Any) -> str:
     return target
 
 
+async def metrics(request: Request) -> Response:
+    """GET ``/metrics``: the Prometheus metrics of the console's App (``App(metrics=True)``),
+    in the text format; 404 when it has none (a console opened on a store URL has its own
+    App, which executes nothing: scrape the workers instead)."""
+    try:
+        sink = console(request).app.metrics
+    except Refused as e:
+        return JSONResponse(e.body(), e.status)
+    if sink is None:
+        return JSONResponse({"error": "This console's App has no metrics: mount "
+                                      "shoal.web.asgi(app) with an App made with "
+                                      "App(metrics=True), or scrape the workers' "
+                                      "'shoal worker --metrics-port'."}, 404)
+    return Response(sink.exposition(), media_type=sink.content_type)
+
+
 def routes() -> list[BaseRoute]:
-    """The API, the login form and the static files. The pages add their own routes."""
+    """The API, ``/metrics``, the login form and the static files. The pages add their own
+    routes."""
     table: list[BaseRoute] = [Route(path, api(read), methods=[method])
                               for method, path, read in API]
-    table += [Route("/login", login, methods=["GET", "POST"]),
+    table += [Route("/metrics", metrics, methods=["GET"]),
+              Route("/login", login, methods=["GET", "POST"]),
               Route("/logout", logout, methods=["POST"])]
     static = HERE / "static"
     if static.is_dir():
