@@ -11,7 +11,7 @@ import os
 import signal as signals
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeVar, overload
 
 from shoal import _checks, _ids, _json
 from shoal._checks import CALL, CONFIG
@@ -26,6 +26,7 @@ from shoal.app.options import (
     check_dispatch_options,
     check_workflow_options,
     concurrency_setting,
+    tracing_sink,
 )
 from shoal.clock import Clock, SystemClock
 from shoal.coord.lock import LockManager, LockRequest, lock_keys
@@ -79,6 +80,11 @@ from shoal.types import (
     SpendEntry,
     Stats,
 )
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
+    from shoal.telemetry.tracing import Tracing
 
 log = logging.getLogger("shoal")
 
@@ -144,6 +150,7 @@ class App:
         heartbeat: float | None = None,
         migrate: bool = True,
         max_payload_bytes: int = _json.MAX_PAYLOAD_BYTES,
+        tracing: bool | TracerProvider = False,
     ) -> None:
         check_app_options(namespace, store, instance_id, max_concurrent_runs, lease, clock,
                            version, max_queued, admission, membership_interval,
@@ -185,6 +192,10 @@ class App:
         self._opened = False
         self._started = False
         self._stopping = False
+        # the OpenTelemetry sink of App(tracing=...) (or of `shoal worker --tracing`), if any
+        self.tracing: Tracing | None = tracing_sink(tracing)
+        if self.tracing is not None:
+            self.instrument(self.tracing)
 
     def __repr__(self) -> str:
         return (f"<shoal.App {self.namespace!r} instance={self.instance_id!r} "
@@ -305,8 +316,9 @@ class App:
         return register
 
     async def _fire_cron(self, trigger: CronTrigger, tick: float) -> None:
-        await self.dispatch(trigger.workflow, {"cron": trigger.name, "scheduled_at": tick},
-                            idempotency_key=trigger.idempotency_key(tick))
+        # no trace continues into a tick's run: whatever span the poll runs under is not its
+        await self._dispatch(trigger.workflow, {"cron": trigger.name, "scheduled_at": tick},
+                             idempotency_key=trigger.idempotency_key(tick), traced=False)
 
     def outbox_handler(
         self, topic: str, *, max_deliveries: int = 10
@@ -840,6 +852,7 @@ class App:
         max_attempts: int | None = None,
         parent: Run | None = None,
         connection: object | None = None,
+        traced: bool = True,
     ) -> Run:
         name = self._workflow_name(workflow)
         input, _, text = _json.checked_text(input, "input", self.max_payload_bytes)
@@ -860,6 +873,8 @@ class App:
             version=self.version,
             parent_id=None if parent is None else parent.id,
             root_id=run_id if parent is None else parent.root_id, input_json=text,
+            # the span active here (a child's: its parent's start_child step) is its runs'
+            trace_context=self.telemetry.trace_carrier() if traced else None,
         )
         if joined is not None:
             run, created = await joined.create_run_in(
@@ -913,6 +928,7 @@ class App:
         batch_priority = _either(priority, None, int(options.get("priority", 0)))
         batch_attempts = _either(max_attempts, None, int(options.get("max_attempts", 3)))
         run_at = now + (delay or 0.0)
+        trace_context = self.telemetry.trace_carrier()   # the span active here: the batch's
         news = []
         for i, ((value, text, one), run_id) in enumerate(
                 zip(checked, _ids.new_ids(now, len(checked)), strict=True)):
@@ -927,7 +943,8 @@ class App:
                 created_at=now, run_at=run_at if one.delay is None else now + one.delay,
                 max_attempts=_either(one.max_attempts, None, batch_attempts),
                 concurrency_key=key, idempotency_key=one.idempotency_key,
-                version=self.version, root_id=run_id, input_json=text))
+                version=self.version, root_id=run_id, trace_context=trace_context,
+                input_json=text))
         if not news:
             return []
         if joined is not None:

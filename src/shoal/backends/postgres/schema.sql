@@ -49,7 +49,8 @@ CREATE TABLE runs (
     -- retry), woke, resumed, recovered; set by the claim
     resume_reason    text,
     traceback        text,  -- a failed run's last attempt's (at most 64 KiB, its end)
-    has_tree_keys    boolean NOT NULL DEFAULT false  -- a root whose tree stored keys (version 16)
+    has_tree_keys    boolean NOT NULL DEFAULT false,  -- a root whose tree stored keys (version 16)
+    trace_context    text  -- the W3C trace context it continues, JSON (version 20)
 );
 
 -- invariant 5: one run per (tenant, workflow, idempotency key) in a namespace
@@ -289,6 +290,7 @@ CREATE TABLE outbox (
     delivered_at double precision,
     dead         boolean NOT NULL DEFAULT false,
     error        text,
+    trace_context text,              -- its step's W3C trace context, JSON (version 20)
     UNIQUE (run_id, seq, idx)        -- invariant 3: a step's entries exist once (and prune's probe)
 );
 -- the claim scan: only entries still to deliver are indexed, so its cost does not grow with
@@ -479,4 +481,5 @@ FROM (VALUES (1, '0001_runs.sql'),
              (15, '0015_console_reads.sql'),
              (16, '0016_tree_flag.sql'),
              (17, '0017_member_beats.sql'),
-             (18, '0018_step_timeline.sql')) AS applied (version, name);
+             (18, '0018_step_timeline.sql'),
+             (20, '0020_trace_context.sql')) AS applied (version, name);

@@ -40,7 +40,8 @@ CREATE TABLE runs (
     started_at       REAL,
     finished_at      REAL,
     resume_reason    TEXT,                -- why it is delivered again (observers' on_run_resume)
-    traceback        TEXT                 -- a failed run's last attempt's (at most 64 KiB, its end)
+    traceback        TEXT,                -- a failed run's last attempt's (at most 64 KiB, its end)
+    trace_context    TEXT                 -- the W3C trace context it continues, JSON (version 20)
 );
 
 -- invariant 5: one run per (tenant, workflow, idempotency key) in a namespace
@@ -219,6 +220,7 @@ CREATE TABLE outbox (
     delivered_at REAL,
     dead         INTEGER NOT NULL DEFAULT 0,
     error        TEXT,
+    trace_context TEXT,              -- its step's W3C trace context, JSON (version 20)
     UNIQUE (run_id, seq, idx)        -- invariant 3: a step's entries exist once
 );
 CREATE INDEX outbox_due ON outbox (namespace, next_at)
@@ -394,4 +396,5 @@ FROM (VALUES (1, '0001_runs.sql'),
              (15, '0015_console_reads.sql'),
              (16, '0016_tree_flag.sql'),
              (17, '0017_member_beats.sql'),
-             (18, '0018_step_timeline.sql'));
+             (18, '0018_step_timeline.sql'),
+             (20, '0020_trace_context.sql'));
