@@ -33,7 +33,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from shoal.app import App
-from shoal.app.options import CONCURRENCY_ENV, concurrency_setting
+from shoal.app.options import CONCURRENCY_ENV, concurrency_setting, tracing_sink
 from shoal.errors import ShoalError, UnknownPauseError, UnknownRunError
 from shoal.ports import Store
 from shoal.stores import mask_url, open_store
@@ -218,9 +218,13 @@ def _load_app(spec: str) -> App:
 @click.option("--concurrency", envvar=CONCURRENCY_ENV, default=None, metavar="N",
               help="Runs this worker executes at once, instead of the app's "
                    f"max_concurrent_runs [env {CONCURRENCY_ENV}].")
+@click.option("--tracing", is_flag=True, envvar="SHOAL_TRACING",
+              help="Trace runs with OpenTelemetry through the global tracer provider (set up "
+                   "by your code or by opentelemetry-instrument), as App(tracing=True) does; "
+                   "needs shoal[otel] [env SHOAL_TRACING].")
 @click.pass_context
 def worker(ctx: click.Context, app_spec: str, log_level: str, shutdown_timeout: float,
-           no_migrate: bool, concurrency: str | None) -> None:
+           no_migrate: bool, concurrency: str | None, tracing: bool) -> None:
     """Serve the App MODULE:APP until SIGTERM or SIGINT, then stop gracefully.
 
     The app names its own store; build it with shoal.App.from_env() to take SHOAL_STORE,
@@ -241,6 +245,10 @@ def worker(ctx: click.Context, app_spec: str, log_level: str, shutdown_timeout: 
         app.migrate = False
     if slots is not None:
         app.max_concurrent_runs = slots
+    if tracing and app.tracing is None:   # an app traced already keeps its own provider
+        app.tracing = tracing_sink(True)
+        assert app.tracing is not None
+        app.instrument(app.tracing)
     click.echo(f"shoal worker: serving {app!r}, max_concurrent_runs={app.max_concurrent_runs}; "
                f"SIGTERM or Ctrl-C stops it gracefully.", err=True)
     app.run_forever(timeout=shutdown_timeout)

@@ -165,7 +165,7 @@ async def test_a_run_continues_the_trace_it_was_dispatched_in(store_url: str,
     assert dict(attempt.attributes or {}) == {
         "shoal.run_id": run.id, "shoal.workflow": "flow", "shoal.attempt": 1,
         "shoal.lease_epoch": 1, "shoal.tenant": "default", "shoal.instance": "back",
-        "shoal.namespace": "traced", "shoal.resume_reason": "dispatched",
+        "shoal.resume_reason": "dispatched",
         "shoal.outcome": "succeeded"}
     assert attempt.status.status_code == StatusCode.UNSET
     steps = {s.name: s for s in spans.all() if s.name.startswith("shoal.step ")}
@@ -268,8 +268,17 @@ async def test_failed_steps_and_attempts_record_their_exception(spans: Spans) ->
     def broken() -> None:
         raise KeyError("missing")
 
+    flaky = {"left": 1}
+
+    def once() -> int:
+        if flaky["left"]:
+            flaky["left"] -= 1
+            raise OSError("flaky")
+        return 1
+
     @app.workflow(max_attempts=2, backoff=1.0)
     async def fails(ctx: shoal.RunContext, input: Any) -> None:
+        await ctx.step.with_options(retries=1)("flaky", once)
         await ctx.step("broken", broken)
 
     async with app:
@@ -290,6 +299,12 @@ async def test_failed_steps_and_attempts_record_their_exception(spans: Spans) ->
         assert exception["exception.type"] == "KeyError"
         assert "broken" in str(exception["exception.stacktrace"])
     assert [_parent(s) for s in steps] == [_id(a) for a in attempts]
+    # a step retried in place is one span, which tells how many retries it took
+    flaky_span = spans.one("shoal.step flaky")
+    assert dict(flaky_span.attributes or {}) == {
+        "shoal.run_id": run.id, "shoal.step": "flaky", "shoal.step_seq": 1, "shoal.retries": 1,
+        "shoal.outcome": "succeeded"}
+    assert flaky_span.status.status_code == StatusCode.UNSET
     assert [_attr(s, "shoal.outcome") for s in steps] == ["failed", "failed"]
 
 

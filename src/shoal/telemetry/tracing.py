@@ -63,6 +63,7 @@ _attempt: contextvars.ContextVar[Span | None] = contextvars.ContextVar(
     "shoal_attempt_span", default=None)
 
 _EMPTY = otel.Context()
+_READ_LIMIT = 4096   # carriers kept read (Tracing._read)
 
 
 def _version() -> str | None:
@@ -74,9 +75,9 @@ def _version() -> str | None:
 
 class Tracing(Telemetry):
     """The OpenTelemetry sink. ``tracer_provider``: where the spans go (None: the global one,
-    also when the SDK sets it up after the app is built). ``link``: begin a
-    trace per attempt (and per delivery), linked to the dispatching span, instead of making
-    that span their parent."""
+    also when the SDK sets it up after the app is built). ``link``: begin a trace per attempt
+    (and per delivery), linked to the dispatching span, instead of making that span their
+    parent. ``TypeError`` for a provider that is not one."""
 
     def __init__(self, tracer_provider: TracerProvider | None = None, *,
                  link: bool = False) -> None:
@@ -85,6 +86,9 @@ class Tracing(Telemetry):
                             f"{type(tracer_provider).__name__}.")
         self._tracer = trace.get_tracer("shoal", _version(), tracer_provider)
         self.link = bool(link)
+        # carriers read lately, as contexts (immutable): the runs of a batch, and the attempts
+        # of one run, share theirs, and reading one costs as much as a span
+        self._read: dict[str, tuple[otel.Context, Sequence[Link] | None]] = {}
 
     def __repr__(self) -> str:
         return f"<shoal.telemetry.tracing.Tracing link={self.link}>"
@@ -103,6 +107,14 @@ class Tracing(Telemetry):
         an entry), and its links: with ``link``, an empty context and a link to it."""
         if not carried:
             return _EMPTY, None
+        found = self._read.get(carried)
+        if found is None:
+            if len(self._read) >= _READ_LIMIT:
+                self._read.clear()
+            found = self._read[carried] = self._read_carrier(carried)
+        return found
+
+    def _read_carrier(self, carried: str) -> tuple[otel.Context, Sequence[Link] | None]:
         try:
             carrier = json.loads(carried)
         except ValueError:
@@ -113,7 +125,7 @@ class Tracing(Telemetry):
         if not self.link:
             return parent, None
         found = trace.get_current_span(parent).get_span_context()
-        return _EMPTY, [Link(found)] if found.is_valid else None
+        return _EMPTY, (Link(found),) if found.is_valid else None
 
     # -- run attempts and steps ------------------------------------------------------------
 
@@ -122,7 +134,7 @@ class Tracing(Telemetry):
         attributes: dict[str, str | int] = {
             "shoal.run_id": run.id, "shoal.workflow": run.workflow, "shoal.attempt": run.attempts,
             "shoal.lease_epoch": run.lease_epoch, "shoal.tenant": run.tenant,
-            "shoal.instance": instance, "shoal.namespace": run.namespace,
+            "shoal.instance": instance,
         }
         if run.resume_reason:
             attributes["shoal.resume_reason"] = run.resume_reason
@@ -147,16 +159,18 @@ class Tracing(Telemetry):
             _attempt.reset(current)
 
     def step_started(self, run: Run, name: str, seq: int) -> Token:
+        # the run's other attributes are its attempt's, the parent: a span's attributes are
+        # most of what it costs beyond the SDK's own
         span = self._tracer.start_span(f"shoal.step {name}", attributes={
-            "shoal.run_id": run.id, "shoal.workflow": run.workflow, "shoal.step": name,
-            "shoal.step_seq": seq, "shoal.attempt": run.attempts, "shoal.tenant": run.tenant})
+            "shoal.run_id": run.id, "shoal.step": name, "shoal.step_seq": seq})
         return span, otel.attach(trace.set_span_in_context(span))
 
     def step_ended(self, token: Token, run: Run, name: str, error: BaseException | None,
                    retries: int) -> None:
         span, attached = token
         try:
-            span.set_attribute("shoal.retries", retries)
+            if retries:
+                span.set_attribute("shoal.retries", retries)
             if error is None:
                 span.set_attribute("shoal.outcome", "succeeded")
             elif isinstance(error, Exception):
