@@ -34,7 +34,7 @@ from rich.table import Table
 
 from shoal import logs
 from shoal.app import App, history
-from shoal.app.options import CONCURRENCY_ENV, concurrency_setting
+from shoal.app.options import CONCURRENCY_ENV, concurrency_setting, tracing_sink
 from shoal.errors import ShoalError, UnknownPauseError, UnknownRunError
 from shoal.logs import FORMAT_ENV, FORMATS
 from shoal.ports import Store
@@ -233,11 +233,15 @@ def _load_app(spec: str) -> App:
                    "app's metrics on if it did not (needs shoal[metrics]).")
 @click.option("--metrics-host", default="0.0.0.0", show_default=True, metavar="HOST",
               help="The address --metrics-port listens on (127.0.0.1: this machine only).")
+@click.option("--tracing", is_flag=True, envvar="SHOAL_TRACING",
+              help="Trace runs with OpenTelemetry through the global tracer provider (set up "
+                   "by your code or by opentelemetry-instrument), as App(tracing=True) does; "
+                   "needs shoal[otel] [env SHOAL_TRACING].")
 @click.pass_context
 def worker(ctx: click.Context, app_spec: str, log_level: str, shutdown_timeout: float,
            no_migrate: bool, concurrency: str | None, log_format: str | None,
            health_port: int | None, health_host: str | None, metrics_port: int | None,
-           metrics_host: str) -> None:
+           metrics_host: str, tracing: bool) -> None:
     """Serve the App MODULE:APP until SIGTERM or SIGINT, then stop gracefully.
 
     The app names its own store; build it with shoal.App.from_env() to take SHOAL_STORE,
@@ -258,7 +262,8 @@ def worker(ctx: click.Context, app_spec: str, log_level: str, shutdown_timeout: 
         source = ctx.parent.get_parameter_source("store") if ctx.parent else None
         _serve(app_spec, as_json, source is click.core.ParameterSource.COMMANDLINE,
                no_migrate, slots, health_port, health_host,
-               None if metrics_port is None else (metrics_host, metrics_port), shutdown_timeout)
+               None if metrics_port is None else (metrics_host, metrics_port), tracing,
+               shutdown_timeout)
     finally:    # as it was: the command may be invoked in a process that goes on
         root.removeHandler(handler)
         root.setLevel(level)
@@ -266,7 +271,7 @@ def worker(ctx: click.Context, app_spec: str, log_level: str, shutdown_timeout: 
 
 def _serve(app_spec: str, as_json: bool, store_given: bool, no_migrate: bool,
            slots: int | None, health_port: int | None, health_host: str | None,
-           metrics: tuple[str, int] | None, shutdown_timeout: float) -> None:
+           metrics: tuple[str, int] | None, tracing: bool, shutdown_timeout: float) -> None:
     """``shoal worker``, once its logging is set up."""
     def say(level: int, text: str, **fields: Any) -> None:
         """A note of the worker's own: a line on stderr, or a record among the JSON ones."""
@@ -291,6 +296,10 @@ def _serve(app_spec: str, as_json: bool, store_given: bool, no_migrate: bool,
         app.health_host = health_host
     if health_port is not None:
         app.health_port = health_port
+    if tracing and app.tracing is None:   # an app traced already keeps its own provider
+        app.tracing = tracing_sink(True)
+        assert app.tracing is not None
+        app.instrument(app.tracing)
     stop_metrics = None
     if metrics is not None:
         stop_metrics = _serve_metrics(app, *metrics, say)

@@ -86,6 +86,9 @@ class Run(Generic[Output]):
     traceback: str | None = None
     # the latest ``ctx.progress(...)`` an execution of the run reported, None before any
     progress: Progress | None = None
+    # the trace context active where the run was dispatched (the W3C propagator's carrier as
+    # JSON), which its attempts' spans continue; None when nothing was traced there
+    trace_context: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -201,6 +204,8 @@ class NewRun:
     version: str | None
     parent_id: str | None = None
     root_id: str | None = None
+    # the trace context to store with the run (``Run.trace_context``)
+    trace_context: str | None = None
     # the JSON text of ``input`` (as ``shoal._json.dumps`` writes it) when the caller has it
     # already (the app does: it checks each input by encoding it); a store that keeps text uses
     # it rather than encoding ``input`` again
@@ -273,6 +278,9 @@ class OutboxEntry:
     delivered_at: float | None = None
     dead: bool = False
     error: str | None = None
+    # the trace context of the step that sent it (the W3C propagator's carrier as JSON), which
+    # its deliveries' spans continue; None when that step was not traced
+    trace_context: str | None = field(default=None, repr=False)
 
     @property
     def key(self) -> str:

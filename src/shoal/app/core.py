@@ -40,6 +40,7 @@ from shoal.app.options import (
     check_dispatch_options,
     check_workflow_options,
     concurrency_setting,
+    tracing_sink,
 )
 from shoal.clock import Clock, SystemClock
 from shoal.coord.lock import LockManager, LockRequest, lock_keys
@@ -99,9 +100,11 @@ from shoal.types import (
 )
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
     from prometheus_client import CollectorRegistry
 
     from shoal.telemetry.metrics import PrometheusMetrics
+    from shoal.telemetry.tracing import Tracing
 
 log = logging.getLogger("shoal")
 
@@ -199,6 +202,7 @@ class App:
         health_port: int | None = None,
         health_host: str = "0.0.0.0",
         metrics: bool | CollectorRegistry | PrometheusMetrics = False,
+        tracing: bool | TracerProvider = False,
     ) -> None:
         check_app_options(namespace, store, instance_id, max_concurrent_runs, lease, clock,
                            version, max_queued, admission, membership_interval,
@@ -259,6 +263,10 @@ class App:
         self._stopping = False
         if self.metrics is not None:
             self.instrument(self.metrics)
+        # the OpenTelemetry sink of App(tracing=...) (or of `shoal worker --tracing`), if any
+        self.tracing: Tracing | None = tracing_sink(tracing)
+        if self.tracing is not None:
+            self.instrument(self.tracing)
 
     def __repr__(self) -> str:
         return (f"<shoal.App {self.namespace!r} instance={self.instance_id!r} "
@@ -379,8 +387,9 @@ class App:
         return cast(CronDecorator, register)
 
     async def _fire_cron(self, trigger: CronTrigger, tick: float) -> None:
-        await self.dispatch(trigger.workflow, {"cron": trigger.name, "scheduled_at": tick},
-                            idempotency_key=trigger.idempotency_key(tick))
+        # no trace continues into a tick's run: whatever span the poll runs under is not its
+        await self._dispatch(trigger.workflow, {"cron": trigger.name, "scheduled_at": tick},
+                             idempotency_key=trigger.idempotency_key(tick), traced=False)
 
     def outbox_handler(
         self, topic: str, *, max_deliveries: int = 10
@@ -1015,6 +1024,7 @@ class App:
         max_attempts: int | None = None,
         parent: Run | None = None,
         connection: object | None = None,
+        traced: bool = True,
     ) -> Run:
         name = self._workflow_name(workflow)
         input = self._typed_input(name, workflow, input)
@@ -1036,6 +1046,8 @@ class App:
             version=self.version,
             parent_id=None if parent is None else parent.id,
             root_id=run_id if parent is None else parent.root_id, input_json=text,
+            # the span active here (a child's: its parent's start_child step) is its runs'
+            trace_context=self.telemetry.trace_carrier() if traced else None,
         )
         if joined is not None:
             run, created = await joined.create_run_in(
@@ -1094,6 +1106,7 @@ class App:
         batch_priority = _either(priority, None, int(options.get("priority", 0)))
         batch_attempts = _either(max_attempts, None, int(options.get("max_attempts", 3)))
         run_at = now + (delay or 0.0)
+        trace_context = self.telemetry.trace_carrier()   # the span active here: the batch's
         news = []
         for i, ((value, text, one), run_id) in enumerate(
                 zip(checked, _ids.new_ids(now, len(checked)), strict=True)):
@@ -1108,7 +1121,8 @@ class App:
                 created_at=now, run_at=run_at if one.delay is None else now + one.delay,
                 max_attempts=_either(one.max_attempts, None, batch_attempts),
                 concurrency_key=key, idempotency_key=one.idempotency_key,
-                version=self.version, root_id=run_id, input_json=text))
+                version=self.version, root_id=run_id, trace_context=trace_context,
+                input_json=text))
         if not news:
             return []
         if joined is not None:

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from shoal import _checks
 from shoal._checks import CALL, CONFIG
 from shoal.clock import Clock
 from shoal.errors import ConfigurationError
 from shoal.ports import Store
+
+if TYPE_CHECKING:
+    from shoal.telemetry.tracing import Tracing
 
 # app.dispatch_many: items per call, and the JSON of their inputs together (one statement)
 MAX_BATCH = 10_000
@@ -155,3 +158,22 @@ def check_app_options(namespace: object, store: object, instance_id: object,
                 f"renewal never loses a lease), not {heartbeat!r}.")
     if not isinstance(migrate, bool):
         raise ConfigurationError(f"App(migrate) must be True or False, not {migrate!r}.")
+
+
+def tracing_sink(tracing: object) -> Tracing | None:
+    """The sink ``App(tracing=...)`` asks for: None for False, else an OpenTelemetry
+    :class:`~shoal.telemetry.tracing.Tracing` over the global tracer provider (True) or the one
+    given. ``ConfigurationError`` for anything else, and when the OpenTelemetry API is not
+    installed."""
+    if tracing is False:
+        return None
+    if tracing is not True and not hasattr(tracing, "get_tracer"):
+        raise ConfigurationError(f"App(tracing) must be True, False or an OpenTelemetry "
+                                 f"TracerProvider, not {tracing!r:.80}.")
+    # imports OpenTelemetry: only when asked
+    from shoal.telemetry.tracing import Tracing
+
+    try:
+        return Tracing(None if tracing is True else tracing)  # type: ignore[arg-type]
+    except TypeError as e:
+        raise ConfigurationError(f"App(tracing): {e}") from None

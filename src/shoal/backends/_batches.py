@@ -72,7 +72,7 @@ def queued_run(new: NewRun, held: bool, text: str | None = None) -> Run:
         priority=new.priority, created_at=new.created_at, run_at=new.run_at,
         max_attempts=new.max_attempts, concurrency_key=new.concurrency_key,
         idempotency_key=new.idempotency_key, version=new.version, parent_id=new.parent_id,
-        root_id=new.root_id or new.id, held=held)
+        root_id=new.root_id or new.id, held=held, trace_context=new.trace_context)
     return run
 
 

@@ -590,6 +590,8 @@ class RunContext:
             telemetry.step_ended(told, self._x.run, name, e, retries)
             raise
         else:
+            # the entries it sent continue the step's trace: read while its span is current
+            carrier = telemetry.trace_carrier() if sent_here else None
             telemetry.step_ended(told, self._x.run, name, None, retried)
         finally:
             self.step_key = None
@@ -606,7 +608,8 @@ class RunContext:
         sent = host.clock.now()
         run = self._x.run
         entries = [OutboxEntry(id=new_id(sent), namespace=run.namespace, run_id=run.id, seq=seq,
-                               index=i, topic=topic, payload=payload, created_at=sent)
+                               index=i, topic=topic, payload=payload, created_at=sent,
+                               trace_context=carrier)
                    for i, (topic, payload) in enumerate(sent_here)]
         if not await self._write(host.store.checkpoint_step(
                 self._x.fence, step, host.lease, sent, entries)):

@@ -31,8 +31,10 @@ class Telemetry:
     # -- runs (the app's dispatch path, the engine) ----------------------------------------
 
     def trace_carrier(self) -> str | None:
-        """The trace context active in the caller (a W3C ``traceparent``) to store with a run
-        being dispatched now, so its attempts continue that trace; None for none."""
+        """The trace context active in the caller, as text, to store with a run being
+        dispatched now (or with the outbox entries of the step ending now), so its attempts (its
+        deliveries) continue that trace; None for none. The tracing sink's is the propagator's
+        carrier in JSON (W3C ``traceparent`` and ``tracestate``)."""
         return None
 
     def runs_dispatched(self, workflow: str, created: int) -> None:

@@ -17,10 +17,11 @@
 WITH inserted AS (
     INSERT INTO runs (id, namespace, tenant, workflow, input, status, priority, created_at,
                       run_at, max_attempts, concurrency_key, idempotency_key, version, parent_id,
-                      root_id, held)
+                      root_id, held, trace_context)
     VALUES (%(id)s, %(namespace)s, %(tenant)s, %(workflow)s, %(input)s, 'queued', %(priority)s,
             %(created_at)s, %(run_at)s, %(max_attempts)s, %(concurrency_key)s,
-            %(idempotency_key)s, %(version)s, %(parent_id)s, %(root_id)s, %(held)s)
+            %(idempotency_key)s, %(version)s, %(parent_id)s, %(root_id)s, %(held)s,
+            %(trace_context)s)
     ON CONFLICT (namespace, tenant, workflow, idempotency_key)
         WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING *
@@ -37,14 +38,15 @@ FROM inserted;
 WITH inserted AS (
     INSERT INTO runs (id, namespace, tenant, workflow, input, status, priority, created_at,
                       run_at, max_attempts, concurrency_key, idempotency_key, version, parent_id,
-                      root_id, held)
+                      root_id, held, trace_context)
     SELECT id, %(namespace)s, tenant, workflow, input, 'queued', priority, created_at, run_at,
-           max_attempts, concurrency_key, idempotency_key, version, parent_id, root_id, held
+           max_attempts, concurrency_key, idempotency_key, version, parent_id, root_id, held,
+           trace_context
     FROM json_to_recordset(%(rows)s::json)
         AS b(id text, tenant text, workflow text, input text, priority integer,
              created_at double precision, run_at double precision, max_attempts integer,
              concurrency_key text, idempotency_key text, version text, parent_id text,
-             root_id text, held boolean)
+             root_id text, held boolean, trace_context text)
     ON CONFLICT (namespace, tenant, workflow, idempotency_key)
         WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, held
@@ -59,7 +61,8 @@ FROM inserted;
 -- _COPY_MIN runs, in the transaction that then sends notify: COPY is the cheapest way in (half
 -- the server time of insert_runs per row). The columns of insert_runs, in its order.
 COPY runs (id, namespace, tenant, workflow, input, status, priority, created_at, run_at,
-           max_attempts, concurrency_key, idempotency_key, version, parent_id, root_id, held)
+           max_attempts, concurrency_key, idempotency_key, version, parent_id, root_id, held,
+           trace_context)
 FROM STDIN;
 
 -- name: notify
@@ -828,12 +831,15 @@ RETURNING id;
 -- finished step's entries were written with it), once per (run_id, seq, idx); then the step.
 -- Both parts see the steps as they were before this statement.
 WITH sent AS (
-    INSERT INTO outbox (id, namespace, run_id, seq, idx, topic, payload, created_at, next_at)
-    SELECT o.id, o.namespace, o.run_id, o.seq, o.idx, o.topic, o.payload, o.created_at, %(now)s
+    INSERT INTO outbox (id, namespace, run_id, seq, idx, topic, payload, created_at, next_at,
+                        trace_context)
+    SELECT o.id, o.namespace, o.run_id, o.seq, o.idx, o.topic, o.payload, o.created_at, %(now)s,
+           o.trace_context
     FROM unnest(%(o_id)s::text[], %(o_namespace)s::text[], %(o_run_id)s::text[],
                 %(o_seq)s::integer[], %(o_idx)s::integer[], %(o_topic)s::text[],
-                %(o_payload)s::text[], %(o_created_at)s::double precision[])
-        AS o(id, namespace, run_id, seq, idx, topic, payload, created_at)
+                %(o_payload)s::text[], %(o_created_at)s::double precision[],
+                %(o_trace_context)s::text[])
+        AS o(id, namespace, run_id, seq, idx, topic, payload, created_at, trace_context)
     WHERE NOT EXISTS (SELECT 1 FROM steps
                       WHERE steps.run_id = %(run_id)s AND steps.seq = %(seq)s AND steps.finished)
     ORDER BY o.run_id, o.seq, o.idx

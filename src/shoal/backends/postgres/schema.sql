@@ -51,7 +51,8 @@ CREATE TABLE runs (
     traceback        text,  -- a failed run's last attempt's (at most 64 KiB, its end)
     has_tree_keys    boolean NOT NULL DEFAULT false,  -- a root whose tree stored keys (version 16)
     progress         text,  -- the latest ctx.progress, as JSON (version 19)
-    progress_at      double precision  -- when the run reported it
+    progress_at      double precision,  -- when the run reported it
+    trace_context    text  -- the W3C trace context it continues, JSON (version 22)
 );
 
 -- invariant 5: one run per (tenant, workflow, idempotency key) in a namespace
@@ -291,6 +292,7 @@ CREATE TABLE outbox (
     delivered_at double precision,
     dead         boolean NOT NULL DEFAULT false,
     error        text,
+    trace_context text,              -- its step's W3C trace context, JSON (version 22)
     UNIQUE (run_id, seq, idx)        -- invariant 3: a step's entries exist once (and prune's probe)
 );
 -- the claim scan: only entries still to deliver are indexed, so its cost does not grow with
@@ -520,4 +522,5 @@ FROM (VALUES (1, '0001_runs.sql'),
              (18, '0018_step_timeline.sql'),
              (19, '0019_run_progress.sql'),
              (20, '0020_graph_checkpoints.sql'),
-             (21, '0021_ledger_tokens.sql')) AS applied (version, name);
+             (21, '0021_ledger_tokens.sql'),
+             (22, '0022_trace_context.sql')) AS applied (version, name);

@@ -556,7 +556,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
             "max_attempts": new.max_attempts, "concurrency_key": new.concurrency_key,
             "idempotency_key": new.idempotency_key, "version": new.version,
             "parent_id": new.parent_id, "root_id": new.root_id or new.id, "held": False,
-            "channel": self.channel,
+            "trace_context": new.trace_context, "channel": self.channel,
         }
 
     async def create_run_in(
@@ -680,6 +680,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
             "max_attempts": n.max_attempts, "concurrency_key": n.concurrency_key,
             "idempotency_key": n.idempotency_key, "version": n.version,
             "parent_id": n.parent_id, "root_id": n.root_id or n.id, "held": h,
+            "trace_context": n.trace_context,
         } for n, h, text in rows], ensure_ascii=False, separators=(",", ":"))
         found = await execute("insert_runs", {"namespace": namespace, "rows": batch,
                                               "channel": self.channel})
@@ -845,6 +846,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
                 "o_idx": [e.index for e in outbox], "o_topic": [e.topic for e in outbox],
                 "o_payload": [_json.dumps(e.payload) for e in outbox],
                 "o_created_at": [e.created_at for e in outbox],
+                "o_trace_context": [e.trace_context for e in outbox],
             })
             return True
 
@@ -1566,6 +1568,7 @@ def _entry(row: DictRow) -> OutboxEntry:
         index=row["idx"], topic=row["topic"], payload=_json.loads(row["payload"]),
         created_at=row["created_at"], attempts=row["attempts"], next_at=row["next_at"],
         delivered_at=row["delivered_at"], dead=row["dead"], error=row["error"],
+        trace_context=row["trace_context"],
     )
 
 
@@ -1592,6 +1595,7 @@ def _run(row: DictRow) -> Run:
         wait_for=row["wait_for"], held=row["held"], started_at=row["started_at"],
         finished_at=row["finished_at"], resume_reason=row["resume_reason"],
         traceback=row["traceback"], progress=progress_of(row["progress"], row["progress_at"]),
+        trace_context=row["trace_context"],
     )
 
 
@@ -1626,7 +1630,8 @@ class _CopyLines:
         return (f"{run_id}\t{self.namespace}\t{same(n.tenant)}\t{same(n.workflow)}\t{text}\t"
                 f"queued\t{n.priority}\t{same(n.created_at)}\t{same(n.run_at)}\t"
                 f"{n.max_attempts}\t{_copy_value(n.concurrency_key)}\t\\N\t{same(n.version)}\t"
-                f"{_copy_value(n.parent_id)}\t{root}\t{'t' if held else 'f'}\n")
+                f"{_copy_value(n.parent_id)}\t{root}\t{'t' if held else 'f'}\t"
+                f"{_copy_value(n.trace_context)}\n")
 
 
 def _copy_value(value: str | float | None) -> str:

@@ -17,17 +17,21 @@ LIMIT :limit;
 
 -- name: insert_run
 INSERT INTO runs (id, namespace, tenant, workflow, input, status, priority, created_at, run_at,
-                  max_attempts, concurrency_key, idempotency_key, version, parent_id, root_id, held)
+                  max_attempts, concurrency_key, idempotency_key, version, parent_id, root_id, held,
+                  trace_context)
 VALUES (:id, :namespace, :tenant, :workflow, :input, 'queued', :priority, :created_at, :run_at,
-        :max_attempts, :concurrency_key, :idempotency_key, :version, :parent_id, :root_id, :held)
+        :max_attempts, :concurrency_key, :idempotency_key, :version, :parent_id, :root_id, :held,
+        :trace_context)
 RETURNING *;
 
 -- name: insert_runs
 -- create_runs: one row per item (executemany), in the batch's transaction.
 INSERT INTO runs (id, namespace, tenant, workflow, input, status, priority, created_at, run_at,
-                  max_attempts, concurrency_key, idempotency_key, version, parent_id, root_id, held)
+                  max_attempts, concurrency_key, idempotency_key, version, parent_id, root_id, held,
+                  trace_context)
 VALUES (:id, :namespace, :tenant, :workflow, :input, 'queued', :priority, :created_at, :run_at,
-        :max_attempts, :concurrency_key, :idempotency_key, :version, :parent_id, :root_id, :held);
+        :max_attempts, :concurrency_key, :idempotency_key, :version, :parent_id, :root_id, :held,
+        :trace_context);
 
 -- name: find_idempotent
 SELECT * FROM runs
@@ -418,8 +422,10 @@ RETURNING id;
 UPDATE runs SET cancel_requested = 1 WHERE root_id = :id AND id <> :id AND status = 'running';
 
 -- name: insert_outbox
-INSERT INTO outbox (id, namespace, run_id, seq, idx, topic, payload, created_at, next_at)
-VALUES (:id, :namespace, :run_id, :seq, :idx, :topic, :payload, :created_at, :now)
+INSERT INTO outbox (id, namespace, run_id, seq, idx, topic, payload, created_at, next_at,
+                    trace_context)
+VALUES (:id, :namespace, :run_id, :seq, :idx, :topic, :payload, :created_at, :now,
+        :trace_context)
 ON CONFLICT (run_id, seq, idx) DO NOTHING;
 
 -- name: step_finished

@@ -42,7 +42,8 @@ CREATE TABLE runs (
     resume_reason    TEXT,                -- why it is delivered again (observers' on_run_resume)
     traceback        TEXT,                -- a failed run's last attempt's (at most 64 KiB, its end)
     progress         TEXT,                -- the latest ctx.progress, as JSON (version 19)
-    progress_at      REAL                 -- when the run reported it
+    progress_at      REAL,                -- when the run reported it
+    trace_context    TEXT                 -- the W3C trace context it continues, JSON (version 22)
 );
 
 -- invariant 5: one run per (tenant, workflow, idempotency key) in a namespace
@@ -221,6 +222,7 @@ CREATE TABLE outbox (
     delivered_at REAL,
     dead         INTEGER NOT NULL DEFAULT 0,
     error        TEXT,
+    trace_context TEXT,              -- its step's W3C trace context, JSON (version 22)
     UNIQUE (run_id, seq, idx)        -- invariant 3: a step's entries exist once
 );
 CREATE INDEX outbox_due ON outbox (namespace, next_at)
@@ -435,4 +437,5 @@ FROM (VALUES (1, '0001_runs.sql'),
              (18, '0018_step_timeline.sql'),
              (19, '0019_run_progress.sql'),
              (20, '0020_graph_checkpoints.sql'),
-             (21, '0021_ledger_tokens.sql'));
+             (21, '0021_ledger_tokens.sql'),
+             (22, '0022_trace_context.sql'));

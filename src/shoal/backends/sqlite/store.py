@@ -610,7 +610,7 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits, SQLiteGraphCheckpoints):
                         "id": e.id, "namespace": e.namespace, "run_id": e.run_id,
                         "seq": e.seq, "idx": e.index, "topic": e.topic,
                         "payload": _json.dumps(e.payload), "created_at": e.created_at,
-                        "now": now})
+                        "now": now, "trace_context": e.trace_context})
         self._put_step(db, fence, step, now)
         return True
 
@@ -1116,6 +1116,7 @@ def _create_run(
             "max_attempts": new.max_attempts, "concurrency_key": new.concurrency_key,
             "idempotency_key": new.idempotency_key, "version": new.version,
             "parent_id": new.parent_id, "root_id": new.root_id or new.id, "held": held,
+            "trace_context": new.trace_context,
         }).fetchone()
     except sqlite3.IntegrityError:
         # a caller's transaction that read before another committed the same key (the store's
@@ -1154,6 +1155,7 @@ def _create_runs(
         "max_attempts": new.max_attempts, "concurrency_key": new.concurrency_key,
         "idempotency_key": new.idempotency_key, "version": new.version,
         "parent_id": new.parent_id, "root_id": new.root_id or new.id, "held": int(h),
+        "trace_context": new.trace_context,
     } for new, h, text in rows])
     inserted = {new.id: queued_run(new, h, text) for new, h, text in rows}
     return answers(news, inserted, stored)
@@ -1221,6 +1223,7 @@ def _entry(row: sqlite3.Row) -> OutboxEntry:
         index=row["idx"], topic=row["topic"], payload=_json.loads(row["payload"]),
         created_at=row["created_at"], attempts=row["attempts"], next_at=row["next_at"],
         delivered_at=row["delivered_at"], dead=bool(row["dead"]), error=row["error"],
+        trace_context=row["trace_context"],
     )
 
 
@@ -1248,4 +1251,5 @@ def _run(row: sqlite3.Row) -> Run:
         wait_for=row["wait_for"], held=bool(row["held"]), started_at=row["started_at"],
         finished_at=row["finished_at"], resume_reason=row["resume_reason"],
         traceback=row["traceback"], progress=progress_of(row["progress"], row["progress_at"]),
+        trace_context=row["trace_context"],
     )

@@ -539,6 +539,40 @@ class RunContract:
         assert runs[succeeded.id].traceback is None and runs[succeeded.id].error is None
         assert runs[crashed.id].status == RunStatus.FAILED and runs[crashed.id].traceback is None
 
+    async def test_a_run_and_its_outbox_entries_keep_their_trace_context(
+        self, store: Store, other: Store
+    ) -> None:
+        """The trace context given at creation is kept as it was written (one run, a batch
+        inserted row by row, a large batch without keys: PostgreSQL copies it in) and comes
+        back with every read of the run, its claim and recovery among them; an outbox entry
+        keeps its step's."""
+        carrier = '{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",' \
+                  ' "tracestate": "k=v\\t,é"}'
+        one = await store.create_run(dataclasses.replace(new_run(T0), trace_context=carrier),
+                                     max_queued=None, admission="reject")
+        small = [dataclasses.replace(new_run(T0, idem=f"k{i}"), trace_context=f"{carrier}{i}")
+                 for i in range(3)]
+        large = [dataclasses.replace(new_run(T0), trace_context=carrier if i % 2 else None)
+                 for i in range(250)]
+        made = [one, *await store.create_runs(small, max_queued=None, admission="reject"),
+                *await store.create_runs(large, max_queued=None, admission="reject")]
+        wanted = [carrier] + [n.trace_context for n in small + large]
+        assert [r.trace_context for r, _ in made] == wanted
+        for (run, _), context in zip(made, wanted, strict=True):
+            read = await other.get_run(run.id)
+            assert read is not None and read.trace_context == context
+        [a] = await claim(store, now=T0 + 1, limit=1)
+        assert a.id == one[0].id and a.trace_context == carrier
+        sent = [dataclasses.replace(e, trace_context=carrier if e.index == 0 else None)
+                for e in entries(a, 1, "email", "sms")]
+        assert await store.checkpoint_step(fence(a), Step(1, "s", 1, True, 0), LEASE, T0 + 1,
+                                           sent)
+        got = await other.claim_outbox(NS, ["email", "sms"], T0 + 2, 30.0, 10)
+        assert sorted((e.topic, e.trace_context) for e in got) == [("email", carrier),
+                                                                   ("sms", None)]
+        [lost] = await store.recover_runs(NS, T0 + 2 + LEASE)
+        assert lost.id == a.id and lost.trace_context == carrier
+
     # -- retrying a failed or cancelled run ------------------------------------------------
 
     async def test_retry_starts_a_failed_run_again_from_its_checkpoints(

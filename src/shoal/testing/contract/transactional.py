@@ -14,6 +14,7 @@ on another database, which the store refuses).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol
@@ -72,6 +73,24 @@ class TransactionalContract:
         assert got is not None and got.status == "queued" and got.input == {"order": 1}
         [claimed] = await claim(other, now=T0 + 1)
         assert claimed.id == run.id
+
+    async def test_the_trace_context_is_kept_in_the_caller_s_transaction(
+        self, store: _Both, other: Store, caller: Callers
+    ) -> None:
+        carrier = '{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}'
+        async with caller() as tx:
+            run, _ = await store.create_run_in(
+                tx.connection, dataclasses.replace(new_run(), trace_context=carrier),
+                max_queued=None, admission="reject")
+            batch = await store.create_runs_in(
+                tx.connection, [dataclasses.replace(new_run(), trace_context=carrier),
+                                new_run()], max_queued=None, admission="reject")
+            await tx.commit()
+        assert run.trace_context == carrier
+        assert [r.trace_context for r, _ in batch] == [carrier, None]
+        for r in (run, *(r for r, _ in batch)):
+            got = await other.get_run(r.id)
+            assert got is not None and got.trace_context == r.trace_context
 
     async def test_a_rolled_back_run_never_was(
         self, store: _Both, other: Store, caller: Callers
