@@ -162,6 +162,31 @@ async def test_the_instance_gauges_are_read_from_the_engine_at_each_scrape() -> 
     assert value(app, "shoal_runs_executing") is None      # closed: nothing to read
 
 
+async def test_progress_reported_by_the_runs_executing_here_is_a_gauge_by_workflow() -> None:
+    clock = VirtualClock()
+    app = shoal.App("m", store=MemoryStore(), clock=clock, lease=LEASE, metrics=True)
+    gate = asyncio.Event()
+
+    @app.workflow
+    async def report(ctx: shoal.RunContext, fraction: float | None) -> None:
+        ctx.progress(fraction, "working")
+        await gate.wait()
+
+    async with app:
+        runs = [await app.dispatch(report, f) for f in (0.2, 0.6, None)]
+        for run in runs:
+            await until(status_is(app, run.id, "running"))
+        await settle()
+        # two report a fraction (the third only a message): counted, and their mean
+        assert value(app, "shoal_runs_reporting_progress", workflow="report") == 2
+        assert value(app, "shoal_run_progress_ratio", workflow="report") == pytest.approx(0.4)
+        gate.set()
+        for run in runs:
+            await until(status_is(app, run.id, "succeeded"))
+        await settle()
+        assert value(app, "shoal_runs_reporting_progress", workflow="report") is None
+
+
 async def test_outbox_deliveries_and_pause_notifications_are_counted() -> None:
     clock = VirtualClock()
     app = shoal.App("m", store=MemoryStore(), clock=clock, lease=LEASE, metrics=True)

@@ -62,8 +62,17 @@ async def scrape() -> str:
         await ctx.step.with_options(retries=1)("send", send)
         return (await ctx.approval("go", {})).approved
 
+    gate = asyncio.Event()
+
+    @app.workflow
+    async def long(ctx: shoal.RunContext, input: Any) -> None:
+        ctx.progress(0.5, "half way")              # executing at the scrape
+        await gate.wait()
+
     llm = app.provider("llm", breaker=shoal.Breaker(failures=5, window=60, cooldown=30))
     async with app:
+        running = await app.dispatch(long)
+        await until(status_is(app, running.id, "running"))
         waiting = await app.dispatch(ask)
         await until(status_is(app, waiting.id, "waiting"))
         await app.dispatch(ask)                       # due, blocked by the key
@@ -87,7 +96,10 @@ async def scrape() -> str:
             await clock.advance(1)
         assert sampled()
         assert app.metrics is not None
-        return app.metrics.exposition().decode()
+        exposition = app.metrics.exposition().decode()
+        gate.set()
+        await until(status_is(app, running.id, "succeeded"))
+        return exposition
 
 
 @pytest.fixture(scope="module")

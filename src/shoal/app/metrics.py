@@ -124,10 +124,16 @@ class AppMetrics:
             return None
         membership = app._membership
         assignment = membership.assignment if membership is not None else None
+        progress: dict[str, tuple[int, float]] = {}
+        for x in list(engine.executing()):
+            latest = x.progress.latest if x.progress is not None else None
+            if latest is not None and latest.fraction is not None:
+                n, total = progress.get(x.run.workflow, (0, 0.0))
+                progress[x.run.workflow] = (n + 1, total + latest.fraction)
         return InstanceState(
             executing=engine.running, free_slots=engine.free_slots, slots=engine.config.slots,
             members=assignment.n if assignment is not None else None,
-            assigned=None if membership is None else assignment is not None)
+            assigned=None if membership is None else assignment is not None, progress=progress)
 
     async def store_sample(self) -> StoreSample:
         """``app.stats()``, and each provider's breaker and 429 pause (one read each)."""

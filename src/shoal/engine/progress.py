@@ -44,6 +44,7 @@ class ProgressWriter:
         # writer task is started (or about to be), whether the execution has ended
         self._lock = threading.Lock()
         self._pending: Progress | None = None
+        self.latest: Progress | None = None   # the newest value reported (a metrics gauge's)
         self._running = False
         self._closed = False
         # the loop's own
@@ -58,7 +59,7 @@ class ProgressWriter:
         with self._lock:
             if self._closed:
                 return
-            self._pending = progress
+            self._pending = self.latest = progress
             if self._running:
                 return
             self._running = True

@@ -252,6 +252,10 @@ class Engine:
         """Every execution alive here."""
         return [x for xs in self._alive.values() for x in xs]
 
+    def executing(self) -> list[Execution]:
+        """The newest execution of each run here (for a metrics scrape)."""
+        return list(self._local.values())
+
     @property
     def running(self) -> int:
         """Executions alive here, each holding a slot (a step's thread left running counts)."""

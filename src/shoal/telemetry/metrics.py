@@ -77,6 +77,9 @@ class InstanceState:
     slots: int
     members: int | None = None
     assigned: bool | None = None
+    # per workflow, the runs executing here that reported a fraction (ctx.progress) and the
+    # sum of their latest fractions
+    progress: Mapping[str, tuple[int, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -522,7 +525,9 @@ class _InstanceCollector:
         self._metrics = metrics
 
     def describe(self) -> Iterable[Metric]:
-        return [GaugeMetricFamily(name, doc) for name, doc, _ in _INSTANCE]
+        return [*(GaugeMetricFamily(name, doc) for name, doc, _ in _INSTANCE),
+                GaugeMetricFamily("shoal_runs_reporting_progress", ""),
+                GaugeMetricFamily("shoal_run_progress_ratio", "")]
 
     def collect(self) -> Iterator[Metric]:
         read = self._metrics._instance
@@ -533,6 +538,17 @@ class _InstanceCollector:
             got = value(state)
             if got is not None:
                 yield GaugeMetricFamily(name, doc, value=float(got))
+        reporting = GaugeMetricFamily(
+            "shoal_runs_reporting_progress", "Runs executing here that reported a fraction "
+            "with ctx.progress, by workflow.", labels=["workflow"])
+        mean = GaugeMetricFamily(
+            "shoal_run_progress_ratio", "The mean of the latest fractions (0 to 1) those runs "
+            "reported, by workflow.", labels=["workflow"])
+        for workflow, (n, total) in sorted(state.progress.items()):
+            reporting.add_metric([workflow], n)
+            mean.add_metric([workflow], total / n)
+        yield reporting
+        yield mean
 
 
 _INSTANCE: list[tuple[str, str, Callable[[InstanceState], float | None]]] = [
