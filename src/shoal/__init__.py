@@ -1,7 +1,7 @@
 """shoal: durable runs and replica coordination through the store you already have."""
 
 from shoal.abort import AbortSignal
-from shoal.app import App, DispatchItem, Workflow
+from shoal.app import App, AsyncClient, Client, DispatchItem, Workflow
 from shoal.clock import Clock, SystemClock
 from shoal.coord.lock import Lock
 from shoal.coord.membership import Assignment
@@ -49,9 +49,11 @@ __all__ = [
     "AdmissionRejectedError",
     "App",
     "Assignment",
+    "AsyncClient",
     "Breaker",
     "BudgetExceededError",
     "CircuitOpenError",
+    "Client",
     "Clock",
     "ConfigurationError",
     "CoordinationView",
