@@ -27,7 +27,7 @@ from typing import Any, Literal, TypeVar
 from shoal import _json
 from shoal.app.core import App, Workflow
 from shoal.clock import Clock
-from shoal.errors import ShoalError
+from shoal.errors import ShoalError, StoreUnavailableError
 from shoal.ports import Store, TransactionalDispatch
 from shoal.stores import mask_url
 from shoal.types import NewRun, Pause, Run, RunStatus, Stats
@@ -226,6 +226,17 @@ class AsyncClient:
                 self._open = True
         return self.app
 
+    async def _opened_for(self, connection: object | None) -> App:
+        try:
+            return await self._opened()
+        except StoreUnavailableError as e:
+            if connection is not None:
+                e.add_note("The client connected for the first time inside the transaction of "
+                           "the connection given, and a new store (or a SQLite file not yet "
+                           "in WAL mode) waits for the write lock that transaction may hold: "
+                           "run 'shoal migrate' (or start a worker) once before serving.")
+            raise
+
     # -- runs ------------------------------------------------------------------------------
 
     async def dispatch(
@@ -246,7 +257,7 @@ class AsyncClient:
         fixed concurrency key) are those a worker recorded in the store. A workflow whose
         concurrency key is computed from the input needs ``concurrency_key=``. A name no
         worker ever registered raises UnknownWorkflowError, unless ``allow_unregistered``."""
-        app = await self._opened()
+        app = await self._opened_for(connection)
         return await app.dispatch(
             _name(workflow), input, idempotency_key=idempotency_key,
             concurrency_key=concurrency_key, priority=priority, tenant=tenant, delay=delay,
@@ -267,7 +278,7 @@ class AsyncClient:
         allow_unregistered: bool = False,
     ) -> list[Run]:
         """``app.dispatch_many`` by the workflow's name (see :meth:`dispatch`)."""
-        app = await self._opened()
+        app = await self._opened_for(connection)
         return await app.dispatch_many(
             _name(workflow), inputs, concurrency_key=concurrency_key, priority=priority,
             tenant=tenant, delay=delay, max_attempts=max_attempts, connection=connection,

@@ -9,8 +9,10 @@ from shoal.errors import ConfigurationError
 
 
 def load_app(spec: str, where: str) -> App:
-    """The :class:`shoal.App` at ``module:attribute`` (attribute default ``app``);
-    ConfigurationError, naming ``where`` the spec came from, when it is not one."""
+    """The :class:`shoal.App` at ``module:attribute`` (attribute default ``app``), or what a
+    function there returns when called without arguments (a factory that reads the framework's
+    configuration); ConfigurationError, naming ``where`` the spec came from, when it is not
+    one."""
     module_name, _, attribute = spec.partition(":")
     if not module_name:
         raise ConfigurationError(f"{where} is 'module:attribute' of your shoal.App, e.g. "
@@ -25,6 +27,8 @@ def load_app(spec: str, where: str) -> App:
     found: object = module
     for part in (attribute or "app").split("."):
         found = getattr(found, part, None)
+    if callable(found) and not isinstance(found, (App, type)):
+        found = found()
     if not isinstance(found, App):
         raise ConfigurationError(f"{where}: {spec} is {found!r:.80}, not a shoal.App.")
     return found
