@@ -20,7 +20,7 @@ import pytest
 import shoal
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-from backends import PG_URL, drop_schema, postgres_schema  # noqa: E402
+from backends import PG_URL, drop_schema, postgres_schema
 
 PROJECT = Path(__file__).resolve().parents[2] / "examples" / "django_project"
 SCENARIO = Path(__file__).resolve().parent / "django_scenario.py"
