@@ -1,7 +1,7 @@
 """shoal: durable runs and replica coordination through the store you already have."""
 
 from shoal.abort import AbortSignal
-from shoal.app import App, DispatchItem, Workflow
+from shoal.app import App, AsyncClient, Client, DispatchItem, Workflow
 from shoal.clock import Clock, SystemClock
 from shoal.coord.lock import Lock
 from shoal.coord.membership import Assignment
@@ -51,10 +51,12 @@ __all__ = [
     "Aimd",
     "App",
     "Assignment",
+    "AsyncClient",
     "Breaker",
     "BudgetExceededError",
     "ChildRun",
     "CircuitOpenError",
+    "Client",
     "Clock",
     "ConfigurationError",
     "CoordinationView",

@@ -55,7 +55,9 @@ class UnknownWorkflowError(ShoalError):
     def __init__(self, name: str, namespace: str) -> None:
         super().__init__(
             f"No workflow named {name!r} in namespace {namespace!r}. Register it with "
-            f"@app.workflow(name={name!r}) in this app or in a started instance of the namespace."
+            f"@app.workflow(name={name!r}) in this app or in a started instance of the namespace, "
+            f"or dispatch with allow_unregistered=True to queue the run for a worker that will "
+            f"serve it."
         )
         self.name = name
 

@@ -978,12 +978,15 @@ class App:
         delay: float | None = None,
         max_attempts: int | None = None,
         connection: object | None = None,
+        allow_unregistered: bool = False,
     ) -> Run[Any]:
         """Store a new queued run and return it; with an ``idempotency_key`` already used for
         this (tenant, workflow), return that run instead. Raises ``TypeError`` for input that is
         not JSON (or nests deeper than 256) and for an option of the wrong type, ``ValueError``
         for input over ``max_payload_bytes`` and for an option out of range, and
         ``UnknownWorkflowError`` for a name no instance registered; nothing is stored then.
+        ``allow_unregistered=True`` queues a run of such a name all the same (with the default
+        priority and max_attempts unless given): it waits until a worker serving it starts.
 
         When the workflow's ``input`` annotation names a pydantic model or a dataclass (and
         the workflow is registered here or given as a ``Workflow``), the input is that type
@@ -999,7 +1002,7 @@ class App:
         return await self._dispatch(
             workflow, input, idempotency_key=idempotency_key, concurrency_key=concurrency_key,
             priority=priority, tenant=tenant, delay=delay, max_attempts=max_attempts,
-            connection=connection)
+            connection=connection, allow_unregistered=allow_unregistered)
 
     async def _dispatch_child(self, parent: Run, workflow: Any, input: Any, key: str,
                               options: dict[str, Any]) -> Run:
@@ -1025,6 +1028,7 @@ class App:
         parent: Run | None = None,
         connection: object | None = None,
         traced: bool = True,
+        allow_unregistered: bool = False,
     ) -> Run:
         name = self._workflow_name(workflow)
         input = self._typed_input(name, workflow, input)
@@ -1033,7 +1037,7 @@ class App:
                                 max_attempts)
         await self._open_store()
         joined = self._transactional(connection, "dispatch")
-        spec, options = await self._workflow_options(name)
+        spec, options = await self._workflow_options(name, allow_unregistered, "dispatch")
         concurrency_key = self._concurrency_key(name, spec, options, input, concurrency_key)
         now = self.clock.now()
         run_id = _ids.new_id(now)
@@ -1080,6 +1084,7 @@ class App:
         delay: float | None = None,
         max_attempts: int | None = None,
         connection: object | None = None,
+        allow_unregistered: bool = False,
     ) -> list[Run]:
         """Store a batch of runs of one workflow at once, all or nothing, and return them in
         the order of ``inputs``. Each item is an input, or a ``shoal.DispatchItem`` whose own
@@ -1092,7 +1097,8 @@ class App:
 
         With ``connection``, as in ``app.dispatch``, the batch is written in that connection's
         open transaction and nothing is committed: all of it exists, and workers are woken
-        (once), when the caller commits; none of it if it rolls back."""
+        (once), when the caller commits; none of it if it rolls back. ``allow_unregistered``
+        as in ``app.dispatch``."""
         name = self._workflow_name(workflow)
         check_dispatch_options(None, concurrency_key, priority, tenant, delay, max_attempts,
                                call="app.dispatch_many")
@@ -1100,7 +1106,7 @@ class App:
                                       self._input_codec(name, workflow), name)
         await self._open_store()
         joined = self._transactional(connection, "dispatch_many")
-        spec, options = await self._workflow_options(name)
+        spec, options = await self._workflow_options(name, allow_unregistered, "dispatch_many")
         now = self.clock.now()
         # the batch's options, which an item without its own takes
         batch_priority = _either(priority, None, int(options.get("priority", 0)))
@@ -1190,13 +1196,21 @@ class App:
                              f"inputs in smaller chunks")
         return checked
 
-    async def _workflow_options(self, name: str) -> tuple[WorkflowSpec | None, dict[str, Any]]:
+    async def _workflow_options(self, name: str, allow_unregistered: bool = False,
+                                call: str = "dispatch",
+                                ) -> tuple[WorkflowSpec | None, dict[str, Any]]:
         """The workflow registered here (None when another instance registered it) and its
-        dispatch options; ``UnknownWorkflowError`` when no instance of the namespace did."""
+        dispatch options; ``UnknownWorkflowError`` when no instance of the namespace did,
+        unless ``allow_unregistered`` (then no options: the defaults)."""
+        if not isinstance(allow_unregistered, bool):
+            raise TypeError(f"app.{call}(allow_unregistered=...) takes True or False, not "
+                            f"{allow_unregistered!r}")
         spec = self._registry.workflows.get(name)
         options = spec.options() if spec is not None else await self._calls.get_workflow(
             self.namespace, name)
         if options is None:
+            if allow_unregistered:
+                return None, {}
             raise UnknownWorkflowError(name, self.namespace)
         return spec, options
 

@@ -32,6 +32,7 @@ class DispatchOptions(TypedDict, total=False):
     delay: float | None
     max_attempts: int | None
     connection: object | None
+    allow_unregistered: bool
 
 
 @dataclass(frozen=True)

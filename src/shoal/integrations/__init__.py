@@ -1,4 +1,5 @@
-"""Agent frameworks on shoal: each module runs one framework's agents as durable shoal runs and
-needs that framework installed, as an optional extra (``shoal[langgraph]`` for
-``shoal.integrations.langgraph``, ``shoal[openai-agents]`` for
-``shoal.integrations.openai_agents``). Nothing else in shoal imports them."""
+"""Other frameworks on shoal, each an optional extra; importing ``shoal`` imports none of them,
+nor any framework. Agents: ``shoal.integrations.langgraph`` (``shoal[langgraph]``) and
+``shoal.integrations.openai_agents`` (``shoal[openai-agents]``) run a framework's agents as
+durable runs. Web: ``shoal.integrations.django`` (``shoal[django]``) and
+``shoal.integrations.flask`` (``shoal[flask]``); FastAPI needs none (docs/fastapi.md)."""

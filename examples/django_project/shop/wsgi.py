@@ -1,0 +1,8 @@
+"""For gunicorn: ``gunicorn --preload shop.wsgi`` (each worker gets a fresh shoal client)."""
+
+import os
+
+from django.core.wsgi import get_wsgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "shop.settings")
+application = get_wsgi_application()

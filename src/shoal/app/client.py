@@ -1,0 +1,586 @@
+"""``shoal.AsyncClient`` and ``shoal.Client``: submit and inspect runs from a process that
+executes none (a web process, a script), by workflow name, without the workflows' code.
+
+Both are an :class:`~shoal.App` opened with ``app.open()`` (it connects, and never claims a run or
+runs maintenance). :class:`AsyncClient` is bound to the event loop it is first used in.
+:class:`Client` is its thin synchronous face for threads without an event loop (Django, Flask,
+gunicorn and uwsgi workers): it owns a private event loop in one daemon thread, runs an
+AsyncClient there and hands each call's coroutine to it, so any number of threads can share one
+Client. A process forked from one that used a client (gunicorn's ``--preload``) gets a fresh one:
+the parent's connections and thread are left alone, never closed or used by the child.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import contextvars
+import os
+import queue
+import sqlite3
+import threading
+import weakref
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from typing import Any, Literal, TypeVar
+
+from shoal import _json
+from shoal.app.core import App, Workflow
+from shoal.clock import Clock
+from shoal.errors import ShoalError, StoreUnavailableError
+from shoal.ports import Store, TransactionalDispatch
+from shoal.stores import mask_url
+from shoal.types import NewRun, Pause, Run, RunStatus, Stats
+
+T = TypeVar("T")
+
+# Objects a forked child inherited from its parent's clients: kept, never closed or collected
+# there (closing them would act on what the parent still uses, such as a socket or a file lock).
+_ABANDONED: list[object] = []
+
+
+class _SubmitterApp(App):
+    """The App of a client: as any App, except that a ``sqlite3`` connection given to
+    ``dispatch(connection=...)`` by a thread waiting on a :class:`Client` is written on that
+    thread (a ``sqlite3`` connection belongs to the thread that made it), not on the loop's."""
+
+    def _transactional(self, connection: object | None, call: str,
+                       ) -> TransactionalDispatch | None:
+        joined = super()._transactional(connection, call)
+        caller = _CALLER.get()
+        if joined is None or caller is None or not isinstance(connection, sqlite3.Connection):
+            return joined
+        return _OnCallerThread(joined, caller)
+
+
+class _Caller:
+    """The thread waiting on a :class:`Client` call: it runs the functions put here, one at a
+    time, until the call ends (None is put then)."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+
+    async def run(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """Run ``make()`` to its end on the caller's thread; it must not wait on anything (the
+        SQLite store's writes on a caller's connection never do)."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[T] = loop.create_future()
+
+        def job() -> None:
+            try:
+                value = _to_end(make())
+            except BaseException as e:   # handed back to the task that asked, as it is
+                loop.call_soon_threadsafe(_settle, done, None, e)
+            else:
+                loop.call_soon_threadsafe(_settle, done, value, None)
+
+        self.jobs.put(job)
+        return await done
+
+
+def _settle(future: asyncio.Future[T], value: T | None, error: BaseException | None) -> None:
+    if future.done():
+        return   # the asking task was cancelled meanwhile
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(value)   # type: ignore[arg-type]
+
+
+def _to_end(coroutine: Coroutine[Any, Any, T]) -> T:
+    """The value of a coroutine that returns without suspending."""
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        value: T = done.value
+        return value
+    coroutine.close()
+    raise RuntimeError("shoal: a write in the caller's sqlite3 transaction waited on the event "
+                       "loop; it must run as one block")
+
+
+_CALLER: contextvars.ContextVar[_Caller | None] = contextvars.ContextVar(
+    "shoal_client_caller", default=None)
+
+
+class _OnCallerThread:
+    """A store's writes in a caller's transaction, made on the caller's thread."""
+
+    def __init__(self, joined: TransactionalDispatch, caller: _Caller) -> None:
+        self.joined = joined
+        self.caller = caller
+
+    async def create_run_in(self, connection: object, new: NewRun, *, max_queued: int | None,
+                            admission: str) -> tuple[Run, bool]:
+        return await self.caller.run(lambda: self.joined.create_run_in(
+            connection, new, max_queued=max_queued, admission=admission))
+
+    async def create_runs_in(self, connection: object, news: Sequence[NewRun], *,
+                             max_queued: int | None, admission: str,
+                             ) -> list[tuple[Run, bool]]:
+        return await self.caller.run(lambda: self.joined.create_runs_in(
+            connection, news, max_queued=max_queued, admission=admission))
+
+
+def _name(workflow: str | Workflow[Any, Any]) -> str:
+    if isinstance(workflow, Workflow):
+        return workflow.name
+    if not isinstance(workflow, str):
+        raise TypeError(f"A client dispatches a workflow by its name (a str), not "
+                        f"{workflow!r:.80}.")
+    return workflow
+
+
+class AsyncClient:
+    """Submit and inspect the runs of ``namespace`` in ``store`` (a URL, or a Store object this
+    client never closes) from a process that executes none: ``dispatch`` names the workflow,
+    whose options come from the store, where every started worker records them.
+
+    The other options are the App's that matter to a submitter: ``max_queued`` and
+    ``admission`` (set them as the workers do: dispatch enforces them), ``version`` (stamped on
+    the runs dispatched), ``max_payload_bytes``, ``migrate`` (False: never change the schema,
+    refuse one that is behind) and ``clock``.
+
+    Bound to the event loop it is opened in (``await client.open()``, ``async with client``, or
+    its first call): a call from another loop raises RuntimeError. ``close()`` closes it; a
+    closed client opens again at its next call. A forked child starts afresh."""
+
+    def __init__(
+        self,
+        store: str | Store,
+        *,
+        namespace: str = "default",
+        max_queued: int | None = None,
+        admission: Literal["reject", "park"] = "reject",
+        version: str | None = None,
+        max_payload_bytes: int = _json.MAX_PAYLOAD_BYTES,
+        migrate: bool = True,
+        clock: Clock | None = None,
+    ) -> None:
+        def make() -> App:
+            return _SubmitterApp(
+                namespace, store=store, max_queued=max_queued, admission=admission,
+                version=version, max_payload_bytes=max_payload_bytes, migrate=migrate,
+                clock=clock)
+
+        self._make = make
+        self.app: App = make()   # checks the options now
+        self._pid = os.getpid()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._opening: asyncio.Lock | None = None
+        self._open = False
+
+    def __repr__(self) -> str:
+        return (f"<shoal.AsyncClient {self.app.namespace!r} "
+                f"store={mask_url(self.app.store.url)!r}>")
+
+    @property
+    def namespace(self) -> str:
+        return self.app.namespace
+
+    async def open(self) -> AsyncClient:
+        """Connect (and migrate, unless ``migrate=False``), binding the client to this loop.
+        Idempotent. Raises StoreUnavailableError when the store cannot be reached."""
+        await self._opened()
+        return self
+
+    async def close(self) -> None:
+        """Close the store's connections (a Store object given is left open). Idempotent."""
+        if self._pid != os.getpid() or self._loop is None:
+            return
+        self._check_loop()
+        app, opened = self.app, self._open
+        self.app, self._open, self._loop, self._opening = self._make(), False, None, None
+        if opened:
+            await app.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return await self.open()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _check_loop(self) -> asyncio.AbstractEventLoop:
+        loop = asyncio.get_running_loop()
+        if self._loop is not None and self._loop is not loop:
+            raise RuntimeError(
+                f"{self!r} was opened in another event loop; an AsyncClient is bound to the "
+                f"loop it is opened in. Make one per event loop (and close it there), or use "
+                f"the synchronous shoal.Client from code that runs several loops.")
+        return loop
+
+    async def _opened(self) -> App:
+        if self._pid != os.getpid():   # forked: the parent's connections are not ours
+            _ABANDONED.append(self.app)
+            self.app, self._pid = self._make(), os.getpid()
+            self._open, self._loop, self._opening = False, None, None
+        loop = self._check_loop()
+        if self._open:
+            return self.app
+        if self._loop is None:
+            self._loop, self._opening = loop, asyncio.Lock()
+        assert self._opening is not None
+        async with self._opening:
+            if not self._open:
+                await self.app._open_store()
+                self._open = True
+        return self.app
+
+    async def _opened_for(self, connection: object | None) -> App:
+        try:
+            return await self._opened()
+        except StoreUnavailableError as e:
+            if connection is not None:
+                e.add_note("The client connected for the first time inside the transaction of "
+                           "the connection given, and a new store (or a SQLite file not yet "
+                           "in WAL mode) waits for the write lock that transaction may hold: "
+                           "run 'shoal migrate' (or start a worker) once before serving.")
+            raise
+
+    # -- runs ------------------------------------------------------------------------------
+
+    async def dispatch(
+        self,
+        workflow: str | Workflow[Any, Any],
+        input: Any = None,
+        *,
+        idempotency_key: str | None = None,
+        concurrency_key: str | None = None,
+        priority: int | None = None,
+        tenant: str = "default",
+        delay: float | None = None,
+        max_attempts: int | None = None,
+        connection: object | None = None,
+        allow_unregistered: bool = False,
+    ) -> Run:
+        """``app.dispatch`` by the workflow's name: its options (priority, max_attempts, a
+        fixed concurrency key) are those a worker recorded in the store. A workflow whose
+        concurrency key is computed from the input needs ``concurrency_key=``. A name no
+        worker ever registered raises UnknownWorkflowError, unless ``allow_unregistered``."""
+        app = await self._opened_for(connection)
+        return await app.dispatch(
+            _name(workflow), input, idempotency_key=idempotency_key,
+            concurrency_key=concurrency_key, priority=priority, tenant=tenant, delay=delay,
+            max_attempts=max_attempts, connection=connection,
+            allow_unregistered=allow_unregistered)
+
+    async def dispatch_many(
+        self,
+        workflow: str | Workflow[Any, Any],
+        inputs: Iterable[Any],
+        *,
+        concurrency_key: str | None = None,
+        priority: int | None = None,
+        tenant: str = "default",
+        delay: float | None = None,
+        max_attempts: int | None = None,
+        connection: object | None = None,
+        allow_unregistered: bool = False,
+    ) -> list[Run]:
+        """``app.dispatch_many`` by the workflow's name (see :meth:`dispatch`)."""
+        app = await self._opened_for(connection)
+        return await app.dispatch_many(
+            _name(workflow), inputs, concurrency_key=concurrency_key, priority=priority,
+            tenant=tenant, delay=delay, max_attempts=max_attempts, connection=connection,
+            allow_unregistered=allow_unregistered)
+
+    async def get_run(self, run_id: str, *, tenant: str | None = None) -> Run:
+        """The run; UnknownRunError for an unknown id (or another tenant's, given ``tenant``)."""
+        return await (await self._opened()).get_run(run_id, tenant=tenant)
+
+    async def list_runs(self, status: RunStatus | str | None = None, workflow: str | None = None,
+                        tenant: str | None = None, limit: int = 100, after: str | None = None,
+                        ) -> list[Run]:
+        """Runs of the namespace in creation order; page with ``after=last.id``."""
+        return await (await self._opened()).list_runs(status, workflow, tenant, limit, after)
+
+    async def result(self, run_id: str, timeout: float | None = None, *,
+                     tenant: str | None = None) -> Any:
+        """Wait until the run is final and return its output: RunFailedError,
+        RunCancelledError, or TimeoutError after ``timeout`` seconds."""
+        return await (await self._opened()).result(run_id, timeout, tenant=tenant)
+
+    async def cancel(self, run_id: str, *, tenant: str | None = None) -> Run:
+        """Cancel the run (a running one is aborted by the worker executing it)."""
+        return await (await self._opened()).cancel(run_id, tenant=tenant)
+
+    async def retry(self, run_id: str, *, tenant: str | None = None) -> Run:
+        """Queue a failed or cancelled run again from its checkpoints (``app.retry``)."""
+        return await (await self._opened()).retry(run_id, tenant=tenant)
+
+    async def signal(self, run_id: str, name: str, payload: Any = None, *,
+                     tenant: str | None = None) -> None:
+        """Send signal ``name`` to the run (``app.signal``)."""
+        await (await self._opened()).signal(run_id, name, payload, tenant=tenant)
+
+    async def pending_pauses(self, tenant: str | None = None, limit: int = 100) -> list[Pause]:
+        """Pauses waiting for a decision, oldest first."""
+        return await (await self._opened()).pending_pauses(tenant, limit)
+
+    async def resume(self, pause_id: str, approved: bool = True, data: Any = None,
+                     by: str | None = None, *, tenant: str | None = None,
+                     reason: str | None = None) -> Pause:
+        """Answer a pause (``app.resume``): exactly one answer wins."""
+        return await (await self._opened()).resume(pause_id, approved, data, by, tenant=tenant,
+                                                   reason=reason)
+
+    async def stats(self) -> Stats:
+        """The namespace's runs by status and workflow, queue depth, pauses (``app.stats``)."""
+        return await (await self._opened()).stats()
+
+
+class _Loop:
+    """A private event loop serving in a daemon thread, and the AsyncClient bound to it."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self.pid = os.getpid()
+        self.client = client
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._serve, name="shoal-client", daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        loop = self.loop
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_forever()
+        finally:
+            # as asyncio.run ends: nothing left pending to be destroyed with the loop
+            tasks = asyncio.all_tasks(loop)
+            for task in tasks:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+            asyncio.set_event_loop(None)
+            loop.close()
+
+    def call(self, make: Callable[[AsyncClient], Awaitable[T]], on_caller: bool) -> T:
+        """Run ``make(client)`` on the loop and wait for it here. ``on_caller``: this thread
+        serves the writes the call asks of it meanwhile (see :class:`_SubmitterApp`)."""
+        if threading.get_ident() == self.thread.ident:
+            raise RuntimeError("A shoal.Client was called from its own event loop (a callback "
+                               "of the client itself): it would wait for itself forever.")
+        caller = _Caller() if on_caller else None
+
+        async def go() -> T:
+            if caller is not None:
+                _CALLER.set(caller)
+            return await make(self.client)
+
+        future = asyncio.run_coroutine_threadsafe(go(), self.loop)
+        try:
+            if caller is not None:
+                future.add_done_callback(lambda _: caller.jobs.put(None))
+                while (job := caller.jobs.get()) is not None:
+                    job()
+            return future.result()
+        except BaseException:
+            future.cancel()   # KeyboardInterrupt, or a job failing: the call goes no further
+            raise
+
+    def stop(self, timeout: float) -> None:
+        """Close the client on the loop, then stop the loop and wait for its thread."""
+        try:
+            future = asyncio.run_coroutine_threadsafe(self.client.close(), self.loop)
+            with contextlib.suppress(Exception):
+                future.result(timeout)
+        finally:
+            with contextlib.suppress(RuntimeError):   # the loop closed already
+                self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout)
+
+
+class Client:
+    """The synchronous client: :class:`AsyncClient`'s verbs, as plain calls, for code that runs
+    no event loop (a Django or Flask view, a script). One per process, shared by its threads.
+
+    It connects at its first call, on a private event loop in a daemon thread, and keeps the
+    connections for the next calls. ``close()`` (or leaving ``with``) closes them and stops the
+    thread, as does the interpreter's exit; a closed Client raises ShoalError when called. A
+    process forked after the client connected (gunicorn or uwsgi with preload) starts afresh at
+    its first call and never touches the parent's connections.
+
+    ``connection=`` of ``dispatch`` and ``dispatch_many`` takes the caller's psycopg 3 (sync)
+    ``Connection`` or ``sqlite3.Connection``: the run is written in its open transaction (a
+    ``sqlite3`` one on the calling thread, as sqlite3 requires) and exists iff it commits. Do not
+    call a Client from inside a coroutine: it blocks that event loop; use AsyncClient there."""
+
+    def __init__(
+        self,
+        store: str,
+        *,
+        namespace: str = "default",
+        max_queued: int | None = None,
+        admission: Literal["reject", "park"] = "reject",
+        version: str | None = None,
+        max_payload_bytes: int = _json.MAX_PAYLOAD_BYTES,
+        migrate: bool = True,
+        clock: Clock | None = None,
+        close_timeout: float = 10.0,
+    ) -> None:
+        if not isinstance(store, str):
+            raise TypeError(f"shoal.Client(store) takes a store URL, not {store!r:.80}: a Store "
+                            f"object belongs to its own event loop (use shoal.AsyncClient).")
+        self._options: dict[str, Any] = dict(
+            namespace=namespace, max_queued=max_queued, admission=admission, version=version,
+            max_payload_bytes=max_payload_bytes, migrate=migrate, clock=clock)
+        probe = AsyncClient(store, **self._options)   # checks the options now
+        self.namespace = namespace
+        self.store_url = store
+        self._masked = mask_url(probe.app.store.url)
+        self.close_timeout = float(close_timeout)
+        self._lock = threading.Lock()
+        self._loop: _Loop | None = None
+        self._closed = False
+        _CLIENTS.add(self)
+
+    def __repr__(self) -> str:
+        return f"<shoal.Client {self.namespace!r} store={self._masked!r}>"
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connections and stop the client's thread. Idempotent."""
+        with self._lock:
+            self._closed = True
+            serving, self._loop = self._loop, None
+        if serving is not None and serving.pid == os.getpid():
+            serving.stop(self.close_timeout)
+
+    def _after_fork(self) -> None:
+        """In a forked child: the parent's loop thread does not exist here; start afresh."""
+        self._lock = threading.Lock()
+        if self._loop is not None:
+            _ABANDONED.append(self._loop)
+            self._loop = None
+
+    def _serving(self) -> _Loop:
+        serving = self._loop
+        if serving is not None and serving.pid == os.getpid():
+            return serving
+        with self._lock:
+            if self._closed:
+                raise ShoalError(f"{self!r} is closed.")
+            serving = self._loop
+            if serving is not None and serving.pid != os.getpid():
+                # forked by means that ran no at-fork handler: the same as _after_fork
+                _ABANDONED.append(serving)
+                serving = None
+            if serving is None:
+                serving = self._loop = _Loop(AsyncClient(self.store_url, **self._options))
+            return serving
+
+    def _call(self, make: Callable[[AsyncClient], Awaitable[T]],
+              connection: object | None = None) -> T:
+        return self._serving().call(make, isinstance(connection, sqlite3.Connection))
+
+    # -- runs ------------------------------------------------------------------------------
+
+    def dispatch(
+        self,
+        workflow: str | Workflow[Any, Any],
+        input: Any = None,
+        *,
+        idempotency_key: str | None = None,
+        concurrency_key: str | None = None,
+        priority: int | None = None,
+        tenant: str = "default",
+        delay: float | None = None,
+        max_attempts: int | None = None,
+        connection: object | None = None,
+        allow_unregistered: bool = False,
+    ) -> Run:
+        """Store a queued run of the workflow named ``workflow`` (see
+        :meth:`AsyncClient.dispatch`) and return it."""
+        return self._call(lambda c: c.dispatch(
+            workflow, input, idempotency_key=idempotency_key, concurrency_key=concurrency_key,
+            priority=priority, tenant=tenant, delay=delay, max_attempts=max_attempts,
+            connection=connection, allow_unregistered=allow_unregistered), connection)
+
+    def dispatch_many(
+        self,
+        workflow: str | Workflow[Any, Any],
+        inputs: Iterable[Any],
+        *,
+        concurrency_key: str | None = None,
+        priority: int | None = None,
+        tenant: str = "default",
+        delay: float | None = None,
+        max_attempts: int | None = None,
+        connection: object | None = None,
+        allow_unregistered: bool = False,
+    ) -> list[Run]:
+        """Store a batch of runs of one workflow, all or nothing (``app.dispatch_many``)."""
+        items = list(inputs)   # read here: a generator belongs to the caller's thread
+        return self._call(lambda c: c.dispatch_many(
+            workflow, items, concurrency_key=concurrency_key, priority=priority, tenant=tenant,
+            delay=delay, max_attempts=max_attempts, connection=connection,
+            allow_unregistered=allow_unregistered), connection)
+
+    def get_run(self, run_id: str, *, tenant: str | None = None) -> Run:
+        """The run; UnknownRunError for an unknown id (or another tenant's, given ``tenant``)."""
+        return self._call(lambda c: c.get_run(run_id, tenant=tenant))
+
+    def list_runs(self, status: RunStatus | str | None = None, workflow: str | None = None,
+                  tenant: str | None = None, limit: int = 100, after: str | None = None,
+                  ) -> list[Run]:
+        """Runs of the namespace in creation order; page with ``after=last.id``."""
+        return self._call(lambda c: c.list_runs(status, workflow, tenant, limit, after))
+
+    def result(self, run_id: str, timeout: float | None = None, *,
+               tenant: str | None = None) -> Any:
+        """Wait (blocking this thread) until the run is final and return its output:
+        RunFailedError, RunCancelledError, or TimeoutError after ``timeout`` seconds."""
+        return self._call(lambda c: c.result(run_id, timeout, tenant=tenant))
+
+    def cancel(self, run_id: str, *, tenant: str | None = None) -> Run:
+        """Cancel the run (a running one is aborted by the worker executing it)."""
+        return self._call(lambda c: c.cancel(run_id, tenant=tenant))
+
+    def retry(self, run_id: str, *, tenant: str | None = None) -> Run:
+        """Queue a failed or cancelled run again from its checkpoints (``app.retry``)."""
+        return self._call(lambda c: c.retry(run_id, tenant=tenant))
+
+    def signal(self, run_id: str, name: str, payload: Any = None, *,
+               tenant: str | None = None) -> None:
+        """Send signal ``name`` to the run (``app.signal``)."""
+        self._call(lambda c: c.signal(run_id, name, payload, tenant=tenant))
+
+    def pending_pauses(self, tenant: str | None = None, limit: int = 100) -> list[Pause]:
+        """Pauses waiting for a decision, oldest first."""
+        return self._call(lambda c: c.pending_pauses(tenant, limit))
+
+    def resume(self, pause_id: str, approved: bool = True, data: Any = None,
+               by: str | None = None, *, tenant: str | None = None,
+               reason: str | None = None) -> Pause:
+        """Answer a pause (``app.resume``): exactly one answer wins."""
+        return self._call(lambda c: c.resume(pause_id, approved, data, by, tenant=tenant,
+                                             reason=reason))
+
+    def stats(self) -> Stats:
+        """The namespace's runs by status and workflow, queue depth, pauses (``app.stats``)."""
+        return self._call(lambda c: c.stats())
+
+
+# Every Client alive: closed at the interpreter's exit, started afresh in a forked child.
+_CLIENTS: weakref.WeakSet[Client] = weakref.WeakSet()
+
+
+def _close_all() -> None:
+    for client in list(_CLIENTS):
+        with contextlib.suppress(Exception):
+            client.close()
+
+
+def _forked() -> None:
+    for client in list(_CLIENTS):
+        client._after_fork()
+
+
+atexit.register(_close_all)
+os.register_at_fork(after_in_child=_forked)

@@ -1,0 +1,373 @@
+"""``shoal.Client`` and ``shoal.AsyncClient`` against a worker that runs in its own thread (its own
+event loop, as another process's would be), on SQLite and PostgreSQL: every verb by workflow
+name; many threads sharing one Client; the caller's own transaction (a ``sqlite3`` connection
+made in the calling thread, a sync psycopg ``Connection``); ``allow_unregistered`` and a worker
+that starts later; a forked child (gunicorn's ``--preload``) starting afresh; a process that
+exits without ``close()`` printing no "Task was destroyed"; an AsyncClient refusing a second
+event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psycopg
+import pytest
+from backends import PG_URL, postgres_schema
+
+import shoal
+
+TIMEOUT = 20.0
+pytestmark = pytest.mark.timeout(120)
+
+
+def make_worker(url: str, *, name: str = "default") -> shoal.App:
+    app = shoal.App(name, store=url, lease=5.0)
+
+    @app.workflow
+    async def double(ctx: shoal.RunContext, x: int) -> int:
+        return x * 2
+
+    @app.workflow(max_attempts=1)
+    async def approve(ctx: shoal.RunContext, x: int) -> dict[str, object]:
+        decision = await ctx.approval("ok")
+        got = await ctx.wait_for("nudge")
+        return {"approved": decision.approved, "nudge": got}
+
+    @app.workflow(max_attempts=1)
+    async def fails(ctx: shoal.RunContext, x: int) -> int:
+        raise ValueError("no")
+
+    return app
+
+
+@contextmanager
+def serving(app: shoal.App) -> Iterator[shoal.App]:
+    """``app`` started in a thread of its own (its own event loop) for the ``with`` block."""
+    started, stop = threading.Event(), threading.Event()
+    failed: list[BaseException] = []
+
+    def serve() -> None:
+        async def main() -> None:
+            async with app:
+                started.set()
+                await asyncio.to_thread(stop.wait)
+
+        try:
+            asyncio.run(main())
+        except BaseException as e:
+            failed.append(e)
+            started.set()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert started.wait(TIMEOUT)
+    if failed:
+        raise failed[0]
+    try:
+        yield app
+    finally:
+        stop.set()
+        thread.join(TIMEOUT)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'shoal.db'}"
+    else:
+        with postgres_schema("shoal_client_") as found:
+            yield found
+
+
+def test_every_verb_by_name(url: str) -> None:
+    with serving(make_worker(url)), shoal.Client(url) as client:
+        run = client.dispatch("double", 21, idempotency_key="k1")
+        assert client.dispatch("double", 99, idempotency_key="k1").id == run.id
+        assert client.result(run.id, timeout=TIMEOUT) == 42
+        assert client.get_run(run.id).status == shoal.RunStatus.SUCCEEDED
+        batch = client.dispatch_many("double", (i for i in range(3)))
+        assert [client.result(r.id, timeout=TIMEOUT) for r in batch] == [0, 2, 4]
+        assert {r.id for r in client.list_runs(workflow="double")} == {
+            run.id, *(r.id for r in batch)}
+
+        waiting = client.dispatch("approve", 1)
+        pauses: list[shoal.Pause] = []
+        for _ in range(2000):
+            pauses = client.pending_pauses()
+            if pauses:
+                break
+            time.sleep(0.01)
+        client.resume(pauses[0].id, approved=True, by="ann")
+        client.signal(waiting.id, "nudge", {"n": 1})
+        assert client.result(waiting.id, timeout=TIMEOUT) == {"approved": True,
+                                                               "nudge": {"n": 1}}
+
+        failing = client.dispatch("fails", 0)
+        with pytest.raises(shoal.RunFailedError):
+            client.result(failing.id, timeout=TIMEOUT)
+        assert client.retry(failing.id).status == shoal.RunStatus.QUEUED
+        with pytest.raises(shoal.RunFailedError):
+            client.result(failing.id, timeout=TIMEOUT)
+
+        later = client.dispatch("double", 1, delay=3600)
+        assert client.cancel(later.id).status == shoal.RunStatus.CANCELLED
+        with pytest.raises(shoal.RunCancelledError):
+            client.result(later.id, timeout=TIMEOUT)
+        stats = client.stats()
+        assert stats.by_workflow["double"]["succeeded"] == 4
+        with pytest.raises(TimeoutError):
+            client.result(client.dispatch("approve", 2).id, timeout=0.2)
+        with pytest.raises(shoal.UnknownRunError):
+            client.get_run("no-such-run")
+
+
+def test_threads_share_one_client(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'shoal.db'}"
+    client = shoal.Client(url)
+    ids: list[str] = []
+    errors: list[BaseException] = []
+
+    def submit(n: int) -> None:
+        try:
+            for i in range(10):
+                ids.append(client.dispatch("double", n * 100 + i).id)
+        except BaseException as e:
+            errors.append(e)
+
+    with serving(make_worker(url)):
+        threads = [threading.Thread(target=submit, args=(n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(TIMEOUT)
+        assert not errors
+        assert len(set(ids)) == 80
+        assert sorted(client.result(i, timeout=TIMEOUT) for i in ids) == sorted(
+            2 * (n * 100 + i) for n in range(8) for i in range(10))
+    client.close()
+    client.close()   # idempotent
+    with pytest.raises(shoal.ShoalError, match="closed"):
+        client.get_run(ids[0])
+
+
+def test_unregistered_workflow_waits_for_a_worker_that_serves_it(url: str) -> None:
+    with shoal.Client(url) as client:
+        with pytest.raises(shoal.UnknownWorkflowError, match="allow_unregistered"):
+            client.dispatch("double", 1)
+        with pytest.raises(shoal.UnknownWorkflowError):
+            client.dispatch_many("double", [1, 2])
+        with pytest.raises(TypeError, match="allow_unregistered"):
+            client.dispatch("double", 1, allow_unregistered="yes")  # type: ignore[arg-type]
+        assert client.list_runs() == []
+        run = client.dispatch("double", 4, allow_unregistered=True, priority=3)
+        [first, second] = client.dispatch_many("double", [5, 6], allow_unregistered=True)
+        assert (run.status, run.priority, run.max_attempts) == (shoal.RunStatus.QUEUED, 3, 3)
+        with serving(make_worker(url)):
+            assert client.result(run.id, timeout=TIMEOUT) == 8
+            assert client.result(second.id, timeout=TIMEOUT) == 12
+            assert client.result(first.id, timeout=TIMEOUT) == 10
+        # registered now: no flag needed
+        assert client.dispatch("double", 1).status == shoal.RunStatus.QUEUED
+
+
+async def test_app_dispatch_allow_unregistered(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'shoal.db'}"
+    submitter = shoal.App("default", store=url)
+    async with submitter.open():
+        with pytest.raises(shoal.UnknownWorkflowError):
+            await submitter.dispatch("double", 1)
+        run = await submitter.dispatch("double", 7, allow_unregistered=True)
+        worker = make_worker(url)
+        async with worker:
+            assert await worker.result(run.id, timeout=TIMEOUT) == 14
+
+
+def test_sqlite_transaction_of_the_calling_thread(tmp_path: Path) -> None:
+    path = tmp_path / "shoal.db"
+    url = f"sqlite:///{path}"
+    with serving(make_worker(url)), shoal.Client(url) as client:
+        client.dispatch("double", 0)   # the file exists, migrated
+        conn = sqlite3.connect(path)   # check_same_thread: this thread only
+        conn.execute("CREATE TABLE orders (name TEXT)")
+        conn.commit()
+        conn.execute("INSERT INTO orders VALUES ('gone')")
+        gone = client.dispatch("double", 1, connection=conn)
+        conn.rollback()
+        with pytest.raises(shoal.UnknownRunError):
+            client.get_run(gone.id)
+        conn.execute("INSERT INTO orders VALUES ('kept')")
+        kept = client.dispatch("double", 2, connection=conn)
+        batch = client.dispatch_many("double", [3, 4], connection=conn)
+        conn.commit()
+        assert client.result(kept.id, timeout=TIMEOUT) == 4
+        assert [client.result(r.id, timeout=TIMEOUT) for r in batch] == [6, 8]
+        assert conn.execute("SELECT name FROM orders").fetchall() == [("kept",)]
+        with pytest.raises(shoal.ConfigurationError, match="autocommit"):
+            client.dispatch("double", 5, connection=sqlite3.connect(path, isolation_level=None))
+        conn.close()
+
+
+def test_postgres_transaction_of_a_sync_connection() -> None:
+    with postgres_schema("shoal_client_") as url, serving(make_worker(url)), \
+            shoal.Client(url) as client:
+        client.dispatch("double", 0)
+        with psycopg.connect(PG_URL) as conn:
+            gone = client.dispatch("double", 1, connection=conn)
+            conn.rollback()
+            kept = client.dispatch("double", 2, connection=conn)
+            conn.commit()
+        with pytest.raises(shoal.UnknownRunError):
+            client.get_run(gone.id)
+        assert client.result(kept.id, timeout=TIMEOUT) == 4
+
+
+def test_forked_child_starts_afresh(tmp_path: Path) -> None:
+    # No worker thread in this process while it forks: a thread inside SQLite at the fork would
+    # leave its mutex locked in the child (the hazard of any fork with busy threads; a gunicorn
+    # master whose client is idle has none). The worker starts after the child has exited.
+    url = f"sqlite:///{tmp_path / 'shoal.db'}"
+    with shoal.Client(url) as client:
+        before = client.dispatch("double", 1, allow_unregistered=True)   # connected here
+        pid = os.fork()
+        if pid == 0:   # the child: exits with 0 only if the client works here
+            code = 1
+            try:
+                signal.alarm(30)   # never outlive the test
+                run = client.dispatch("double", 2, allow_unregistered=True)
+                code = 0 if client.get_run(run.id).status == shoal.RunStatus.QUEUED else 3
+                print(run.id, file=(tmp_path / "child").open("w"))
+                client.close()
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        child = (tmp_path / "child").read_text().strip()
+        with serving(make_worker(url)):
+            # the parent's client is untouched by the child's
+            assert client.result(before.id, timeout=TIMEOUT) == 2
+            assert client.result(child, timeout=TIMEOUT) == 4
+            assert client.result(client.dispatch("double", 3).id, timeout=TIMEOUT) == 6
+
+
+PRELOADED = """
+import os, sys, warnings
+import shoal
+warnings.simplefilter("error")
+client = shoal.Client(sys.argv[1])            # made at import, as a preloaded Django/Flask app
+client.dispatch("double", 0, allow_unregistered=True)      # used in the master
+children = []
+for n in range(2):                            # the workers
+    pid = os.fork()
+    if pid == 0:
+        try:
+            run = client.dispatch("double", n + 1, allow_unregistered=True)
+            print(run.id, flush=True)
+        finally:
+            os._exit(0)
+    children.append(pid)
+for pid in children:
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+print(client.dispatch("double", 9, allow_unregistered=True).id, flush=True)
+# no close(): the interpreter's exit closes it
+"""
+
+
+def _script(tmp_path: Path, code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(code), encoding="utf-8")
+    return subprocess.run([sys.executable, "-X", "dev", str(script), *args], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_preforked_workers_and_exit_without_close(url: str, tmp_path: Path) -> None:
+    proc = _script(tmp_path, PRELOADED, url)
+    assert proc.returncode == 0, proc.stderr
+    # -X dev shows ResourceWarnings and asyncio's debug complaints; none may be there
+    for complaint in ("Task was destroyed", "Event loop is closed", "Warning", "Traceback",
+                      "never awaited"):
+        assert complaint not in proc.stderr, proc.stderr
+    ids = proc.stdout.split()
+    assert len(set(ids)) == 3
+
+    async def count() -> int:
+        client = shoal.AsyncClient(url)
+        async with client:
+            return len(await client.list_runs())
+
+    assert asyncio.run(count()) == 4
+
+
+def test_async_client_is_bound_to_its_loop(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'shoal.db'}"
+    client = shoal.AsyncClient(url)
+
+    async def first() -> str:
+        return (await client.dispatch("double", 1, allow_unregistered=True)).id
+
+    run_id = asyncio.run(first())
+
+    async def second() -> None:
+        await client.get_run(run_id)
+
+    with pytest.raises(RuntimeError, match="another event loop"):
+        asyncio.run(second())
+
+    async def closed_then_reopened() -> None:
+        other = shoal.AsyncClient(url)
+        async with other:
+            assert (await other.get_run(run_id)).workflow == "double"
+        # closed: the next call opens it again, in this loop
+        assert (await other.get_run(run_id)).id == run_id
+        await other.close()
+
+    asyncio.run(closed_then_reopened())
+
+
+async def test_async_client_shares_a_store_object_with_a_worker() -> None:
+    worker = make_worker("memory://")
+    client = shoal.AsyncClient(worker.store)
+    async with worker, client:
+        run = await client.dispatch("double", 5)
+        assert await client.result(run.id, timeout=TIMEOUT) == 10
+    assert "memory" in repr(client)
+
+
+def test_bad_options_are_refused_at_once() -> None:
+    with pytest.raises(TypeError, match="store URL"):
+        shoal.Client(object())  # type: ignore[arg-type]
+    with pytest.raises(shoal.ConfigurationError):
+        shoal.Client("nosuch://x")
+    with pytest.raises(shoal.ConfigurationError, match="max_payload_bytes"):
+        shoal.AsyncClient("memory://", max_payload_bytes=-1)
+    client = shoal.Client("memory://")
+    with pytest.raises(TypeError, match="name"):
+        client.dispatch(len)  # type: ignore[arg-type]
+    client.close()
+
+
+def test_a_client_called_from_its_own_loop_refuses(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'shoal.db'}"
+    with shoal.Client(url) as client:
+        run = client.dispatch("double", 1, allow_unregistered=True)
+        seen: list[BaseException] = []
+
+        async def inside(c: shoal.AsyncClient) -> None:
+            try:
+                client.get_run(run.id)
+            except RuntimeError as e:
+                seen.append(e)
+
+        call: Callable[[shoal.AsyncClient], object] = inside
+        client._call(call)   # type: ignore[arg-type]
+        assert seen and "its own event loop" in str(seen[0])
