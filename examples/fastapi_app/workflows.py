@@ -7,7 +7,8 @@ import shoal
 
 STORE = os.environ.get("SHOP_STORE", "sqlite:///shop.db")
 
-app = shoal.App("shop", store=STORE)
+# tracing=True: a run continues the trace of the request that dispatched it (docs/fastapi.md)
+app = shoal.App("shop", store=STORE, tracing=True)
 
 
 @app.workflow

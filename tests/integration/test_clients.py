@@ -181,6 +181,28 @@ def test_unregistered_workflow_waits_for_a_worker_that_serves_it(url: str) -> No
         assert client.dispatch("double", 1).status == shoal.RunStatus.QUEUED
 
 
+def test_a_client_dispatch_continues_the_callers_trace(tmp_path: Path) -> None:
+    """The sync Client's call runs on its own loop, in a copy of the calling thread's context:
+    the span current in the caller (a web request's) is the one the run continues."""
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    url = f"sqlite:///{tmp_path / 'shoal.db'}"
+    request = SpanContext(trace_id=0x4BF92F3577B34DA6A3CE929D0E0E4736,
+                          span_id=0x00F067AA0BA902B7, is_remote=True,
+                          trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    with shoal.Client(url, tracing=True) as client, \
+            shoal.Client(url) as untraced:
+        with trace.use_span(NonRecordingSpan(request)):
+            run = client.dispatch("double", 1, allow_unregistered=True)
+            plain = untraced.dispatch("double", 2, allow_unregistered=True)
+        outside = client.dispatch("double", 3, allow_unregistered=True)
+        stored = client.get_run(run.id).trace_context or ""
+        assert "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7" in stored
+        assert client.get_run(plain.id).trace_context is None      # tracing not asked for
+        assert client.get_run(outside.id).trace_context is None    # no span current
+
+
 async def test_app_dispatch_allow_unregistered(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'shoal.db'}"
     submitter = shoal.App("default", store=url)

@@ -19,6 +19,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fastapi_app"
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"   # the trace of the request that places an order
+TRACEPARENT = {"traceparent": f"00-{TRACE}-00f067aa0ba902b7-01"}
 pytestmark = pytest.mark.timeout(120)
 
 
@@ -40,12 +42,21 @@ def finished(web: TestClient, run_id: str) -> dict[str, object]:
     raise AssertionError(f"run {run_id} did not finish: {status}")
 
 
+def traced(app: object, run_id: str) -> str:
+    """The trace context stored with the run (read with the app's own store)."""
+    import shoal
+    assert isinstance(app, shoal.App)
+    with shoal.Client(app.store.url, namespace=app.namespace) as client:
+        return client.get_run(run_id).trace_context or ""
+
+
 def test_web_process_that_also_works(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     module = fresh("web_and_worker", f"sqlite:///{tmp_path / 'shop.db'}", monkeypatch)
     with TestClient(module.api) as web:
-        placed = web.post("/orders/7")
+        placed = web.post("/orders/7", headers=TRACEPARENT)
         assert placed.status_code == 201, placed.text
         run_id = placed.json()["run"]
+        assert TRACE in traced(module.app, run_id)   # the run continues the request's trace
         assert web.post("/orders/7").json()["run"] == run_id   # the idempotency key
         assert finished(web, run_id)["output"] == {"order": 7, "parcel": "parcel-7"}
         assert web.get("/runs/nope").status_code == 404
@@ -77,11 +88,12 @@ def test_web_process_that_only_submits(worker: str, monkeypatch: pytest.MonkeyPa
     # an order placed before the worker started fails (UnknownWorkflowError): answered 500
     with TestClient(module.api, raise_server_exceptions=False) as web:
         for _ in range(600):   # until the worker has started (registered its workflows)
-            placed = web.post("/orders/8")
+            placed = web.post("/orders/8", headers=TRACEPARENT)
             if placed.status_code == 201:
                 break
             time.sleep(0.05)
         assert placed.status_code == 201, placed.text
         run_id = placed.json()["run"]
         assert finished(web, run_id)["output"] == {"order": 8, "parcel": "parcel-8"}
+        assert TRACE in traced(module.client.app, run_id)
         assert run_id in web.get("/shoal/api/runs").text

@@ -22,7 +22,7 @@ import sqlite3
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from shoal import _json
 from shoal.app.core import App, Workflow
@@ -31,6 +31,9 @@ from shoal.errors import ShoalError, StoreUnavailableError
 from shoal.ports import Store, TransactionalDispatch
 from shoal.stores import mask_url
 from shoal.types import NewRun, Pause, Run, RunStatus, Stats
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
 
 T = TypeVar("T")
 
@@ -139,7 +142,8 @@ class AsyncClient:
     The other options are the App's that matter to a submitter: ``max_queued`` and
     ``admission`` (set them as the workers do: dispatch enforces them), ``version`` (stamped on
     the runs dispatched), ``max_payload_bytes``, ``migrate`` (False: never change the schema,
-    refuse one that is behind) and ``clock``.
+    refuse one that is behind), ``clock`` and ``tracing`` (``True`` or a ``TracerProvider``: a
+    run dispatched under a span continues its trace, as with ``App(tracing=...)``).
 
     Bound to the event loop it is opened in (``await client.open()``, ``async with client``, or
     its first call): a call from another loop raises RuntimeError. ``close()`` closes it; a
@@ -156,12 +160,13 @@ class AsyncClient:
         max_payload_bytes: int = _json.MAX_PAYLOAD_BYTES,
         migrate: bool = True,
         clock: Clock | None = None,
+        tracing: bool | TracerProvider = False,
     ) -> None:
         def make() -> App:
             return _SubmitterApp(
                 namespace, store=store, max_queued=max_queued, admission=admission,
                 version=version, max_payload_bytes=max_payload_bytes, migrate=migrate,
-                clock=clock)
+                clock=clock, tracing=tracing)
 
         self._make = make
         self.app: App = make()   # checks the options now
@@ -368,6 +373,8 @@ class _Loop:
                 _CALLER.set(caller)
             return await make(self.client)
 
+        # run_coroutine_threadsafe starts the task in a copy of this thread's context: the span
+        # current in the caller (a web request's) is current in the call, so a run continues it
         future = asyncio.run_coroutine_threadsafe(go(), self.loop)
         try:
             if caller is not None:
@@ -417,6 +424,7 @@ class Client:
         max_payload_bytes: int = _json.MAX_PAYLOAD_BYTES,
         migrate: bool = True,
         clock: Clock | None = None,
+        tracing: bool | TracerProvider = False,
         close_timeout: float = 10.0,
     ) -> None:
         if not isinstance(store, str):
@@ -424,7 +432,7 @@ class Client:
                             f"object belongs to its own event loop (use shoal.AsyncClient).")
         self._options: dict[str, Any] = dict(
             namespace=namespace, max_queued=max_queued, admission=admission, version=version,
-            max_payload_bytes=max_payload_bytes, migrate=migrate, clock=clock)
+            max_payload_bytes=max_payload_bytes, migrate=migrate, clock=clock, tracing=tracing)
         probe = AsyncClient(store, **self._options)   # checks the options now
         self.namespace = namespace
         self.store_url = store
