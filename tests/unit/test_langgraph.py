@@ -160,6 +160,8 @@ async def test_model_calls_go_through_the_provider_and_a_budget_ends_the_run() -
         ledger = await a.ledger(run_id=run.id)
         assert len(ledger) == 4 and all(math.isclose(e.amount, 0.008) for e in ledger)
         assert {e.tenant for e in ledger} == {"acme"}
+        # each model call's row names its provider and the tokens it used
+        assert [(e.provider, e.tokens) for e in ledger] == [("fake", 800)] * 4
         spent = await a.spent(tenant="acme", run_id=run.id)
         assert math.isclose(spent[f"the per-run budget of run {run.id}"], 0.032)
 
