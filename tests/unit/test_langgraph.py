@@ -283,3 +283,35 @@ async def test_a_lost_claim_writes_nothing_more_of_the_graph() -> None:
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_replaying_a_finished_graph_run_reads_no_store_and_passes() -> None:
+    """``shoal replay`` of a run whose graph ended: the graph's output lives in its
+    checkpoints, which a replay does not read; the replay ends there, every step matched."""
+    from shoal.app.history import export
+    from shoal.testing import replay
+
+    def register(app: shoal.App) -> None:
+        builder = StateGraph(State)
+        builder.add_node("a", lambda s: {"log": ["a"]})
+        builder.add_node("b", lambda s: {"log": ["b"]})
+        builder.add_edge(START, "a")
+        builder.add_edge("a", "b")
+        builder.add_edge("b", END)
+        graph = builder.compile()
+
+        @app.workflow(name="post")
+        async def post(ctx: shoal.RunContext, topic: str) -> list[str]:
+            out = await run_graph(ctx, graph, {"log": [topic]})
+            return list(out["log"])
+
+    app = shoal.App("graphs", store="memory://", clock=VirtualClock())
+    register(app)
+    async with app:
+        run = await app.dispatch("post", "t")
+        assert await app.result(run.id) == ["t", "a", "b"]
+        history = await export(app, run.id)
+    again = shoal.App("graphs", store="memory://")
+    register(again)
+    result = await replay(again, history)
+    assert result.ok and result.outcome == "ended", result

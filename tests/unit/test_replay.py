@@ -186,3 +186,29 @@ async def test_histories_are_read_from_files_and_checked(tmp_path: Path) -> None
     other = shoal.App("shop", store="memory://")
     with pytest.raises(shoal.UnknownWorkflowError, match="'flow'"):
         await replay(other, history)
+
+
+async def test_a_replay_drops_progress_reports_and_writes_nothing(
+        caplog: pytest.LogCaptureFixture) -> None:
+    def register(app: shoal.App) -> None:
+        @app.workflow(name="flow")
+        async def flow(ctx: shoal.RunContext, _: Any) -> int:
+            ctx.progress(0.1, "start")
+            n = await ctx.step("one", lambda: 1)
+            ctx.progress(0.9, "end")
+            return int(n)
+
+    clock = VirtualClock()
+    app = shoal.App("shop", store="memory://", clock=clock)
+    register(app)
+    async with app:
+        run = await app.dispatch("flow")
+        await clock.advance(1)
+        assert (await app.get_run(run.id)).status == "succeeded"
+        history = await export(app, run.id)
+    again = shoal.App("shop", store="memory://")
+    register(again)
+    with caplog.at_level("DEBUG", logger="shoal"):
+        result = await replay(again, history)
+    assert result.ok and result.outcome == "returned"
+    assert not [r for r in caplog.records if "progress" in str(getattr(r, "event", ""))]

@@ -56,9 +56,18 @@ In = TypeVar("In")
 Out = TypeVar("Out")
 Result = TypeVar("Result", covariant=True)
 
+# the longest a run's end waits for its progress to be written (real seconds): renewals skip a
+# run that is finishing, so a store slow to write progress must not hold its settlement
+FLUSH_LIMIT = 1.0
 TRACEBACK_LIMIT = 64 * 1024   # characters of a failed attempt's traceback kept: its last ones
 # taken only to make an execution's ProgressWriter, which step threads may race to do
 _NEW_WRITER = threading.Lock()
+
+
+def _consumed(task: asyncio.Future[Any]) -> None:
+    """A done callback that retrieves a task's outcome (no "never retrieved" warning)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def format_traceback(error: BaseException | None = None) -> str | None:
@@ -264,15 +273,35 @@ class Execution:
     # ctx.progress: the newest value reported, written in the background (made on first use)
     progress: ProgressWriter | None = None
 
-    async def begin_finishing(self) -> None:
-        """The next write may end the claim (settle, suspend, release): set ``finishing``, then
-        write the progress reported and not written yet, so that it is seen with the run's end,
-        sleep or wait."""
-        self.finishing = True
-        if self.progress is not None:
-            await self.progress.flush()
     # a replay of a recorded history: no store call, stop where the history does
     replay_only: bool = False
+
+    async def begin_finishing(self, clock: Clock) -> None:
+        """The next write may end the claim (settle, suspend, release): set ``finishing``, then
+        write the progress reported and not written yet, so that it is seen with the run's end,
+        sleep or wait. Renewals skip a finishing run, so the wait for that write is bounded
+        (:data:`FLUSH_LIMIT` seconds, of the app's clock or real time, whichever passes first):
+        past it, the end is written without waiting more."""
+        self.finishing = True
+        if self.progress is not None:
+            flush = asyncio.ensure_future(self.progress.flush())
+            limit = asyncio.ensure_future(clock.sleep(FLUSH_LIMIT))
+            await asyncio.wait({flush, limit}, timeout=FLUSH_LIMIT,
+                               return_when=asyncio.FIRST_COMPLETED)
+            limit.cancel()
+            if not flush.done():   # the write goes on by itself; the run's end does not wait for it
+                log.warning("progress.flush_slow: run %s: its progress was not written within "
+                            "%.0f s; its end is written first", self.run.id, FLUSH_LIMIT,
+                            extra={"event": "progress.flush_slow", "run_id": self.run.id})
+                flush.add_done_callback(_consumed)
+
+    def going_on(self) -> None:
+        """A write that might have ended the claim did not (a signal was there, the pause or the
+        child was resolved): the run goes on. An abort asked for meanwhile, which let the write
+        finish rather than cancel it, takes effect now."""
+        self.finishing = False
+        if self.abort is not None:
+            raise asyncio.CancelledError(f"the run was aborted ({self.abort})")
 
     def dropped(self, call: _StepCall) -> None:
         """``call``'s coroutine was garbage-collected: without having started, it was never
@@ -502,6 +531,8 @@ class RunContext:
         value = _json.checked({"fraction": fraction, "message": message, "data": data},
                               "ctx.progress(...)", host.max_payload_bytes)
         x = self._x
+        if x.replay_only:   # a replay writes nothing: the value is checked, and dropped
+            return
         writer = x.progress
         if writer is None:
             if x.task is not None and x.task.done():   # a step's thread outlived the execution
@@ -685,7 +716,7 @@ class RunContext:
             self._x.steps[seq] = step
             return
         pending = self._record(seq, "shoal.sleep", {"until": until}, False, began)
-        await self._x.begin_finishing()
+        await self._x.begin_finishing(self._host.clock)
         if not await self._write(host.store.suspend_run(
                 self._x.fence, pending, "sleeping", until, None, now)):
             self._lost()
@@ -712,12 +743,13 @@ class RunContext:
             deadline = None if timeout is None else now + timeout
         pending = self._record(seq, step_name, {"deadline": deadline}, False,
                                self._began(recorded, now))
-        await self._x.begin_finishing()
+        await self._x.begin_finishing(self._host.clock)
         got = await self._write(host.store.wait_signal(
             self._x.fence, pending, name, deadline, now))
         if got is None:
             self._lost()
-        self._x.finishing = got.parked
+        if not got.parked:
+            self._x.going_on()
         if got.received:
             self._x.steps[seq] = replace(pending, output={"payload": got.payload},
                                          finished=True)
@@ -760,7 +792,7 @@ class RunContext:
                 notified=False,
             )
             pending = self._record(seq, step_name, {"pause_id": pause.id}, False, now)
-            await self._x.begin_finishing()
+            await self._x.begin_finishing(self._host.clock)
             if not await self._write(host.store.create_pause(self._x.fence, pending, pause,
                                                                now)):
                 self._lost()
@@ -772,7 +804,7 @@ class RunContext:
         if found is not None and found.status == "pending":
             # delivered while its pause is pending (a stray signal named after the pause): park
             # again, in one operation that parks only if it is still pending
-            await self._x.begin_finishing()
+            await self._x.begin_finishing(self._host.clock)
             got = await self._write(host.store.wait_pause(self._x.fence, recorded, pause_id,
                                                             now))
             if got is None:
@@ -780,7 +812,7 @@ class RunContext:
             if got.parked:
                 host.telemetry.run_parked(self._x.run, "approval", name, None)
                 raise self._suspend("waiting", None)
-            self._x.finishing = False
+            self._x.going_on()
             found = got.pause
         if found is None or found.decision is None:
             # resolved pauses are pruned after pause_retention: a run delivered that late
@@ -845,7 +877,7 @@ class RunContext:
             host = self._host
             pending = self._record(seq, step_name, {"child": child_id}, False,
                                    self._began(recorded, host.clock.now()))
-            await self._x.begin_finishing()
+            await self._x.begin_finishing(self._host.clock)
             try:
                 child = await self._write(host.store.wait_child(
                     self._x.fence, pending, child_id, host.clock.now()))
@@ -862,7 +894,7 @@ class RunContext:
                 if not child.status.final:
                     host.telemetry.run_parked(self._x.run, "child", child_id, None)
                     raise self._suspend("waiting", None)
-            self._x.finishing = False
+            self._x.going_on()
             if child is None:   # record the missing child as a failure, once
                 recorded = replace(pending, output=gone, finished=True)
                 if not await self._write(host.store.checkpoint_step(

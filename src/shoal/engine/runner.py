@@ -234,8 +234,9 @@ class Engine:
             deadline.cancel()
             waiter.cancel()
         for x in list(self._executions):
-            if not x.finishing:   # one already writing its end is let finish
-                self._abort(x, "interrupt", asyncio.CancelledError("the instance is stopping"))
+            # one already writing its end is let finish (_abort does not cancel it); should
+            # that write not end the claim, the run stops there (Execution.going_on)
+            self._abort(x, "interrupt", asyncio.CancelledError("the instance is stopping"))
         remaining = [x.task for x in self._executions if x.task is not None]
         if remaining:
             await asyncio.wait(remaining)
@@ -450,6 +451,9 @@ class Engine:
             if not thread.done():
                 thread.add_done_callback(lambda _: self._retire(x))
                 return
+        # a task cancelled before its coroutine began never ran _execute's finally: leave here
+        # too (a newer execution of the run is never left), or it would be renewed forever
+        self._leave(x)
         alive = self._alive.get(x.run.id)
         if alive is not None and x in alive:
             # Nothing refers to x and its context in a cycle any more (x -> context -> x, and
@@ -554,7 +558,7 @@ class Engine:
             await self._settle(x, Settlement("cancelled", error="cancelled"))
         elif x.abort == "interrupt":
             x.outcome = "interrupted"
-            await x.begin_finishing()
+            await x.begin_finishing(self.clock)
             if x.thread_running:   # not released: see Execution.thread_running
                 return
             await self.store.release_run(x.fence, self.clock.now())
@@ -627,7 +631,7 @@ class Engine:
             settlement = Settlement("failed", error=f"{type(misuse).__name__}: {misuse}")
         elif settlement.outcome == "failed" and settlement.traceback is None:
             settlement = dataclasses.replace(settlement, traceback=format_traceback())
-        await x.begin_finishing()   # the progress not written yet goes first
+        await x.begin_finishing(self.clock)   # the progress not written yet goes first
         now = self.clock.now()
         if x.error is None and settlement.outcome != "cancelled":   # a cancel is no error
             x.error = settlement.error

@@ -23,7 +23,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command
 
 from shoal import _json
-from shoal.engine.context import RunContext
+from shoal.engine.context import ReplayStop, RunContext
 from shoal.integrations.langgraph.saver import ShoalCheckpointer
 
 STEP = "langgraph"   # the name of each segment's step
@@ -71,6 +71,10 @@ async def run_graph(ctx: RunContext, graph: Any, input: Any, config: RunnableCon
     while True:
         stopped = await ctx.step(STEP, _segment, runnable, cfg, input, dict(decisions))
         if not stopped:
+            if ctx._x.replay_only:
+                # a replay (shoal replay) reads no store: the graph's output is in its
+                # checkpoints, so the replay ends here, every recorded step matched
+                raise ReplayStop(ctx._x.seq + 1, None, "langgraph.output")
             return await runnable.ainvoke(None, cfg)   # the graph has ended: its output
         for interrupt in stopped:
             decision = await ctx.approval(interrupt["node"], interrupt["value"],
