@@ -637,3 +637,54 @@ def test_combined_with_other_sinks_the_carrier_is_the_tracing_one(spans: Spans) 
     assert carrier is not None
     assert json.loads(carrier)["traceparent"].split("-")[1] == \
         f"{request.get_span_context().trace_id:032x}"
+
+
+async def test_the_real_outbox_provider_and_lock_paths_make_spans_in_the_runs_trace(
+        spans: Spans) -> None:
+    """With the hooks placed where they happen (not called by hand): the outbox service's
+    delivery continues the step that sent the entry; a provider call and a lock wait made
+    inside a step nest under it; all in the trace of the request that dispatched the run."""
+    clock = VirtualClock()
+    app = shoal.App("real", store="memory://", clock=clock, lease=LEASE, instance_id="i",
+                    tracing=spans.provider)
+    llm = app.provider("llm", max_concurrent=2)
+    delivered: list[Any] = []
+
+    @app.outbox_handler("mail")
+    async def mail(payload: Any, key: str) -> None:
+        delivered.append(payload)
+
+    async def work() -> str:
+        async with llm.call(tokens=10):
+            pass
+        async with app.lock("orders:1"):
+            pass
+        ctx = shoal.scope.current_run.get()
+        assert ctx is not None
+        ctx.outbox.send("mail", {"ok": True})
+        return "done"
+
+    @app.workflow
+    async def flow(ctx: shoal.RunContext, input: Any) -> str:
+        return str(await ctx.step("work", work))
+
+    async with app:
+        with spans.tracer.start_as_current_span("request") as request:
+            run = await app.dispatch(flow)
+        assert (await _until_final(app, run.id)).output == "done"
+        for _ in range(50):
+            if delivered:
+                break
+            await clock.advance(1)
+        assert delivered == [{"ok": True}]
+        await settle()
+    tid = request.get_span_context().trace_id
+    step = spans.one("shoal.step work")
+    provider = spans.one("shoal.provider llm")
+    lock = spans.one("shoal.lock.wait")
+    delivery = spans.one("shoal.deliver mail")
+    assert {_trace(s) for s in (step, provider, lock, delivery)} == {tid}
+    assert _parent(provider) == _id(step) and _parent(lock) == _id(step)
+    assert _attr(provider, "shoal.outcome") == "succeeded"
+    assert _attr(lock, "shoal.outcome") == "acquired"
+    assert _parent(delivery) == _id(step) and _attr(delivery, "shoal.outcome") == "delivered"
