@@ -666,28 +666,36 @@ async def _namespace_of(store: Store, target: _Target, workflow: str) -> str:
               help="The tenant the run belongs to.")
 @click.option("--priority", type=int, default=None,
               help="Higher runs first (default: the workflow's own).")
+@click.option("--allow-unregistered", is_flag=True,
+              help="Dispatch a workflow no worker registered yet (needs --namespace): the run "
+                   "waits, queued, until a worker serving it starts.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the run as JSON (with --wait, once it has ended).")
 @_target_options
 @click.pass_context
 def dispatch(ctx: click.Context, workflow: str, payload: str | None, wait: bool,
              timeout: float | None, idempotency_key: str | None, tenant: str,
-             priority: int | None, as_json: bool, store_override: str | None,
-             namespace_override: str | None) -> None:
+             priority: int | None, allow_unregistered: bool, as_json: bool,
+             store_override: str | None, namespace_override: str | None) -> None:
     """Start a run of WORKFLOW with a JSON input (default null) and print its id. The workflow
     is one a worker of the namespace registered in the store (this command runs no code of
-    yours); without --namespace, the only namespace that has it."""
+    yours); without --namespace, the only namespace that has it. With --allow-unregistered
+    and --namespace, one no worker registered yet: it waits for a worker that serves it."""
     target = _target(ctx, store_override, namespace_override)
     value = _json_argument(payload, "The input")
     if timeout is not None and not wait:
         raise click.UsageError("--timeout goes with --wait.")
+    if allow_unregistered and target.namespace is None:
+        raise click.ClickException("--allow-unregistered needs --namespace/-n NAME: a workflow no "
+                               "worker registered is in no namespace yet.")
 
     async def go() -> tuple[Run, BaseException | None]:
         async with _opened_store(target.store) as store:
             app = App(await _namespace_of(store, target, workflow), store=store)
             async with app.open():
                 run = await app.dispatch(workflow, value, idempotency_key=idempotency_key,
-                                         tenant=tenant, priority=priority)
+                                         tenant=tenant, priority=priority,
+                                         allow_unregistered=allow_unregistered)
                 if not wait:
                     return run, None
                 try:

@@ -126,6 +126,19 @@ def test_dispatch_refuses_what_it_cannot_start(url: str) -> None:
     assert shoal_cli(url, "runs", "--json").stdout == ""
 
 
+
+def test_dispatch_allow_unregistered_queues_a_run_for_a_worker_to_come(url: str) -> None:
+    assert shoal_cli(url, "migrate").exit_code == 0
+    assert_fails(shoal_cli(url, "dispatch", "later", "--allow-unregistered"),
+                 "--allow-unregistered needs --namespace")
+    assert_fails(shoal_cli(url, "-n", "shop", "dispatch", "later"), "allow_unregistered")
+    run_id = shoal_cli(url, "-n", "shop", "dispatch", "later", "7",
+                       "--allow-unregistered").stdout.strip()
+    [run] = [json.loads(line) for line in shoal_cli(url, "runs", "--json").stdout.splitlines()]
+    assert (run["id"], run["workflow"], run["status"], run["input"]) == (
+        run_id, "later", "queued", 7)
+
+
 def test_retry_refuses_live_and_unknown_runs(url: str) -> None:
     asyncio.run(_register(url, "shop", "web-1", "greet"))
     run_id = shoal_cli(url, "-n", "shop", "dispatch", "greet").stdout.strip()
