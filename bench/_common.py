@@ -1,8 +1,10 @@
-"""What the coordination benchmarks (coord.py, providers.py) share: percentiles, the machine
-header, the file system of the temporary folder, a one-value PostgreSQL query."""
+"""What the benchmarks share: percentiles, the machine header, the file system of the temporary
+folder, a one-value PostgreSQL query, and the no-op and 5-step workloads of the overhead
+benches (observability.py, tracing.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import platform
@@ -43,3 +45,33 @@ def machine(title: str) -> str:
             f"({len(os.sched_getaffinity(0))} usable), Python {platform.python_version()}, "
             f"{platform.platform()}, shoal {shoal.__version__} at {commit}, load average "
             f"{os.getloadavg()[0]:.2f} at the start")
+
+
+STEPS = 5   # the steps of the "steps5" workload
+
+
+def add_workloads(app: Any, runs: int, done: asyncio.Event) -> None:
+    """Register the overhead benches' two workflows on ``app``: ``noop`` (returns at once) and
+    ``steps5`` (five async steps, each checkpointed); ``done`` is set once ``runs`` of them
+    have ended."""
+    ended = [0]
+
+    def one() -> None:
+        ended[0] += 1
+        if ended[0] >= runs:
+            done.set()
+
+    async def bump(i: int) -> int:
+        return i + 1
+
+    @app.workflow(name="noop")
+    async def noop(ctx: Any, input: Any) -> None:
+        one()
+
+    @app.workflow(name="steps5")
+    async def steps5(ctx: Any, input: Any) -> int:
+        value = 0
+        for i in range(STEPS):
+            value = await ctx.step(f"step{i}", bump, value)
+        one()
+        return value

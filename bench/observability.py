@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from _common import machine
+from _common import add_workloads, machine
 from rich.console import Console
 from rich.table import Table
 
@@ -35,35 +35,13 @@ import shoal
 from shoal.backends.memory import MemoryStore
 
 POSTGRES = os.environ.get("SHOAL_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
-STEPS = 5
 BATCH = 500
 
 
 def build_app(store: Any, metrics: bool, done: asyncio.Event, expected: int) -> shoal.App:
     app = shoal.App("bench", store=store, instance_id="bench-worker", max_concurrent_runs=8,
                     metrics=metrics)
-    finished = [0]
-
-    def one_more() -> None:
-        finished[0] += 1
-        if finished[0] >= expected:
-            done.set()
-
-    async def bump(i: int) -> int:
-        return i + 1
-
-    @app.workflow(name="noop")
-    async def noop(ctx: shoal.RunContext, input: Any) -> None:
-        one_more()
-
-    @app.workflow(name="steps5")
-    async def steps5(ctx: shoal.RunContext, input: Any) -> int:
-        value = 0
-        for i in range(STEPS):
-            value = await ctx.step(f"step{i}", bump, value)
-        one_more()
-        return value
-
+    add_workloads(app, expected, done)
     return app
 
 

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from _common import add_workloads
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
@@ -48,7 +49,6 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRati
 
 import shoal
 
-STEPS = 5
 MODES = ("off", "api", "sdk simple", "sdk batch", "sdk10 batch")
 BATCH = 10   # runs dispatched under one request span
 
@@ -66,28 +66,7 @@ class Dropped(SpanExporter):
 
 def build(store: str, tracing: Any, runs: int, done: asyncio.Event) -> shoal.App:
     app = shoal.App("bench", store=store, max_concurrent_runs=8, tracing=tracing)
-    ended = [0]
-
-    def one() -> None:
-        ended[0] += 1
-        if ended[0] == runs:
-            done.set()
-
-    async def bump(i: int) -> int:
-        return i + 1
-
-    @app.workflow(name="noop")
-    async def noop(ctx: shoal.RunContext, input: Any) -> None:
-        one()
-
-    @app.workflow(name="steps5")
-    async def steps5(ctx: shoal.RunContext, input: Any) -> int:
-        value = 0
-        for i in range(STEPS):
-            value = await ctx.step(f"step{i}", bump, value)
-        one()
-        return value
-
+    add_workloads(app, runs, done)
     return app
 
 
