@@ -282,6 +282,28 @@ class ShoalCheckpointer(BaseCheckpointSaver[str]):
             parent_id=parent_id, type=type_, checkpoint=blob, metadata=kept,
             run_id=run_id if isinstance(run_id, str) else None, created_at=self.clock.now())
 
+    def _put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata
+             ) -> tuple[Callable[[GraphCheckpoints], Awaitable[bool]], RunnableConfig]:
+        """The store call of ``put`` (it answers whether the run's claim held) and the config
+        ``put`` returns: the checkpoint saved."""
+        record = self._record(config, checkpoint, metadata)
+        saved: RunnableConfig = {"configurable": {"thread_id": record.thread_id,
+                                                  "checkpoint_ns": record.checkpoint_ns,
+                                                  "checkpoint_id": record.checkpoint_id}}
+        return (lambda s: s.put_graph_checkpoint(self.namespace, self.tenant, record,
+                                                 self._fence)), saved
+
+    def _put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                    task_id: str, task_path: str
+                    ) -> Callable[[GraphCheckpoints], Awaitable[bool]]:
+        """The store call of ``put_writes``: it answers whether the run's claim held."""
+        thread_id, checkpoint_ns, checkpoint_id = self._where(config)
+        if checkpoint_id is None:
+            raise ValueError("ShoalCheckpointer.put_writes: the config names no checkpoint_id.")
+        rows = self._writes(writes, task_id, task_path)
+        return lambda s: s.put_graph_writes(self.namespace, self.tenant, thread_id,
+                                            checkpoint_ns, checkpoint_id, rows, self._fence)
+
     def _writes(self, writes: Sequence[tuple[str, Any]], task_id: str,
                 task_path: str) -> list[GraphWrite]:
         return [GraphWrite(task_id, WRITES_IDX_MAP.get(channel, i), channel,
@@ -331,12 +353,9 @@ class ShoalCheckpointer(BaseCheckpointSaver[str]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        record = self._record(config, checkpoint, metadata)
-        self._held(await self._call(lambda s: s.put_graph_checkpoint(
-            self.namespace, self.tenant, record, self._fence)))
-        return {"configurable": {"thread_id": record.thread_id,
-                                 "checkpoint_ns": record.checkpoint_ns,
-                                 "checkpoint_id": record.checkpoint_id}}
+        work, saved = self._put(config, checkpoint, metadata)
+        self._held(await self._call(work))
+        return saved
 
     async def aput_writes(
         self,
@@ -345,13 +364,7 @@ class ShoalCheckpointer(BaseCheckpointSaver[str]):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        thread_id, checkpoint_ns, checkpoint_id = self._where(config)
-        if checkpoint_id is None:
-            raise ValueError("ShoalCheckpointer.put_writes: the config names no checkpoint_id.")
-        rows = self._writes(writes, task_id, task_path)
-        self._held(await self._call(lambda s: s.put_graph_writes(
-            self.namespace, self.tenant, thread_id, checkpoint_ns, checkpoint_id, rows,
-            self._fence)))
+        self._held(await self._call(self._put_writes(config, writes, task_id, task_path)))
 
     async def adelete_thread(self, thread_id: str) -> None:
         await self._call(lambda s: s.delete_graph_threads(
@@ -407,12 +420,9 @@ class ShoalCheckpointer(BaseCheckpointSaver[str]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        record = self._record(config, checkpoint, metadata)
-        self._held(self._sync(lambda s: s.put_graph_checkpoint(
-            self.namespace, self.tenant, record, self._fence)))
-        return {"configurable": {"thread_id": record.thread_id,
-                                 "checkpoint_ns": record.checkpoint_ns,
-                                 "checkpoint_id": record.checkpoint_id}}
+        work, saved = self._put(config, checkpoint, metadata)
+        self._held(self._sync(work))
+        return saved
 
     def put_writes(
         self,
@@ -421,13 +431,7 @@ class ShoalCheckpointer(BaseCheckpointSaver[str]):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        thread_id, checkpoint_ns, checkpoint_id = self._where(config)
-        if checkpoint_id is None:
-            raise ValueError("ShoalCheckpointer.put_writes: the config names no checkpoint_id.")
-        rows = self._writes(writes, task_id, task_path)
-        self._held(self._sync(lambda s: s.put_graph_writes(
-            self.namespace, self.tenant, thread_id, checkpoint_ns, checkpoint_id, rows,
-            self._fence)))
+        self._held(self._sync(self._put_writes(config, writes, task_id, task_path)))
 
     def delete_thread(self, thread_id: str) -> None:
         self._sync(lambda s: s.delete_graph_threads(self.namespace, self.tenant, [thread_id]))
