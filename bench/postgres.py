@@ -62,15 +62,35 @@ PRIORITIES = ("shoal", "pgqueuer", "pgqueuer-asyncpg", "procrastinate")
 NAMESPACE = "bench"
 FINAL = ("succeeded", "failed", "cancelled")
 # Jobs not finished yet, per system (the parent polls this until it is 0).
+# The unfinished jobs of each system, counted (the steady rate, the loaded test's early stop) and
+# asked for (any left?). The parent asks every 10 ms and counts every COUNT_EVERY polls: a count
+# reads every unfinished job's index entry (and its heap row), and at one count every 10 ms the
+# poll took a third of a core from the 2 the systems share; "any left?" stops at the first.
+# shoal's unfinished runs are counted by the partial indexes that hold them (a parked run is
+# queued and held), never by a scan of the finished runs.
+_SHOAL_LEFT = ("status = 'queued' AND NOT held", "held", "status IN ('running', 'interrupted')",
+               "status IN ('sleeping', 'waiting')")
 REMAINING = {
-    "shoal": "SELECT count(*) FROM {schema}.runs WHERE status NOT IN "
-             "('succeeded', 'failed', 'cancelled')",
+    "shoal": "SELECT " + " + ".join(f"(SELECT count(*) FROM {{schema}}.runs WHERE {w})"
+                                    for w in _SHOAL_LEFT),
     "pgqueuer": "SELECT count(*) FROM pgqueuer",   # a finished job leaves the table
     "pgqueuer-defaults": "SELECT count(*) FROM pgqueuer",
     "pgqueuer-asyncpg": "SELECT count(*) FROM pgqueuer",
     "procrastinate": "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')",
     "dbos": "SELECT count(*) FROM dbos.workflow_status WHERE status IN ('ENQUEUED', 'PENDING')",
 }
+ANY_LEFT = {
+    "shoal": "SELECT " + " OR ".join(f"EXISTS (SELECT 1 FROM {{schema}}.runs WHERE {w})"
+                                     for w in _SHOAL_LEFT),
+    "pgqueuer": "SELECT EXISTS (SELECT 1 FROM pgqueuer)",
+    "pgqueuer-defaults": "SELECT EXISTS (SELECT 1 FROM pgqueuer)",
+    "pgqueuer-asyncpg": "SELECT EXISTS (SELECT 1 FROM pgqueuer)",
+    "procrastinate": "SELECT EXISTS (SELECT 1 FROM procrastinate_jobs "
+                     "WHERE status IN ('todo', 'doing'))",
+    "dbos": "SELECT EXISTS (SELECT 1 FROM dbos.workflow_status "
+            "WHERE status IN ('ENQUEUED', 'PENDING'))",
+}
+COUNT_EVERY = 5   # polls: a count every 50 ms
 
 
 # -- shoal's side (this interpreter) ---------------------------------------------------------------
@@ -443,20 +463,26 @@ def stop(procs: Processes, ws: list[Worker]) -> list[dict[str, Any]]:
     return reports
 
 
-def wait_done(dsn: str, remaining_sql: str, ws: list[Worker], timeout: float,
+def wait_done(dsn: str, system: str, ws: list[Worker], timeout: float,
               on_poll: Callable[[int], None] | None = None) -> list[tuple[float, int]]:
-    """Poll every 10 ms until no job is left (telling ``on_poll`` how many are); returns every
-    (time.time(), jobs left) seen, the last with 0 left unless it timed out."""
+    """Poll every 10 ms until no job is left, counting them every COUNT_EVERY polls (and telling
+    ``on_poll`` how many are); returns every (time.time(), jobs left) counted, the last with 0
+    left unless it timed out."""
     deadline = time.monotonic() + timeout
     seen: list[tuple[float, int]] = []
+    count, any_left = (REMAINING[system].format(schema="bench"),
+                       ANY_LEFT[system].format(schema="bench"))
     with psycopg.connect(dsn, autocommit=True) as conn:
+        polls = 0
         while time.monotonic() < deadline:
-            left = conn.execute(remaining_sql).fetchone()[0]   # type: ignore[index]
-            seen.append((time.time(), left))
-            if on_poll is not None:
-                on_poll(left)
-            if left == 0:
-                return seen
+            if polls % COUNT_EVERY == 0 or not conn.execute(any_left).fetchone()[0]:  # type: ignore[index]
+                left = conn.execute(count).fetchone()[0]   # type: ignore[index]
+                seen.append((time.time(), left))
+                if on_poll is not None:
+                    on_poll(left)
+                if left == 0:
+                    return seen
+            polls += 1
             for w in ws:
                 if w.proc.poll() is not None:
                     raise RuntimeError(f"{w.name} exited early: {tail(w.log)}")
@@ -492,6 +518,17 @@ def backend_cpu(dsn: str) -> dict[int, float]:
             continue
         out[pid] = (int(fields[11]) + int(fields[12])) / tick   # utime, stime
     return out
+
+
+def machine_cpu() -> float | None:
+    """CPU seconds so far of the whole machine, all cores, busy only (/proc/stat: user, nice,
+    system, irq, softirq, steal); None without /proc."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def commits(dsn: str) -> int:
@@ -575,7 +612,9 @@ def throughput(procs: Processes, server: Server, system: str, workflow: str,
         for w in ws:
             w.expect("started", timeout=60)
         server0 = backend_cpu(sql_dsn)
-        seen = wait_done(sql_dsn, REMAINING[system].format(schema="bench"), ws, args.timeout)
+        machine0 = machine_cpu()
+        seen = wait_done(sql_dsn, system, ws, args.timeout)
+        machine1 = machine_cpu()
         server1 = backend_cpu(sql_dsn)
         done_at = seen[-1][0] if seen and seen[-1][1] == 0 else None
         reports = stop(procs, ws)
@@ -598,6 +637,11 @@ def throughput(procs: Processes, server: Server, system: str, workflow: str,
             "server_cpu_ms_per_run": (1000 * sum(t - server0.get(pid, 0.0)
                                                  for pid, t in server1.items()) / n
                                       if server1 else None),
+            # every process of the machine (workers, server, kernel, the bench's poll) while the
+            # workers ran: with 2 cores, what bounds the rate
+            "machine_cpu_ms_per_run": (1000 * (machine1 - machine0) / n
+                                       if machine0 is not None and machine1 is not None
+                                       else None),
             "executed_per_worker": [r["executed"] for r in reports],
         }
         if system == "shoal":
@@ -633,7 +677,7 @@ def latency(procs: Processes, server: Server, system: str, args: argparse.Namesp
         time.sleep(1.0)   # idle
         procs.run(f"{tag}-enqueue", paced_command(procs, system, dsn, n, args.interval),
                   timeout=args.timeout)
-        seen = wait_done(sql_dsn, REMAINING[system].format(schema="bench"), ws, args.timeout)
+        seen = wait_done(sql_dsn, system, ws, args.timeout)
         done_at = seen[-1][0] if seen and seen[-1][1] == 0 else None
         reports = stop(procs, ws)
         job_side = [v for r in reports for v in r["latencies"]]
@@ -676,7 +720,7 @@ def loaded_latency(procs: Processes, server: Server, system: str, args: argparse
             if left <= n // 10 or probes.proc.poll() is not None:
                 ended.append(left)
 
-        seen = wait_done(sql_dsn, REMAINING[system].format(schema="bench"), ws, args.timeout,
+        seen = wait_done(sql_dsn, system, ws, args.timeout,
                          on_poll=watch)
         sent = probes.expect("enqueued", timeout=60)
         probes.proc.wait(timeout=30)
@@ -1056,12 +1100,12 @@ def render_throughput(console: Any, table: Any, result: dict[str, Any], workflow
     bulk_sizes = args.get("bulk_batches") or []
     t = table("system", "enqueue/s", *(f"bulk {b}/s" for b in bulk_sizes), "runs/s", "range",
               "steady/s", "vs shoal", "%pgbench", "commits/run", "CPU ms/run", "server ms/run",
-              "per proc", "note")
+              "machine ms/run", "per proc", "note")
     shoal_rate = next((r["runs_per_s"] for r in rows if r["system"] == "shoal"
                        and not r.get("error")), None)
     for r in rows:
         if r.get("error"):
-            t.add_row(r["system"], *["-"] * (10 + len(bulk_sizes)), r["error"][:60])
+            t.add_row(r["system"], *["-"] * (11 + len(bulk_sizes)), r["error"][:60])
             continue
         note = "" if r["complete"] else "[red]incomplete[/]"
         if r["system"] == "shoal" and r.get("store_runs_per_s"):
@@ -1074,9 +1118,11 @@ def render_throughput(console: Any, table: Any, result: dict[str, Any], workflow
                   f"{r['steady_runs_per_s']:,.0f}" if r.get("steady_runs_per_s") else "-",
                   f"{shoal_rate / r['runs_per_s']:.2f}x" if shoal_rate else "-",
                   f"{100 * r['runs_per_s'] / ceiling:.0f}%" if ceiling else "-",
-                  f"{r['commits_per_run']:.2f}", f"{r['cpu_ms_per_run']:.2f}",
+                  f"{r['commits_per_run']:.2f}", f"{r['cpu_ms_per_run']:.3f}",
                   "-" if r.get("server_cpu_ms_per_run") is None
-                  else f"{r['server_cpu_ms_per_run']:.2f}",
+                  else f"{r['server_cpu_ms_per_run']:.3f}",
+                  "-" if r.get("machine_cpu_ms_per_run") is None
+                  else f"{r['machine_cpu_ms_per_run']:.3f}",
                   "/".join(map(str, r["executed_per_worker"])),
                   note)
     console.print(t)
@@ -1091,7 +1137,9 @@ def render_throughput(console: Any, table: Any, result: dict[str, Any], workflow
         "committed in the test's database while the workers ran (pg_stat_database) / jobs. "
         "CPU ms/run: the workers' user+sys / jobs. server ms/run: the same of the server "
         "backends connected to the test's database (from /proc; '-' when the server is "
-        "elsewhere). shoal's store window: first "
+        "elsewhere). machine ms/run: the busy CPU time of the whole machine (every core, every "
+        "process: workers, server, kernel, this bench's poll) while the workers ran / jobs. "
+        "shoal's store window: first "
         "started_at to last finished_at. pgqueuer-defaults: pgqueuer's own run() defaults "
         "(batch_size 10, no cap on concurrent jobs) instead of the same slots. pgqueuer-asyncpg: "
         "pgqueuer's asyncpg driver, the same slots. DBOS polls its "
