@@ -15,6 +15,7 @@ reconnects when it drops.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import logging
@@ -481,10 +482,13 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
 
     async def _all(
         self, query: LiteralString, args: dict[str, Any], *, fetch: bool = True,
-        urgent: bool = False,
+        urgent: bool = False, binary: bool = False,
     ) -> list[DictRow]:
+        """Every row of one statement. ``binary``: the rows come in PostgreSQL's binary format
+        (the claims' whole runs: the server formats no number as text, and the client parses
+        none; the same Python values)."""
         async with self._connection(urgent=urgent) as conn:
-            cur = await conn.execute(query, args)
+            cur = await conn.execute(query, args, binary=binary)
             return await cur.fetchall() if fetch else []
 
     # -- workflows -------------------------------------------------------------------------
@@ -759,7 +763,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
         rows: list[DictRow] = []
         for _ in range(3):
             try:
-                rows = await self._all(_Q["claim"], args)
+                rows = await self._all(_Q["claim"], args, binary=True)
                 break
             except pg_errors.UniqueViolation:
                 # Another claim of the same concurrency key committed after this statement's
@@ -956,7 +960,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
         if claim is None:
             return await self._all(_Q["settle"], settle), []
         rows = await self._all(_SETTLE_AND_CLAIM, {**settle, "s_owner": settle["owner"],
-                                                   **claim})
+                                                   **claim}, binary=True)
         settled = next((r["settled"] for r in rows if r["settled"] is not None), None)
         return [{"id": i} for i in settled or ()], [r for r in rows if r["id"] is not None]
 
@@ -1582,10 +1586,14 @@ def _pause(row: DictRow) -> Pause:
 
 
 def _run(row: DictRow) -> Run:
-    return Run(
-        id=row["id"], namespace=row["namespace"], tenant=row["tenant"],
+    run = object.__new__(Run)
+    # What Run's generated __init__ does, without its object.__setattr__ per field (the class is
+    # frozen): a claim makes a Run of every row it takes (as _batches.queued_run does for new
+    # runs). _FIELDS names every field first, so none is ever missing.
+    vars(run).update(
+        _FIELDS, id=row["id"], namespace=row["namespace"], tenant=row["tenant"],
         workflow=row["workflow"], input=_json.loads(row["input"]),
-        output=_json.loads(row["output"]), error=row["error"], status=RunStatus(row["status"]),
+        output=_json.loads(row["output"]), error=row["error"], status=_STATUSES[row["status"]],
         priority=row["priority"], created_at=row["created_at"], run_at=row["run_at"],
         attempts=row["attempts"], max_attempts=row["max_attempts"],
         concurrency_key=row["concurrency_key"], idempotency_key=row["idempotency_key"],
@@ -1597,6 +1605,11 @@ def _run(row: DictRow) -> Run:
         traceback=row["traceback"], progress=progress_of(row["progress"], row["progress_at"]),
         trace_context=row["trace_context"],
     )
+    return run
+
+
+_FIELDS: dict[str, object] = dict.fromkeys(f.name for f in dataclasses.fields(Run))
+_STATUSES: dict[str, RunStatus] = {status.value: status for status in RunStatus}
 
 
 def _input_text(new: NewRun) -> str:
