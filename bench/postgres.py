@@ -520,6 +520,13 @@ def backend_cpu(dsn: str) -> dict[int, float]:
     return out
 
 
+def wal_position(dsn: str) -> int:
+    """The server's current WAL insert position, in bytes."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return int(conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn"
+                                ).fetchone()[0])  # type: ignore[index]
+
+
 def machine_cpu() -> float | None:
     """CPU seconds so far of the whole machine, all cores, busy only (/proc/stat: user, nice,
     system, irq, softirq, steal); None without /proc."""
@@ -612,9 +619,9 @@ def throughput(procs: Processes, server: Server, system: str, workflow: str,
         for w in ws:
             w.expect("started", timeout=60)
         server0 = backend_cpu(sql_dsn)
-        machine0 = machine_cpu()
+        machine0, wal0 = machine_cpu(), wal_position(sql_dsn)
         seen = wait_done(sql_dsn, system, ws, args.timeout)
-        machine1 = machine_cpu()
+        machine1, wal1 = machine_cpu(), wal_position(sql_dsn)
         server1 = backend_cpu(sql_dsn)
         done_at = seen[-1][0] if seen and seen[-1][1] == 0 else None
         reports = stop(procs, ws)
@@ -642,6 +649,8 @@ def throughput(procs: Processes, server: Server, system: str, workflow: str,
             "machine_cpu_ms_per_run": (1000 * (machine1 - machine0) / n
                                        if machine0 is not None and machine1 is not None
                                        else None),
+            # WAL the server wrote while the workers ran (every database: the machine's disk)
+            "wal_bytes_per_run": (wal1 - wal0) / n,
             "executed_per_worker": [r["executed"] for r in reports],
         }
         if system == "shoal":
@@ -1100,12 +1109,12 @@ def render_throughput(console: Any, table: Any, result: dict[str, Any], workflow
     bulk_sizes = args.get("bulk_batches") or []
     t = table("system", "enqueue/s", *(f"bulk {b}/s" for b in bulk_sizes), "runs/s", "range",
               "steady/s", "vs shoal", "%pgbench", "commits/run", "CPU ms/run", "server ms/run",
-              "machine ms/run", "per proc", "note")
+              "machine ms/run", "WAL B/run", "per proc", "note")
     shoal_rate = next((r["runs_per_s"] for r in rows if r["system"] == "shoal"
                        and not r.get("error")), None)
     for r in rows:
         if r.get("error"):
-            t.add_row(r["system"], *["-"] * (11 + len(bulk_sizes)), r["error"][:60])
+            t.add_row(r["system"], *["-"] * (12 + len(bulk_sizes)), r["error"][:60])
             continue
         note = "" if r["complete"] else "[red]incomplete[/]"
         if r["system"] == "shoal" and r.get("store_runs_per_s"):
@@ -1123,6 +1132,7 @@ def render_throughput(console: Any, table: Any, result: dict[str, Any], workflow
                   else f"{r['server_cpu_ms_per_run']:.3f}",
                   "-" if r.get("machine_cpu_ms_per_run") is None
                   else f"{r['machine_cpu_ms_per_run']:.3f}",
+                  f"{r['wal_bytes_per_run']:,.0f}" if "wal_bytes_per_run" in r else "-",
                   "/".join(map(str, r["executed_per_worker"])),
                   note)
     console.print(t)
@@ -1139,6 +1149,7 @@ def render_throughput(console: Any, table: Any, result: dict[str, Any], workflow
         "backends connected to the test's database (from /proc; '-' when the server is "
         "elsewhere). machine ms/run: the busy CPU time of the whole machine (every core, every "
         "process: workers, server, kernel, this bench's poll) while the workers ran / jobs. "
+        "WAL B/run: the bytes of WAL the server wrote meanwhile / jobs. "
         "shoal's store window: first "
         "started_at to last finished_at. pgqueuer-defaults: pgqueuer's own run() defaults "
         "(batch_size 10, no cap on concurrent jobs) instead of the same slots. pgqueuer-asyncpg: "
