@@ -438,5 +438,4 @@ FROM (VALUES (1, '0001_runs.sql'),
              (19, '0019_run_progress.sql'),
              (20, '0020_graph_checkpoints.sql'),
              (21, '0021_ledger_tokens.sql'),
-             (22, '0022_trace_context.sql'),
-             (23, '0023_lean_runs_indexes.sql'));
+             (22, '0022_trace_context.sql'));
