@@ -1608,7 +1608,10 @@ def _run(row: DictRow) -> Run:
     return run
 
 
-_FIELDS: dict[str, object] = dict.fromkeys(f.name for f in dataclasses.fields(Run))
+# every field of Run at its declared default (None where it declares none)
+_FIELDS: dict[str, object] = {
+    f.name: None if f.default is dataclasses.MISSING else f.default
+    for f in dataclasses.fields(Run)}
 _STATUSES: dict[str, RunStatus] = {status.value: status for status in RunStatus}
 
 
