@@ -46,6 +46,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 
 import shoal
+from shoal.app.collector import GC_ENV, tune_for_worker
 
 HERE = Path(__file__).resolve().parent
 PEERS_DIR = HERE / "peers"
@@ -163,6 +164,11 @@ def shoal_worker(args: argparse.Namespace) -> None:
     stats: dict[str, dict[str, float]] = {}
     instrument(app.store, stats)
     tally.extra["store_calls"] = stats
+    # as `shoal worker` does unless told `--gc default` (SHOAL_WORKER_GC=default here too)
+    tuned = os.environ.get(GC_ENV, "tuned").strip().lower() != "default"
+    if tuned:
+        tune_for_worker()
+    tally.extra["gc"] = "tuned" if tuned else "default"
 
     async def main() -> None:
         async def start() -> None:
@@ -661,6 +667,7 @@ def throughput(procs: Processes, server: Server, system: str, workflow: str,
                     for k, v in entry.items():
                         total[k] = total.get(k, 0) + v
             result["store_calls"] = calls
+            result["gc"] = reports[0].get("gc") if reports else None
             times = store_times(sql_dsn, "bench")
             starts = [s for _, s, _ in times if s is not None]
             ends = [f for _, _, f in times if f is not None]
@@ -1119,6 +1126,8 @@ def render_throughput(console: Any, table: Any, result: dict[str, Any], workflow
         note = "" if r["complete"] else "[red]incomplete[/]"
         if r["system"] == "shoal" and r.get("store_runs_per_s"):
             note = f"store window: {r['store_runs_per_s']:,.0f}/s " + note
+        if r["system"] == "shoal" and r.get("gc"):
+            note = f"gc {r['gc']}; " + note
         bulk = r.get("bulk_enqueues_per_s") or {}
         t.add_row(r["system"], f"{r['enqueues_per_s']:,.0f}",
                   *(f"{bulk[str(b)]:,.0f}" if str(b) in bulk else "-" for b in bulk_sizes),

@@ -34,6 +34,7 @@ from rich.table import Table
 
 from shoal import logs
 from shoal.app import App, history
+from shoal.app.collector import GC_ENV, tune_for_worker
 from shoal.app.options import CONCURRENCY_ENV, concurrency_setting, tracing_sink
 from shoal.errors import ShoalError, UnknownPauseError, UnknownRunError
 from shoal.logs import FORMAT_ENV, FORMATS
@@ -237,11 +238,17 @@ def _load_app(spec: str) -> App:
               help="Trace runs with OpenTelemetry through the global tracer provider (set up "
                    "by your code or by opentelemetry-instrument), as App(tracing=True) does; "
                    "needs shoal[otel] [env SHOAL_TRACING].")
+@click.option("--gc", "gc_mode", type=click.Choice(["tuned", "default"], case_sensitive=False),
+              envvar=GC_ENV, default="tuned", show_default=True,
+              help="Python's garbage collector in this process: 'tuned' collects the youngest "
+                   "generation every 20,000 allocations (not 700) and freezes the objects "
+                   "alive at start, about 10 us less CPU per short run; 'default' keeps "
+                   f"Python's settings [env {GC_ENV}].")
 @click.pass_context
 def worker(ctx: click.Context, app_spec: str, log_level: str, shutdown_timeout: float,
            no_migrate: bool, concurrency: str | None, log_format: str | None,
            health_port: int | None, health_host: str | None, metrics_port: int | None,
-           metrics_host: str, tracing: bool) -> None:
+           metrics_host: str, tracing: bool, gc_mode: str) -> None:
     """Serve the App MODULE:APP until SIGTERM or SIGINT, then stop gracefully.
 
     The app names its own store; build it with shoal.App.from_env() to take SHOAL_STORE,
@@ -263,7 +270,7 @@ def worker(ctx: click.Context, app_spec: str, log_level: str, shutdown_timeout: 
         _serve(app_spec, as_json, source is click.core.ParameterSource.COMMANDLINE,
                no_migrate, slots, health_port, health_host,
                None if metrics_port is None else (metrics_host, metrics_port), tracing,
-               shutdown_timeout)
+               shutdown_timeout, gc_mode.lower() == "tuned")
     finally:    # as it was: the command may be invoked in a process that goes on
         root.removeHandler(handler)
         root.setLevel(level)
@@ -271,7 +278,8 @@ def worker(ctx: click.Context, app_spec: str, log_level: str, shutdown_timeout: 
 
 def _serve(app_spec: str, as_json: bool, store_given: bool, no_migrate: bool,
            slots: int | None, health_port: int | None, health_host: str | None,
-           metrics: tuple[str, int] | None, tracing: bool, shutdown_timeout: float) -> None:
+           metrics: tuple[str, int] | None, tracing: bool, shutdown_timeout: float,
+           tune_gc: bool) -> None:
     """``shoal worker``, once its logging is set up."""
     def say(level: int, text: str, **fields: Any) -> None:
         """A note of the worker's own: a line on stderr, or a record among the JSON ones."""
@@ -303,9 +311,11 @@ def _serve(app_spec: str, as_json: bool, store_given: bool, no_migrate: bool,
     stop_metrics = None
     if metrics is not None:
         stop_metrics = _serve_metrics(app, *metrics, say)
+    if tune_gc:   # a process of its own: the collector's defaults cost short runs (collector.py)
+        tune_for_worker()
     say(logging.INFO, f"shoal worker: serving {app!r}, max_concurrent_runs="
-        f"{app.max_concurrent_runs}; SIGTERM or Ctrl-C stops it gracefully.",
-        event="worker.serving", instance=app.instance_id)
+        f"{app.max_concurrent_runs}, gc={'tuned' if tune_gc else 'default'}; SIGTERM or "
+        f"Ctrl-C stops it gracefully.", event="worker.serving", instance=app.instance_id)
     try:
         app.run_forever(timeout=shutdown_timeout)
     finally:

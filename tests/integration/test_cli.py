@@ -5,6 +5,7 @@ guided tour end to end as a subprocess."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import re
@@ -79,7 +80,8 @@ def seeded(tmp_path: Path) -> Seeded:
 def shoal_cli(*args: str, store: str | None = None, env: dict[str, str] | None = None) -> Result:
     """Run the CLI in-process with a clean SHOAL_* environment."""
     environment: dict[str, str | None] = {"SHOAL_STORE": None, "SHOAL_NAMESPACE": None,
-                                          "SHOAL_MAX_CONCURRENT_RUNS": None}
+                                          "SHOAL_MAX_CONCURRENT_RUNS": None,
+                                          "SHOAL_WORKER_GC": None}
     environment.update(env or {})
     argv = (["--store", store] if store else []) + list(args)
     return CliRunner().invoke(cli, argv, env=environment, prog_name="shoal")
@@ -380,6 +382,63 @@ def test_worker_concurrency_overrides_the_apps_max_concurrent_runs(
     out, _ = worker.communicate(timeout=15)
     assert worker.returncode == 0, out.decode()
     assert b"max_concurrent_runs=3" in out
+
+
+@pytest.mark.parametrize(("args", "env", "expected"), [
+    ((), {}, [20_000, 10, 10]),                                   # tuned unless told otherwise
+    (("--gc", "default"), {}, list(gc.get_threshold())),          # Python's own, as it was
+    ((), {"SHOAL_WORKER_GC": "default"}, list(gc.get_threshold())),
+    (("--gc", "tuned"), {"SHOAL_WORKER_GC": "default"}, [20_000, 10, 10]),  # the flag wins
+])
+def test_worker_tunes_the_garbage_collector_unless_told_not_to(
+    tmp_path: Path, processes: list[subprocess.Popen[bytes]], args: tuple[str, ...],
+    env: dict[str, str], expected: list[int],
+) -> None:
+    (tmp_path / "collector.py").write_text(
+        "import gc, os\n"
+        "import shoal\n"
+        "app = shoal.App('gc', store=os.environ['SHOAL_STORE'], lease=3.0)\n"
+        "@app.workflow\n"
+        "async def thresholds(ctx, _):\n"
+        "    return [list(gc.get_threshold()), gc.get_freeze_count() > 0]\n"
+    )
+    url = f"sqlite:///{tmp_path / 'gc.db'}"
+    environment = {**os.environ, "SHOAL_STORE": url, "SHOAL_INSTANCE_ID": "gc-1", **env}
+    if not env:
+        environment.pop("SHOAL_WORKER_GC", None)
+    worker = subprocess.Popen([*CLI, "worker", *args, "collector:app"], cwd=tmp_path,
+                              env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    processes.append(worker)
+
+    async def ask() -> Any:
+        client = shoal.App("gc", store=url)
+        async with client.open():
+            for _ in range(200):   # the workflow's name is known once the worker has started
+                try:
+                    run = await client.dispatch("thresholds", None)
+                    break
+                except (shoal.UnknownWorkflowError, shoal.StoreUnavailableError):
+                    await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("the worker never registered its workflow")
+            return await client.result(run.id, timeout=10)
+
+    tuned = expected == [20_000, 10, 10]
+    assert asyncio.run(ask()) == [expected, tuned]
+    worker.send_signal(signal.SIGTERM)
+    out, _ = worker.communicate(timeout=15)
+    assert worker.returncode == 0, out.decode()
+    assert f"gc={'tuned' if tuned else 'default'}".encode() in out
+
+
+def test_worker_refuses_a_bad_gc_setting() -> None:
+    for result, bad in ((shoal_cli("worker", "--gc", "off", "json:loads"), "'off'"),
+                        (shoal_cli("worker", "json:loads", env={"SHOAL_WORKER_GC": "sometimes"}),
+                         "'sometimes'")):
+        assert result.exit_code == 2, (result.exit_code, result.output)   # a usage error
+        assert "Invalid value for '--gc'" in result.output and bad in result.output
+        assert "'tuned'" in result.output and "'default'" in result.output
+        assert "Traceback" not in result.output
 
 
 def _gone(pid: int) -> bool:
