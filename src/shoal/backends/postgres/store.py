@@ -1608,10 +1608,13 @@ def _run(row: DictRow) -> Run:
     return run
 
 
-# every field of Run at its declared default (None where it declares none)
+# every field of Run at its declared default (None where it declares none); a default made by a
+# factory would have to be made per run, so there must be none
 _FIELDS: dict[str, object] = {
     f.name: None if f.default is dataclasses.MISSING else f.default
     for f in dataclasses.fields(Run)}
+assert all(f.default_factory is dataclasses.MISSING for f in dataclasses.fields(Run)), \
+    "Run has a field with a default_factory: _run must make that default per run"
 _STATUSES: dict[str, RunStatus] = {status.value: status for status in RunStatus}
 
 
