@@ -46,7 +46,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 
 import shoal
-from shoal.app.collector import GC_ENV, tune_for_worker
+from shoal.app.collector import tune_from_env
 
 HERE = Path(__file__).resolve().parent
 PEERS_DIR = HERE / "peers"
@@ -165,10 +165,7 @@ def shoal_worker(args: argparse.Namespace) -> None:
     instrument(app.store, stats)
     tally.extra["store_calls"] = stats
     # as `shoal worker` does unless told `--gc default` (SHOAL_WORKER_GC=default here too)
-    tuned = os.environ.get(GC_ENV, "tuned").strip().lower() != "default"
-    if tuned:
-        tune_for_worker()
-    tally.extra["gc"] = "tuned" if tuned else "default"
+    tally.extra["gc"] = "tuned" if tune_from_env() else "default"
 
     async def main() -> None:
         async def start() -> None:

@@ -91,6 +91,7 @@ def test_project_with_a_worker(env: dict[str, str]) -> None:
         _, err = worker.communicate(timeout=60)
     assert worker.returncode == 0, err
     assert "serving <shoal.App 'shop'" in err, err
+    assert "gc=tuned" in err, err   # a worker process of its own, as shoal worker
 
 
 def test_worker_command_names_what_is_missing(tmp_path: Path) -> None:

@@ -58,6 +58,7 @@ def worker(shop: Flask) -> Iterator[subprocess.Popen[str]]:
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert "serving <shoal.App 'shop'" in err, err
+    assert "gc=tuned" in err, err   # a worker process of its own, as shoal worker
 
 
 def test_migrate_command(shop: Flask) -> None:

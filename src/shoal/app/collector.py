@@ -9,13 +9,15 @@ do not need the collector (the engine breaks its reference cycles when a run end
 dedicated worker collects rarely instead.
 
 ``shoal worker`` calls :func:`tune_for_worker` unless told ``--gc default`` (or
-``SHOAL_WORKER_GC=default``). An App embedded in another program (a web server) leaves the
-collector as that program set it; such a program may call it itself.
+``SHOAL_WORKER_GC=default``); so do Django's ``manage.py shoal_worker`` and ``flask shoal
+worker`` (:func:`tune_from_env`: the variable alone). An App embedded in another program (a web
+server) leaves the collector as that program set it; such a program may call it itself.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 
 # Collect the youngest generation every 20,000 allocations of tracked objects (Python: 700); the
 # two older ones as Python does, each after 10 collections of the one before.
@@ -32,3 +34,17 @@ def tune_for_worker() -> tuple[int, int, int]:
     gc.set_threshold(*WORKER_THRESHOLDS)
     gc.freeze()
     return (before[0], before[1], before[2])
+
+
+def tune_from_env() -> bool:
+    """:func:`tune_for_worker`, unless ``SHOAL_WORKER_GC`` says ``default``; whether it tuned.
+    Unset, empty or ``tuned`` tunes; any other value is a ValueError naming the variable."""
+    value = os.environ.get(GC_ENV, "")
+    setting = value.strip().lower() or "tuned"
+    if setting not in ("tuned", "default"):
+        raise ValueError(f"{GC_ENV}={value!r}: expected 'tuned' (the default) or 'default' "
+                         f"(Python's own garbage-collector settings).")
+    if setting == "default":
+        return False
+    tune_for_worker()
+    return True

@@ -33,6 +33,7 @@ from flask import Flask, current_app
 from flask.cli import AppGroup
 
 from shoal.app import App, Client
+from shoal.app.collector import tune_from_env
 from shoal.errors import ConfigurationError
 from shoal.integrations._loading import load_app
 from shoal.stores import mask_url
@@ -112,9 +113,13 @@ def _commands() -> AppGroup:
         if not logging.getLogger().handlers:
             logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                                 format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+        try:   # a process of its own: as `shoal worker` does (shoal.app.collector)
+            tuned = tune_from_env()
+        except ValueError as e:
+            raise click.ClickException(str(e)) from None
         click.echo(f"flask shoal worker: serving {served!r}, max_concurrent_runs="
-                   f"{served.max_concurrent_runs}; SIGTERM or Ctrl-C stops it gracefully.",
-                   err=True)
+                   f"{served.max_concurrent_runs}, gc={'tuned' if tuned else 'default'}; "
+                   f"SIGTERM or Ctrl-C stops it gracefully.", err=True)
         served.run_forever(timeout=shutdown_timeout)
 
     @group.command("migrate")

@@ -9,6 +9,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from shoal.app.collector import tune_from_env
 from shoal.errors import ConfigurationError
 from shoal.integrations._loading import load_app
 from shoal.integrations.django import settings
@@ -46,6 +47,11 @@ class Command(BaseCommand):  # type: ignore[misc]
         if not logging.getLogger().handlers:
             logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                                 format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+        try:   # a process of its own: as `shoal worker` does (shoal.app.collector)
+            tuned = tune_from_env()
+        except ValueError as e:
+            raise CommandError(str(e)) from None
         self.stderr.write(f"shoal_worker: serving {app!r}, max_concurrent_runs="
-                          f"{app.max_concurrent_runs}; SIGTERM or Ctrl-C stops it gracefully.")
+                          f"{app.max_concurrent_runs}, gc={'tuned' if tuned else 'default'}; "
+                          f"SIGTERM or Ctrl-C stops it gracefully.")
         app.run_forever(timeout=options["shutdown_timeout"])
