@@ -300,6 +300,17 @@ def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
         p.wait()
 
 
+async def _dispatch_once_served(client: shoal.App, workflow: str, input: Any) -> shoal.Run:
+    """Dispatch ``workflow`` once a worker process that serves it has started: its name is known
+    from then on (the store may not even exist before)."""
+    for _ in range(200):
+        try:
+            return await client.dispatch(workflow, input)
+        except (shoal.UnknownWorkflowError, shoal.StoreUnavailableError):
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"the worker never registered {workflow!r}")
+
+
 def test_worker_serves_an_app_until_sigterm(
     tmp_path: Path, processes: list[subprocess.Popen[bytes]]
 ) -> None:
@@ -319,14 +330,7 @@ def test_worker_serves_an_app_until_sigterm(
     async def greet() -> Any:
         client = shoal.App("greet", store=url)
         async with client.open():
-            for _ in range(200):   # the workflow's name is known once the worker has started
-                try:
-                    run = await client.dispatch("hello", "shoal")
-                    break
-                except (shoal.UnknownWorkflowError, shoal.StoreUnavailableError):
-                    await asyncio.sleep(0.05)
-            else:
-                raise AssertionError("the worker never registered its workflow")
+            run = await _dispatch_once_served(client, "hello", "shoal")
             return await client.result(run.id, timeout=10)
 
     assert asyncio.run(greet()) == "hello shoal"
@@ -367,14 +371,8 @@ def test_worker_concurrency_overrides_the_apps_max_concurrent_runs(
     async def meet() -> list[Any]:
         client = shoal.App("meet", store=url)
         async with client.open():
-            for _ in range(200):   # the workflow's name is known once the worker has started
-                try:
-                    runs = [await client.dispatch("meet", 3) for _ in range(3)]
-                    break
-                except (shoal.UnknownWorkflowError, shoal.StoreUnavailableError):
-                    await asyncio.sleep(0.05)
-            else:
-                raise AssertionError("the worker never registered its workflow")
+            runs = [await _dispatch_once_served(client, "meet", 3)]
+            runs += [await client.dispatch("meet", 3) for _ in range(2)]
             return [await client.result(run.id, timeout=30) for run in runs]
 
     assert asyncio.run(meet()) == [3, 3, 3]
@@ -413,14 +411,7 @@ def test_worker_tunes_the_garbage_collector_unless_told_not_to(
     async def ask() -> Any:
         client = shoal.App("gc", store=url)
         async with client.open():
-            for _ in range(200):   # the workflow's name is known once the worker has started
-                try:
-                    run = await client.dispatch("thresholds", None)
-                    break
-                except (shoal.UnknownWorkflowError, shoal.StoreUnavailableError):
-                    await asyncio.sleep(0.05)
-            else:
-                raise AssertionError("the worker never registered its workflow")
+            run = await _dispatch_once_served(client, "thresholds", None)
             return await client.result(run.id, timeout=10)
 
     tuned = expected == [20_000, 10, 10]

@@ -25,15 +25,13 @@ WORKER_THRESHOLDS = (20_000, 10, 10)
 GC_ENV = "SHOAL_WORKER_GC"
 
 
-def tune_for_worker() -> tuple[int, int, int]:
+def tune_for_worker() -> None:
     """Set the collector for a dedicated worker process: the youngest generation collected every
     20,000 allocations (:data:`WORKER_THRESHOLDS`) and the objects alive now (modules, the app,
-    its workflows) moved out of every later collection (``gc.freeze()``). Returns the
-    thresholds it replaced. Garbage in reference cycles is still collected, only later."""
-    before = gc.get_threshold()
+    its workflows) moved out of every later collection (``gc.freeze()``). Garbage in reference
+    cycles is still collected, only later."""
     gc.set_threshold(*WORKER_THRESHOLDS)
     gc.freeze()
-    return (before[0], before[1], before[2])
 
 
 def tune_from_env() -> bool:
