@@ -163,6 +163,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
                                   ("id", "owner", "epoch", "progress", "progress_at"))
         self._busy = 0   # operations holding or waiting for a pooled connection
         self._turns = Turns(pool_max_size, pool_timeout)
+        self._sticky = _Sticky()
         self._callers = joined.CallerConnections(
             schema, mask_url(self.url),
             lambda: self._one(_Q["database_identity"], {"schema": schema}))
@@ -329,6 +330,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
         await asyncio.gather(*tasks, return_exceptions=True)
         pool, self._pool = self._pool, None
         if pool is not None:
+            await self._sticky.release(pool, self._turns)
             await pool.close()
         self._work.set()
 
@@ -409,25 +411,55 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
             await conn.execute("SELECT 1")
 
     @asynccontextmanager
-    async def _connection(self, *, urgent: bool = False) -> AsyncIterator[_Conn]:
+    async def _connection(self, *, urgent: bool = False, hot: bool = False
+                          ) -> AsyncIterator[_Conn]:
         """A pooled connection, in turn (``urgent`` ones first: renewals). A burst waits as
         long as the queue moves; when no operation got a connection for ``pool_timeout``
-        seconds, or the server fails, it is a StoreUnavailableError."""
+        seconds, or the server fails, it is a StoreUnavailableError.
+
+        ``hot``: the engine's claims, settlements and checkpoints, a statement every few
+        milliseconds on a busy worker. They keep one connection between them (see
+        :class:`_Sticky`) rather than take the next in the pool's rotation (psycopg_pool hands
+        its connections out first in, first out): one server process then serves them all, its
+        caches warm. The rotation cost a no-op run about a tenth more server CPU, and a busy
+        worker a sixth of its throughput (bench/postgres.py, alternating rounds)."""
         pool = self._pool
         if pool is None:
             raise StoreUnavailableError(
                 f"The PostgreSQL store {mask_url(self.url)!r} is not open."
             )
+        sticky = self._sticky
+        if not hot and sticky.idle and not self._turns.free:
+            # every turn is taken and one of them only keeps a connection for later: give it
+            # back, so that no operation ever waits for a connection kept idle
+            await sticky.release(pool, self._turns)
         task = asyncio.current_task()
         asked = task.cancelling() if task is not None else 0
         self._busy += 1
         try:
+            conn = sticky.take() if hot else None
+            if conn is not None:
+                ok = False
+                try:
+                    yield conn
+                    ok = True
+                finally:
+                    sticky.put_back()
+                    if not ok or self._turns.waiting or self._pool is not pool or sticky.old():
+                        await sticky.release(pool, self._turns)
+                return
             try:
                 await self._turns.take(urgent=urgent)
             except TimeoutError:
                 raise self._starved() from None
+            kept = False
             try:
-                async with pool.connection(timeout=self.pool_timeout) as conn:
+                try:
+                    conn = await pool.getconn(timeout=self.pool_timeout)
+                except PoolTimeout:
+                    self._turns.fail_waiting()   # at the front for pool_timeout: none would
+                    raise                        # get one
+                try:
                     self._turns.served()
                     if task is not None and task.cancelling() > asked:
                         # Cancelled while the pool handed this connection over: psycopg_pool's
@@ -435,11 +467,14 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
                         # drops the cancellation, so a stopping loop would go on forever.
                         raise asyncio.CancelledError
                     yield conn
-            except PoolTimeout:
-                self._turns.fail_waiting()   # at the front for pool_timeout: none would get one
-                raise
+                    # kept, with its turn, for the next hot operation
+                    kept = hot and not self._turns.waiting and sticky.keep(conn)
+                finally:
+                    if not kept:
+                        await pool.putconn(conn)
             finally:
-                self._turns.give()
+                if not kept:
+                    self._turns.give()
         except PoolTimeout:
             raise self._starved() from None
         except PoolClosed:
@@ -482,12 +517,12 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
 
     async def _all(
         self, query: LiteralString, args: dict[str, Any], *, fetch: bool = True,
-        urgent: bool = False, binary: bool = False,
+        urgent: bool = False, binary: bool = False, hot: bool = False,
     ) -> list[DictRow]:
         """Every row of one statement. ``binary``: the rows come in PostgreSQL's binary format
         (the claims' whole runs: the server formats no number as text, and the client parses
-        none; the same Python values)."""
-        async with self._connection(urgent=urgent) as conn:
+        none; the same Python values). ``hot``: see :meth:`_connection`."""
+        async with self._connection(urgent=urgent, hot=hot) as conn:
             cur = await conn.execute(query, args, binary=binary)
             return await cur.fetchall() if fetch else []
 
@@ -763,7 +798,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
         rows: list[DictRow] = []
         for _ in range(3):
             try:
-                rows = await self._all(_Q["claim"], args, binary=True)
+                rows = await self._all(_Q["claim"], args, binary=True, hot=True)
                 break
             except pg_errors.UniqueViolation:
                 # Another claim of the same concurrency key committed after this statement's
@@ -960,7 +995,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
         if claim is None:
             return await self._all(_Q["settle"], settle), []
         rows = await self._all(_SETTLE_AND_CLAIM, {**settle, "s_owner": settle["owner"],
-                                                   **claim}, binary=True)
+                                                   **claim}, binary=True, hot=True)
         settled = next((r["settled"] for r in rows if r["settled"] is not None), None)
         return [{"id": i} for i in settled or ()], [r for r in rows if r["id"] is not None]
 
@@ -1415,7 +1450,7 @@ class _Batcher:
             args["channel"] = self.store.channel
             try:
                 written = await self.store._retry(
-                    functools.partial(self.store._all, _Q[self.query], args))
+                    functools.partial(self.store._all, _Q[self.query], args, hot=True))
             except Exception as e:
                 for _, _, done in batch:
                     if not done.done():
@@ -1583,6 +1618,56 @@ def _pause(row: DictRow) -> Pause:
         decision=_json.loads(row["decision"]), created_at=row["created_at"],
         expires_at=row["expires_at"], resolved_at=row["resolved_at"], notified=row["notified"],
     )
+
+
+class _Sticky:
+    """The connection the engine's hot statements keep between them (``_connection(hot=True)``):
+    taken from the pool with its turn, and given back (the turn with it) when a statement on it
+    fails, when another operation waits for a turn, when the store closes, and after a minute
+    (the pool then sees it again: its checks, its lifetime)."""
+
+    KEEP = 60.0   # seconds before it goes back to the pool
+
+    def __init__(self) -> None:
+        self.connection: _Conn | None = None
+        self.busy = False
+        self.since = 0.0
+
+    @property
+    def idle(self) -> bool:
+        return self.connection is not None and not self.busy
+
+    def take(self) -> _Conn | None:
+        """The kept connection, now busy; None when there is none or it is busy."""
+        if not self.idle:
+            return None
+        self.busy = True
+        return self.connection
+
+    def put_back(self) -> None:
+        self.busy = False
+
+    def keep(self, conn: _Conn) -> bool:
+        """Keep ``conn`` unless a connection is kept already."""
+        if self.connection is not None:
+            return False
+        self.connection, self.since = conn, time.monotonic()
+        return True
+
+    def old(self) -> bool:
+        return time.monotonic() - self.since > self.KEEP
+
+    async def release(self, pool: AsyncConnectionPool[_Conn], turns: Turns) -> None:
+        """Give the kept connection back to ``pool`` and its turn to ``turns``, unless a
+        statement is using it (it is given back when that ends)."""
+        conn = self.connection
+        if conn is None or self.busy:
+            return
+        self.connection = None
+        try:
+            await pool.putconn(conn)
+        finally:
+            turns.give()
 
 
 def _run(row: DictRow) -> Run:

@@ -29,6 +29,11 @@ class Turns:
         self._watch: asyncio.Task[None] | None = None
 
     @property
+    def free(self) -> bool:
+        """Whether a turn would be granted at once."""
+        return self._free > 0 and not self.waiting
+
+    @property
     def waiting(self) -> int:
         """Operations queued for a turn (cancelled ones may be counted until their turn)."""
         return len(self._urgent) + len(self._waiting)
