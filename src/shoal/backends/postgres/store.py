@@ -20,6 +20,7 @@ import functools
 import json
 import logging
 import math
+import operator
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -32,7 +33,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg import pq, sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from psycopg.rows import DictRow, dict_row
+from psycopg.rows import DictRow, dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from shoal import _json
@@ -517,14 +518,23 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
 
     async def _all(
         self, query: LiteralString, args: dict[str, Any], *, fetch: bool = True,
-        urgent: bool = False, binary: bool = False, hot: bool = False,
+        urgent: bool = False, hot: bool = False,
     ) -> list[DictRow]:
-        """Every row of one statement. ``binary``: the rows come in PostgreSQL's binary format
-        (the claims' whole runs: the server formats no number as text, and the client parses
-        none; the same Python values). ``hot``: see :meth:`_connection`."""
+        """Every row of one statement. ``hot``: see :meth:`_connection`."""
         async with self._connection(urgent=urgent, hot=hot) as conn:
-            cur = await conn.execute(query, args, binary=binary)
+            cur = await conn.execute(query, args)
             return await cur.fetchall() if fetch else []
+
+    async def _tuples(
+        self, query: LiteralString, args: dict[str, Any], *, hot: bool = False
+    ) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """The names of one statement's columns and its rows as tuples, in PostgreSQL's binary
+        format: the claims' whole runs (the server formats no number as text and the client
+        parses none; a tuple costs a run less than a dict). ``hot``: see :meth:`_connection`."""
+        async with self._connection(hot=hot) as conn:
+            cur = conn.cursor(row_factory=tuple_row)
+            await cur.execute(query, args, binary=True)
+            return [c.name for c in cur.description or ()], await cur.fetchall()
 
     # -- workflows -------------------------------------------------------------------------
 
@@ -795,10 +805,10 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
         args = {"namespace": namespace, "workflows": list(workflows), "owner": owner,
                 "limit": limit, "expires": now + lease, "now": now, "version": version,
                 "any_version": list(any_version)}
-        rows: list[DictRow] = []
+        runs: list[Run] = []
         for _ in range(3):
             try:
-                rows = await self._all(_Q["claim"], args, binary=True, hot=True)
+                runs = _runs(*await self._tuples(_Q["claim"], args, hot=True))
                 break
             except pg_errors.UniqueViolation:
                 # Another claim of the same concurrency key committed after this statement's
@@ -806,7 +816,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
                 log.debug("claim.key_race: claiming again")
             except _RETRYABLE:
                 log.debug("claim.retry")
-        runs = sorted((_run(r) for r in rows), key=lambda r: (-r.priority, r.created_at, r.id))
+        runs.sort(key=lambda r: (-r.priority, r.created_at, r.id))
         return runs
 
     async def incompatible_runs(
@@ -984,20 +994,21 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
                 log.debug("claim.key_race: settling and claiming again")
         else:
             raise AssertionError("unreachable")
-        ids = {r["id"] for r in written}
-        runs = sorted((_run(r) for r in claimed), key=lambda r: (-r.priority, r.created_at, r.id))
-        return [f.run_id in ids for f, _, _ in settlements], runs
+        claimed.sort(key=lambda r: (-r.priority, r.created_at, r.id))
+        return [f.run_id in written for f, _, _ in settlements], claimed
 
     async def _settle_and_claim(
         self, settle: dict[str, Any], claim: dict[str, Any] | None
-    ) -> tuple[list[DictRow], list[DictRow]]:
-        """One statement: the settlements and the claim (one round trip, one commit)."""
+    ) -> tuple[set[str], list[Run]]:
+        """One statement: the settlements and the claim (one round trip, one commit). The ids
+        settled, and the runs claimed."""
         if claim is None:
-            return await self._all(_Q["settle"], settle), []
-        rows = await self._all(_SETTLE_AND_CLAIM, {**settle, "s_owner": settle["owner"],
-                                                   **claim}, binary=True, hot=True)
-        settled = next((r["settled"] for r in rows if r["settled"] is not None), None)
-        return [{"id": i} for i in settled or ()], [r for r in rows if r["id"] is not None]
+            return {r["id"] for r in await self._all(_Q["settle"], settle, hot=True)}, []
+        names, rows = await self._tuples(_SETTLE_AND_CLAIM, {**settle, "s_owner": settle["owner"],
+                                                             **claim}, hot=True)
+        # the first row carries the ids settled; a row without a run when none was claimed
+        settled = rows[0][0] if rows else None
+        return set(settled or ()), _runs(names[1:], [r[1:] for r in rows if r[1] is not None])
 
     async def release_run(self, fence: Fence, now: float) -> bool:
         args = {"run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
@@ -1538,10 +1549,16 @@ def _compose_settle_and_claim() -> str:
     # the claim's owner is one text, the settlements' one per row
     assert settle_with.count("%(owner)b") == 1 and "%(owner)" not in settle_update
     settle_with = settle_with.replace("%(owner)b", "%(s_owner)b")
-    return (f"WITH {settle_with}, settled AS (\n{settle_update}\n), {claim_with}, "
-            f"claimed AS (\n{claim_update}\n), ids AS (SELECT array_agg(id) AS settled "
-            f"FROM settled)\nSELECT CASE WHEN row_number() OVER () = 1 THEN ids.settled END "
-            f"AS settled, claimed.* FROM ids LEFT JOIN claimed ON true")
+    composed = (f"WITH {settle_with}, settled AS (\n{settle_update}\n), {claim_with}, "
+                f"claimed AS (\n{claim_update}\n), ids AS (SELECT array_agg(id) AS settled "
+                f"FROM settled)\nSELECT CASE WHEN row_number() OVER () = 1 THEN ids.settled "
+                f"END AS settled, claimed.* FROM ids LEFT JOIN claimed ON true")
+    # Without its comments and indentation: psycopg caches the parsing of a statement's
+    # placeholders only below 4 KB, and this one is sent on every batch (its text has no
+    # string literal that either would change).
+    compact = " ".join(re.sub(r"--[^\n]*", "", composed).split())
+    assert len(compact.encode()) < 4096, len(compact)
+    return compact
 
 
 _SETTLE_AND_CLAIM: Any = _compose_settle_and_claim()
@@ -1670,26 +1687,42 @@ class _Sticky:
             turns.give()
 
 
+# The columns of runs a Run is made of, in this order: each but the last names the Run field it
+# fills (input, output, status and progress then decoded in place); progress_at goes into
+# progress.
+_RUN_COLUMNS = (
+    "id", "namespace", "tenant", "workflow", "input", "output", "error", "status", "priority",
+    "created_at", "run_at", "attempts", "max_attempts", "concurrency_key", "idempotency_key",
+    "owner", "lease_expires_at", "lease_epoch", "cancel_requested", "version", "parent_id",
+    "root_id", "wait_for", "held", "started_at", "finished_at", "resume_reason", "traceback",
+    "progress", "trace_context", "progress_at")
+_RUN_FIELDS = _RUN_COLUMNS[:-1]
+_BY_NAME = operator.itemgetter(*_RUN_COLUMNS)
+
+
 def _run(row: DictRow) -> Run:
+    """The Run of a row of runs read as a dict."""
+    return _run_of(_BY_NAME(row))
+
+
+def _runs(names: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> list[Run]:
+    """The Runs of rows of runs read as tuples, whose columns are ``names``."""
+    at = operator.itemgetter(*(names.index(c) for c in _RUN_COLUMNS))
+    return [_run_of(at(row)) for row in rows]
+
+
+def _run_of(values: tuple[Any, ...]) -> Run:
     run = object.__new__(Run)
     # What Run's generated __init__ does, without its object.__setattr__ per field (the class is
     # frozen): a claim makes a Run of every row it takes (as _batches.queued_run does for new
     # runs). _FIELDS names every field first, so none is ever missing.
-    vars(run).update(
-        _FIELDS, id=row["id"], namespace=row["namespace"], tenant=row["tenant"],
-        workflow=row["workflow"], input=_json.loads(row["input"]),
-        output=_json.loads(row["output"]), error=row["error"], status=_STATUSES[row["status"]],
-        priority=row["priority"], created_at=row["created_at"], run_at=row["run_at"],
-        attempts=row["attempts"], max_attempts=row["max_attempts"],
-        concurrency_key=row["concurrency_key"], idempotency_key=row["idempotency_key"],
-        owner=row["owner"], lease_expires_at=row["lease_expires_at"],
-        lease_epoch=row["lease_epoch"], cancel_requested=row["cancel_requested"],
-        version=row["version"], parent_id=row["parent_id"], root_id=row["root_id"],
-        wait_for=row["wait_for"], held=row["held"], started_at=row["started_at"],
-        finished_at=row["finished_at"], resume_reason=row["resume_reason"],
-        traceback=row["traceback"], progress=progress_of(row["progress"], row["progress_at"]),
-        trace_context=row["trace_context"],
-    )
+    fields = vars(run)
+    fields.update(_FIELDS)
+    fields.update(zip(_RUN_FIELDS, values, strict=False))   # but the last: progress_at
+    fields["input"] = _json.loads(fields["input"])
+    fields["output"] = _json.loads(fields["output"])
+    fields["status"] = _STATUSES[fields["status"]]
+    fields["progress"] = progress_of(fields["progress"], values[-1])
     return run
 
 
@@ -1701,6 +1734,7 @@ _FIELDS: dict[str, object] = {
 assert all(f.default_factory is dataclasses.MISSING for f in dataclasses.fields(Run)), \
     "Run has a field with a default_factory: _run must make that default per run"
 _STATUSES: dict[str, RunStatus] = {status.value: status for status in RunStatus}
+assert set(_RUN_FIELDS) <= set(_FIELDS), set(_RUN_FIELDS) - set(_FIELDS)
 
 
 def _input_text(new: NewRun) -> str:
