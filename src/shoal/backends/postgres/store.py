@@ -469,7 +469,8 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
                         raise asyncio.CancelledError
                     yield conn
                     # kept, with its turn, for the next hot operation
-                    kept = hot and not self._turns.waiting and sticky.keep(conn)
+                    kept = (hot and self._pool is pool and not self._turns.waiting
+                            and sticky.keep(conn))
                 finally:
                     if not kept:
                         await pool.putconn(conn)
@@ -1006,9 +1007,9 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
             return {r["id"] for r in await self._all(_Q["settle"], settle, hot=True)}, []
         names, rows = await self._tuples(_SETTLE_AND_CLAIM, {**settle, "s_owner": settle["owner"],
                                                              **claim}, hot=True)
-        # the first row carries the ids settled; a row without a run when none was claimed
-        settled = rows[0][0] if rows else None
-        return set(settled or ()), _runs(names[1:], [r[1:] for r in rows if r[1] is not None])
+        # one row carries the ids settled; a row without a run when none was claimed
+        settled = next((r[0] for r in rows if r[0] is not None), None)
+        return set(settled or ()), _runs(names, [r for r in rows if r[1] is not None])
 
     async def release_run(self, fence: Fence, now: float) -> bool:
         args = {"run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
@@ -1682,7 +1683,9 @@ class _Sticky:
             return
         self.connection = None
         try:
-            await pool.putconn(conn)
+            # shielded: a caller cancelled here must not leave the connection out of the pool
+            # and uncounted (psycopg_pool takes it back under a lock it may wait for)
+            await asyncio.shield(pool.putconn(conn))
         finally:
             turns.give()
 
@@ -1697,6 +1700,7 @@ _RUN_COLUMNS = (
     "root_id", "wait_for", "held", "started_at", "finished_at", "resume_reason", "traceback",
     "progress", "trace_context", "progress_at")
 _RUN_FIELDS = _RUN_COLUMNS[:-1]
+assert _RUN_COLUMNS[-1] == "progress_at"
 _BY_NAME = operator.itemgetter(*_RUN_COLUMNS)
 
 
