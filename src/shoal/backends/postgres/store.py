@@ -446,7 +446,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
                     ok = True
                 finally:
                     sticky.put_back()
-                    if not ok or self._turns.waiting or self._pool is not pool or sticky.old():
+                    if not (ok and self._may_keep(pool)) or sticky.old():
                         await sticky.release(pool, self._turns)
                 return
             try:
@@ -469,8 +469,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
                         raise asyncio.CancelledError
                     yield conn
                     # kept, with its turn, for the next hot operation
-                    kept = (hot and self._pool is pool and not self._turns.waiting
-                            and sticky.keep(conn))
+                    kept = hot and self._may_keep(pool) and sticky.keep(conn)
                 finally:
                     if not kept:
                         await pool.putconn(conn)
@@ -493,6 +492,11 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
             ) from None
         finally:
             self._busy -= 1
+
+    def _may_keep(self, pool: AsyncConnectionPool[_Conn]) -> bool:
+        """Whether a hot operation may keep its connection now: the store is still open on
+        ``pool`` and no operation waits for a turn."""
+        return self._pool is pool and not self._turns.waiting
 
     def _starved(self) -> StoreUnavailableError:
         """No operation got a connection for pool_timeout seconds: the server does not answer
@@ -809,7 +813,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
         runs: list[Run] = []
         for _ in range(3):
             try:
-                runs = _runs(*await self._tuples(_Q["claim"], args, hot=True))
+                runs = _claimed(*await self._tuples(_Q["claim"], args, hot=True))
                 break
             except pg_errors.UniqueViolation:
                 # Another claim of the same concurrency key committed after this statement's
@@ -817,7 +821,6 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
                 log.debug("claim.key_race: claiming again")
             except _RETRYABLE:
                 log.debug("claim.retry")
-        runs.sort(key=lambda r: (-r.priority, r.created_at, r.id))
         return runs
 
     async def incompatible_runs(
@@ -995,7 +998,6 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
                 log.debug("claim.key_race: settling and claiming again")
         else:
             raise AssertionError("unreachable")
-        claimed.sort(key=lambda r: (-r.priority, r.created_at, r.id))
         return [f.run_id in written for f, _, _ in settlements], claimed
 
     async def _settle_and_claim(
@@ -1009,7 +1011,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
                                                              **claim}, hot=True)
         # one row carries the ids settled; a row without a run when none was claimed
         settled = next((r[0] for r in rows if r[0] is not None), None)
-        return set(settled or ()), _runs(names, [r for r in rows if r[1] is not None])
+        return set(settled or ()), _claimed(names, [r for r in rows if r[1] is not None])
 
     async def release_run(self, fence: Fence, now: float) -> bool:
         args = {"run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
@@ -1709,10 +1711,13 @@ def _run(row: DictRow) -> Run:
     return _run_of(_BY_NAME(row))
 
 
-def _runs(names: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> list[Run]:
-    """The Runs of rows of runs read as tuples, whose columns are ``names``."""
+def _claimed(names: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> list[Run]:
+    """The Runs of a claim's rows, read as tuples whose columns are ``names``, in claim order
+    (the order the engine starts them in)."""
     at = operator.itemgetter(*(names.index(c) for c in _RUN_COLUMNS))
-    return [_run_of(at(row)) for row in rows]
+    runs = [_run_of(at(row)) for row in rows]
+    runs.sort(key=lambda r: (-r.priority, r.created_at, r.id))
+    return runs
 
 
 def _run_of(values: tuple[Any, ...]) -> Run:
