@@ -18,9 +18,12 @@ class StoreUnavailableError(ShoalError):
 class SchemaVersionError(ConfigurationError):
     """The store's schema is at a version this code cannot use: newer than the newest migration
     it knows (a rolled-back deploy), or behind it (or missing) while migrating is off
-    (``App(migrate=False)``, ``shoal worker --no-migrate``). ``found`` is 0 for no schema."""
+    (``App(migrate=False)``, ``shoal worker --no-migrate``), or while it cannot migrate (a
+    client whose first call is a dispatch in the caller's open SQLite transaction, which holds
+    the write lock migrating needs: ``why`` says so). ``found`` is 0 for no schema."""
 
-    def __init__(self, store: str, found: int, expected: int) -> None:
+    def __init__(self, store: str, found: int, expected: int, *, why: str | None = None,
+                 ) -> None:
         if found > expected:
             text = (
                 f"The store {store!r} is at schema version {found}, newer than version "
@@ -31,14 +34,32 @@ class SchemaVersionError(ConfigurationError):
         else:
             what = ("holds no shoal schema (version 0)" if found == 0
                     else f"is at schema version {found}")
+            why = why or "migrating is off (App(migrate=False) or shoal worker --no-migrate)"
             text = (
-                f"The store {store!r} {what}, and this shoal needs version {expected}; "
-                f"migrating is off (App(migrate=False) or shoal worker --no-migrate). Run "
-                f"'shoal migrate --store URL' (as a role that may create tables), then start "
+                f"The store {store!r} {what}, and this shoal needs version {expected}; {why}. "
+                f"Run 'shoal migrate --store URL' (manage.py shoal_migrate under Django, flask "
+                f"shoal migrate under Flask; as a role that may create tables), then start "
                 f"again.")
         super().__init__(text)
         self.found = found
         self.expected = expected
+
+
+class ClientClosedError(ShoalError):
+    """A :class:`shoal.Client` or :class:`shoal.AsyncClient` call made after ``close()``, or
+    in flight when ``close()`` was called (a thread waiting in ``result()``, for instance)."""
+
+    def __init__(self, client: str, *, in_flight: bool) -> None:
+        if in_flight:
+            text = (f"{client} was closed while this call was in flight (client.close(), or "
+                    f"the interpreter's exit); the call was abandoned. A dispatch among such "
+                    f"calls may or may not have been stored: dispatch it again with its "
+                    f"idempotency key on an open client.")
+        else:
+            text = (f"{client} is closed (client.close(), or the interpreter's exit): make a "
+                    f"new client, and close it only when no call is left to make.")
+        super().__init__(text)
+        self.in_flight = in_flight
 
 
 class UnknownRunError(ShoalError):

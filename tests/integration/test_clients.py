@@ -9,6 +9,7 @@ event loop."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sqlite3
@@ -330,7 +331,7 @@ def test_preforked_workers_and_exit_without_close(url: str, tmp_path: Path) -> N
     assert asyncio.run(count()) == 4
 
 
-def test_async_client_is_bound_to_its_loop(tmp_path: Path) -> None:
+def test_async_client_follows_the_event_loop(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'shoal.db'}"
     client = shoal.AsyncClient(url)
 
@@ -338,12 +339,12 @@ def test_async_client_is_bound_to_its_loop(tmp_path: Path) -> None:
         return (await client.dispatch("double", 1, allow_unregistered=True)).id
 
     run_id = asyncio.run(first())
+    assert _connections(url) == 0, "closed as its loop ended"
 
-    async def second() -> None:
-        await client.get_run(run_id)
+    async def second() -> None:   # another loop: connects there
+        assert (await client.get_run(run_id)).workflow == "double"
 
-    with pytest.raises(RuntimeError, match="another event loop"):
-        asyncio.run(second())
+    asyncio.run(second())
 
     async def closed_then_reopened() -> None:
         other = shoal.AsyncClient(url)
@@ -354,6 +355,32 @@ def test_async_client_is_bound_to_its_loop(tmp_path: Path) -> None:
         await other.close()
 
     asyncio.run(closed_then_reopened())
+
+
+def test_an_async_client_on_a_store_object_refuses_a_second_live_loop() -> None:
+    worker = make_worker("memory://")
+    client = shoal.AsyncClient(worker.store)
+    entered, leave = threading.Event(), threading.Event()
+
+    async def hold() -> None:
+        async with worker, client:
+            await client.stats()
+            entered.set()
+            await asyncio.to_thread(leave.wait)
+
+    thread = threading.Thread(target=lambda: asyncio.run(hold()))
+    thread.start()
+    try:
+        assert entered.wait(TIMEOUT)
+
+        async def elsewhere() -> None:
+            await client.stats()
+
+        with pytest.raises(RuntimeError, match="Store object"):
+            asyncio.run(elsewhere())
+    finally:
+        leave.set()
+        thread.join(TIMEOUT)
 
 
 async def test_async_client_shares_a_store_object_with_a_worker() -> None:
@@ -393,3 +420,213 @@ def test_a_client_called_from_its_own_loop_refuses(tmp_path: Path) -> None:
         call: Callable[[shoal.AsyncClient], object] = inside
         client._call(call)   # type: ignore[arg-type]
         assert seen and "its own event loop" in str(seen[0])
+
+
+# -- a store not migrated yet (issue 30, point 8) ----------------------------------------------
+
+
+@pytest.mark.parametrize("journal", ["delete", "wal"])
+def test_a_first_dispatch_in_the_callers_sqlite_transaction_names_the_missing_migration(
+    tmp_path: Path, journal: str
+) -> None:
+    """The Flask and Django examples started before 'migrate': the view's transaction holds the
+    write lock, so the client cannot create the store; it says so at once (it waited
+    busy_timeout for its own transaction, then blamed 'another writer')."""
+    path = tmp_path / "shop.db"
+    url = f"sqlite:///{path}"
+    db = sqlite3.connect(path, isolation_level="IMMEDIATE")   # Django's transaction_mode
+    db.execute(f"PRAGMA journal_mode = {journal}")
+    db.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, item TEXT)")
+    with shoal.Client(url, namespace="shop") as client:
+        started = time.monotonic()
+        with pytest.raises(shoal.SchemaVersionError) as e, db:
+            db.execute("INSERT INTO orders (item) VALUES ('kettle')")
+            client.dispatch("fulfil", {}, connection=db, allow_unregistered=True)
+        assert time.monotonic() - started < 2.0, "at once, not after busy_timeout"
+        assert e.value.found == 0
+        text = str(e.value)
+        for command in ("shoal migrate", "manage.py shoal_migrate", "flask shoal migrate"):
+            assert command in text, text
+        assert "transaction" in text and "locked by another writer" not in text
+        assert db.execute("SELECT count(*) FROM orders").fetchone() == (0,)
+
+        async def migrate() -> None:   # what 'shoal migrate' does
+            async with shoal.App("shop", store=url).open():
+                pass
+
+        asyncio.run(migrate())
+        with db:   # the same client, the same kind of transaction: served now
+            db.execute("INSERT INTO orders (item) VALUES ('kettle')")
+            run = client.dispatch("fulfil", {}, connection=db, allow_unregistered=True)
+        assert client.get_run(run.id).status == shoal.RunStatus.QUEUED
+    db.close()
+
+
+def test_a_client_outside_a_transaction_still_migrates(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'shop.db'}"
+    with shoal.Client(url) as client:
+        assert client.dispatch("x", allow_unregistered=True).status == shoal.RunStatus.QUEUED
+
+
+def test_postgres_names_an_unmigrated_schema_at_once() -> None:
+    with postgres_schema("shoal_client_") as url:
+        with shoal.Client(url, migrate=False) as client, psycopg.connect(PG_URL) as conn:
+            started = time.monotonic()
+            with pytest.raises(shoal.SchemaVersionError) as e:
+                client.dispatch("fulfil", {}, connection=conn, allow_unregistered=True)
+            assert time.monotonic() - started < 2.0
+            assert e.value.found == 0
+            for command in ("shoal migrate", "manage.py shoal_migrate", "flask shoal migrate"):
+                assert command in str(e.value), str(e.value)
+        # migrating on: PostgreSQL creates the schema on a connection of the client's own,
+        # which the caller's open transaction does not block
+        with shoal.Client(url) as client, psycopg.connect(PG_URL) as conn:
+            run = client.dispatch("fulfil", {}, connection=conn, allow_unregistered=True)
+            conn.commit()
+            assert client.get_run(run.id).status == shoal.RunStatus.QUEUED
+
+
+# -- closing, and event loops (issue 30, point 9) -------------------------------------------------
+
+
+def _connections(url: str) -> int:
+    """How many connections to the store this process (SQLite: open files) or anyone (the
+    PostgreSQL schema's shoal connections) holds."""
+    if url.startswith("sqlite"):
+        path = os.path.realpath(url.removeprefix("sqlite:///"))
+        fds = Path("/proc/self/fd")
+        found = 0
+        for fd in fds.iterdir():
+            with contextlib.suppress(OSError):
+                found += os.readlink(fd) == path
+        return found
+    schema = url.rsplit("schema=", 1)[1]
+    with psycopg.connect(PG_URL) as conn:
+        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = "
+                           "%s", (f"shoal {schema}",)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while not condition():
+        assert time.monotonic() < deadline, "never happened"
+        time.sleep(0.01)
+
+
+def _blocked(thread: threading.Thread) -> bool:
+    """Whether ``thread`` waits for a future's result (a Client call in flight)."""
+    frame = sys._current_frames().get(thread.ident or 0)
+    while frame is not None:
+        if frame.f_code.co_name == "result" and "concurrent" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+async def _started(task: asyncio.Task[object]) -> None:
+    """Let ``task`` run to where it waits (it polls the store every 50 ms meanwhile)."""
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not task.done()
+
+
+def test_close_ends_a_thread_waiting_in_result_with_client_closed(url: str) -> None:
+    client = shoal.Client(url)
+    run = client.dispatch("double", 1, allow_unregistered=True)   # no worker: it stays queued
+    seen: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            client.result(run.id)
+        except BaseException as e:
+            seen.append(e)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    _until(lambda: _blocked(waiter))
+    client.close()
+    waiter.join(TIMEOUT)
+    assert not waiter.is_alive()
+    assert len(seen) == 1 and isinstance(seen[0], shoal.ClientClosedError), seen
+    assert seen[0].in_flight and "was closed while this call was in flight" in str(seen[0])
+    with pytest.raises(shoal.ClientClosedError, match="is closed"):
+        client.get_run(run.id)
+    assert _connections(url) == 0
+
+
+def test_async_close_ends_a_waiting_task_and_opens_nothing_again(url: str) -> None:
+    async def main() -> None:
+        client = shoal.AsyncClient(url)
+        run = await client.dispatch("double", 1, allow_unregistered=True)
+        waiting = asyncio.create_task(client.result(run.id))
+        await _started(waiting)
+        await client.close()
+        with pytest.raises(shoal.ClientClosedError) as e:
+            await asyncio.wait_for(waiting, TIMEOUT)
+        assert e.value.in_flight
+        assert _connections(url) == 0, "the waiting call opened the store again"
+        assert (await client.get_run(run.id)).id == run.id   # a closed client opens again
+        await client.close()
+
+    asyncio.run(main())
+
+
+def test_an_async_client_serves_a_new_event_loop_per_request_without_leaking(url: str) -> None:
+    """Django's async views under WSGI: every request runs in an event loop of its own
+    (asgiref's async_to_sync), several at once in a threaded server; one module-level
+    AsyncClient serves them all and keeps no connection of an ended loop."""
+    from asgiref.sync import async_to_sync
+
+    client = shoal.AsyncClient(url)
+
+    async def view(n: int) -> str:
+        run = await client.dispatch("double", n, allow_unregistered=True)
+        assert (await client.get_run(run.id)).input == n
+        return run.id
+
+    ids = [asyncio.run(view(0)), async_to_sync(view)(1)]
+    assert _connections(url) == 0
+    done: list[str] = []
+    threads = [threading.Thread(target=lambda n=n: done.append(async_to_sync(view)(n)))
+               for n in range(2, 6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT)
+    assert len(done) == 4 and _connections(url) == 0
+
+    async def listed() -> set[str]:
+        async with client:
+            return {r.id for r in await client.list_runs()}
+
+    assert asyncio.run(listed()) == {*ids, *done}
+    assert _connections(url) == 0
+
+
+def test_an_async_client_is_closed_from_another_loop(url: str) -> None:
+    """close() from a loop other than the one a call is waiting in: the waiting call ends
+    with ClientClosedError there, and the connections of that loop are closed."""
+    client = shoal.AsyncClient(url)
+    seen: list[BaseException] = []
+    waiting = threading.Event()
+
+    async def serve() -> None:
+        run = await client.dispatch("double", 1, allow_unregistered=True)
+        task = asyncio.create_task(client.result(run.id))
+        await _started(task)
+        waiting.set()
+        try:
+            await asyncio.wait_for(task, TIMEOUT)
+        except BaseException as e:
+            seen.append(e)
+
+    thread = threading.Thread(target=lambda: asyncio.run(serve()))
+    thread.start()
+    assert waiting.wait(TIMEOUT)
+    assert _connections(url) >= 1
+    asyncio.run(client.close())
+    thread.join(TIMEOUT)
+    assert len(seen) == 1 and isinstance(seen[0], shoal.ClientClosedError), seen
+    assert _connections(url) == 0

@@ -14,20 +14,22 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import contextlib
 import contextvars
+import inspect
 import os
 import queue
 import sqlite3
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from shoal import _json
 from shoal.app.core import App, Workflow
 from shoal.clock import Clock
-from shoal.errors import ShoalError, StoreUnavailableError
+from shoal.errors import ClientClosedError, SchemaVersionError, StoreUnavailableError
 from shoal.ports import Store, TransactionalDispatch
 from shoal.stores import mask_url
 from shoal.types import NewRun, Pause, Run, RunStatus, Stats
@@ -134,6 +136,79 @@ def _name(workflow: str | Workflow[Any, Any]) -> str:
     return workflow
 
 
+# How long close() waits for another thread's event loop to close what was opened there.
+_RELEASE_TIMEOUT = 10.0
+
+
+async def _nothing(app: App) -> None:
+    """The call of ``AsyncClient.open``: only the opening."""
+
+
+async def _open_app(app: App, connection: object | None) -> None:
+    """Open ``app``'s store: migrated if needed, except inside the caller's open SQLite
+    transaction, where a schema behind is refused at once with SchemaVersionError. That
+    transaction may hold the write lock migrating takes (a view's INSERT, Django's
+    ``transaction_mode="IMMEDIATE"``): the migration would wait for its own transaction."""
+    inside = isinstance(connection, sqlite3.Connection) and connection.in_transaction
+    if not (inside and app.migrate):
+        try:
+            await app._open_store()
+        except StoreUnavailableError as e:
+            if connection is not None:
+                e.add_note("The client connected for the first time inside the transaction "
+                           "of the connection given, and a new store waits for the locks that "
+                           "transaction may hold: run 'shoal migrate' (or start a worker) "
+                           "once before serving.")
+            raise
+        return
+    app.migrate = False
+    try:
+        await app._open_store()
+    except SchemaVersionError as e:
+        if e.found > e.expected:
+            raise
+        raise SchemaVersionError(
+            mask_url(app.store.url), e.found, e.expected,
+            why="a client cannot create or upgrade it inside the open transaction of the "
+                "sqlite3 connection given to dispatch (its first call here), which holds the "
+                "write lock that migrating needs") from None
+    finally:
+        app.migrate = True
+
+
+class _Bound:
+    """What an AsyncClient holds in one event loop: an App opened there (its connections
+    belong to that loop), the calls in flight there, and the async generator that closes the
+    App when the loop ends."""
+
+    def __init__(self, app: App, loop: asyncio.AbstractEventLoop) -> None:
+        self.app = app
+        self.loop = loop
+        self.lock = asyncio.Lock()
+        self.open = False
+        self.released = False
+        self.calls: dict[asyncio.Task[Any], bool] = {}   # each call's task: True if it waits
+        self.abandoned: set[asyncio.Task[Any]] = set()   # waits that close() cancelled
+        self.keeper: AsyncGenerator[None, None] | None = None
+
+
+async def _until_the_loop_ends(client: weakref.ref[AsyncClient], bound: _Bound,
+                               ) -> AsyncGenerator[None, None]:
+    """Suspended until its event loop finalizes its async generators, which ``asyncio.run``,
+    asgiref's ``async_to_sync`` (Django's async views under WSGI) and shoal.Client's loop do
+    before closing the loop: the connections made in that loop are then closed there."""
+    try:
+        yield
+    finally:
+        bound.keeper = None   # it is closing: _release must not close it again
+        owner = client()
+        if owner is not None:
+            await owner._release(bound)
+        elif not bound.released:   # the client was collected: its connections go with it
+            bound.released = True
+            await bound.app.close()
+
+
 class AsyncClient:
     """Submit and inspect the runs of ``namespace`` in ``store`` (a URL, or a Store object this
     client never closes) from a process that executes none: ``dispatch`` names the workflow,
@@ -145,9 +220,12 @@ class AsyncClient:
     refuse one that is behind), ``clock`` and ``tracing`` (``True`` or a ``TracerProvider``: a
     run dispatched under a span continues its trace, as with ``App(tracing=...)``).
 
-    Bound to the event loop it is opened in (``await client.open()``, ``async with client``, or
-    its first call): a call from another loop raises RuntimeError. ``close()`` closes it; a
-    closed client opens again at its next call. A forked child starts afresh."""
+    Usable from any event loop: it connects in each loop at that loop's first call and keeps
+    those connections for the loop's next calls; when the loop ends (``asyncio.run`` returning,
+    a request of Django's async views under WSGI) they are closed. ``close()``, from any loop,
+    closes them all; calls in flight then raise ClientClosedError, and a closed client opens
+    again at its next call. Given a Store object, it is used from one loop at a time (the
+    store's). A forked child starts afresh."""
 
     def __init__(
         self,
@@ -169,11 +247,12 @@ class AsyncClient:
                 clock=clock, tracing=tracing)
 
         self._make = make
-        self.app: App = make()   # checks the options now
+        self._shared_store = not isinstance(store, str)
+        self.app: App = make()   # checks the options now; the App of the first loop to call
         self._pid = os.getpid()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._opening: asyncio.Lock | None = None
-        self._open = False
+        self._bound: dict[asyncio.AbstractEventLoop, _Bound] = {}
+        self._guard = threading.Lock()   # _bound is shared by the threads of the loops
+        self._shut = False   # closed for good (the one inside a shoal.Client)
 
     def __repr__(self) -> str:
         return (f"<shoal.AsyncClient {self.app.namespace!r} "
@@ -184,20 +263,21 @@ class AsyncClient:
         return self.app.namespace
 
     async def open(self) -> AsyncClient:
-        """Connect (and migrate, unless ``migrate=False``), binding the client to this loop.
-        Idempotent. Raises StoreUnavailableError when the store cannot be reached."""
-        await self._opened()
+        """Connect in this event loop (and migrate, unless ``migrate=False``). Idempotent.
+        Raises StoreUnavailableError when the store cannot be reached."""
+        await self._call(_nothing)
         return self
 
     async def close(self) -> None:
-        """Close the store's connections (a Store object given is left open). Idempotent."""
-        if self._pid != os.getpid() or self._loop is None:
+        """Close the store's connections, those made in every event loop (a Store object
+        given is left open); calls in flight raise ClientClosedError. Idempotent."""
+        if self._pid != os.getpid():
             return
-        self._check_loop()
-        app, opened = self.app, self._open
-        self.app, self._open, self._loop, self._opening = self._make(), False, None, None
-        if opened:
-            await app.close()
+        with self._guard:
+            bindings = list(self._bound.values())
+        loop = asyncio.get_running_loop()
+        for bound in bindings:
+            await self._release_from(loop, bound)
 
     async def __aenter__(self) -> AsyncClient:
         return await self.open()
@@ -205,42 +285,123 @@ class AsyncClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def _check_loop(self) -> asyncio.AbstractEventLoop:
-        loop = asyncio.get_running_loop()
-        if self._loop is not None and self._loop is not loop:
-            raise RuntimeError(
-                f"{self!r} was opened in another event loop; an AsyncClient is bound to the "
-                f"loop it is opened in. Make one per event loop (and close it there), or use "
-                f"the synchronous shoal.Client from code that runs several loops.")
-        return loop
+    async def _close_for_good(self) -> None:
+        """Close, and refuse every later call (a shoal.Client's own client, at its close)."""
+        self._shut = True
+        await self.close()
 
-    async def _opened(self) -> App:
+    def _binding(self) -> _Bound:
+        """What this client holds in the running loop, made at the loop's first call."""
         if self._pid != os.getpid():   # forked: the parent's connections are not ours
-            _ABANDONED.append(self.app)
-            self.app, self._pid = self._make(), os.getpid()
-            self._open, self._loop, self._opening = False, None, None
-        loop = self._check_loop()
-        if self._open:
-            return self.app
-        if self._loop is None:
-            self._loop, self._opening = loop, asyncio.Lock()
-        assert self._opening is not None
-        async with self._opening:
-            if not self._open:
-                await self.app._open_store()
-                self._open = True
-        return self.app
+            _ABANDONED.extend([self.app, *(b.app for b in self._bound.values())])
+            self.app, self._pid, self._bound = self._make(), os.getpid(), {}
+            self._guard = threading.Lock()
+        loop = asyncio.get_running_loop()
+        bound = self._bound.get(loop)
+        if bound is not None:
+            return bound
+        if self._shut:
+            raise ClientClosedError(repr(self), in_flight=False)
+        with self._guard:
+            for ended in [b for b in self._bound.values() if b.loop.is_closed()]:
+                self._forget(ended)   # a loop closed without finalizing: nothing can run there
+            if self._shared_store and self._bound:
+                raise RuntimeError(
+                    f"{self!r} was given a Store object, which belongs to the event loop it "
+                    f"was opened in, and this call comes from another loop. Give the client a "
+                    f"store URL (it then connects in each loop that calls it), or call it from "
+                    f"that loop only.")
+            free = all(b.app is not self.app for b in self._bound.values())
+            bound = self._bound[loop] = _Bound(self.app if free else self._make(), loop)
+        return bound
 
-    async def _opened_for(self, connection: object | None) -> App:
+    def _forget(self, bound: _Bound) -> None:
+        """Drop ``bound`` (under _guard): its connections are closed when collected."""
+        bound.released = True
+        if self._bound.get(bound.loop) is bound:
+            del self._bound[bound.loop]
+        if bound.app is self.app:
+            self.app = self._make()
+
+    async def _call(self, make: Callable[[App], Awaitable[T]], *,
+                    connection: object | None = None, waits: bool = False) -> T:
+        """``make(app)`` with this loop's App, opened. A call that ``waits`` (a result) is
+        ended by close() with ClientClosedError; close() lets the others finish first."""
+        bound = self._binding()
+        task = asyncio.current_task()
+        assert task is not None
+        bound.calls[task] = waits
         try:
-            return await self._opened()
-        except StoreUnavailableError as e:
-            if connection is not None:
-                e.add_note("The client connected for the first time inside the transaction of "
-                           "the connection given, and a new store (or a SQLite file not yet "
-                           "in WAL mode) waits for the write lock that transaction may hold: "
-                           "run 'shoal migrate' (or start a worker) once before serving.")
+            await self._open(bound, connection)
+            return await make(bound.app)
+        except asyncio.CancelledError:
+            if task in bound.abandoned and task.uncancel() == 0:
+                raise ClientClosedError(repr(self), in_flight=True) from None
             raise
+        finally:
+            bound.calls.pop(task, None)
+            bound.abandoned.discard(task)
+
+    async def _open(self, bound: _Bound, connection: object | None) -> None:
+        if bound.open:
+            return
+        async with bound.lock:
+            if bound.open:
+                return
+            if bound.released:   # closed while this call waited for the lock
+                raise ClientClosedError(repr(self), in_flight=True)
+            await _open_app(bound.app, connection)
+            bound.open = True
+            bound.keeper = _until_the_loop_ends(weakref.ref(self), bound)
+            await bound.keeper.asend(None)   # registered with this loop from now on
+
+    async def _release(self, bound: _Bound) -> None:
+        """Close ``bound``'s App, in its own loop, after its calls: those that wait are ended
+        (ClientClosedError), the others are let finish. Idempotent."""
+        if bound.released:
+            return
+        with self._guard:
+            self._forget(bound)
+        for task, waits in bound.calls.items():
+            if waits:
+                bound.abandoned.add(task)
+                task.cancel()
+        keeper, bound.keeper = bound.keeper, None
+        others = [t for t in bound.calls if t is not asyncio.current_task()]
+        try:
+            if others:
+                await asyncio.wait(others)
+        finally:   # cancelled too (its loop ending meanwhile): the connections are closed still
+            try:
+                await bound.app.close()
+            finally:
+                if keeper is not None:
+                    await keeper.aclose()
+
+    async def _release_from(self, loop: asyncio.AbstractEventLoop, bound: _Bound) -> None:
+        """Release ``bound`` from ``loop``, the running one, whichever loop ``bound`` is in."""
+        if bound.loop is loop:
+            await self._release(bound)
+            return
+        release = self._release(bound)
+        with contextlib.suppress(RuntimeError, TimeoutError):   # that loop stopped meanwhile
+            if bound.loop.is_running():   # in another thread: closed there
+                done = asyncio.run_coroutine_threadsafe(release, bound.loop)
+                try:
+                    await asyncio.wait_for(asyncio.wrap_future(done), _RELEASE_TIMEOUT)
+                except asyncio.CancelledError:
+                    task = asyncio.current_task()
+                    if task is None or task.cancelling():
+                        raise
+                    # cancelled there, by its loop ending: which closed the connections
+                return
+            if not bound.loop.is_closed():   # idle: run there, on a thread of its own
+                await asyncio.to_thread(bound.loop.run_until_complete, release)
+                return
+        if inspect.getcoroutinestate(release) == inspect.CORO_CREATED:
+            release.close()
+        with self._guard:
+            self._forget(bound)   # its loop ended without finalizing, or would not answer
 
     # -- runs ------------------------------------------------------------------------------
 
@@ -262,12 +423,12 @@ class AsyncClient:
         fixed concurrency key) are those a worker recorded in the store. A workflow whose
         concurrency key is computed from the input needs ``concurrency_key=``. A name no
         worker ever registered raises UnknownWorkflowError, unless ``allow_unregistered``."""
-        app = await self._opened_for(connection)
-        return await app.dispatch(
-            _name(workflow), input, idempotency_key=idempotency_key,
-            concurrency_key=concurrency_key, priority=priority, tenant=tenant, delay=delay,
-            max_attempts=max_attempts, connection=connection,
-            allow_unregistered=allow_unregistered)
+        name = _name(workflow)
+        return await self._call(lambda app: app.dispatch(
+            name, input, idempotency_key=idempotency_key, concurrency_key=concurrency_key,
+            priority=priority, tenant=tenant, delay=delay, max_attempts=max_attempts,
+            connection=connection, allow_unregistered=allow_unregistered),
+            connection=connection)
 
     async def dispatch_many(
         self,
@@ -283,64 +444,70 @@ class AsyncClient:
         allow_unregistered: bool = False,
     ) -> list[Run]:
         """``app.dispatch_many`` by the workflow's name (see :meth:`dispatch`)."""
-        app = await self._opened_for(connection)
-        return await app.dispatch_many(
-            _name(workflow), inputs, concurrency_key=concurrency_key, priority=priority,
-            tenant=tenant, delay=delay, max_attempts=max_attempts, connection=connection,
-            allow_unregistered=allow_unregistered)
+        name = _name(workflow)
+        return await self._call(lambda app: app.dispatch_many(
+            name, inputs, concurrency_key=concurrency_key, priority=priority, tenant=tenant,
+            delay=delay, max_attempts=max_attempts, connection=connection,
+            allow_unregistered=allow_unregistered), connection=connection)
 
     async def get_run(self, run_id: str, *, tenant: str | None = None) -> Run:
         """The run; UnknownRunError for an unknown id (or another tenant's, given ``tenant``)."""
-        return await (await self._opened()).get_run(run_id, tenant=tenant)
+        return await self._call(lambda app: app.get_run(run_id, tenant=tenant))
 
     async def list_runs(self, status: RunStatus | str | None = None, workflow: str | None = None,
                         tenant: str | None = None, limit: int = 100, after: str | None = None,
                         ) -> list[Run]:
         """Runs of the namespace in creation order; page with ``after=last.id``."""
-        return await (await self._opened()).list_runs(status, workflow, tenant, limit, after)
+        return await self._call(lambda app: app.list_runs(status, workflow, tenant, limit,
+                                                          after))
 
     async def result(self, run_id: str, timeout: float | None = None, *,
                      tenant: str | None = None) -> Any:
         """Wait until the run is final and return its output: RunFailedError,
         RunCancelledError, or TimeoutError after ``timeout`` seconds."""
-        return await (await self._opened()).result(run_id, timeout, tenant=tenant)
+        return await self._call(lambda app: app.result(run_id, timeout, tenant=tenant),
+                                waits=True)
 
     async def cancel(self, run_id: str, *, tenant: str | None = None) -> Run:
         """Cancel the run (a running one is aborted by the worker executing it)."""
-        return await (await self._opened()).cancel(run_id, tenant=tenant)
+        return await self._call(lambda app: app.cancel(run_id, tenant=tenant))
 
     async def retry(self, run_id: str, *, tenant: str | None = None) -> Run:
         """Queue a failed or cancelled run again from its checkpoints (``app.retry``)."""
-        return await (await self._opened()).retry(run_id, tenant=tenant)
+        return await self._call(lambda app: app.retry(run_id, tenant=tenant))
 
     async def signal(self, run_id: str, name: str, payload: Any = None, *,
                      tenant: str | None = None) -> None:
         """Send signal ``name`` to the run (``app.signal``)."""
-        await (await self._opened()).signal(run_id, name, payload, tenant=tenant)
+        await self._call(lambda app: app.signal(run_id, name, payload, tenant=tenant))
 
     async def pending_pauses(self, tenant: str | None = None, limit: int = 100) -> list[Pause]:
         """Pauses waiting for a decision, oldest first."""
-        return await (await self._opened()).pending_pauses(tenant, limit)
+        return await self._call(lambda app: app.pending_pauses(tenant, limit))
 
     async def resume(self, pause_id: str, approved: bool = True, data: Any = None,
                      by: str | None = None, *, tenant: str | None = None,
                      reason: str | None = None) -> Pause:
         """Answer a pause (``app.resume``): exactly one answer wins."""
-        return await (await self._opened()).resume(pause_id, approved, data, by, tenant=tenant,
-                                                   reason=reason)
+        return await self._call(lambda app: app.resume(pause_id, approved, data, by,
+                                                       tenant=tenant, reason=reason))
 
     async def stats(self) -> Stats:
         """The namespace's runs by status and workflow, queue depth, pauses (``app.stats``)."""
-        return await (await self._opened()).stats()
+        return await self._call(lambda app: app.stats())
 
 
 class _Loop:
     """A private event loop serving in a daemon thread, and the AsyncClient bound to it."""
 
-    def __init__(self, client: AsyncClient) -> None:
+    def __init__(self, client: AsyncClient, name: str) -> None:
         self.pid = os.getpid()
         self.client = client
+        self.name = name   # the Client's repr, for ClientClosedError
         self.loop = asyncio.new_event_loop()
+        # a call is handed to the loop before stop() begins, or refused: none is left unrun
+        self.handing = threading.Lock()
+        self.stopping = False
         self.thread = threading.Thread(target=self._serve, name="shoal-client", daemon=True)
         self.thread.start()
 
@@ -362,7 +529,8 @@ class _Loop:
 
     def call(self, make: Callable[[AsyncClient], Awaitable[T]], on_caller: bool) -> T:
         """Run ``make(client)`` on the loop and wait for it here. ``on_caller``: this thread
-        serves the writes the call asks of it meanwhile (see :class:`_SubmitterApp`)."""
+        serves the writes the call asks of it meanwhile (see :class:`_SubmitterApp`).
+        ClientClosedError when the client is closed before or during the call."""
         if threading.get_ident() == self.thread.ident:
             raise RuntimeError("A shoal.Client was called from its own event loop (a callback "
                                "of the client itself): it would wait for itself forever.")
@@ -373,23 +541,34 @@ class _Loop:
                 _CALLER.set(caller)
             return await make(self.client)
 
-        # run_coroutine_threadsafe starts the task in a copy of this thread's context: the span
-        # current in the caller (a web request's) is current in the call, so a run continues it
-        future = asyncio.run_coroutine_threadsafe(go(), self.loop)
+        with self.handing:
+            if self.stopping:
+                raise ClientClosedError(self.name, in_flight=False)
+            # run_coroutine_threadsafe starts the task in a copy of this thread's context: the
+            # span current in the caller (a web request's) is current in the call, so a run
+            # continues it
+            future = asyncio.run_coroutine_threadsafe(go(), self.loop)
         try:
             if caller is not None:
                 future.add_done_callback(lambda _: caller.jobs.put(None))
                 while (job := caller.jobs.get()) is not None:
                     job()
             return future.result()
+        except concurrent.futures.CancelledError:
+            if self.stopping:   # cancelled as the loop stopped, close() having timed out
+                raise ClientClosedError(self.name, in_flight=True) from None
+            raise
         except BaseException:
             future.cancel()   # KeyboardInterrupt, or a job failing: the call goes no further
             raise
 
     def stop(self, timeout: float) -> None:
-        """Close the client on the loop, then stop the loop and wait for its thread."""
+        """Close the client on the loop (its waiting calls raise ClientClosedError, the others
+        end first), then stop the loop and wait for its thread."""
+        with self.handing:
+            self.stopping = True
         try:
-            future = asyncio.run_coroutine_threadsafe(self.client.close(), self.loop)
+            future = asyncio.run_coroutine_threadsafe(self.client._close_for_good(), self.loop)
             with contextlib.suppress(Exception):
                 future.result(timeout)
         finally:
@@ -404,7 +583,8 @@ class Client:
 
     It connects at its first call, on a private event loop in a daemon thread, and keeps the
     connections for the next calls. ``close()`` (or leaving ``with``) closes them and stops the
-    thread, as does the interpreter's exit; a closed Client raises ShoalError when called. A
+    thread, as does the interpreter's exit; a call waiting then (a ``result()`` in another
+    thread) and any later call raise ClientClosedError. A
     process forked after the client connected (gunicorn or uwsgi with preload) starts afresh at
     its first call and never touches the parent's connections.
 
@@ -473,14 +653,15 @@ class Client:
             return serving
         with self._lock:
             if self._closed:
-                raise ShoalError(f"{self!r} is closed.")
+                raise ClientClosedError(repr(self), in_flight=False)
             serving = self._loop
             if serving is not None and serving.pid != os.getpid():
                 # forked by means that ran no at-fork handler: the same as _after_fork
                 _ABANDONED.append(serving)
                 serving = None
             if serving is None:
-                serving = self._loop = _Loop(AsyncClient(self.store_url, **self._options))
+                serving = self._loop = _Loop(AsyncClient(self.store_url, **self._options),
+                                              repr(self))
             return serving
 
     def _call(self, make: Callable[[AsyncClient], Awaitable[T]],

@@ -23,6 +23,7 @@ import math
 import operator
 import re
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -165,6 +166,8 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
         self._busy = 0   # operations holding or waiting for a pooled connection
         self._turns = Turns(pool_max_size, pool_timeout)
         self._sticky = _Sticky()
+        # every connection the pool made: close() closes those the pool could not
+        self._pooled: weakref.WeakSet[_Conn] = weakref.WeakSet()
         self._callers = joined.CallerConnections(
             schema, mask_url(self.url),
             lambda: self._one(_Q["database_identity"], {"schema": schema}))
@@ -313,6 +316,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
         return text
 
     async def _configure(self, conn: _Conn) -> None:
+        self._pooled.add(conn)
         await conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
         # the statements of this store record what they change in run_counts themselves, one row
         # per batch (queries.sql): the triggers that count run by run for other sessions skip it
@@ -332,7 +336,22 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
         pool, self._pool = self._pool, None
         if pool is not None:
             await self._sticky.release(pool, self._turns)
+            await self._close_pool(pool)
+
+    async def _close_pool(self, pool: AsyncConnectionPool[_Conn]) -> None:
+        """Close ``pool`` and its connections, also when its own tasks were cancelled before:
+        ``asyncio.run`` cancels every task of its loop, the pool's too, before it finalizes the
+        async generators, where an AsyncClient closes what it opened in that loop. The pool
+        then stops short of closing its idle connections; they are closed here (and so they
+        are when this close itself is cancelled)."""
+        try:
             await pool.close()
+        except asyncio.CancelledError:
+            for conn in list(self._pooled):
+                await conn.close()
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise   # this close was cancelled too, not only the pool's tasks
         self._work.set()
 
     async def migrate(self) -> int:

@@ -208,13 +208,18 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits, SQLiteGraphCheckpoints):
             conn.execute("PRAGMA foreign_keys = ON")
 
         try:
+            if not migrate:
+                # read before setup: switching a file to WAL takes the write lock, which may be
+                # held by a transaction of this very process (a client opened inside it), so a
+                # schema behind is refused at once instead of after busy_timeout
+                found: list[int] = []
+                await self._retry_busy(lambda: found.append(self._version()))
+                behind(self.url, "sqlite", found[-1], migrate=False)
             # several processes opening a new file at once: until it is in WAL mode, a reader
             # can find it locked, and switching it to WAL takes a lock itself
             await self._retry_busy(setup)
             if migrate:
                 await self.migrate()
-            else:
-                behind(self.url, "sqlite", self._version(), migrate=False)
         except (sqlite3.DatabaseError, StoreUnavailableError) as e:
             await self.close()
             raise StoreUnavailableError(
