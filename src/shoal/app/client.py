@@ -2,7 +2,8 @@
 executes none (a web process, a script), by workflow name, without the workflows' code.
 
 Both are an :class:`~shoal.App` opened with ``app.open()`` (it connects, and never claims a run or
-runs maintenance). :class:`AsyncClient` is bound to the event loop it is first used in.
+runs maintenance). :class:`AsyncClient` connects in each event loop that calls it and closes
+those connections when that loop ends (or at ``close()``, from any loop).
 :class:`Client` is its thin synchronous face for threads without an event loop (Django, Flask,
 gunicorn and uwsgi workers): it owns a private event loop in one daemon thread, runs an
 AsyncClient there and hands each call's coroutine to it, so any number of threads can share one
@@ -223,9 +224,9 @@ class AsyncClient:
     Usable from any event loop: it connects in each loop at that loop's first call and keeps
     those connections for the loop's next calls; when the loop ends (``asyncio.run`` returning,
     a request of Django's async views under WSGI) they are closed. ``close()``, from any loop,
-    closes them all; calls in flight then raise ClientClosedError, and a closed client opens
-    again at its next call. Given a Store object, it is used from one loop at a time (the
-    store's). A forked child starts afresh."""
+    closes them all: a call waiting then (``result``) raises ClientClosedError, the others
+    finish first; a closed client opens again at its next call. Given a Store object, it is
+    used from one live loop only (the store's). A forked child starts afresh."""
 
     def __init__(
         self,
@@ -270,7 +271,8 @@ class AsyncClient:
 
     async def close(self) -> None:
         """Close the store's connections, those made in every event loop (a Store object
-        given is left open); calls in flight raise ClientClosedError. Idempotent."""
+        given is left open), each in its own loop. A call waiting meanwhile (``result``)
+        raises ClientClosedError; the other calls under way finish first. Idempotent."""
         if self._pid != os.getpid():
             return
         with self._guard:
