@@ -10,6 +10,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from shoal import _threads
 from shoal.clock import Clock
 
 log = logging.getLogger("shoal")
@@ -28,7 +29,7 @@ async def call_handler(fn: Callable[..., Any], timeout: float, *args: Any) -> No
     if inspect.iscoroutinefunction(fn):
         call: Awaitable[Any] = fn(*args)
     else:
-        call = asyncio.to_thread(fn, *args)
+        call = _threads.run(fn, *args)   # a daemon thread: a stuck handler never holds the exit
     task = asyncio.ensure_future(call)
     try:
         done, _ = await asyncio.wait({task}, timeout=max(0.0, timeout))

@@ -94,7 +94,7 @@ async def test_advance_waits_for_a_plain_function_step_and_never_hangs() -> None
         assert await app.result(run.id, timeout=0) == 3
     # the first step ran before any time passed, the second after the sleep
     assert [at - started for _, at in seen] == [0.0, 60.0]
-    assert all(name.startswith("shoal-virtual") for name, _ in seen)
+    assert all(name.startswith("shoal-step") for name, _ in seen)   # shoal's daemon threads
 
 
 async def test_a_thread_that_waits_on_the_test_delays_advance_by_max_thread_wait_only() -> None:

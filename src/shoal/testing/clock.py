@@ -12,6 +12,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from shoal import _threads
+
 log = logging.getLogger("shoal")
 
 
@@ -115,8 +117,7 @@ class VirtualClock:
         deadline = loop.time() + self.max_thread_wait
         while True:
             await settle()
-            busy = [w for w in (self._executor.busy() if self._executor is not None else [])
-                    if w not in self._given_up]
+            busy = [w for w in self._busy() if w not in self._given_up]
             self._given_up = {w for w in self._given_up if not w.done()}
             if not busy:
                 return
@@ -131,6 +132,15 @@ class VirtualClock:
                 return
             await asyncio.wait([asyncio.wrap_future(w) for w in busy], timeout=left,
                                return_when=asyncio.FIRST_COMPLETED)
+
+
+    def _busy(self) -> list[concurrent.futures.Future[Any]]:
+        """The thread work started from the clock's loop that still runs: in the default
+        executor, and in shoal's own threads (plain-function steps, handlers)."""
+        if self._loop is None:
+            return []
+        ours = _threads.pool().busy(self._loop)
+        return ours + (self._executor.busy() if self._executor is not None else [])
 
 
 async def settle(rounds: int = 50) -> None:
