@@ -346,6 +346,9 @@ class App:
                 raise ConfigurationError(f"A workflow named {wf_name!r} is already registered.")
             spec = WorkflowSpec(wf_name, f, max_attempts, priority, concurrency_key, backoff,
                                 max_backoff, on_incompatible)
+            unresolved = spec.types.unresolved(wf_name)
+            if unresolved is not None:
+                raise ConfigurationError(unresolved[0].upper() + unresolved[1:])
             self._registry.workflows[wf_name] = spec
             return Workflow(spec)
 
@@ -1179,7 +1182,7 @@ class App:
                 if codec is not None:
                     value = codec.dump(value, f"the input of workflow {name!r}")
                 elif values.typed_instance(value) is not None:
-                    value = values.plain(value)
+                    value = values.plain(value, f"the input of workflow {name!r}")
                 value, n, text = _json.checked_text(value, "input", self.max_payload_bytes)
                 if own:
                     check_dispatch_options(
@@ -1267,7 +1270,9 @@ class App:
         codec = self._input_codec(name, workflow)
         if codec is not None:
             return codec.dump(input, f"the input of workflow {name!r}")
-        return values.plain(input) if values.typed_instance(input) is not None else input
+        if values.typed_instance(input) is None:
+            return input
+        return values.plain(input, f"the input of workflow {name!r}")
 
     def _typed_output(self, run: Run[Any]) -> Any:
         types = self._types(run.workflow)
