@@ -479,6 +479,10 @@ def test_a_model_defined_in_a_function_under_future_annotations_is_refused() -> 
     class Local(pydantic.BaseModel):
         x: int
 
+    @dataclass
+    class Outer:
+        inner: Local | None = None
+
     with pytest.raises(shoal.ConfigurationError,
                        match=r"input of workflow 'takes'.*'Local'.*cannot be resolved from the "
                              r"globals of module .*test_typed_values.*Define Local at module "
@@ -491,6 +495,16 @@ def test_a_model_defined_in_a_function_under_future_annotations_is_refused() -> 
         @app.workflow
         async def gives(ctx: shoal.RunContext, value: None) -> list[Local]:
             return []
+    assert app._registry.workflows == {}
+
+    with pytest.raises(shoal.ConfigurationError,
+                       match=r"The return type of workflow 'nested' names Outer, and the "
+                             r"annotation of field 'inner' of dataclass Outer is the "
+                             r"string 'Local \| None', which cannot be resolved"):
+        async def nested(ctx: shoal.RunContext, value: None) -> Outer:
+            return Outer()
+        nested.__annotations__["return"] = Outer     # resolved: its field is not
+        app.workflow(nested)
     assert app._registry.workflows == {}
 
     @app.workflow       # a name of the module's globals resolves, local function or not

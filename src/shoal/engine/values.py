@@ -246,7 +246,8 @@ class _Dataclass(Codec):
     def _codecs(self) -> dict[str, Codec | None]:
         """The codec of each field's annotation."""
         hints = _hints(self.cls)
-        return {f.name: codec_for(hints.get(f.name, Any)) for f in dataclasses.fields(self.cls)}
+        return {f.name: hint if isinstance(hint := hints.get(f.name, Any), Unresolved)
+                else codec_for(hint) for f in dataclasses.fields(self.cls)}
 
     @functools.cached_property
     def _fields(self) -> list[tuple[str, Codec | None, bool]]:
@@ -358,13 +359,22 @@ class _Dict(Codec):
 
 
 def _hints(cls: type[Any]) -> dict[str, Any]:
+    """The annotation of each field of dataclass ``cls``; :class:`Unresolved` for a string one
+    that does not resolve from its module's globals."""
     try:
         return typing.get_type_hints(cls)
-    except Exception:   # one that does not resolve: the others one by one, it stays plain JSON
+    except Exception:   # one that does not resolve: the others one by one
         module = sys.modules.get(cls.__module__)
         namespace = dict(vars(module)) if module is not None else {}
-        return {name: _evaluate(raw, namespace) if isinstance(raw, str) else raw
-                for name, raw in getattr(cls, "__annotations__", {}).items()}
+        hints = {}
+        for name, raw in getattr(cls, "__annotations__", {}).items():
+            try:
+                hints[name] = eval(raw, dict(namespace)) if isinstance(raw, str) else raw
+            except Exception as e:
+                hints[name] = unresolved = Unresolved(cls, raw, e)
+                unresolved.annotation = (f"the annotation of field {name!r} of dataclass "
+                                         f"{cls.__name__}")
+        return hints
 
 
 @functools.lru_cache(maxsize=1024)
@@ -415,9 +425,11 @@ class Unresolved(Codec):
     ``from __future__ import annotations``. Its values are JSON as they are; a model or
     dataclass is refused, saying why (no codec can give it back)."""
 
-    def __init__(self, fn: Callable[..., Any], raw: str, error: Exception) -> None:
+    def __init__(self, owner: object, raw: str, error: Exception) -> None:
         self.raw = raw
-        self.module = getattr(fn, "__module__", None) or "?"
+        self.module = getattr(owner, "__module__", None) or "?"
+        # its function or dataclass is defined inside a function: it will never resolve
+        self.local = "<locals>" in getattr(owner, "__qualname__", "")
         self.missing = getattr(error, "name", None) if isinstance(error, NameError) else None
         self.name = raw
         # what the annotation is, where no caller says: "the annotation of parameter 'order'"
@@ -485,15 +497,6 @@ def _codec_of(fn: Callable[..., Any], name: str, raw: Any) -> Codec | None:
             return unresolved
 
 
-def _evaluate(annotation: str, namespace: dict[str, Any]) -> Any:
-    """A string annotation evaluated in ``namespace``, as ``get_type_hints`` does; ``Any``
-    when it does not resolve."""
-    try:
-        return eval(annotation, dict(namespace))
-    except Exception:
-        return Any
-
-
 class WorkflowTypes:
     """The codecs of a workflow function's input (its second parameter) and output (its return
     type), resolved on first use (a model named in a string annotation may be defined after the
@@ -527,12 +530,31 @@ class WorkflowTypes:
         if "<locals>" not in getattr(self._fn, "__qualname__", ""):
             return None
         param, input = self._input
-        if isinstance(input, Unresolved):
-            return input.why(f"the annotation of the input of workflow {workflow!r} "
-                             f"(parameter {param!r})")
-        if isinstance(self.output, Unresolved):
-            return self.output.why(f"the return type of workflow {workflow!r}")
+        for codec, annotation in ((input, f"the annotation of the input of workflow "
+                                          f"{workflow!r} (parameter {param!r})"),
+                                  (self.output, f"the return type of workflow {workflow!r}")):
+            found = _unresolved_in(codec, set())
+            if found is None or codec is None:
+                continue
+            if found is codec:
+                return found.why(annotation)
+            return f"{annotation} names {codec.name}, and {found.why(found.annotation)}"
         return None
+
+
+def _unresolved_in(codec: Codec | None, seen: set[int]) -> Unresolved | None:
+    """The first annotation in ``codec`` that will never resolve (its own, or a field's of a
+    dataclass defined inside a function), or None."""
+    if codec is None or id(codec) in seen:   # a dataclass that holds itself: seen already
+        return None
+    seen.add(id(codec))
+    if isinstance(codec, Unresolved):
+        return codec if codec.local else None
+    inner = getattr(codec, "inner", None)
+    if isinstance(codec, _Dataclass):
+        return next((u for u in (_unresolved_in(c, seen) for c in codec._codecs.values())
+                     if u is not None), None)
+    return _unresolved_in(inner, seen) if isinstance(inner, Codec) else None
 
 
 def typed_instance(value: object) -> str | None:
