@@ -116,7 +116,7 @@ async def test_a_changed_path_is_reported_at_its_first_checkpoint() -> None:
     assert "nondeterministic at #2: recorded 'shoal.sleep', the code reached 'fraud_check'" \
         in str(result)
     assert result.to_json()["mismatch"] == {"seq": 2, "recorded": "shoal.sleep",
-                                            "new": "fraud_check"}
+                                            "new": "fraud_check", "detail": None}
 
 
 async def test_code_that_returns_before_the_history_ends_is_a_mismatch() -> None:
