@@ -441,3 +441,35 @@ async def test_a_history_without_the_graph_says_the_graph_is_not_checked() -> No
     assert result.ok and len(result.unchecked) == 1
     assert "NOT CHECKED: the LangGraph graph's changes: the history holds none of its " \
            "checkpoints" in str(result)
+
+
+async def test_sends_joins_and_conditional_loops_replay_on_the_same_graph() -> None:
+    """No false alarm: a graph with a loop through a conditional edge, a fan-out of ``Send``
+    and a join replays ok on itself; its join moved elsewhere does not."""
+    from langgraph.types import Send
+
+    from shoal.app.history import export
+    from shoal.testing import replay
+
+    def graph(join_from: str) -> Any:
+        b = StateGraph(State)
+        for name in ("split", "work", "x", "y", "join"):
+            b.add_node(name, lambda s, name=name: {"log": [name]})
+        b.add_edge(START, "split")
+        b.add_conditional_edges("split", lambda s: [Send("work", {"log": [str(i)]})
+                                                    for i in range(3)])
+        b.add_conditional_edges("work", lambda s: "x", {"x": "x", "again": "split"})
+        b.add_edge("split", "y")
+        b.add_edge([join_from, "y"], "join")
+        b.add_edge("join", END)
+        return b.compile()
+
+    app = graph_app(graph("x"))
+    async with app:
+        run = await app.dispatch("post", "t")
+        assert (await app.result(run.id))[-1] == "join"
+        history = await export(app, run.id)
+    assert (await replay(graph_app(graph("x")), history)).ok
+    moved = await replay(graph_app(graph("work")), history)
+    assert not moved.ok and moved.mismatch is not None and moved.mismatch.detail
+    assert "join:x+y:join" in moved.mismatch.detail, moved

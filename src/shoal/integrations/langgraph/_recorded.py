@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import ormsgpack
 from langgraph.checkpoint.base import WRITES_IDX_MAP
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.graph import END, StateGraph
@@ -29,6 +30,7 @@ from langgraph.graph import END, StateGraph
 from shoal.types import GraphCheckpoint
 
 _SERDE = JsonPlusSerializer()      # run_graph's checkpointer serializes with LangGraph's default
+_CONSTRUCTED = (0, 1, 2)           # its msgpack extensions of an object made from arguments
 _SPECIAL = frozenset(WRITES_IDX_MAP)   # error, scheduled, interrupt, resume: no state, no route
 _NULL_TASK = "00000000-0000-0000-0000-000000000000"   # LangGraph's writes of no task (resume)
 _PULL_PATH = "~__pregel_pull, "    # a node's task path: (PULL, node name)
@@ -93,8 +95,7 @@ def graph_changes(graph: Any, recorded: Sequence[GraphCheckpoint]
         unchecked.append("the edges of a graph not built with StateGraph (only the names of "
                          "its nodes are checked)")
     nodes = set(getattr(graph, "nodes", {}))
-    seen = {c.checkpoint_id: _SERDE.loads_typed((c.type, c.checkpoint))["versions_seen"]
-            for c in root}
+    seen = {c.checkpoint_id: _loads(c.type, c.checkpoint)["versions_seen"] for c in root}
     child = {c.parent_id: c for c in reversed(root) if c.parent_id is not None}
     sent: dict[str, set[str]] = {}   # by checkpoint: the nodes its tasks sent to (Send)
     for c in root:
@@ -128,9 +129,10 @@ def _tasks(c: GraphCheckpoint, seen: dict[str, Any], seen_after: dict[str, Any] 
             task = by_id[w.task_id] = _Task(node)
         task.channels.append(w.channel)
         if w.channel == _SENDS:
-            packet = _SERDE.loads_typed((w.type, w.value))
-            if isinstance(getattr(packet, "node", None), str):
-                task.sends.append(packet.node)
+            packet = _loads(w.type, w.value)    # Send: ("langgraph.types", "Send", [node, …])
+            if isinstance(packet, tuple) and len(packet) == 3 and packet[1] == "Send" \
+                    and isinstance(packet[2], list) and isinstance(packet[2][0], str):
+                task.sends.append(packet[2][0])
     tasks = list(by_id.values())
     for task in tasks:   # a super-step that completed has every one of its tasks completed
         task.completed = seen_after is not None or (
@@ -141,6 +143,22 @@ def _tasks(c: GraphCheckpoint, seen: dict[str, Any], seen_after: dict[str, Any] 
                   if name not in _SEEN_NOT_NODES and name not in wrote
                   and name not in pushed and versions != seen.get(name)]
     return tasks
+
+
+def _loads(type_: str, data: bytes) -> Any:
+    """A recorded value as plain data: what LangGraph's serializer stored, with each object
+    kept as ``(module, name, arguments)`` and nothing of it constructed (so none of the graph's
+    own types is loaded: a replay only reads the record's names)."""
+    if type_ != "msgpack":
+        return _SERDE.loads_typed((type_, data))
+    return ormsgpack.unpackb(data, ext_hook=_shape, option=ormsgpack.OPT_NON_STR_KEYS)
+
+
+def _shape(code: int, data: bytes) -> Any:
+    if code in _CONSTRUCTED:
+        return tuple(ormsgpack.unpackb(data, ext_hook=_shape,
+                                       option=ormsgpack.OPT_NON_STR_KEYS))
+    return None
 
 
 def _task_changes(task: _Task, nodes: set[str], edges: _Edges | None) -> str | None:
