@@ -1155,9 +1155,10 @@ def replay(files: tuple[Path, ...], app_spec: str, as_json: bool) -> None:
     """Run the workflow code of MODULE:APP over each recorded history FILE (written by 'shoal
     export RUN_ID'), with no store and no side effects: each recorded step, sleep, wait,
     approval and child returns its recorded outcome, and the replay stops where the history
-    ends. Reports the first place where the code leaves the recorded path (the checkpoint's
-    seq, its recorded name, the name the code reached); exits 1 when a history does not
-    replay."""
+    ends. A LangGraph graph (run_graph) is checked against the super-steps its run recorded.
+    Reports the first place where the code leaves the recorded path (the checkpoint's seq, its
+    recorded name, the name the code reached, what differs), and what could not be checked;
+    ends with how many histories replayed and failed; exits 1 when one does not replay."""
     app = _load_app(app_spec)
 
     async def check() -> list[tuple[Path, history.ReplayResult | str]]:
@@ -1169,22 +1170,26 @@ def replay(files: tuple[Path, ...], app_spec: str, as_json: bool) -> None:
                 results.append((path, str(e)))
         return results
 
-    failed = False
+    failed = 0
     console = _console()
     for path, result in _run_async(check()):
         if isinstance(result, str):
-            failed = True
+            failed += 1
             if as_json:
                 click.echo(json.dumps({"file": str(path), "ok": False, "error": result}))
             else:
                 console.print(f"[bold red]error[/] {escape(str(path))}: {escape(result)}")
             continue
-        failed = failed or not result.ok
+        failed += not result.ok
         if as_json:
             click.echo(json.dumps({"file": str(path), **result.to_json()}, ensure_ascii=False))
         else:
             mark = "[green]ok[/]" if result.ok else "[bold red]FAILED[/]"
             console.print(f"{mark} {escape(str(path))}: {escape(str(result))}")
+    if not as_json:
+        verdict = f"[bold red]{failed} failed[/]" if failed else "0 failed"
+        console.print(f"{len(files)} histor{'y' if len(files) == 1 else 'ies'}: "
+                      f"{len(files) - failed} ok, {verdict}")
     if failed:
         sys.exit(1)
 

@@ -42,7 +42,7 @@ from shoal.errors import (
     WorkflowCodeError,
 )
 from shoal.ports import Checkpoints, Pauses, Trees
-from shoal.types import Fence, OutboxEntry, Pause, Progress, Run, Step
+from shoal.types import Fence, GraphCheckpoint, OutboxEntry, Pause, Progress, Run, Step
 
 if TYPE_CHECKING:
     from shoal.clock import Clock
@@ -200,18 +200,22 @@ class ChildRun(Generic[Result]):
 class ReplayStop(BaseException):
     """Raised in a replay of a recorded history (:mod:`shoal.engine.replay`) where it stops:
     the code reached a position the history has not finished (``ended``), or one recorded
-    under another name (``recorded`` and ``new`` differ). A BaseException, so a workflow's
-    ``except Exception`` does not swallow it."""
+    under another name (``recorded`` and ``new`` differ), or one whose recorded content the
+    code would not produce (``detail`` says how: a LangGraph graph that changed). A
+    BaseException, so a workflow's ``except Exception`` does not swallow it."""
 
-    def __init__(self, seq: int, recorded: str | None, new: str) -> None:
-        super().__init__(f"#{seq}: recorded {recorded!r}, reached {new!r}")
+    def __init__(self, seq: int, recorded: str | None, new: str,
+                 detail: str | None = None) -> None:
+        super().__init__(f"#{seq}: recorded {recorded!r}, reached {new!r}"
+                         + (f": {detail}" if detail else ""))
         self.seq = seq
         self.recorded = recorded
         self.new = new
+        self.detail = detail
 
     @property
     def ended(self) -> bool:
-        return self.recorded is None or self.recorded == self.new
+        return self.detail is None and (self.recorded is None or self.recorded == self.new)
 
 
 class StoreWriteFailed(BaseException):
@@ -306,6 +310,10 @@ class Execution:
 
     # a replay of a recorded history: no store call, stop where the history does
     replay_only: bool = False
+    # a replay's recorded LangGraph checkpoints of the run (None: the history has none, as
+    # one exported by an older shoal), and what the replay could not check, said in its result
+    recorded_graph: tuple[GraphCheckpoint, ...] | None = None
+    unchecked: list[str] = field(default_factory=list)
 
     async def begin_finishing(self, clock: Clock) -> None:
         """The next write may end the claim (settle, suspend, release): set ``finishing``, then
