@@ -27,7 +27,7 @@ from typing import (
     overload,
 )
 
-from shoal import _checks, _json
+from shoal import _checks, _json, _usercode
 from shoal._checks import CALL
 from shoal._ids import new_id
 from shoal.abort import AbortSignal
@@ -657,7 +657,7 @@ class RunContext:
         still renewed) before the run ends or is released. A cancelled run then ends anyway
         (nobody runs it again); an interrupted one is not released but left to its lease, so
         another instance runs the step again only a lease later, not beside the thread."""
-        work = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
+        work = asyncio.ensure_future(_usercode.to_thread(fn, *args, **kwargs))
         self._x.threads.add(work)
         work.add_done_callback(self._x.threads.discard)
         try:
@@ -683,7 +683,7 @@ class RunContext:
             sent.clear()   # a try that raised sent nothing: only the last try's entries count
             try:
                 if inspect.iscoroutinefunction(fn):
-                    return await fn(*args, **kwargs), tries
+                    return await _usercode.awaited(fn(*args, **kwargs)), tries
                 result = await self._in_thread(fn, args, kwargs)
                 if inspect.isawaitable(result):
                     result = await result
