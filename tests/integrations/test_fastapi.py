@@ -18,7 +18,10 @@ from types import ModuleType
 import pytest
 from fastapi.testclient import TestClient
 
+import shoal
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fastapi_app"
+SRC = Path(shoal.__file__).resolve().parents[1]   # the processes run the shoal under test
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"   # the trace of the request that places an order
 TRACEPARENT = {"traceparent": f"00-{TRACE}-00f067aa0ba902b7-01"}
 pytestmark = pytest.mark.timeout(120)
@@ -70,7 +73,7 @@ def test_web_process_that_also_works(tmp_path: Path, monkeypatch: pytest.MonkeyP
 def worker(tmp_path: Path) -> Iterator[str]:
     store = f"sqlite:///{tmp_path / 'shop.db'}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SHOAL_", "SHOP_"))}
-    env.update(SHOP_STORE=store, PYTHONPATH=str(EXAMPLE))
+    env.update(SHOP_STORE=store, PYTHONPATH=os.pathsep.join([str(EXAMPLE), str(SRC)]))
     proc = subprocess.Popen([sys.executable, "-m", "shoal.cli", "worker", "workflows:app"],
                             cwd=EXAMPLE, env=env, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)

@@ -21,6 +21,7 @@ import shoal
 from shoal.integrations.flask import Shoal
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "flask_app"
+SRC = Path(shoal.__file__).resolve().parents[1]   # the processes run the shoal under test
 sys.path.insert(0, str(EXAMPLE))
 from shop import create_app, shoal_ext  # noqa: E402
 
@@ -38,7 +39,7 @@ def shop(tmp_path: Path) -> Iterator[Flask]:
 @pytest.fixture
 def worker(shop: Flask) -> Iterator[subprocess.Popen[str]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SHOAL_", "SHOP_"))}
-    env.update(SHOP_DATABASE=shop.config["DATABASE"], PYTHONPATH=str(EXAMPLE))
+    env.update(SHOP_DATABASE=shop.config["DATABASE"], PYTHONPATH=os.pathsep.join([str(EXAMPLE), str(SRC)]))
     # the store first, as a deploy would: the view's first dispatch then needs no write lock
     # of its own inside its transaction
     assert shop.test_cli_runner().invoke(args=["shoal", "migrate"]).exit_code == 0
