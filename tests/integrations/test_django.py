@@ -224,3 +224,38 @@ def test_a_connection_the_server_dropped_poisons_no_later_run(tmp_path: Path,
             _, err = worker.communicate(timeout=60)
         assert worker.returncode == 0, err
         assert "OperationalError" not in err, err
+
+
+UNREACHABLE = "postgresql://postgres@127.0.0.1:1/test?connect_timeout=5"
+
+
+def elsewhere(tmp_path: Path, store: str) -> dict[str, str]:
+    """The example project with settings.SHOAL['STORE'] = ``store``."""
+    (tmp_path / "elsewhere.py").write_text(
+        "from shop.settings import *  # noqa: F403\n"
+        f"SHOAL = {{**SHOAL, 'STORE': {store!r}, 'JOIN_ATOMIC': False}}  # noqa: F405\n")
+    env = base_env()
+    env.update(DJANGO_SETTINGS_MODULE="elsewhere", SHOP_DATABASE=str(tmp_path / "shop.db"),
+               PYTHONPATH=os.pathsep.join([str(PROJECT), str(tmp_path), str(SRC)]))
+    return env
+
+
+@pytest.mark.parametrize("command", ["shoal_worker", "shoal_migrate"])
+def test_commands_say_in_one_line_that_the_store_is_unreachable(tmp_path: Path,
+                                                                 command: str) -> None:
+    done = manage(elsewhere(tmp_path, UNREACHABLE), command)
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("CommandError: Cannot connect to the "
+                                                   "PostgreSQL store"), done.stderr
+    assert "serving" not in done.stderr   # it never served
+
+
+@pytest.mark.parametrize("command", [("check",), ("shoal_worker",), ("shoal_migrate",)])
+def test_a_store_url_shoal_has_no_store_for_is_refused_at_startup(tmp_path: Path,
+                                                                  command: tuple[str]) -> None:
+    done = manage(elsewhere(tmp_path, "mysql://x"), *command)
+    assert done.returncode != 0
+    assert "(shoal.E001) settings.SHOAL['STORE']: Unknown store URL 'mysql://x'" in done.stderr, \
+        done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
