@@ -39,7 +39,8 @@ def shop(tmp_path: Path) -> Iterator[Flask]:
 @pytest.fixture
 def worker(shop: Flask) -> Iterator[subprocess.Popen[str]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SHOAL_", "SHOP_"))}
-    env.update(SHOP_DATABASE=shop.config["DATABASE"], PYTHONPATH=os.pathsep.join([str(EXAMPLE), str(SRC)]))
+    env.update(SHOP_DATABASE=shop.config["DATABASE"],
+               PYTHONPATH=os.pathsep.join([str(EXAMPLE), str(SRC)]))
     # the store first, as a deploy would: the view's first dispatch then needs no write lock
     # of its own inside its transaction
     assert shop.test_cli_runner().invoke(args=["shoal", "migrate"]).exit_code == 0
