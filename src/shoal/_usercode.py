@@ -9,6 +9,7 @@ shoal."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -46,23 +47,31 @@ def remove_hooks(threaded: ThreadHook, awaited: AsyncHook | None = None) -> None
 
 def to_thread(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Awaitable[T]:
     """``asyncio.to_thread(fn, *args, **kwargs)``, with the thread hooks around ``fn`` in its
-    thread. A hook that raises before ``fn`` raises instead of it (``fn`` is not called); one
-    that raises after it is logged (``usercode.hook_failed``), and ``fn``'s outcome stands: a
-    step that did its work is not failed, and retried, by the cleanup after it."""
+    thread (:func:`wrap`)."""
+    return asyncio.to_thread(wrap(fn), *args, **kwargs)
+
+
+def wrap(fn: Callable[..., T]) -> Callable[..., T]:
+    """``fn``, calling the thread hooks before and after it in the thread that calls it (for
+    any way of running it in a thread); ``fn`` itself when there are none. A hook that raises
+    before ``fn`` raises instead of it (``fn`` is not called); one that raises after it is
+    logged (``usercode.hook_failed``), and ``fn``'s outcome stands: a step that did its work is
+    not failed, and retried, by the cleanup after it."""
     if not _threaded:
-        return asyncio.to_thread(fn, *args, **kwargs)
-    return asyncio.to_thread(_hooked, tuple(_threaded), fn, args, kwargs)
+        return fn
+    return functools.partial(_hooked, tuple(_threaded), fn)
 
 
 def awaited(call: Awaitable[T]) -> Awaitable[T]:
     """``call`` (a coroutine of user code, not yet started), with the async hooks awaited
-    before and after it; the same rules as :func:`to_thread` for a hook that raises."""
+    before and after it; the same rules as :func:`wrap` for a hook that raises."""
     if not _awaited:
         return call
     return _hooked_async(tuple(_awaited), call)
 
 
-def _hooked(hooks: tuple[ThreadHook, ...], fn: Callable[..., T], args: Any, kwargs: Any) -> T:
+def _hooked(hooks: tuple[ThreadHook, ...], fn: Callable[..., T], /, *args: Any,
+            **kwargs: Any) -> T:
     for hook in hooks:
         hook()
     try:
