@@ -27,7 +27,7 @@ from typing import (
     overload,
 )
 
-from shoal import _checks, _json, _threads
+from shoal import _checks, _json, _threads, _usercode
 from shoal._checks import CALL
 from shoal._ids import new_id
 from shoal.abort import AbortSignal
@@ -707,7 +707,7 @@ class RunContext:
           (:class:`_EndedWhileStopping`). A thread still running after that is left behind:
           its run is not released but left to its lease, so no other instance runs the step
           beside it, and the stop goes on (the thread, a daemon, ends with the process)."""
-        work = _threads.run(fn, *args, **kwargs)
+        work = _threads.run(_usercode.wrap(fn), *args, **kwargs)
         x = self._x
         x.threads.add(work)
         work.add_done_callback(x.threads.discard)
@@ -737,7 +737,7 @@ class RunContext:
             sent.clear()   # a try that raised sent nothing: only the last try's entries count
             try:
                 if inspect.iscoroutinefunction(fn):
-                    return await fn(*args, **kwargs), tries
+                    return await _usercode.awaited(fn(*args, **kwargs)), tries
                 try:
                     result = await self._in_thread(fn, args, kwargs)
                 except _EndedWhileStopping as e:
