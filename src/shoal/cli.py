@@ -1096,7 +1096,8 @@ def pauses(ctx: click.Context, tenant: str | None, limit: int, as_json: bool,
                   title_justify="left")
     for column in ("pause", *(("namespace",) if every else ()), "run", "name", "request",
                    "created", "expires"):
-        table.add_column(column, overflow="fold")
+        # ids whole: folded, a copied id would be wrong
+        table.add_column(column, overflow="fold", no_wrap=column in ("pause", "run"))
     for p in found:
         table.add_row(p.id, *((escape(p.namespace),) if every else ()), p.run_id,
                       escape(p.name), escape(_json_text(p.request, 120)), _when(p.created_at),
@@ -1481,7 +1482,7 @@ def outbox_dead(ctx: click.Context, limit: int, as_json: bool, store_override: s
                   title_justify="left")
     for column in ("entry", *(("namespace",) if every else ()), "run", "topic", "attempts",
                    "error", "created"):
-        table.add_column(column, overflow="fold")
+        table.add_column(column, overflow="fold", no_wrap=column in ("entry", "run"))
     for e in found:
         table.add_row(e.id, *((escape(e.namespace),) if every else ()), e.run_id,
                       escape(e.topic), str(e.attempts), escape(_first_line(e.error)),
