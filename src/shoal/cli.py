@@ -4,9 +4,9 @@ The store comes from ``--store`` or ``SHOAL_STORE`` (default ``sqlite:///shoal.d
 from ``--namespace`` or ``SHOAL_NAMESPACE``; read commands cover every namespace when none is given.
 A shoal error (bad URL, unreachable store, unknown run, bad input) ends the command with one line
 on stderr and exit code 1, never a traceback; a bad option value (one of the wrong form, a
-namespace or workflow the store has never seen) is a usage error naming the option, exit code 2. ``--tenant`` on the commands that show or change one
-run or pause confines them to that tenant: another tenant's id is reported exactly like an unknown
-one, and nothing changes.
+namespace or workflow the store has never seen) is a usage error naming the option, exit code 2.
+``--tenant`` on the commands that show or change one run or pause confines them to that tenant:
+another tenant's id is reported exactly like an unknown one, and nothing changes.
 """
 
 from __future__ import annotations
