@@ -258,8 +258,12 @@ def test_a_read_never_creates_a_postgres_schema() -> None:
                                  (schema,)).fetchone()
         assert found is None
         assert shoal_cli("migrate", store=url).exit_code == 0
-        listed = shoal_cli("-n", "shop", "runs", store=url)
+        listed = shoal_cli("runs", store=url)
         assert listed.exit_code == 0, listed.output
+        assert "No runs in any namespace" in listed.stdout
+        # a store that exists, and a namespace it has never seen: a usage error, not "no runs"
+        typo = shoal_cli("-n", "shop", "runs", store=url)
+        assert typo.exit_code == 2 and "no namespace 'shop'" in typo.stderr, typo.output
 
 
 def test_worker_refuses_what_is_not_an_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
