@@ -429,11 +429,13 @@ def _serve(app_spec: str, as_json: bool, store_given: bool, no_migrate: bool,
         stop_metrics = _serve_metrics(app, *metrics, say)
     if tune_gc:   # a process of its own: the collector's defaults cost short runs (collector.py)
         tune_for_worker()
-    say(logging.INFO, f"shoal worker: serving {app!r}, max_concurrent_runs="
-        f"{app.max_concurrent_runs}, gc={'tuned' if tune_gc else 'default'}; SIGTERM or "
-        f"Ctrl-C stops it gracefully.", event="worker.serving", instance=app.instance_id)
+    def serving() -> None:   # once started: a store that cannot be reached fails before
+        say(logging.INFO, f"shoal worker: serving {app!r}, max_concurrent_runs="
+            f"{app.max_concurrent_runs}, gc={'tuned' if tune_gc else 'default'}; SIGTERM or "
+            f"Ctrl-C stops it gracefully.", event="worker.serving", instance=app.instance_id)
+
     try:
-        app.run_forever(timeout=shutdown_timeout)
+        app.run_forever(timeout=shutdown_timeout, on_started=serving)
     except ConfigurationError as e:
         # the App's message speaks App(health_port=...): say the flag that was given instead
         if health_port is None or not isinstance(e.__cause__, OSError) \

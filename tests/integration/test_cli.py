@@ -506,3 +506,22 @@ def test_demo_interrupted_leaves_no_process_behind(
     assert demo.returncode == 130, (seen + rest).decode()
     assert b"Interrupted" in rest
     assert _wait_gone(pids) == []
+
+
+def test_worker_says_it_serves_only_once_it_reached_its_store(tmp_path: Path) -> None:
+    """A store that cannot be reached fails the worker with one line, and the worker never
+    claimed to serve (it said so before it had connected)."""
+    (tmp_path / "greeter.py").write_text(
+        "import shoal\n"
+        "app = shoal.App.from_env('greet')\n"
+        "@app.workflow\n"
+        "async def hello(ctx, name):\n"
+        "    return name\n"
+    )
+    env = {**os.environ, "SHOAL_STORE": "postgresql://postgres@127.0.0.1:1/x"}
+    worker = subprocess.run([*CLI, "worker", "greeter:app"], cwd=tmp_path, env=env,
+                            capture_output=True, timeout=60)
+    err = worker.stderr.decode()
+    assert worker.returncode == 1, err
+    assert "serving" not in err and "Cannot connect to the PostgreSQL store" in err, err
+    assert len(err.strip().splitlines()) == 1, err

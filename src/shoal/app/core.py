@@ -661,8 +661,11 @@ class App:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def run_forever(self, *, timeout: float = 25.0) -> None:
-        """Start, serve until SIGTERM or SIGINT, then ``close(timeout)``. Blocks."""
+    def run_forever(self, *, timeout: float = 25.0,
+                    on_started: Callable[[], object] | None = None) -> None:
+        """Start, serve until SIGTERM or SIGINT, then ``close(timeout)``. Blocks.
+        ``on_started()`` is called once the app has started (the store reached and migrated,
+        its workflows recorded), so that a command says it serves only when it does."""
 
         async def serve() -> None:
             stop = asyncio.Event()
@@ -670,6 +673,8 @@ class App:
             for sig in (signals.SIGTERM, signals.SIGINT):
                 loop.add_signal_handler(sig, stop.set)
             await self.start()
+            if on_started is not None:
+                on_started()
             try:
                 await stop.wait()
             finally:

@@ -26,18 +26,7 @@ def serve(app: App, timeout: float, announce: Callable[[], None]) -> None:
     """``app.run_forever(timeout=timeout)``, calling ``announce()`` once the app has started
     (connected, migrated, recorded its workflows), not before: a store that cannot be reached
     fails the command before it claims to serve."""
-    start = app.start
-
-    async def start_then_announce() -> None:
-        await start()
-        announce()
-
-    # run_forever itself serves (its signals, its stop): only its start is followed here
-    app.start = start_then_announce  # type: ignore[method-assign]
-    try:
-        app.run_forever(timeout=timeout)
-    finally:
-        vars(app).pop("start", None)
+    app.run_forever(timeout=timeout, on_started=announce)
 
 
 def migrate(namespace: str, store: str) -> int:
