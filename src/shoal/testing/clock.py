@@ -9,6 +9,7 @@ import heapq
 import itertools
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -126,6 +127,7 @@ class VirtualClock:
         self._loop = loop
         self._executor = _CountingExecutor(loop)
         loop.set_default_executor(self._executor)
+        _executors[loop] = self._executor
 
     async def _quiet(self) -> None:
         """Settle the loop; while thread work started from it still runs, wait for it (at most
@@ -153,22 +155,33 @@ class VirtualClock:
     def _busy(self) -> list[concurrent.futures.Future[Any]]:
         """The thread work started from the clock's loop that still runs: in the default
         executor, and in shoal's own threads (plain-function steps, handlers)."""
-        if self._loop is None:
-            return []
-        ours = _threads.pool().busy(self._loop)
-        return ours + (self._executor.busy() if self._executor is not None else [])
+        return [] if self._loop is None else _threads_busy(self._loop)
+
+
+# the default executor a VirtualClock gave each loop (see VirtualClock._attach)
+_executors: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _CountingExecutor] = (
+    weakref.WeakKeyDictionary())
+
+
+def _threads_busy(loop: asyncio.AbstractEventLoop) -> list[concurrent.futures.Future[Any]]:
+    """The thread work started from ``loop`` whose result the loop does not have yet."""
+    executor = _executors.get(loop)
+    return _threads.pool().busy(loop) + (executor.busy() if executor is not None else [])
 
 
 MAX_TURNS = 100_000   # a loop never quiet after this many turns has a task that never waits
+THREAD_TURNS = 50     # turns a settle gives a thread still running to hand its result back
 
 
 async def settle(rounds: int | None = None) -> None:
     """Let every task that can make progress without waiting on time do so: run the event
     loop until nothing is ready to run (every task waits for time, I/O, a thread or an event),
-    and return. That takes as many turns as the work needs (a few when one task wakes and
-    goes back to sleep, more for a run of many steps) and no more. A task that never waits
-    (``while True: await asyncio.sleep(0)``) is cut off after ``MAX_TURNS`` turns and logged
-    (``clock.busy``). With ``rounds``, exactly that many turns instead."""
+    and return. That takes as many turns as the work needs (one when a task wakes and goes back
+    to sleep, more for a run of many steps) and no more; while a thread started from the loop
+    (a plain-function step) still runs, at least ``THREAD_TURNS``, as every settle took before.
+    A task that never waits (``while True: await asyncio.sleep(0)``) is cut off after
+    ``MAX_TURNS`` turns and logged (``clock.busy``). With ``rounds``, exactly that many turns
+    instead. (``VirtualClock.advance`` waits for the threads themselves.)"""
     if rounds is not None:
         for _ in range(rounds):
             await asyncio.sleep(0)
@@ -181,12 +194,15 @@ async def settle(rounds: int | None = None) -> None:
         for _ in range(50):
             await asyncio.sleep(0)
         return
-    for _ in range(MAX_TURNS):
+    for turn in range(1, MAX_TURNS + 1):
         await asyncio.sleep(0)
         # our own turn is over: anything still queued (or a timer already due, which the
         # next turn moves to the queue) can run without waiting
-        if not ready and not (scheduled and scheduled[0].when() <= loop.time()):
-            return
+        if ready or (scheduled and scheduled[0].when() <= loop.time()):
+            continue
+        if turn < THREAD_TURNS and _threads_busy(loop):
+            continue
+        return
     log.warning("clock.busy: the event loop was still busy after %d turns (a task that never "
                 "waits?); settle returns without it", MAX_TURNS,
                 extra={"event": "clock.busy"})
