@@ -39,7 +39,6 @@ class DaemonPool(concurrent.futures.Executor):
         work: concurrent.futures.Future[Any] = concurrent.futures.Future()
         with self._guard:
             self._running[work] = asyncio._get_running_loop()
-        work.add_done_callback(self._ended)
         self._queue.put((work, functools.partial(fn, *args, **kwargs)))
         if not self._idle.acquire(blocking=False):
             with self._guard:
@@ -52,11 +51,13 @@ class DaemonPool(concurrent.futures.Executor):
         return work
 
     def busy(self, loop: asyncio.AbstractEventLoop) -> list[concurrent.futures.Future[Any]]:
-        """The calls submitted from ``loop`` that still run."""
+        """The calls submitted from ``loop`` whose result the loop does not have yet (see
+        :func:`ended_on`)."""
         with self._guard:
-            return [w for w, home in self._running.items() if home is loop and not w.done()]
+            return [w for w, home in self._running.items()
+                    if home is loop and not w.cancelled()]
 
-    def _ended(self, work: concurrent.futures.Future[Any]) -> None:
+    def _forget(self, work: concurrent.futures.Future[Any]) -> None:
         with self._guard:
             self._running.pop(work, None)
 
@@ -74,8 +75,26 @@ class DaemonPool(concurrent.futures.Executor):
                     work.set_exception(e)
                 else:
                     work.set_result(result)
+            with self._guard:
+                home = self._running.get(work)
+            ended_on(home, self._forget, work)
             del work, call   # no reference to the result kept while idle
             self._idle.release()
+
+
+def ended_on(loop: asyncio.AbstractEventLoop | None, forget: Callable[[Any], None],
+             work: concurrent.futures.Future[Any]) -> None:
+    """In the thread, after ``work``'s result was set (which queued it on ``loop``): queue
+    ``forget(work)`` behind it. Work counts as running until then, so a VirtualClock that sees
+    none running knows every result is already in its loop's ready queue: a thread between
+    setting its result and that result reaching the loop is never taken for finished."""
+    if loop is not None:
+        try:
+            loop.call_soon_threadsafe(forget, work)
+            return
+        except RuntimeError:       # the loop is closed: nobody waits for the result any more
+            pass
+    forget(work)
 
 
 _pool: DaemonPool | None = None
