@@ -24,9 +24,11 @@ import pytest
 from shoal.stores import mask_url
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-# a guard against a hung example, not a speed check: cron.md's two virtual days on SQLite
-# take ~22 s under load in the suite and 30 s alone with two busy loops and other work on a
-# 2-core machine (6 s of CPU: ~860k event-loop turns of VirtualClock.advance, each a syscall)
+# a guard against a hung example, not a speed check: the longest are cron.md's two virtual
+# days on SQLite and testing.md's first example (two days and an hour), 8-9 s each on a
+# loaded 2-core machine: an app's loops wake ~70,000 times a virtual day, each wake-up a
+# pass over the store (VirtualClock.advance settles only while something runs; at 50 turns a
+# wake-up they took 22-30 s: bench/clock.py)
 TIMEOUT = 120.0
 FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([\w+-]*)\s*$")
 LANGUAGES = {"python", "python-norun", "bash", "text"}

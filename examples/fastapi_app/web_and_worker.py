@@ -8,11 +8,16 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
-from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
 import shoal
 import shoal.web
 from workflows import app
+
+try:   # a span per request, from its traceparent header: only when tracing is installed
+    # (pip install 'shoal[otel]' opentelemetry-instrumentation-fastapi; docs/fastapi.md)
+    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+except ImportError:   # shoal[fastapi] alone: the same service, untraced
+    FastAPIInstrumentor = None
 
 
 @asynccontextmanager
@@ -22,13 +27,14 @@ async def lifespan(api: FastAPI) -> AsyncIterator[None]:
 
 
 api = FastAPI(lifespan=lifespan)
-FastAPIInstrumentor.instrument_app(api)   # a span per request, from its traceparent header
+if FastAPIInstrumentor is not None:
+    FastAPIInstrumentor.instrument_app(api)
 api.mount("/shoal", shoal.web.asgi(app))   # the console, reading through the same App
 
 
 @api.post("/orders/{order_id}", status_code=201)
 async def place_order(order_id: int, request: Request) -> dict[str, Any]:
-    # the request's span is current here (FastAPIInstrumentor): the run continues its trace
+    # traced, the request's span is current here (FastAPIInstrumentor): the run continues it
     run = await app.dispatch("fulfil", {"id": order_id}, idempotency_key=f"order-{order_id}")
     return {"run": run.id, "status": run.status.value}
 

@@ -3,13 +3,15 @@ model calls share the provider's limits across replicas and are charged to a per
 a refund waits for a person's approval.
 
     export OPENAI_API_KEY=...              # or SUPPORT_FAKE_MODEL=1: a scripted model, offline
+    export SHOAL_STORE=sqlite:///support.db SHOAL_NAMESPACE=support   # in every terminal
     shoal worker support_agent:app         # as many as you like, in other terminals
     shoal dispatch ticket '"Please refund order A1"'
-    shoal pauses -n support                # the refund asks first
+    shoal pauses                           # the refund asks first
     shoal approve PAUSE_ID --by you
-    shoal run show RUN_ID                  # the agent's steps; shoal ledger -n support: its cost
+    shoal run show RUN_ID                  # the agent's steps; shoal ledger: its cost
 
-The store is SHOAL_STORE (default sqlite:///support.db, in this directory).
+The store is SHOAL_STORE (default sqlite:///support.db, in this directory): the commands read
+it too, so export it for them as well.
 """
 
 from __future__ import annotations

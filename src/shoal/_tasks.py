@@ -10,6 +10,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from shoal import _threads, _usercode
 from shoal.clock import Clock
 
 log = logging.getLogger("shoal")
@@ -26,9 +27,10 @@ async def call_handler(fn: Callable[..., Any], timeout: float, *args: Any) -> No
     """Call a user handler: a coroutine function on the loop, a plain one in a thread (so a
     blocking client never stalls renewals), for at most ``timeout`` seconds (real time)."""
     if inspect.iscoroutinefunction(fn):
-        call: Awaitable[Any] = fn(*args)
+        call: Awaitable[Any] = _usercode.awaited(fn(*args))
     else:
-        call = asyncio.to_thread(fn, *args)
+        # a daemon thread: a stuck handler never holds the process's exit
+        call = _threads.run(_usercode.wrap(fn), *args)
     task = asyncio.ensure_future(call)
     try:
         done, _ = await asyncio.wait({task}, timeout=max(0.0, timeout))

@@ -3,40 +3,49 @@
 The store comes from ``--store`` or ``SHOAL_STORE`` (default ``sqlite:///shoal.db``), the namespace
 from ``--namespace`` or ``SHOAL_NAMESPACE``; read commands cover every namespace when none is given.
 A shoal error (bad URL, unreachable store, unknown run, bad input) ends the command with one line
-on stderr and exit code 1, never a traceback. ``--tenant`` on the commands that show or change one
-run or pause confines them to that tenant: another tenant's id is reported exactly like an unknown
-one, and nothing changes.
+on stderr and exit code 1, never a traceback; a bad option value (one of the wrong form, a
+namespace or workflow the store has never seen) is a usage error naming the option, exit code 2.
+``--tenant`` on the commands that show or change one run or pause confines them to that tenant:
+another tenant's id is reported exactly like an unknown one, and nothing changes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import importlib
 import ipaddress
 import json
 import logging
 import math
 import os
+import re
 import sqlite3
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager, suppress
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from shoal import logs
+from shoal import _checks, _json, logs
 from shoal.app import App, history
 from shoal.app.collector import GC_ENV, tune_for_worker
 from shoal.app.options import CONCURRENCY_ENV, concurrency_setting, tracing_sink
-from shoal.errors import ShoalError, UnknownPauseError, UnknownRunError
+from shoal.errors import (
+    ConfigurationError,
+    ShoalError,
+    UnknownPauseError,
+    UnknownRunError,
+    UnknownWorkflowError,
+)
 from shoal.logs import FORMAT_ENV, FORMATS
 from shoal.ports import Store
 from shoal.stores import mask_url, open_store
@@ -61,11 +70,14 @@ T = TypeVar("T")
 
 
 class _Target:
-    """Where a command points: the store URL and, when given, the namespace."""
+    """Where a command points: the store URL and, when given, the namespace; ``namespace_hint``
+    names where the namespace came from, for an error about it."""
 
-    def __init__(self, store: str, namespace: str | None) -> None:
+    def __init__(self, store: str, namespace: str | None,
+                 namespace_hint: str = "'--namespace' / '-n'") -> None:
         self.store = store
         self.namespace = namespace
+        self.namespace_hint = namespace_hint
 
 
 class _ShoalGroup(click.Group):
@@ -106,15 +118,117 @@ def _target_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _target(ctx: click.Context, store: str | None, namespace: str | None) -> _Target:
     base: _Target = ctx.find_object(_Target) or _Target(DEFAULT_STORE, None)
-    return _Target(store or base.store, namespace or base.namespace)
+    if namespace:
+        return _Target(store or base.store, namespace)
+    return _Target(store or base.store, base.namespace, base.namespace_hint)
 
 
 def _tenant_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """``--tenant``: act only on a ``what`` of this tenant; another tenant's looks unknown."""
     return click.option(
-        "--tenant", default=None, metavar="NAME",
+        "--tenant", default=None, metavar="NAME", type=NAME,
         help=f"Only a {what} of this tenant: another tenant's {what} is reported as unknown "
              f"and left unchanged.")
+
+
+if TYPE_CHECKING:
+    _TextParam = click.ParamType[str]
+else:   # generic in the newer clicks only; pyproject allows click 8.1
+    _TextParam = click.ParamType
+
+_RUN_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+class _RunIdType(_TextParam):
+    """A run id as shoal makes them (a UUID), in lower case as the stores keep it: a value of
+    another shape is a usage error, not a filter that quietly matches nothing."""
+
+    name = "run_id"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> str:
+        text = str(value).lower()
+        if not _RUN_ID.fullmatch(text):
+            self.fail(f"{value!r} is not a run id: give one as 'shoal runs' prints it, e.g. "
+                      f"01a236f7-61ca-72fd-b34f-28c749b6c103.", param, ctx)
+        return text
+
+
+class _NameType(_TextParam):
+    """A name shoal stores (a tenant, a workflow, a signal, an entry id): non-empty text that
+    UTF-8 can encode. Refused here, it is one line naming the option; refused by the App, it
+    would be a Python traceback speaking the Python API."""
+
+    name = "text"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> str:
+        text = str(value)
+        if not text:
+            self.fail("must not be empty: give a name" + (
+                ", or leave the option out." if isinstance(param, click.Option) else "."),
+                param, ctx)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            self.fail(f"{text!r} is not valid UTF-8.", param, ctx)
+        return text
+
+
+RUN_ID = _RunIdType()
+NAME = _NameType()
+
+
+async def _known_namespaces(store: Store) -> list[str]:
+    """The namespaces where an instance registered workflows, by name."""
+    return sorted({w.namespace for w in await store.list_workflows(None)})
+
+
+async def _read_namespaces(store: Store, target: _Target) -> list[str]:
+    """The namespaces a read command covers: the one given, else every one where an instance
+    registered workflows."""
+    if target.namespace is not None:
+        return [target.namespace]
+    return await _known_namespaces(store)
+
+
+async def _check_namespace(store: Store, target: _Target,
+                           more: Callable[[], Awaitable[bool]] | None = None) -> None:
+    """Refuse (exit code 2, naming the option) a namespace given that the store has never
+    seen: no instance registered workflows in it, no run of it is stored, and ``more`` (what
+    else the command reads, e.g. ledger rows) finds nothing. A typo must not read as an empty
+    namespace. Called when a read found nothing, so a read that found something costs no
+    more."""
+    namespace = target.namespace
+    if namespace is None:
+        return
+    known = await _known_namespaces(store)
+    if namespace in known or await store.list_runs(namespace, limit=1):
+        return
+    if more is not None and await more():
+        return
+    has = (f"the namespaces with registered workflows are {', '.join(map(repr, known))}"
+           if known else "no instance registered workflows in any namespace")
+    raise click.BadParameter(
+        f"{mask_url(target.store)} has no namespace {namespace!r} (no instance registered "
+        f"workflows in it and it holds no run of it); {has}.", param_hint=target.namespace_hint)
+
+
+async def _check_workflow(store: Store, target: _Target, workflow: str) -> None:
+    """Refuse (exit code 2) a ``--workflow`` that no instance of the namespace (of any, when
+    none is given) registered and that no stored run has: a typo, not an empty result."""
+    known = await store.list_workflows(target.namespace)
+    if any(w.name == workflow for w in known):
+        return
+    if await store.list_runs(target.namespace, workflow=workflow, limit=1):
+        return
+    where = (f"namespace {target.namespace!r}" if target.namespace is not None
+             else mask_url(target.store))
+    names = sorted({w.name for w in known})
+    has = f"the registered ones are {', '.join(map(repr, names))}" if names else "none is"
+    raise click.BadParameter(
+        f"no instance registered a workflow {workflow!r} in {where} and no run of it is "
+        f"stored; {has}.", param_hint="'--workflow' / '-w'")
 
 
 @asynccontextmanager
@@ -169,7 +283,9 @@ async def _app_for_run(target: _Target, store: Store, run_id: str) -> AsyncItera
 @click.pass_context
 def cli(ctx: click.Context, store: str, namespace: str | None) -> None:
     """shoal: durable runs and replica coordination through the store you already have."""
-    ctx.obj = _Target(store, namespace)
+    from_env = ctx.get_parameter_source("namespace") is click.core.ParameterSource.ENVIRONMENT
+    ctx.obj = _Target(store, namespace or None,
+                      "SHOAL_NAMESPACE" if from_env else "'--namespace' / '-n'")
 
 
 # -- worker ----------------------------------------------------------------------------------
@@ -313,11 +429,22 @@ def _serve(app_spec: str, as_json: bool, store_given: bool, no_migrate: bool,
         stop_metrics = _serve_metrics(app, *metrics, say)
     if tune_gc:   # a process of its own: the collector's defaults cost short runs (collector.py)
         tune_for_worker()
-    say(logging.INFO, f"shoal worker: serving {app!r}, max_concurrent_runs="
-        f"{app.max_concurrent_runs}, gc={'tuned' if tune_gc else 'default'}; SIGTERM or "
-        f"Ctrl-C stops it gracefully.", event="worker.serving", instance=app.instance_id)
+    def serving() -> None:   # once started: a store that cannot be reached fails before
+        say(logging.INFO, f"shoal worker: serving {app!r}, max_concurrent_runs="
+            f"{app.max_concurrent_runs}, gc={'tuned' if tune_gc else 'default'}; SIGTERM or "
+            f"Ctrl-C stops it gracefully.", event="worker.serving", instance=app.instance_id)
+
     try:
-        app.run_forever(timeout=shutdown_timeout)
+        app.run_forever(timeout=shutdown_timeout, on_started=serving)
+    except ConfigurationError as e:
+        # the App's message speaks App(health_port=...): say the flag that was given instead
+        if health_port is None or not isinstance(e.__cause__, OSError) \
+                or "health_port" not in str(e):
+            raise
+        raise click.ClickException(
+            f"--health-port: cannot listen on {app.health_host}:{health_port}: {e.__cause__}. "
+            f"Give a free port (0 picks one), or leave --health-port out to serve no "
+            f"probes.") from None
     finally:
         if stop_metrics is not None:
             stop_metrics()
@@ -381,12 +508,12 @@ async def _newest_runs(store: Store, namespace: str | None, where: RunFilter, li
 @cli.command()
 @click.option("--status", type=click.Choice([s.value for s in RunStatus]), default=None,
               help="Only runs with this status.")
-@click.option("--workflow", "-w", default=None, help="Only runs of this workflow.")
-@click.option("--tenant", default=None, help="Only runs of this tenant.")
+@click.option("--workflow", "-w", default=None, type=NAME, help="Only runs of this workflow.")
+@click.option("--tenant", default=None, type=NAME, help="Only runs of this tenant.")
 @click.option("--limit", default=100, show_default=True, type=click.IntRange(min=1),
               help="At most this many runs.")
-@click.option("--after", default=None, metavar="RUN_ID",
-              help="Only runs created after this one (to page).")
+@click.option("--after", default=None, metavar="RUN_ID", type=RUN_ID,
+              help="Only runs created after this one (to page): a run id.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.option("--watch", is_flag=True,
               help="Redraw the table until Ctrl-C: the newest runs first, with their progress.")
@@ -411,8 +538,13 @@ def runs(ctx: click.Context, status: str | None, workflow: str | None, tenant: s
 
     async def read() -> list[Run]:
         async with _opened_store(target.store) as store:
-            return await store.list_runs(target.namespace, status=status, workflow=workflow,
-                                         tenant=tenant, limit=limit, after=after)
+            found = await store.list_runs(target.namespace, status=status, workflow=workflow,
+                                          tenant=tenant, limit=limit, after=after)
+            if not found:   # nothing: because the namespace or the workflow is a typo?
+                await _check_namespace(store, target)
+                if workflow is not None:
+                    await _check_workflow(store, target, workflow)
+            return found
 
     found = _run_async(read())
     if as_json:
@@ -438,6 +570,10 @@ def _watch_runs(target: _Target, where: RunFilter, limit: int, after: str | None
 
     async def watch() -> None:
         async with _opened_store(target.store) as store:
+            await _check_namespace(store, target)
+            if where.workflow is not None:
+                await _check_workflow(store, target, where.workflow)
+
             async def read() -> Any:
                 found = await _newest_runs(store, target.namespace, where, limit, after)
                 title = (f"newest runs of {escape(where_text)} in "
@@ -631,16 +767,27 @@ def run_retry(ctx: click.Context, run_id: str, as_json: bool, tenant: str | None
 # -- dispatch --------------------------------------------------------------------------------
 
 
-def _json_argument(text: str | None, what: str) -> Any:
-    """``text`` parsed as JSON (None when not given), or a one-line usage error."""
+def _json_argument(text: str | None, what: str, example: str = '{"order": 42}') -> Any:
+    """``text`` parsed as JSON (None when not given), or a one-line error: when it is not
+    JSON, or is JSON a run cannot keep (nested too deep), which the App would refuse with a
+    traceback."""
     if text is None:
         return None
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError as e:
         raise click.ClickException(
             f"{what} is not JSON ({e.msg} at column {e.colno}): {text!r}. Quote it for the "
-            f"shell, e.g. '{{\"order\": 42}}' or '\"text\"'.") from None
+            f"shell, e.g. '{example}' or '\"text\"'.") from None
+    except RecursionError:   # deeper than Python parses, so deeper than a run keeps
+        raise click.ClickException(
+            f"{what} nests lists and objects more than {_json.MAX_DEPTH} deep: a JSON value "
+            f"here is at most {_json.MAX_DEPTH} levels deep.") from None
+    try:
+        _json.check_json(value, what)
+    except TypeError as e:
+        raise click.ClickException(f"{e}.") from None
+    return value
 
 
 async def _namespace_of(store: Store, target: _Target, workflow: str) -> str:
@@ -660,6 +807,21 @@ async def _namespace_of(store: Store, target: _Target, workflow: str) -> str:
         f"give --namespace/-n NAME.")
 
 
+async def _unregistered(store: Store, namespace: str, workflow: str) -> click.ClickException:
+    """The error for a dispatch of a workflow no instance of ``namespace`` registered, in the
+    command line's words (UnknownWorkflowError's hint is the Python API's): where the name is
+    registered, if anywhere, and the flag that queues the run anyway."""
+    elsewhere = sorted({w.namespace for w in await store.list_workflows(None)
+                        if w.name == workflow})
+    found = (f"it is registered in namespace{'s' if len(elsewhere) > 1 else ''} "
+             f"{', '.join(map(repr, elsewhere))}" if elsewhere
+             else "'shoal workflows' lists the registered ones")
+    return click.ClickException(
+        f"No workflow named {workflow!r} in namespace {namespace!r}: no instance of the "
+        f"namespace registered it ({found}). Start a worker that serves it, or give "
+        f"--allow-unregistered to queue the run until one does.")
+
+
 @cli.command(short_help="Start a run of a workflow that a worker registered.")
 @click.argument("workflow")
 @click.argument("payload", metavar="[JSON]", required=False)
@@ -672,10 +834,10 @@ async def _namespace_of(store: Store, target: _Target, workflow: str) -> str:
 @click.option("--idempotency-key", default=None, metavar="KEY",
               help="The same key (per tenant and workflow) gives back the same run, never a "
                    "second one.")
-@click.option("--tenant", default="default", show_default=True, metavar="NAME",
+@click.option("--tenant", default="default", show_default=True, metavar="NAME", type=NAME,
               help="The tenant the run belongs to.")
-@click.option("--priority", type=int, default=None,
-              help="Higher runs first (default: the workflow's own).")
+@click.option("--priority", type=click.IntRange(_checks.INT32_MIN, _checks.INT32_MAX),
+              default=None, help="Higher runs first (default: the workflow's own).")
 @click.option("--allow-unregistered", is_flag=True,
               help="Dispatch a workflow no worker registered yet (needs --namespace): the run "
                    "waits, queued, until a worker serving it starts.")
@@ -703,9 +865,12 @@ def dispatch(ctx: click.Context, workflow: str, payload: str | None, wait: bool,
         async with _opened_store(target.store) as store:
             app = App(await _namespace_of(store, target, workflow), store=store)
             async with app.open():
-                run = await app.dispatch(workflow, value, idempotency_key=idempotency_key,
-                                         tenant=tenant, priority=priority,
-                                         allow_unregistered=allow_unregistered)
+                try:
+                    run = await app.dispatch(workflow, value, idempotency_key=idempotency_key,
+                                             tenant=tenant, priority=priority,
+                                             allow_unregistered=allow_unregistered)
+                except UnknownWorkflowError:
+                    raise await _unregistered(store, app.namespace, workflow) from None
                 if not wait:
                     return run, None
                 try:
@@ -749,7 +914,10 @@ def workflows(ctx: click.Context, as_json: bool, store_override: str | None,
 
     async def read() -> list[WorkflowInfo]:
         async with _opened_store(target.store) as store:
-            return await store.list_workflows(target.namespace)
+            found = await store.list_workflows(target.namespace)
+            if not found:
+                await _check_namespace(store, target)
+            return found
 
     found = _run_async(read())
     if as_json:
@@ -829,8 +997,8 @@ def stats(ctx: click.Context, as_json: bool, store_override: str | None,
 
     async def read() -> list[Stats]:
         async with _opened_store(target.store) as store:
-            names = ([target.namespace] if target.namespace is not None else
-                     sorted({w.namespace for w in await store.list_workflows(None)}))
+            await _check_namespace(store, target)   # stats of any name are all zeros
+            names = await _read_namespaces(store, target)
             found = []
             for name in names:
                 app = App(name, store=store)
@@ -858,7 +1026,7 @@ def stats(ctx: click.Context, as_json: bool, store_override: str | None,
 
 @cli.command(short_help="Send a signal with a JSON payload to a run.")
 @click.argument("run_id")
-@click.argument("name")
+@click.argument("name", type=NAME)
 @click.argument("payload", metavar="[JSON]", required=False)
 @click.option("--json", "as_json", is_flag=True, help="The run as it is now, as JSON.")
 @_tenant_option("run")
@@ -870,14 +1038,7 @@ def signal(ctx: click.Context, run_id: str, name: str, payload: str | None, as_j
     """Send signal NAME to run RUN_ID with a JSON payload (default null); a run waiting in
     ctx.wait_for(NAME) continues with it."""
     target = _target(ctx, store_override, namespace_override)
-    value: Any = None
-    if payload is not None:
-        try:
-            value = json.loads(payload)
-        except json.JSONDecodeError as e:
-            raise click.ClickException(
-                f"The payload is not JSON ({e.msg} at column {e.colno}): {payload!r}. Quote "
-                f"it for the shell, e.g. '{{\"approved\": true}}' or '\"text\"'.") from None
+    value = _json_argument(payload, "The payload", '{"approved": true}')
 
     async def send() -> Run:
         async with _opened_store(target.store) as store, \
@@ -899,41 +1060,51 @@ def signal(ctx: click.Context, run_id: str, name: str, payload: str | None, as_j
 
 
 @cli.command(short_help="List the pauses waiting for a decision.")
-@click.option("--tenant", default=None, help="Only pauses of this tenant.")
+@click.option("--tenant", default=None, type=NAME, help="Only pauses of this tenant.")
 @click.option("--limit", default=100, show_default=True, type=click.IntRange(min=1))
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @_target_options
 @click.pass_context
 def pauses(ctx: click.Context, tenant: str | None, limit: int, as_json: bool,
            store_override: str | None, namespace_override: str | None) -> None:
-    """The pending pauses (approvals) of a namespace, oldest first; answer one with
-    'shoal approve PAUSE_ID' or 'shoal deny PAUSE_ID'."""
+    """The pending pauses (approvals), oldest first, at most --limit: of a namespace, or of
+    every namespace where an instance registered workflows. Answer one with 'shoal approve
+    PAUSE_ID' or 'shoal deny PAUSE_ID'."""
     target = _target(ctx, store_override, namespace_override)
-    if target.namespace is None:
-        raise click.ClickException(
-            "Which namespace? Give --namespace/-n NAME (or set SHOAL_NAMESPACE).")
-    namespace = target.namespace
 
     async def read() -> list[Pause]:
         async with _opened_store(target.store) as store:
-            app = App(namespace, store=store)
-            async with app.open():
-                return await app.pending_pauses(tenant=tenant, limit=limit)
+            found: list[Pause] = []
+            for name in await _read_namespaces(store, target):
+                app = App(name, store=store)
+                async with app.open():
+                    found += await app.pending_pauses(tenant=tenant, limit=limit)
+            if not found:
+                await _check_namespace(store, target)
+            found.sort(key=lambda p: (p.created_at, p.id))
+            return found[:limit]
 
     found = _run_async(read())
     if as_json:
         for p in found:
             click.echo(json.dumps(dataclasses.asdict(p), ensure_ascii=False))
         return
+    where = (f"namespace {target.namespace!r}" if target.namespace is not None
+             else f"any namespace of {mask_url(target.store)}")
     if not found:
-        click.echo(f"No pending pauses in namespace {namespace!r}.")
+        click.echo(f"No pending pauses in {where}.")
         return
-    table = Table(title=f"pending pauses of {namespace!r}", title_justify="left")
-    for column in ("pause", "run", "name", "request", "created", "expires"):
-        table.add_column(column, overflow="fold")
+    every = target.namespace is None
+    table = Table(title=f"pending pauses of {escape(where.replace('any', 'every'))}",
+                  title_justify="left")
+    for column in ("pause", *(("namespace",) if every else ()), "run", "name", "request",
+                   "created", "expires"):
+        # ids whole: folded, a copied id would be wrong
+        table.add_column(column, overflow="fold", no_wrap=column in ("pause", "run"))
     for p in found:
-        table.add_row(p.id, p.run_id, escape(p.name), escape(_json_text(p.request, 120)),
-                      _when(p.created_at), _when(p.expires_at))
+        table.add_row(p.id, *((escape(p.namespace),) if every else ()), p.run_id,
+                      escape(p.name), escape(_json_text(p.request, 120)), _when(p.created_at),
+                      _when(p.expires_at))
     _console().print(table)
 
 
@@ -941,13 +1112,7 @@ def _answer(ctx: click.Context, pause_id: str, approved: bool, data: str | None,
             by: str | None, reason: str | None, tenant: str | None, as_json: bool,
             store_override: str | None, namespace_override: str | None) -> None:
     target = _target(ctx, store_override, namespace_override)
-    value: Any = None
-    if data is not None:
-        try:
-            value = json.loads(data)
-        except json.JSONDecodeError as e:
-            raise click.ClickException(
-                f"--data is not JSON ({e.msg} at column {e.colno}): {data!r}.") from None
+    value = _json_argument(data, "--data", '{"amount": 30}')
 
     async def answer() -> Pause:
         async with _opened_store(target.store) as store:
@@ -1017,67 +1182,72 @@ def _amount(value: float) -> str:
     return "0" if text == "-0" else text
 
 
-def _coordination_addresses(value: str | None) -> str | list[str] | None:
+def _coordination_addresses(ctx: click.Context, param: click.Parameter,
+                            value: str | None) -> str | list[str] | None:
     """``--coordination`` as ``App(coordination=…)`` takes it (a comma-separated list is a
-    Redlock quorum), like ``App.from_env``."""
+    Redlock quorum), like ``App.from_env``; what the App would refuse is refused here, as a
+    usage error that speaks the option instead of the App's argument."""
     if not value:
         return None
-    if "," in value:
-        return [a.strip() for a in value.split(",") if a.strip()]
-    return value
+    addresses = [a.strip() for a in value.split(",") if a.strip()]
+    for address in addresses:
+        if not address.startswith(("redis://", "rediss://")):
+            raise click.BadParameter(
+                f"{address!r} is not a redis:// or rediss:// URL. Give the workers' Redis "
+                f"(several, an odd number, separated by commas), or leave --coordination and "
+                f"SHOAL_COORDINATION unset to read the run store.", ctx, param)
+    if len(addresses) % 2 == 0:
+        raise click.BadParameter(
+            f"{len(addresses)} addresses given: a quorum of Redis servers is an odd number of "
+            f"them.", ctx, param)
+    return addresses if len(addresses) > 1 else addresses[0]
+
+
+def _coordination_option(help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--coordination URL[,URL...]`` (or SHOAL_COORDINATION), checked as it is parsed."""
+    return click.option("--coordination", envvar="SHOAL_COORDINATION", default=None,
+                        metavar="URL", callback=_coordination_addresses, help=help)
 
 
 @cli.command(short_help="The cost ledger: who spent what, with a total per currency.")
-@click.option("--tenant", default=None, metavar="NAME", help="Only what this tenant spent.")
-@click.option("--root", "root_id", default=None, metavar="RUN_ID",
+@click.option("--tenant", default=None, metavar="NAME", type=NAME,
+              help="Only what this tenant spent.")
+@click.option("--root", "root_id", default=None, metavar="RUN_ID", type=RUN_ID,
               help="Only what this root run and its child runs spent.")
-@click.option("--run", "run_id", default=None, metavar="RUN_ID",
+@click.option("--run", "run_id", default=None, metavar="RUN_ID", type=RUN_ID,
               help="Only what this run spent.")
 @click.option("--after", default=None, type=click.IntRange(min=0), metavar="ID",
-              help="Only rows after this id: the next page starts after the last id shown.")
+              help="Only rows after this id: the next page starts after the last id shown "
+                   "(ids count within a namespace).")
 @click.option("--limit", default=1000, show_default=True, type=click.IntRange(min=1),
-              help="At most this many rows, oldest first.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
-@click.option("--coordination", envvar="SHOAL_COORDINATION", default=None, metavar="URL",
-              help="Where the app keeps its rate-limit state when not in the store: the "
-                   "redis:// address of App(coordination=...), or several comma-separated "
-                   "[env SHOAL_COORDINATION].")
+              help="At most this many rows (of each namespace), oldest first.")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object per line, with its namespace.")
+@_coordination_option("Where the app keeps its rate-limit state when not in the store: the "
+                      "redis:// address of App(coordination=...), or several comma-separated "
+                      "[env SHOAL_COORDINATION].")
 @_target_options
 @click.pass_context
 def ledger(ctx: click.Context, tenant: str | None, root_id: str | None, run_id: str | None,
-           after: int | None, limit: int, as_json: bool, coordination: str | None,
-           store_override: str | None, namespace_override: str | None) -> None:
-    """The cost ledger of a namespace (ctx.spend, app.spend, priced provider calls), oldest
-    first, a page of --limit rows after --after, with the page's total per currency. Without
-    --namespace, the run given to --root (or --run) names it."""
+           after: int | None, limit: int, as_json: bool,
+           coordination: str | list[str] | None, store_override: str | None,
+           namespace_override: str | None) -> None:
+    """The cost ledger (ctx.spend, app.spend, priced provider calls), oldest first, a page of
+    --limit rows after --after, with the page's total per currency: of a namespace, else of
+    the namespace of the run given to --root (or --run), else of every namespace where an
+    instance registered workflows, each on its own."""
     target = _target(ctx, store_override, namespace_override)
-    coord = _coordination_addresses(coordination)
-
-    async def read() -> tuple[str, list[SpendEntry]]:
-        async with _opened_store(target.store) as store:
-            namespace = target.namespace
-            named = root_id if root_id is not None else run_id
-            if namespace is None and named is not None:
-                run = await store.get_run(named)
-                # another tenant's run names nothing, like one that does not exist
-                if run is not None and (tenant is None or run.tenant == tenant):
-                    namespace = run.namespace
-            if namespace is None:
-                raise click.ClickException(
-                    "Which namespace? Give --namespace/-n NAME (or set SHOAL_NAMESPACE), or "
-                    "--root (or --run) with the id of an existing run.")
-            app = App(namespace, store=store, coordination=coord)
-            async with app.open():
-                return namespace, await app.ledger(tenant=tenant, root_id=root_id,
-                                                   run_id=run_id, after=after, limit=limit)
-
-    namespace, rows = _run_async(read())
+    filters = {"tenant": tenant, "root_id": root_id, "run_id": run_id, "after": after,
+               "limit": limit}
+    pages = _run_async(_ledger_pages(target, coordination, filters))
     if as_json:
-        for entry in rows:
-            click.echo(json.dumps(dataclasses.asdict(entry), ensure_ascii=False))
+        for namespace, rows in pages:
+            for entry in rows:
+                click.echo(json.dumps({"namespace": namespace, **dataclasses.asdict(entry)},
+                                      ensure_ascii=False))
         return
-    console = _console()
-    where = f"namespace {namespace!r}"
+    every = len(pages) > 1
+    where = ""
     if tenant is not None:
         where += f", tenant {tenant!r}"
     if root_id is not None:
@@ -1086,9 +1256,67 @@ def ledger(ctx: click.Context, tenant: str | None, root_id: str | None, run_id: 
         where += f", run {run_id}"
     if after is not None:
         where += f", after id {after}"
-    if not rows:
-        console.print(f"No spending recorded for {escape(where)}.")
+    console = _console()
+    if not any(rows for _, rows in pages):
+        space = (f"namespace {pages[0][0]!r}" if len(pages) == 1
+                 else f"any namespace of {mask_url(target.store)}")
+        console.print(f"No spending recorded for {escape(space + where)}.")
         return
+    for namespace, rows in pages:
+        if rows:
+            _print_ledger(console, f"namespace {namespace!r}{where}", rows, limit,
+                          f"-n {namespace} " if every else "")
+
+
+async def _ledger_pages(target: _Target, coordination: str | list[str] | None,
+                        filters: dict[str, Any]) -> list[tuple[str, list[SpendEntry]]]:
+    """``shoal ledger``'s read: a page of rows per namespace covered, by namespace. Refuses
+    (usage errors) an ``--after`` with several namespaces (ids count within one), a namespace
+    the store has never seen and, when no row matched, a --root or --run that names no run
+    of the tenant."""
+    tenant = filters["tenant"]
+    async with _opened_store(target.store) as store:
+        named: dict[str, Run | None] = {}
+        for option in ("root_id", "run_id"):
+            if filters[option] is not None:
+                run = await store.get_run(filters[option])
+                # another tenant's run names nothing, like one that does not exist
+                named[option] = None if run is None or (
+                    tenant is not None and run.tenant != tenant) else run
+        found = [run for run in named.values() if run is not None]
+        names = ([found[0].namespace] if target.namespace is None and found
+                 else await _read_namespaces(store, target))
+        if filters["after"] is not None and len(names) > 1:
+            raise click.BadParameter(
+                f"a ledger row's id counts within one namespace, and this covers "
+                f"{len(names)} ({', '.join(map(repr, names))}): give --namespace/-n NAME.",
+                param_hint="'--after'")
+        pages = []
+        for name in names:
+            app = App(name, store=store, coordination=coordination)
+            async with app.open():
+                pages.append((name, await app.ledger(**filters)))
+                if target.namespace is not None and not pages[-1][1]:
+                    await _check_namespace(store, target, functools.partial(_has_rows, app))
+        if not any(rows for _, rows in pages):
+            for option, run in named.items():
+                if run is None:
+                    whose = "" if tenant is None else f" of tenant {tenant!r}"
+                    raise click.BadParameter(
+                        f"no run{whose} has the id {filters[option]} and no ledger row names "
+                        f"it.", param_hint=f"'--{option.removesuffix('_id')}'")
+        return pages
+
+
+async def _has_rows(app: App) -> bool:
+    """Whether the app's namespace has a ledger row (where the app keeps its ledger)."""
+    return bool(await app.ledger(limit=1))
+
+
+def _print_ledger(console: Console, where: str, rows: list[SpendEntry], limit: int,
+                  page_option: str) -> None:
+    """One namespace's page of the ledger as a table, with its total per currency; when it is
+    full, the option that shows the next page."""
     table = Table(title=f"cost ledger of {escape(where)}", title_justify="left")
     table.add_column("id", justify="right", no_wrap=True)
     table.add_column("when", no_wrap=True)
@@ -1117,7 +1345,7 @@ def ledger(ctx: click.Context, tenant: str | None, root_id: str | None, run_id: 
     console.print(table)
     if len(rows) == limit:
         console.print(f"[dim]A page of {limit} rows (oldest first) is shown and added up; the "
-                      f"next one: --after {rows[-1].id}[/]")
+                      f"next one: {escape(page_option)}--after {rows[-1].id}[/]")
 
 
 # -- migrate ---------------------------------------------------------------------------------
@@ -1155,9 +1383,10 @@ def replay(files: tuple[Path, ...], app_spec: str, as_json: bool) -> None:
     """Run the workflow code of MODULE:APP over each recorded history FILE (written by 'shoal
     export RUN_ID'), with no store and no side effects: each recorded step, sleep, wait,
     approval and child returns its recorded outcome, and the replay stops where the history
-    ends. Reports the first place where the code leaves the recorded path (the checkpoint's
-    seq, its recorded name, the name the code reached); exits 1 when a history does not
-    replay."""
+    ends. A LangGraph graph (run_graph) is checked against the super-steps its run recorded.
+    Reports the first place where the code leaves the recorded path (the checkpoint's seq, its
+    recorded name, the name the code reached, what differs), and what could not be checked;
+    ends with how many histories replayed and failed; exits 1 when one does not replay."""
     app = _load_app(app_spec)
 
     async def check() -> list[tuple[Path, history.ReplayResult | str]]:
@@ -1169,22 +1398,26 @@ def replay(files: tuple[Path, ...], app_spec: str, as_json: bool) -> None:
                 results.append((path, str(e)))
         return results
 
-    failed = False
+    failed = 0
     console = _console()
     for path, result in _run_async(check()):
         if isinstance(result, str):
-            failed = True
+            failed += 1
             if as_json:
                 click.echo(json.dumps({"file": str(path), "ok": False, "error": result}))
             else:
                 console.print(f"[bold red]error[/] {escape(str(path))}: {escape(result)}")
             continue
-        failed = failed or not result.ok
+        failed += not result.ok
         if as_json:
             click.echo(json.dumps({"file": str(path), **result.to_json()}, ensure_ascii=False))
         else:
             mark = "[green]ok[/]" if result.ok else "[bold red]FAILED[/]"
             console.print(f"{mark} {escape(str(path))}: {escape(str(result))}")
+    if not as_json:
+        verdict = f"[bold red]{failed} failed[/]" if failed else "0 failed"
+        console.print(f"{len(files)} histor{'y' if len(files) == 1 else 'ies'}: "
+                      f"{len(files) - failed} ok, {verdict}")
     if failed:
         sys.exit(1)
 
@@ -1225,36 +1458,48 @@ def outbox() -> None:
 @click.pass_context
 def outbox_dead(ctx: click.Context, limit: int, as_json: bool, store_override: str | None,
                 namespace_override: str | None) -> None:
-    """The dead-lettered outbox entries of a namespace (app.dead_letters()), oldest first;
-    make one deliverable again with 'shoal outbox redrive ENTRY_ID'."""
+    """The dead-lettered outbox entries (app.dead_letters()), oldest first, at most --limit:
+    of a namespace, or of every namespace where an instance registered workflows. Make one
+    deliverable again with 'shoal outbox redrive ENTRY_ID'."""
     target = _target(ctx, store_override, namespace_override)
 
-    async def read() -> tuple[str, list[OutboxEntry]]:
+    async def read() -> list[OutboxEntry]:
         async with _opened_store(target.store) as store:
-            namespace = target.namespace or await _only_namespace(store)
-            app = App(namespace, store=store)
-            async with app.open():
-                return namespace, await app.dead_letters(limit)
+            found: list[OutboxEntry] = []
+            for name in await _read_namespaces(store, target):
+                app = App(name, store=store)
+                async with app.open():
+                    found += await app.dead_letters(limit)
+            if not found:
+                await _check_namespace(store, target)
+            found.sort(key=lambda e: (e.created_at, e.id))
+            return found[:limit]
 
-    namespace, found = _run_async(read())
+    found = _run_async(read())
     if as_json:
         for entry in found:
             click.echo(json.dumps(dataclasses.asdict(entry), ensure_ascii=False))
         return
+    where = (f"namespace {target.namespace!r}" if target.namespace is not None
+             else f"any namespace of {mask_url(target.store)}")
     if not found:
-        click.echo(f"No dead-lettered outbox entries in namespace {namespace!r}.")
+        click.echo(f"No dead-lettered outbox entries in {where}.")
         return
-    table = Table(title=f"dead letters of {namespace!r}", title_justify="left")
-    for column in ("entry", "run", "topic", "attempts", "error", "created"):
-        table.add_column(column, overflow="fold")
+    every = target.namespace is None
+    table = Table(title=f"dead letters of {escape(where.replace('any', 'every'))}",
+                  title_justify="left")
+    for column in ("entry", *(("namespace",) if every else ()), "run", "topic", "attempts",
+                   "error", "created"):
+        table.add_column(column, overflow="fold", no_wrap=column in ("entry", "run"))
     for e in found:
-        table.add_row(e.id, e.run_id, escape(e.topic), str(e.attempts),
-                      escape(_first_line(e.error)), _when(e.created_at))
+        table.add_row(e.id, *((escape(e.namespace),) if every else ()), e.run_id,
+                      escape(e.topic), str(e.attempts), escape(_first_line(e.error)),
+                      _when(e.created_at))
     _console().print(table)
 
 
 @outbox.command("redrive")
-@click.argument("entry_id")
+@click.argument("entry_id", type=NAME)
 @click.option("--json", "as_json", is_flag=True, help="The entry as it is now, as JSON.")
 @_target_options
 @click.pass_context
@@ -1280,7 +1525,7 @@ def outbox_redrive(ctx: click.Context, entry_id: str, as_json: bool,
 
 async def _only_namespace(store: Store) -> str:
     """The one namespace whose instances registered workflows in ``store``; else ask for one."""
-    names = sorted({w.namespace for w in await store.list_workflows(None)})
+    names = await _known_namespaces(store)
     if len(names) != 1:
         raise click.ClickException(
             f"Which namespace? Give --namespace/-n NAME (or set SHOAL_NAMESPACE); the store "
@@ -1309,15 +1554,14 @@ def _loopback(host: str) -> bool:
                    "login form for the pages [env SHOAL_WEB_TOKEN].")
 @click.option("--read-only", is_flag=True, help="Show everything, change nothing: every action "
                                                 "is hidden and refused.")
-@click.option("--coordination", envvar="SHOAL_COORDINATION", default=None, metavar="URL",
-              help="The workers' coordination store, where the replicas page reads the "
-                   "membership, locks and meters: the redis:// address of "
-                   "App(coordination=...), or several comma-separated [env "
-                   "SHOAL_COORDINATION]. Default: the run store.")
+@_coordination_option("The workers' coordination store, where the replicas page reads the "
+                      "membership, locks and meters: the redis:// address of "
+                      "App(coordination=...), or several comma-separated [env "
+                      "SHOAL_COORDINATION]. Default: the run store.")
 @_target_options
 @click.pass_context
 def web(ctx: click.Context, host: str, port: int, token: str | None, read_only: bool,
-        coordination: str | None, store_override: str | None,
+        coordination: str | list[str] | None, store_override: str | None,
         namespace_override: str | None) -> None:
     """Serve the console of one namespace (--namespace, else the one namespace whose workers
     registered in the store) at http://HOST:PORT/. It claims no run: any number may run
@@ -1336,15 +1580,9 @@ def web(ctx: click.Context, host: str, port: int, token: str | None, read_only: 
     except ImportError as e:
         raise click.ClickException(f"The console needs the web extra ({e}): "
                                    f"pip install 'shoal[web]'.") from None
-    store = open_store(target.store)
-    exists = getattr(store, "exists", None)
-    if exists is not None and not _run_async(exists()):
-        raise click.ClickException(
-            f"No shoal store at {mask_url(target.store)!r}. Give --store or set SHOAL_STORE "
-            f"(shoal migrate creates a new store).")
+    _run_async(_check_console_target(target))
     console: Any = asgi(target.store, token=token, read_only=read_only,
-                        namespace=target.namespace,
-                        coordination=_coordination_addresses(coordination))
+                        namespace=target.namespace, coordination=coordination)
     if token is None:
         from starlette.middleware.trustedhost import TrustedHostMiddleware
 
@@ -1354,6 +1592,19 @@ def web(ctx: click.Context, host: str, port: int, token: str | None, read_only: 
     click.echo(f"shoal console of {mask_url(target.store)} on http://{host}:{port}/"
                f"{' (read-only)' if read_only else ''}", err=True)
     uvicorn.run(console, host=host, port=port, log_level="warning")
+
+
+async def _check_console_target(target: _Target) -> None:
+    """Before the console serves: the store opens (one line, not a traceback from the web
+    server's startup, when it cannot), the namespace given is one it has, and without one the
+    store does not hold several to choose from."""
+    async with _opened_store(target.store) as store:
+        await _check_namespace(store, target)
+        names = await _known_namespaces(store)
+        if target.namespace is None and len(names) > 1:
+            raise click.UsageError(
+                f"The console shows one namespace, and {mask_url(target.store)} has several "
+                f"({', '.join(map(repr, names))}): give --namespace/-n NAME.")
 
 
 # -- demo ------------------------------------------------------------------------------------

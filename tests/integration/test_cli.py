@@ -258,8 +258,12 @@ def test_a_read_never_creates_a_postgres_schema() -> None:
                                  (schema,)).fetchone()
         assert found is None
         assert shoal_cli("migrate", store=url).exit_code == 0
-        listed = shoal_cli("-n", "shop", "runs", store=url)
+        listed = shoal_cli("runs", store=url)
         assert listed.exit_code == 0, listed.output
+        assert "No runs in any namespace" in listed.stdout
+        # a store that exists, and a namespace it has never seen: a usage error, not "no runs"
+        typo = shoal_cli("-n", "shop", "runs", store=url)
+        assert typo.exit_code == 2 and "no namespace 'shop'" in typo.stderr, typo.output
 
 
 def test_worker_refuses_what_is_not_an_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -502,3 +506,22 @@ def test_demo_interrupted_leaves_no_process_behind(
     assert demo.returncode == 130, (seen + rest).decode()
     assert b"Interrupted" in rest
     assert _wait_gone(pids) == []
+
+
+def test_worker_says_it_serves_only_once_it_reached_its_store(tmp_path: Path) -> None:
+    """A store that cannot be reached fails the worker with one line, and the worker never
+    claimed to serve (it said so before it had connected)."""
+    (tmp_path / "greeter.py").write_text(
+        "import shoal\n"
+        "app = shoal.App.from_env('greet')\n"
+        "@app.workflow\n"
+        "async def hello(ctx, name):\n"
+        "    return name\n"
+    )
+    env = {**os.environ, "SHOAL_STORE": "postgresql://postgres@127.0.0.1:1/x"}
+    worker = subprocess.run([*CLI, "worker", "greeter:app"], cwd=tmp_path, env=env,
+                            capture_output=True, timeout=60)
+    err = worker.stderr.decode()
+    assert worker.returncode == 1, err
+    assert "serving" not in err and "Cannot connect to the PostgreSQL store" in err, err
+    assert len(err.strip().splitlines()) == 1, err

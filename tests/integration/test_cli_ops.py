@@ -90,7 +90,10 @@ def test_workflows_lists_what_instances_registered(url: str) -> None:
     for text in ("greet", "ship", "web-1", "web-2"):
         assert text in table.stdout
     assert "audit" not in table.stdout
-    assert "No workflows" in shoal_cli(url, "-n", "none", "workflows").stdout
+    # a namespace the store has never seen is a usage error naming the ones it has
+    typo = shoal_cli(url, "-n", "none", "workflows")
+    assert typo.exit_code == 2 and typo.stdout == "", typo.output
+    assert "no namespace 'none'" in typo.stderr and "'audit', 'shop'" in typo.stderr
 
 
 def test_dispatch_by_name_prints_the_run_id(url: str) -> None:
@@ -131,7 +134,11 @@ def test_dispatch_allow_unregistered_queues_a_run_for_a_worker_to_come(url: str)
     assert shoal_cli(url, "migrate").exit_code == 0
     assert_fails(shoal_cli(url, "dispatch", "later", "--allow-unregistered"),
                  "--allow-unregistered needs --namespace")
-    assert_fails(shoal_cli(url, "-n", "shop", "dispatch", "later"), "allow_unregistered")
+    # the hint is the flag, not the Python API's allow_unregistered=True
+    unregistered = shoal_cli(url, "-n", "shop", "dispatch", "later")
+    assert_fails(unregistered, "No workflow named 'later' in namespace 'shop'",
+                 "--allow-unregistered")
+    assert "allow_unregistered" not in unregistered.stderr
     run_id = shoal_cli(url, "-n", "shop", "dispatch", "later", "7",
                        "--allow-unregistered").stdout.strip()
     [run] = [json.loads(line) for line in shoal_cli(url, "runs", "--json").stdout.splitlines()]

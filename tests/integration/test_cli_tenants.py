@@ -244,8 +244,9 @@ def test_ledger_json_lists_rows_oldest_first_filtered_by_tenant_and_root(books: 
     assert [(r["tenant"], r["amount"], r["currency"]) for r in rows] == [
         ("acme", 0.1, "usd"), ("globex", 3.0, "eur"), ("acme", 1.25, "usd"),
         ("acme", 0.5, "eur"), ("acme", 0.2, "usd")]
-    assert set(rows[0]) == {"tenant", "run_id", "root_id", "amount", "currency", "at", "id",
-                            "provider", "tokens"}
+    assert set(rows[0]) == {"namespace", "tenant", "run_id", "root_id", "amount", "currency",
+                            "at", "id", "provider", "tokens"}
+    assert {r["namespace"] for r in rows} == {"billing"}
     assert [r["id"] for r in rows] == sorted({r["id"] for r in rows})
     assert rows[0]["run_id"] is None and rows[0]["root_id"] is None
     assert rows[2]["run_id"] == rows[2]["root_id"] == books.root
@@ -263,8 +264,11 @@ def test_ledger_json_lists_rows_oldest_first_filtered_by_tenant_and_root(books: 
     # without a namespace the root run names it; its tenant's filter still applies
     assert ledger_rows(books.url, "--root", books.root) == tree
     assert ledger_rows(books.url, "--root", books.root, "--tenant", "acme") == tree
-    assert ledger_rows(books.url, "-n", "billing", "--root", books.root,
-                       "--tenant", "globex") == []
+    # another tenant's root is refused like one no run has (a usage error), not an empty page
+    foreign = shoal_cli(books.url, "-n", "billing", "ledger", "--root", books.root,
+                        "--tenant", "globex")
+    assert foreign.exit_code == 2 and foreign.stdout == ""
+    assert "no run of tenant 'globex' has the id" in foreign.stderr
 
     assert [r["amount"] for r in ledger_rows(books.url, "-n", "billing", "--limit", "2")] == [
         0.1, 3.0]
@@ -317,13 +321,26 @@ def test_ledger_table_has_every_row_and_a_total_per_currency(books: Books) -> No
     assert "No spending recorded" in empty.stdout
 
 
-def test_ledger_needs_a_namespace_and_a_store_that_exists(books: Books, tmp_path: Path) -> None:
-    for args in ([], ["--tenant", "acme"], ["--root", UNKNOWN_RUN],
-                 # another tenant's root names no namespace, like an unknown one
+def test_ledger_without_a_namespace_and_bad_options(books: Books, tmp_path: Path) -> None:
+    # without a namespace: every one where an instance registered workflows (billing here)
+    assert [r["amount"] for r in ledger_rows(books.url)] == [0.1, 3.0, 1.25, 0.5, 0.2]
+    assert [r["amount"] for r in ledger_rows(books.url, "--tenant", "acme")] == [
+        0.1, 1.25, 0.5, 0.2]
+    # "other" only spent, outside any run: named, it is a namespace the store has
+    assert [(r["namespace"], r["amount"]) for r in ledger_rows(books.url, "-n", "other")] == [
+        ("other", 99)]
+    missing_run = "01a236f7-0000-7000-8000-000000000000"   # a run id no run has
+    for args in (["--root", missing_run], ["--run", missing_run],
+                 # another tenant's root reads exactly like an unknown one
                  ["--root", books.root, "--tenant", "globex"]):
         result = shoal_cli(books.url, "ledger", *args)
-        assert result.exit_code == 1, (args, result.output)
-        assert "Which namespace?" in result.stderr and len(result.stderr.splitlines()) == 1
+        assert result.exit_code == 2 and result.stdout == "", (args, result.output)
+        assert f"Invalid value for '{args[0]}': no run" in result.stderr, result.stderr
+    typo = shoal_cli(books.url, "-n", "biling", "ledger")
+    assert typo.exit_code == 2 and typo.stdout == ""
+    assert "no namespace 'biling'" in typo.stderr and "'billing'" in typo.stderr
+    not_an_id = shoal_cli(books.url, "ledger", "--root", "nope")
+    assert not_an_id.exit_code == 2 and "'nope' is not a run id" in not_an_id.stderr
 
     missing = shoal_cli(f"sqlite:///{tmp_path / 'nope.db'}", "-n", "billing", "ledger")
     assert missing.exit_code == 1 and "does not exist" in missing.stderr
@@ -333,5 +350,8 @@ def test_ledger_needs_a_namespace_and_a_store_that_exists(books: Books, tmp_path
     assert bad_after.exit_code == 2
     bad_coordination = shoal_cli(books.url, "-n", "billing", "ledger",
                                  "--coordination", "http://nowhere")
-    assert bad_coordination.exit_code == 1
+    assert bad_coordination.exit_code == 2
+    assert "Invalid value for '--coordination'" in bad_coordination.stderr
     assert "redis://" in bad_coordination.stderr and "Traceback" not in bad_coordination.output
+    # the hint names the option and the variable, not App(coordination=None)
+    assert "coordination=" not in bad_coordination.stderr

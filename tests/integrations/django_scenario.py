@@ -61,12 +61,21 @@ with override_settings(SHOAL={"NAMESPACE": "other"}):
     assert shoal_django.client() is not before
     assert shoal_django.client().namespace == "other"
     assert shoal_django.settings().store == shoal_django.store_url()
-for bad in ({"NAMESPACES": "x"}, {"OPTIONS": {"lease": 3}}, {"DATABASE": "nope"},
-            {"NAMESPACE": ""}, []):
+for bad, says in (({"NAMESPACES": "x"}, "NAMESPACES"), ({"OPTIONS": {"lease": 3}}, "'lease'"),
+                  ({"DATABASE": "nope"}, "nope"), ({"NAMESPACE": ""}, "NAMESPACE"), ([], "dict"),
+                  ({"STORE": "mysql://x"}, "Unknown store URL 'mysql://x'")):
     with override_settings(SHOAL=bad):
         try:
             shoal_django.settings()
             raise AssertionError(f"{bad!r} was taken")
         except ImproperlyConfigured as e:
-            assert "SHOAL" in str(e), e
+            assert "SHOAL" in str(e) and says in str(e), e
+# every option of the Client (docs/clients.md); make_app() takes those an App takes
+every = {"max_queued": 100, "admission": "park", "version": "v2", "max_payload_bytes": 1 << 20,
+         "migrate": False, "clock": shoal.SystemClock(), "tracing": True, "close_timeout": 5.0}
+with override_settings(SHOAL={"NAMESPACE": "shop", "OPTIONS": every}):
+    assert shoal_django.settings().options == every
+    assert shoal_django.client().close_timeout == 5.0
+    worker = shoal_django.make_app()
+    assert worker.tracing is not None and worker.max_queued == 100 and worker.version == "v2"
 print("scenario ok")

@@ -18,7 +18,10 @@ from types import ModuleType
 import pytest
 from fastapi.testclient import TestClient
 
+import shoal
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fastapi_app"
+SRC = Path(shoal.__file__).resolve().parents[1]   # the processes run the shoal under test
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"   # the trace of the request that places an order
 TRACEPARENT = {"traceparent": f"00-{TRACE}-00f067aa0ba902b7-01"}
 pytestmark = pytest.mark.timeout(120)
@@ -66,11 +69,30 @@ def test_web_process_that_also_works(tmp_path: Path, monkeypatch: pytest.MonkeyP
         assert web.get("/shoal/").status_code == 200
 
 
+def test_the_examples_run_with_shoal_fastapi_alone(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """pip install 'shoal[fastapi]' brings neither OpenTelemetry nor its FastAPI
+    instrumentation: both shapes run without them, untraced (docs/fastapi.md)."""
+    for name in [m for m in sys.modules if m.split(".")[0] == "opentelemetry"] + [
+            "opentelemetry", "opentelemetry.instrumentation.fastapi"]:
+        monkeypatch.setitem(sys.modules, name, None)   # not installed: importing it fails
+    submit = fresh("submit_only", f"sqlite:///{tmp_path / 'submit.db'}", monkeypatch)
+    assert submit.client.app.tracing is None
+    module = fresh("web_and_worker", f"sqlite:///{tmp_path / 'shop.db'}", monkeypatch)
+    assert module.app.tracing is None
+    with TestClient(module.api) as web:
+        placed = web.post("/orders/7", headers=TRACEPARENT)
+        assert placed.status_code == 201, placed.text
+        run_id = placed.json()["run"]
+        assert finished(web, run_id)["output"] == {"order": 7, "parcel": "parcel-7"}
+        assert traced(module.app, run_id) == ""
+
+
 @pytest.fixture
 def worker(tmp_path: Path) -> Iterator[str]:
     store = f"sqlite:///{tmp_path / 'shop.db'}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SHOAL_", "SHOP_"))}
-    env.update(SHOP_STORE=store, PYTHONPATH=str(EXAMPLE))
+    env.update(SHOP_STORE=store, PYTHONPATH=os.pathsep.join([str(EXAMPLE), str(SRC)]))
     proc = subprocess.Popen([sys.executable, "-m", "shoal.cli", "worker", "workflows:app"],
                             cwd=EXAMPLE, env=env, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)

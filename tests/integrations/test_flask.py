@@ -21,6 +21,7 @@ import shoal
 from shoal.integrations.flask import Shoal
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "flask_app"
+SRC = Path(shoal.__file__).resolve().parents[1]   # the processes run the shoal under test
 sys.path.insert(0, str(EXAMPLE))
 from shop import create_app, shoal_ext  # noqa: E402
 
@@ -38,7 +39,8 @@ def shop(tmp_path: Path) -> Iterator[Flask]:
 @pytest.fixture
 def worker(shop: Flask) -> Iterator[subprocess.Popen[str]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SHOAL_", "SHOP_"))}
-    env.update(SHOP_DATABASE=shop.config["DATABASE"], PYTHONPATH=str(EXAMPLE))
+    env.update(SHOP_DATABASE=shop.config["DATABASE"],
+               PYTHONPATH=os.pathsep.join([str(EXAMPLE), str(SRC)]))
     # the store first, as a deploy would: the view's first dispatch then needs no write lock
     # of its own inside its transaction
     assert shop.test_cli_runner().invoke(args=["shoal", "migrate"]).exit_code == 0
@@ -112,3 +114,55 @@ def test_configuration_is_checked() -> None:
     with app.app_context():
         assert ext.client.namespace == "n"
         ext.client.close()
+
+
+def test_a_misspelt_option_is_named(tmp_path: Path) -> None:
+    app = Flask("typo")
+    app.config.update(SHOAL_STORE="memory://", SHOAL_OPTIONS={"max_queue": 5})
+    with pytest.raises(shoal.ConfigurationError,
+                       match=r"SHOAL_OPTIONS'\] has unknown option 'max_queue'; shoal.Client "
+                             r"takes max_queued, admission, .*tracing"):
+        Shoal(app)
+    with pytest.raises(shoal.ConfigurationError, match=r"Shoal\(...\) has unknown option 'lease'"):
+        Shoal(store="memory://", lease=3)
+    app = Flask("every")   # every option of the Client (docs/clients.md)
+    app.config.update(SHOAL_STORE="memory://", SHOAL_OPTIONS={
+        "max_queued": 10, "admission": "park", "version": "v1", "max_payload_bytes": 1 << 20,
+        "migrate": False, "clock": shoal.SystemClock(), "tracing": True, "close_timeout": 3.0})
+    ext = Shoal(app)
+    with app.app_context():
+        assert ext.client.close_timeout == 3.0
+        ext.client.close()
+
+
+UNREACHABLE_APP = '''
+import shoal
+from flask import Flask
+from shoal.integrations.flask import Shoal
+
+STORE = "postgresql://postgres@127.0.0.1:1/test?connect_timeout=5"
+worker = shoal.App("shop", store=STORE)
+
+
+def create_app() -> Flask:
+    app = Flask(__name__)
+    app.config.update(SHOAL_STORE=STORE, SHOAL_WORKER_APP="unreachable:worker")
+    Shoal(app)
+    return app
+'''
+
+
+@pytest.mark.parametrize("command", ["worker", "migrate"])
+def test_commands_say_in_one_line_that_the_store_is_unreachable(tmp_path: Path,
+                                                                 command: str) -> None:
+    (tmp_path / "unreachable.py").write_text(UNREACHABLE_APP)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SHOAL_", "SHOP_"))}
+    env.update(PYTHONPATH=os.pathsep.join([str(tmp_path), str(SRC)]))
+    done = subprocess.run([sys.executable, "-m", "flask", "--app", "unreachable", "shoal",
+                           command], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: Cannot connect to the PostgreSQL "
+                                                   "store"), done.stderr
+    assert "serving" not in done.stdout + done.stderr   # it never served

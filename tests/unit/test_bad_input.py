@@ -187,6 +187,53 @@ def test_workflow_refuses_options_that_cannot_work(options: dict[str, Any], matc
     assert app._registry.workflows == {}
 
 
+async def tick(ctx: shoal.RunContext) -> None:
+    return None
+
+
+async def three(ctx: shoal.RunContext, input: Any, more: int) -> None:
+    return None
+
+
+async def keyword_only(ctx: shoal.RunContext, *, input: Any) -> None:
+    return None
+
+
+@pytest.mark.parametrize("fn, shown", [
+    (tick, r"'async def tick\(ctx\)'"),
+    (three, r"'async def three\(ctx, input, more\)'"),
+    (keyword_only, r"'async def keyword_only\(ctx, \*, input\)'"),
+])
+def test_a_workflow_function_that_cannot_take_ctx_and_input_is_refused(
+    fn: Callable[..., Any], shown: str
+) -> None:
+    """Every attempt calls ``fn(ctx, input)``: a function that cannot take that is refused when
+    it is registered (as a cron's too), not failed at every attempt."""
+    app = shoal.App("bad", store="memory://")
+    match = (rf"Workflow '{fn.__name__}' is {shown}, but a workflow function is called with "
+             rf"two arguments, the run's context and its input: define it as "
+             rf"'async def {fn.__name__}\(ctx, input\)'")
+    with pytest.raises(shoal.ConfigurationError, match=match):
+        app.workflow(fn)
+    with pytest.raises(shoal.ConfigurationError, match=match):
+        app.cron("* * * * *")(fn)
+    assert app._registry.workflows == {} and app._registry.crons == {}
+
+
+async def test_a_workflow_function_taking_ctx_and_input_in_any_form_is_accepted() -> None:
+    app = shoal.App("ok", store="memory://")
+
+    @app.workflow
+    async def defaulted(ctx: shoal.RunContext, input: Any = None, *, flag: bool = False) -> None:
+        return None
+
+    @app.workflow
+    async def star(*args: Any) -> None:
+        return None
+
+    assert set(app._registry.workflows) == {"defaulted", "star"}
+
+
 # -- app.dispatch(...) ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("options, error, match", [

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import selectors
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 
+import shoal
 from shoal import SystemClock
 from shoal.testing import VirtualClock, settle
 
@@ -94,7 +98,7 @@ async def test_advance_waits_for_a_plain_function_step_and_never_hangs() -> None
         assert await app.result(run.id, timeout=0) == 3
     # the first step ran before any time passed, the second after the sleep
     assert [at - started for _, at in seen] == [0.0, 60.0]
-    assert all(name.startswith("shoal-virtual") for name, _ in seen)
+    assert all(name.startswith("shoal-step") for name, _ in seen)   # shoal's daemon threads
 
 
 async def test_a_thread_that_waits_on_the_test_delays_advance_by_max_thread_wait_only() -> None:
@@ -116,3 +120,125 @@ async def test_a_thread_that_waits_on_the_test_delays_advance_by_max_thread_wait
     release.set()
     assert await work is True
     await task
+
+
+# -- what advance costs: event-loop turns, counted by the loop's selector (one select a turn) --
+
+class CountingSelector(selectors.DefaultSelector):
+    """The selector of a loop of its own: every turn of the event loop calls ``select`` once."""
+
+    turns = 0
+
+    def select(self, timeout: float | None = None) -> list[Any]:
+        self.turns += 1
+        return super().select(timeout)
+
+
+def run_counting(main: Callable[[CountingSelector], Awaitable[None]]) -> None:
+    selector = CountingSelector()
+    loop = asyncio.SelectorEventLoop(selector)
+    try:
+        loop.run_until_complete(main(selector))
+    finally:
+        loop.close()
+
+
+def test_a_day_without_due_work_costs_a_few_turns() -> None:
+    """Nothing due before the one sleep at the end of the day: advance goes straight there."""
+    async def main(selector: CountingSelector) -> None:
+        clock = VirtualClock(start=0.0)
+        woke: list[float] = []
+
+        async def sleeper() -> None:
+            await clock.sleep(86400)
+            woke.append(clock.now())
+
+        task = asyncio.create_task(sleeper())
+        await settle()
+        before = selector.turns
+        await clock.advance(86400)
+        assert woke == [86400.0]
+        assert selector.turns - before <= 10      # it was 150: three settles of 50 turns
+        await task
+
+    run_counting(main)
+
+
+def test_each_wake_up_of_a_poll_costs_about_one_turn() -> None:
+    """Polls every 5 and 10 s for a day: each wakes at its time, in order, and the loop runs
+    only as long as something is ready (it ran 50 turns after every wake-up)."""
+    async def main(selector: CountingSelector) -> None:
+        clock = VirtualClock(start=0.0)
+        ticks: dict[float, list[float]] = {5.0: [], 10.0: []}
+
+        async def poller(interval: float) -> None:
+            while True:
+                await clock.sleep(interval)
+                ticks[interval].append(clock.now())
+
+        tasks = [asyncio.create_task(poller(i)) for i in (5.0, 10.0, 10.0)]
+        await settle()
+        before = selector.turns
+        await clock.advance(86400)
+        wake_ups = len(ticks[5.0]) + len(ticks[10.0])
+        assert ticks[5.0] == [5.0 * k for k in range(1, 17281)]
+        assert ticks[10.0] == sorted(2 * [10.0 * k for k in range(1, 8641)])
+        assert selector.turns - before <= 2 * wake_ups + 10
+        for task in tasks:
+            task.cancel()
+
+    run_counting(main)
+
+
+def test_an_idle_app_settles_only_while_its_loops_run() -> None:
+    """An idle app's hour: every poll and membership beat still wakes at its time (about 4,300
+    wake-ups an hour), and each costs the turns its own work takes, not 50 more."""
+    async def main(selector: CountingSelector) -> None:
+        clock = VirtualClock()
+        app = shoal.App("idle-day", store="memory://", clock=clock)
+        passes: list[float] = []
+
+        @app.workflow
+        async def noop(ctx: shoal.RunContext, input: None) -> None:
+            return input
+
+        real_sleep = clock.sleep
+
+        async def counted(seconds: float) -> None:
+            passes.append(seconds)
+            await real_sleep(seconds)
+
+        clock.sleep = counted  # type: ignore[method-assign]
+        async with app:
+            await clock.advance(1)
+            before, passes[:] = selector.turns, []
+            await clock.advance(3600)
+            turns = selector.turns - before
+        print(f"{len(passes)} wake-ups, {turns} turns")
+        assert len(passes) > 3600 // 5        # the loops go on polling
+        assert turns < 5 * len(passes)        # 50 turns a wake-up before
+
+    run_counting(main)
+
+
+async def test_a_run_of_many_steps_finishes_within_one_advance() -> None:
+    """'A run dispatched before advance(1) has run as far as it can': however many turns that
+    takes (the settles of 50 turns stopped a long run part of the way)."""
+    clock = VirtualClock()
+    app = shoal.App("long-run", store="memory://", clock=clock)
+
+    async def one(i: int) -> int:
+        await asyncio.sleep(0)          # a step that yields to the loop (a client, a lock)
+        return i
+
+    @app.workflow
+    async def many(ctx: shoal.RunContext, n: int) -> int:
+        total = 0
+        for i in range(n):
+            total += await ctx.step(f"s{i}", one, i)
+        return total
+
+    async with app:
+        run = await app.dispatch(many, 200)
+        await clock.advance(1)
+        assert await app.result(run, timeout=0) == sum(range(200))

@@ -315,3 +315,161 @@ async def test_replaying_a_finished_graph_run_reads_no_store_and_passes() -> Non
     register(again)
     result = await replay(again, history)
     assert result.ok and result.outcome == "ended", result
+
+
+def changed_graph(change: str) -> Any:
+    """``review_graph``'s shape (draft -> review, which asks -> publish) as a deploy may change
+    it: ``same``, ``removed`` (no review), ``renamed`` (review is ``check``), ``moved`` (review
+    goes to ``audit``), ``added`` (publish goes on to ``audit``), ``conditional`` (review goes
+    where a function says, declared as ``publish`` or ``audit``)."""
+    def node(name: str, ask: bool = False) -> Any:
+        def run(state: State) -> dict[str, list[str]]:
+            answer = interrupt({"draft": state["log"][-1]}) if ask else None
+            return {"log": [f"{name}:{answer['approved']}" if ask else name]}
+        return run
+
+    review = "check" if change == "renamed" else "review"
+    builder = StateGraph(State)
+    builder.add_node("draft", node("draft"))
+    if change != "removed":
+        builder.add_node(review, node(review, ask=True))
+    builder.add_node("publish", node("publish"))
+    builder.add_node("audit", node("audit"))
+    builder.add_edge(START, "draft")
+    builder.add_edge("draft", "publish" if change == "removed" else review)
+    if change == "conditional":
+        builder.add_conditional_edges(review, lambda s: "a", {"p": "publish", "a": "audit"})
+    elif change != "removed":
+        builder.add_edge(review, "audit" if change == "moved" else "publish")
+    builder.add_edge("publish", "audit" if change == "added" else END)
+    builder.add_edge("audit", END)
+    return builder.compile()
+
+
+def graph_app(graph: Any, clock: VirtualClock | None = None) -> shoal.App:
+    app = shoal.App("graphs", store="memory://", clock=clock or VirtualClock())
+
+    @app.workflow(name="post")
+    async def post(ctx: shoal.RunContext, topic: str) -> list[str]:
+        return list((await run_graph(ctx, graph, {"log": [topic]}))["log"])
+
+    return app
+
+
+async def recorded_graph_run(until: str) -> dict[str, Any]:
+    """A run of ``changed_graph("same")`` to ``until`` ("waiting": at the review, "done"),
+    exported: its steps are langgraph, shoal.approval:review, langgraph."""
+    from shoal.app.history import export
+    clock = VirtualClock()
+    app = graph_app(changed_graph("same"), clock)
+    async with app:
+        run = await app.dispatch("post", "t")
+        await until_waiting(app, run.id)
+        if until == "done":
+            [pause] = await app.pending_pauses()
+            await app.resume(pause.id, approved=True, by="ana")
+            assert await app.result(run.id) == ["t", "draft", "review:True", "publish"]
+        return await export(app, run.id)
+
+
+async def until_waiting(app: shoal.App, run_id: str) -> None:
+    await until(status_is(app, run_id, "waiting"))
+
+
+@pytest.mark.parametrize(("change", "detail"), [
+    ("removed", "super-step 1: node 'draft' went on to 'review', which the current graph does "
+                "not have (its nodes: 'audit', 'draft', 'publish')"),
+    ("renamed", "super-step 1: node 'draft' went on to 'review', which the current graph does "
+                "not have (its nodes: 'audit', 'check', 'draft', 'publish')"),
+    ("moved", "super-step 2: node 'review' went on to 'publish', but the current graph has no "
+              "edge from 'review' there (it goes to 'audit')"),
+    ("added", "super-step 3: node 'publish' went on to nothing, but the current graph has an "
+              "edge from 'publish' to 'audit', which the recorded run did not take"),
+])
+async def test_a_replay_checks_the_graph_against_its_recorded_super_steps(
+        change: str, detail: str) -> None:
+    """``shoal replay`` of a finished graph run (3 checkpoints: langgraph, the approval,
+    langgraph) against a graph changed since: the recorded segments return without running the
+    graph, so the graph's own recorded super-steps are what show the change, as a mismatch at
+    the first segment."""
+    from shoal.testing import replay
+    history = await recorded_graph_run("done")
+    assert [s["name"] for s in history["steps"]] == [
+        "langgraph", "shoal.approval:review", "langgraph"]
+
+    result = await replay(graph_app(changed_graph(change)), history)
+    assert not result.ok and result.outcome == "mismatch", result
+    assert result.mismatch is not None
+    assert (result.mismatch.seq, result.mismatch.recorded, result.mismatch.new) == (
+        1, "langgraph", "langgraph")
+    assert result.mismatch.detail is not None and detail in result.mismatch.detail, result
+    assert "nondeterministic at #1 ('langgraph'): the graph changed: " + detail in str(result)
+    assert detail in result.to_json()["mismatch"]["detail"]
+
+    same = await replay(graph_app(changed_graph("same")), history)
+    assert (same.ok, same.outcome, same.replayed, same.unchecked) == (True, "ended", 3, ())
+
+
+async def test_a_run_waiting_in_a_renamed_node_does_not_replay() -> None:
+    """A run waiting at the review's interrupt would resume in a node the new graph does not
+    have: the interrupted task is in the record's pending writes."""
+    from shoal.testing import replay
+    history = await recorded_graph_run("waiting")
+    assert [s["name"] for s in history["steps"]] == ["langgraph", "shoal.approval:review"]
+    assert (await replay(graph_app(changed_graph("same")), history)).ok
+    result = await replay(graph_app(changed_graph("renamed")), history)
+    assert not result.ok and result.mismatch is not None and result.mismatch.detail
+    assert "'review'" in result.mismatch.detail
+
+
+async def test_a_conditional_edge_is_checked_by_its_declared_destinations() -> None:
+    """Its function is not called (it may call a model): the destination it took must still
+    be one it declares."""
+    from shoal.testing import replay
+    history = await recorded_graph_run("done")
+    result = await replay(graph_app(changed_graph("conditional")), history)
+    assert result.ok, result      # review -> publish is still declared
+
+
+async def test_a_history_without_the_graph_says_the_graph_is_not_checked() -> None:
+    """A history exported before the graph's checkpoints were: the replay cannot check the
+    graph, and says so rather than passing it."""
+    from shoal.testing import replay
+    history = await recorded_graph_run("done")
+    del history["graph"]
+    result = await replay(graph_app(changed_graph("removed")), history)
+    assert result.ok and len(result.unchecked) == 1
+    assert "NOT CHECKED: the LangGraph graph's changes: the history holds none of its " \
+           "checkpoints" in str(result)
+
+
+async def test_sends_joins_and_conditional_loops_replay_on_the_same_graph() -> None:
+    """No false alarm: a graph with a loop through a conditional edge, a fan-out of ``Send``
+    and a join replays ok on itself; its join moved elsewhere does not."""
+    from langgraph.types import Send
+
+    from shoal.app.history import export
+    from shoal.testing import replay
+
+    def graph(join_from: str) -> Any:
+        b = StateGraph(State)
+        for name in ("split", "work", "x", "y", "join"):
+            b.add_node(name, lambda s, name=name: {"log": [name]})
+        b.add_edge(START, "split")
+        b.add_conditional_edges("split", lambda s: [Send("work", {"log": [str(i)]})
+                                                    for i in range(3)])
+        b.add_conditional_edges("work", lambda s: "x", {"x": "x", "again": "split"})
+        b.add_edge("split", "y")
+        b.add_edge([join_from, "y"], "join")
+        b.add_edge("join", END)
+        return b.compile()
+
+    app = graph_app(graph("x"))
+    async with app:
+        run = await app.dispatch("post", "t")
+        assert (await app.result(run.id))[-1] == "join"
+        history = await export(app, run.id)
+    assert (await replay(graph_app(graph("x")), history)).ok
+    moved = await replay(graph_app(graph("work")), history)
+    assert not moved.ok and moved.mismatch is not None and moved.mismatch.detail
+    assert "join:x+y:join" in moved.mismatch.detail, moved

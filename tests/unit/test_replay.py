@@ -116,7 +116,7 @@ async def test_a_changed_path_is_reported_at_its_first_checkpoint() -> None:
     assert "nondeterministic at #2: recorded 'shoal.sleep', the code reached 'fraud_check'" \
         in str(result)
     assert result.to_json()["mismatch"] == {"seq": 2, "recorded": "shoal.sleep",
-                                            "new": "fraud_check"}
+                                            "new": "fraud_check", "detail": None}
 
 
 async def test_code_that_returns_before_the_history_ends_is_a_mismatch() -> None:
@@ -212,3 +212,14 @@ async def test_a_replay_drops_progress_reports_and_writes_nothing(
         result = await replay(again, history)
     assert result.ok and result.outcome == "returned"
     assert not [r for r in caplog.records if "progress" in str(getattr(r, "event", ""))]
+
+
+async def test_a_history_with_a_broken_graph_record_is_refused() -> None:
+    """The ``graph`` list (LangGraph checkpoints, in base64) is read with the history: a broken
+    one is a HistoryFormatError naming it, not a replay that passes."""
+    history = await recorded_history("sleeping")
+    assert history["graph"] == []                   # a run without a graph
+    with pytest.raises(HistoryFormatError, match="is a list of LangGraph checkpoints"):
+        History.from_json({**history, "graph": "x"})
+    with pytest.raises(HistoryFormatError, match="LangGraph checkpoint 0 of the history"):
+        History.from_json({**history, "graph": [{"checkpoint_id": "1", "checkpoint": "%%"}]})

@@ -28,6 +28,10 @@ if database.startswith(("postgresql:", "postgres:")):
         "NAME": url.path.lstrip("/"), "USER": unquote(url.username or ""),
         "PASSWORD": unquote(url.password or ""), "HOST": url.hostname or "",
         "PORT": url.port or "",
+        # kept connections (SHOP_CONN_MAX_AGE seconds; 0: one per request or step), checked
+        # before their first use in a request or a step: one the server dropped is replaced
+        "CONN_MAX_AGE": int(os.environ.get("SHOP_CONN_MAX_AGE", "0")),
+        "CONN_HEALTH_CHECKS": True,
         "OPTIONS": ({"options": f"-c search_path={os.environ['SHOP_SCHEMA']}"}
                     if os.environ.get("SHOP_SCHEMA") else {}),
     }}

@@ -119,6 +119,28 @@ WorkflowFunction = Callable[[RunContext, Any], Awaitable[Any]]
 KeyFn = Callable[[Any], "str | None"]
 
 
+def _check_workflow_signature(fn: Callable[..., Any], name: str) -> None:
+    """Refuse a workflow function that cannot be called as ``fn(ctx, input)``, as every
+    attempt calls it: refused here, it does not fail every attempt of every run."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):   # no signature to read (a builtin): the call will tell
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        fn_name = getattr(fn, "__name__", "fn")
+        empty = inspect.Parameter.empty
+        bare = signature.replace(   # its parameters as written, without their annotations
+            parameters=[p.replace(annotation=empty) for p in signature.parameters.values()],
+            return_annotation=empty)
+        raise ConfigurationError(
+            f"Workflow {name!r} is 'async def {fn_name}{bare}', but a workflow function is "
+            f"called with two arguments, the run's context and its input: define it as "
+            f"'async def {fn_name}(ctx, input)' (a workflow dispatched without an input gets "
+            f"None: annotate it 'input: None').") from None
+
+
 class Workflow(Generic[In, Out]):
     """A registered workflow: ``@app.workflow`` on ``async def fn(ctx, input: In) -> Out`` makes
     a ``Workflow[In, Out]``. Pass it (or its name) to ``app.dispatch``: a type checker then
@@ -342,10 +364,14 @@ class App:
             wf_name = f.__name__ if name is None else name
             check_workflow_options(wf_name, max_attempts, priority, concurrency_key, backoff,
                                     max_backoff, on_incompatible)
+            _check_workflow_signature(f, wf_name)
             if wf_name in self._registry.workflows:
                 raise ConfigurationError(f"A workflow named {wf_name!r} is already registered.")
             spec = WorkflowSpec(wf_name, f, max_attempts, priority, concurrency_key, backoff,
                                 max_backoff, on_incompatible)
+            unresolved = spec.types.unresolved(wf_name)
+            if unresolved is not None:
+                raise ConfigurationError(unresolved[0].upper() + unresolved[1:])
             self._registry.workflows[wf_name] = spec
             return Workflow(spec)
 
@@ -635,8 +661,11 @@ class App:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def run_forever(self, *, timeout: float = 25.0) -> None:
-        """Start, serve until SIGTERM or SIGINT, then ``close(timeout)``. Blocks."""
+    def run_forever(self, *, timeout: float = 25.0,
+                    on_started: Callable[[], object] | None = None) -> None:
+        """Start, serve until SIGTERM or SIGINT, then ``close(timeout)``. Blocks.
+        ``on_started()`` is called once the app has started (the store reached and migrated,
+        its workflows recorded), so that a command says it serves only when it does."""
 
         async def serve() -> None:
             stop = asyncio.Event()
@@ -644,6 +673,8 @@ class App:
             for sig in (signals.SIGTERM, signals.SIGINT):
                 loop.add_signal_handler(sig, stop.set)
             await self.start()
+            if on_started is not None:
+                on_started()
             try:
                 await stop.wait()
             finally:
@@ -1179,7 +1210,7 @@ class App:
                 if codec is not None:
                     value = codec.dump(value, f"the input of workflow {name!r}")
                 elif values.typed_instance(value) is not None:
-                    value = values.plain(value)
+                    value = values.plain(value, f"the input of workflow {name!r}")
                 value, n, text = _json.checked_text(value, "input", self.max_payload_bytes)
                 if own:
                     check_dispatch_options(
@@ -1267,7 +1298,9 @@ class App:
         codec = self._input_codec(name, workflow)
         if codec is not None:
             return codec.dump(input, f"the input of workflow {name!r}")
-        return values.plain(input) if values.typed_instance(input) is not None else input
+        if values.typed_instance(input) is None:
+            return input
+        return values.plain(input, f"the input of workflow {name!r}")
 
     def _typed_output(self, run: Run[Any]) -> Any:
         types = self._types(run.workflow)

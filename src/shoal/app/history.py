@@ -15,14 +15,21 @@ from shoal.app.core import App
 from shoal.engine.replay import History, HistoryFormatError, ReplayResult
 from shoal.engine.replay import replay as replay_history
 from shoal.errors import UnknownWorkflowError
+from shoal.ports import GraphCheckpoints
 
 
 async def export(app: App, run_id: str, *, tenant: str | None = None) -> dict[str, Any]:
-    """Run ``run_id``'s recorded history (its row and its checkpoints in order) as the JSON
-    object ``shoal export`` writes. Raises ``UnknownRunError``."""
+    """Run ``run_id``'s recorded history (its row, its checkpoints in order, and the LangGraph
+    checkpoints of its thread, oldest first) as the JSON object ``shoal export`` writes. Raises
+    ``UnknownRunError``."""
     run = await app.get_run(run_id, tenant=tenant)
     steps = await app.store.load_steps(run_id)
-    return History(run, tuple(steps), app.clock.now()).to_json()
+    graph = None
+    if isinstance(app.store, GraphCheckpoints):   # run_graph's thread is the run
+        found = await app.store.list_graph_checkpoints(run.namespace, run.tenant,
+                                                       thread_id=run_id)
+        graph = tuple(sorted(found, key=lambda c: (c.checkpoint_ns, c.checkpoint_id)))
+    return History(run, tuple(steps), app.clock.now(), graph).to_json()
 
 
 def read(history: History | Mapping[str, Any] | str | os.PathLike[str]) -> History:

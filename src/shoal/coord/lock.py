@@ -21,6 +21,7 @@ import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
+from shoal import _threads, _usercode
 from shoal._tasks import first_of
 from shoal.abort import AbortSignal
 from shoal.clock import Clock
@@ -216,9 +217,9 @@ class LockManager:
         lock = await self.acquire(keys)
         try:
             if inspect.iscoroutinefunction(fn):
-                return await fn(lock.signal)
+                return await _usercode.awaited(fn(lock.signal))
             # a plain function runs in a thread: blocking the loop would stop the renewals
-            thread = asyncio.ensure_future(asyncio.to_thread(fn, lock.signal))
+            thread = _threads.run(_usercode.wrap(fn), lock.signal)
             try:
                 result = await asyncio.shield(thread)
             except asyncio.CancelledError:

@@ -27,7 +27,7 @@ from typing import (
     overload,
 )
 
-from shoal import _checks, _json
+from shoal import _checks, _json, _threads, _usercode
 from shoal._checks import CALL
 from shoal._ids import new_id
 from shoal.abort import AbortSignal
@@ -42,7 +42,7 @@ from shoal.errors import (
     WorkflowCodeError,
 )
 from shoal.ports import Checkpoints, Pauses, Trees
-from shoal.types import Fence, OutboxEntry, Pause, Progress, Run, Step
+from shoal.types import Fence, GraphCheckpoint, OutboxEntry, Pause, Progress, Run, Step
 
 if TYPE_CHECKING:
     from shoal.clock import Clock
@@ -59,6 +59,10 @@ Result = TypeVar("Result", covariant=True)
 # the longest a run's end waits for its progress to be written (real seconds): renewals skip a
 # run that is finishing, so a store slow to write progress must not hold its settlement
 FLUSH_LIMIT = 1.0
+# Seconds a plain-function step's thread still gets to return once its instance's stop
+# interrupted the run (its ctx.signal aborted): the result it returns by then is checkpointed.
+# close(timeout) takes at most that much longer than its timeout for it.
+STOP_GRACE = 1.0
 TRACEBACK_LIMIT = 64 * 1024   # characters of a failed attempt's traceback kept: its last ones
 # taken only to make an execution's ProgressWriter, which step threads may race to do
 _NEW_WRITER = threading.Lock()
@@ -196,18 +200,22 @@ class ChildRun(Generic[Result]):
 class ReplayStop(BaseException):
     """Raised in a replay of a recorded history (:mod:`shoal.engine.replay`) where it stops:
     the code reached a position the history has not finished (``ended``), or one recorded
-    under another name (``recorded`` and ``new`` differ). A BaseException, so a workflow's
-    ``except Exception`` does not swallow it."""
+    under another name (``recorded`` and ``new`` differ), or one whose recorded content the
+    code would not produce (``detail`` says how: a LangGraph graph that changed). A
+    BaseException, so a workflow's ``except Exception`` does not swallow it."""
 
-    def __init__(self, seq: int, recorded: str | None, new: str) -> None:
-        super().__init__(f"#{seq}: recorded {recorded!r}, reached {new!r}")
+    def __init__(self, seq: int, recorded: str | None, new: str,
+                 detail: str | None = None) -> None:
+        super().__init__(f"#{seq}: recorded {recorded!r}, reached {new!r}"
+                         + (f": {detail}" if detail else ""))
         self.seq = seq
         self.recorded = recorded
         self.new = new
+        self.detail = detail
 
     @property
     def ended(self) -> bool:
-        return self.recorded is None or self.recorded == self.new
+        return self.detail is None and (self.recorded is None or self.recorded == self.new)
 
 
 class StoreWriteFailed(BaseException):
@@ -217,6 +225,33 @@ class StoreWriteFailed(BaseException):
     def __init__(self, error: Exception) -> None:
         super().__init__(str(error))
         self.error = error
+
+
+class _EndedWhileStopping(BaseException):
+    """A plain-function step's thread returned ``result`` within :data:`STOP_GRACE` of the
+    stop that interrupted its run: the step checkpoints it, then the run stops there. A
+    BaseException, so neither ``retries=`` nor the workflow's ``except Exception`` take it."""
+
+    def __init__(self, result: Any) -> None:
+        super().__init__("a step's thread ended while its instance stopped")
+        self.result = result
+        self.retried = 0
+
+
+def _thread_left(run_id: str, step: str | None, stopping: bool) -> None:
+    """Log that a step's thread outlived its run's abort, and what becomes of the run."""
+    if stopping:
+        what = (f"the instance stopped while step {step!r} of run {run_id} still runs in a "
+                f"thread, {STOP_GRACE:g} s after its ctx.signal was aborted: the run is not "
+                f"released but left to its lease, so that no other instance runs the step beside "
+                f"the thread; another instance takes it over once the lease ends, as after a "
+                f"crash (an attempt), and the thread ends with the process. Have the step return "
+                f"when ctx.signal is aborted, or stop with a longer timeout")
+    else:
+        what = (f"run {run_id} was cancelled while step {step!r} still runs in a thread: the "
+                f"run ends cancelled, and the thread runs on until it returns")
+    log.warning("step.thread_running: %s", what,
+                extra={"event": "step.thread_running", "run_id": run_id, "step": step})
 
 
 class _StepCall:
@@ -275,6 +310,10 @@ class Execution:
 
     # a replay of a recorded history: no store call, stop where the history does
     replay_only: bool = False
+    # a replay's recorded LangGraph checkpoints of the run (None: the history has none, as
+    # one exported by an older shoal), and what the replay could not check, said in its result
+    recorded_graph: tuple[GraphCheckpoint, ...] | None = None
+    unchecked: list[str] = field(default_factory=list)
 
     async def begin_finishing(self, clock: Clock) -> None:
         """The next write may end the claim (settle, suspend, release): set ``finishing``, then
@@ -615,8 +654,12 @@ class RunContext:
         began = self._host.clock.now()
         telemetry = self._host.telemetry
         told = telemetry.step_started(self._x.run, name, seq)
+        stopping = False
         try:
-            result, retried = await self._call(fn, args, kwargs, retries, sent_here)
+            try:
+                result, retried = await self._call(fn, args, kwargs, retries, sent_here)
+            except _EndedWhileStopping as e:
+                result, retried, stopping = e.result, e.retried, True
         except BaseException as e:
             telemetry.step_ended(told, self._x.run, name, e, retries)
             raise
@@ -649,29 +692,40 @@ class RunContext:
             host.outbox_written()
         self._x.held_until = max(self._x.held_until, sent + host.lease)
         self._x.steps[seq] = step
+        if stopping:   # checkpointed; the workflow goes no further here: the run is released
+            raise asyncio.CancelledError("the instance is stopping")
         return values.load(codec, result, what)   # as a replay will give it
 
     async def _in_thread(self, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
-        """Run a plain function in a thread. A thread cannot be stopped: when the run is
-        cancelled or its instance stops meanwhile, wait for it (up to half a lease, the lease
-        still renewed) before the run ends or is released. A cancelled run then ends anyway
-        (nobody runs it again); an interrupted one is not released but left to its lease, so
-        another instance runs the step again only a lease later, not beside the thread."""
-        work = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
-        self._x.threads.add(work)
-        work.add_done_callback(self._x.threads.discard)
+        """Run a plain function in a daemon thread (:mod:`shoal._threads`). A thread cannot be
+        stopped, so an abort meanwhile only sets ``ctx.signal``, and then:
+
+        - the run is cancelled: wait for the thread (up to half a lease, the lease still
+          renewed), then the run ends cancelled (nobody runs it again);
+        - its instance stops (the drain is over): wait :data:`STOP_GRACE` seconds more. A result
+          the function returns by then is the step's, checkpointed before the run is released
+          (:class:`_EndedWhileStopping`). A thread still running after that is left behind:
+          its run is not released but left to its lease, so no other instance runs the step
+          beside it, and the stop goes on (the thread, a daemon, ends with the process)."""
+        work = _threads.run(_usercode.wrap(fn), *args, **kwargs)
+        x = self._x
+        x.threads.add(work)
+        work.add_done_callback(x.threads.discard)
         try:
             return await asyncio.shield(work)
         except asyncio.CancelledError:
-            if not work.done() and self._x.abort in ("interrupt", "cancel"):
-                await asyncio.wait({work}, timeout=self._host.lease / 2)
-                if not work.done():
-                    self._x.thread_running = self._x.abort == "interrupt"
-                    what = ("left to its lease" if self._x.thread_running
-                            else "ended (cancelled)")
-                    log.warning("step.thread_running: run %s was %s while its step %r still "
-                                "runs in a thread", self.run_id, what, self.step_key,
-                                extra={"event": "step.thread_running", "run_id": self.run_id})
+            if x.abort not in ("interrupt", "cancel"):
+                raise
+            stopping = x.abort == "interrupt"
+            lease = self._host.lease
+            if not work.done():
+                await asyncio.wait({work}, timeout=min(STOP_GRACE, lease / 2) if stopping
+                                   else lease / 2)
+            if not work.done():
+                x.thread_running = stopping
+                _thread_left(self.run_id, _current_step.get(), stopping)
+            elif stopping and not work.cancelled() and work.exception() is None:
+                raise _EndedWhileStopping(work.result()) from None
             raise
 
     async def _call(self, fn: Callable[..., Any], args: Any, kwargs: Any, retries: int,
@@ -683,8 +737,14 @@ class RunContext:
             sent.clear()   # a try that raised sent nothing: only the last try's entries count
             try:
                 if inspect.iscoroutinefunction(fn):
-                    return await fn(*args, **kwargs), tries
-                result = await self._in_thread(fn, args, kwargs)
+                    return await _usercode.awaited(fn(*args, **kwargs)), tries
+                try:
+                    result = await self._in_thread(fn, args, kwargs)
+                except _EndedWhileStopping as e:
+                    if inspect.isawaitable(e.result):   # a coroutine it made: never run
+                        raise asyncio.CancelledError("the instance is stopping") from None
+                    e.retried = tries
+                    raise
                 if inspect.isawaitable(result):
                     result = await result
                 return result, tries

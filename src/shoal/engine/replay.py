@@ -13,10 +13,19 @@ The history format, version 1 (a JSON object)::
 
 ``steps`` are the run's checkpoints in ``seq`` order: steps (their JSON results), and sleeps,
 signal waits, approvals, child starts and child results under their ``shoal.*`` names.
+
+``graph`` (optional: absent from histories exported by shoal before it) holds the run's
+LangGraph checkpoints (``run_graph``'s thread is the run), oldest first, each as the store keeps
+it: ``{"checkpoint_ns", "checkpoint_id", "parent_id", "type", "checkpoint" (base64),
+"metadata", "run_id", "created_at", "writes": [{"task_id", "idx", "channel", "type", "value"
+(base64), "task_path"}, ...]}``. ``run_graph`` checks them against the current graph in a
+replay.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -27,7 +36,7 @@ from shoal.clock import SystemClock
 from shoal.engine.context import Execution, ReplayStop, RunContext, RunHost
 from shoal.engine.runner import WorkflowSpec, typed_input, typed_output
 from shoal.telemetry import NOTHING
-from shoal.types import Fence, Run, RunStatus, Step
+from shoal.types import Fence, GraphCheckpoint, GraphWrite, Run, RunStatus, Step
 
 FORMAT = "shoal.history"
 VERSION = 1
@@ -43,17 +52,22 @@ class HistoryFormatError(ValueError):
 
 @dataclass(frozen=True)
 class History:
-    """A run's recorded history: the run's row and its checkpoints in ``seq`` order."""
+    """A run's recorded history: the run's row and its checkpoints in ``seq`` order, and its
+    LangGraph checkpoints, oldest first (None: not recorded in the history)."""
 
     run: Run
     steps: tuple[Step, ...]
     exported_at: float | None = None
+    graph: tuple[GraphCheckpoint, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
         run = {name: getattr(self.run, name) for name in _RUN_FIELDS}
         run["status"] = str(self.run.status)
-        return {"format": FORMAT, "version": VERSION, "exported_at": self.exported_at,
+        data = {"format": FORMAT, "version": VERSION, "exported_at": self.exported_at,
                 "run": run, "steps": [asdict(s) for s in self.steps]}
+        if self.graph is not None:
+            data["graph"] = [_graph_json(c) for c in self.graph]
+        return data
 
     @classmethod
     def from_json(cls, data: object) -> History:
@@ -78,7 +92,11 @@ class History:
         except ValueError:
             raise HistoryFormatError(f"the history's run has an unknown status "
                                      f"{run.get('status')!r}") from None
-        return cls(_run(run, status), tuple(_steps(steps)), _number(data.get("exported_at")))
+        graph = data.get("graph")
+        if graph is not None and not isinstance(graph, list):
+            raise HistoryFormatError("a history's \"graph\" is a list of LangGraph checkpoints")
+        return cls(_run(run, status), tuple(_steps(steps)), _number(data.get("exported_at")),
+                   None if graph is None else tuple(_graph(run["id"], graph)))
 
 
 def _number(value: object) -> float | None:
@@ -116,14 +134,59 @@ def _steps(rows: list[Any]) -> list[Step]:
     return sorted(steps, key=lambda s: s.seq)
 
 
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _graph_json(c: GraphCheckpoint) -> dict[str, Any]:
+    return {"checkpoint_ns": c.checkpoint_ns, "checkpoint_id": c.checkpoint_id,
+            "parent_id": c.parent_id, "type": c.type, "checkpoint": _b64(c.checkpoint),
+            "metadata": c.metadata, "run_id": c.run_id, "created_at": c.created_at,
+            "writes": [{"task_id": w.task_id, "idx": w.idx, "channel": w.channel,
+                        "type": w.type, "value": _b64(w.value), "task_path": w.task_path}
+                       for w in c.writes]}
+
+
+def _graph(thread_id: str, rows: list[Any]) -> list[GraphCheckpoint]:
+    """The LangGraph checkpoints of a history's ``graph`` list, as the store keeps them."""
+    found = []
+    for i, row in enumerate(rows):
+        try:
+            writes = tuple(
+                GraphWrite(str(w["task_id"]), int(w["idx"]), str(w["channel"]), str(w["type"]),
+                           base64.b64decode(w["value"], validate=True), str(w["task_path"]))
+                for w in row.get("writes") or ())
+            metadata = row.get("metadata") or {}
+            if not isinstance(metadata, dict):
+                raise TypeError("metadata")
+            found.append(GraphCheckpoint(
+                thread_id=thread_id, checkpoint_ns=str(row["checkpoint_ns"]),
+                checkpoint_id=str(row["checkpoint_id"]),
+                parent_id=None if row.get("parent_id") is None else str(row["parent_id"]),
+                type=str(row["type"]),
+                checkpoint=base64.b64decode(row["checkpoint"], validate=True),
+                metadata=metadata,
+                run_id=None if row.get("run_id") is None else str(row["run_id"]),
+                created_at=_number(row.get("created_at")) or 0.0, writes=writes))
+        except (KeyError, TypeError, ValueError, AttributeError, binascii.Error):
+            raise HistoryFormatError(
+                f"LangGraph checkpoint {i} of the history's \"graph\" is not one `shoal "
+                f"export` writes (checkpoint_ns, checkpoint_id, type, checkpoint in base64, "
+                f"writes)") from None
+    return found
+
+
 @dataclass(frozen=True)
 class Mismatch:
     """Where the code left the recorded path: at checkpoint ``seq``, recorded as ``recorded``
-    (None: the history has no more), the code reached ``new`` (None: it returned)."""
+    (None: the history has no more), the code reached ``new`` (None: it returned). ``detail``
+    says what differs when the names are the same: a LangGraph graph whose recorded
+    super-steps the current graph would not take."""
 
     seq: int
     recorded: str | None
     new: str | None
+    detail: str | None = None
 
 
 @dataclass(frozen=True)
@@ -133,7 +196,8 @@ class ReplayResult:
     returned where the history ends), ``"raised"`` (it raised ``error``), ``"mismatch"`` (it
     left the recorded path: ``mismatch`` says where). ``ok`` is False for a mismatch, and for
     an exception unless the recorded run failed too. ``replayed``: the recorded checkpoints
-    the code went through, of ``steps``."""
+    the code went through, of ``steps``. ``unchecked``: what the replay could not check (a
+    LangGraph graph whose super-steps the history does not hold), each said in a sentence."""
 
     run_id: str
     workflow: str
@@ -143,17 +207,26 @@ class ReplayResult:
     steps: int
     mismatch: Mismatch | None = None
     error: str | None = None
+    unchecked: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "workflow": self.workflow, "ok": self.ok,
                 "outcome": self.outcome, "replayed": self.replayed, "steps": self.steps,
                 "mismatch": None if self.mismatch is None else asdict(self.mismatch),
-                "error": self.error}
+                "error": self.error, "unchecked": list(self.unchecked)}
 
     def __str__(self) -> str:
+        text = self._verdict()
+        for note in self.unchecked:
+            text += f"; NOT CHECKED: {note}"
+        return text
+
+    def _verdict(self) -> str:
         head = f"run {self.run_id} ({self.workflow}): "
         if self.mismatch is not None:
             m = self.mismatch
+            if m.detail is not None:
+                return head + f"nondeterministic at #{m.seq} ({m.recorded!r}): {m.detail}"
             if m.new is None:
                 return (head + f"nondeterministic: the workflow returned after "
                         f"{self.replayed} checkpoints, but the history records #{m.seq} as "
@@ -213,7 +286,7 @@ async def replay(spec: WorkflowSpec, history: History,
     run = history.run
     recorded = {s.seq: s for s in history.steps}
     x = Execution(run=run, fence=Fence(run.id, "replay", run.lease_epoch), steps=recorded,
-                  held_until=math.inf, replay_only=True)
+                  held_until=math.inf, replay_only=True, recorded_graph=history.graph)
     host = _ReplayHost(workflows if workflows is not None else {spec.name: spec},
                        max_payload_bytes)
     ctx = RunContext(cast(RunHost, host), x)
@@ -223,7 +296,7 @@ async def replay(spec: WorkflowSpec, history: History,
                error: str | None = None, replayed: int | None = None) -> ReplayResult:
         return ReplayResult(run.id, run.workflow, outcome, ok,
                             x.seq if replayed is None else replayed, len(recorded), mismatch,
-                            error)
+                            error, tuple(x.unchecked))
 
     try:
         output = await spec.fn(ctx, typed_input(spec, run))
@@ -235,7 +308,8 @@ async def replay(spec: WorkflowSpec, history: History,
     except ReplayStop as stop:
         if stop.ended:
             return result("ended", True, replayed=stop.seq - 1)
-        return result("mismatch", False, Mismatch(stop.seq, stop.recorded, stop.new),
+        return result("mismatch", False,
+                      Mismatch(stop.seq, stop.recorded, stop.new, stop.detail),
                       replayed=stop.seq - 1)
     except Exception as e:
         return result("raised", run.status == RunStatus.FAILED,

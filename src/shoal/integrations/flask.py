@@ -14,31 +14,37 @@
 
 Configuration: ``SHOAL_STORE`` (the store URL, required), ``SHOAL_NAMESPACE`` (default
 ``"default"``), ``SHOAL_OPTIONS`` (the Client's options: ``max_queued``, ``admission``,
-``version``, ``max_payload_bytes``, ``migrate``) and ``SHOAL_WORKER_APP`` (``module:attribute``
+``version``, ``max_payload_bytes``, ``migrate``, ``clock``, ``tracing``, ``close_timeout``; an
+unknown one is a ConfigurationError naming it) and ``SHOAL_WORKER_APP`` (``module:attribute``
 of the worker's :class:`shoal.App`, or of a function returning one, called in the app context).
 The values given to ``Shoal(...)`` are the defaults. ``flask shoal worker`` serves the worker App
-until SIGTERM or Ctrl-C; ``flask shoal migrate`` creates or upgrades the store.
+until SIGTERM or Ctrl-C; ``flask shoal migrate`` creates or upgrades the store; an error of
+shoal's own ends either with one line, as ``shoal worker`` does.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 from flask import Flask, current_app
 from flask.cli import AppGroup
 
-from shoal.app import App, Client
+from shoal.app import Client
 from shoal.app.collector import tune_from_env
 from shoal.errors import ConfigurationError
+from shoal.integrations._commands import migrate as migrate_store
+from shoal.integrations._commands import one_line, serve
 from shoal.integrations._loading import load_app
+from shoal.integrations._options import client_options
 from shoal.stores import mask_url
 
 __all__ = ["Shoal"]
+T = TypeVar("T")
 
 
 @dataclass
@@ -57,7 +63,7 @@ class Shoal:
         self.store = store
         self.namespace = namespace
         self.worker = worker
-        self.options = options
+        self.options = client_options(options, "Shoal(...)")
         if app is not None:
             self.init_app(app)
 
@@ -69,7 +75,9 @@ class Shoal:
             raise ConfigurationError(
                 f"Flask app {app.name!r}: set app.config['SHOAL_STORE'] to the store URL "
                 f"(e.g. 'sqlite:///shop.db'), or give Shoal(store=...).")
-        options = {**self.options, **config.get("SHOAL_OPTIONS", {})}
+        options = {**self.options, **client_options(
+            config.get("SHOAL_OPTIONS", {}), f"Flask app {app.name!r}: "
+                                              f"app.config['SHOAL_OPTIONS']")}
         client = Client(store, namespace=config.get("SHOAL_NAMESPACE",
                                                     self.namespace or "default"), **options)
         app.extensions["shoal"] = _State(client, config.get("SHOAL_WORKER_APP", self.worker))
@@ -89,6 +97,18 @@ def _state(app: Flask) -> _State:
     return state
 
 
+def _one_line(fn: Callable[[], T]) -> T:
+    """``fn()``; an error of shoal's own ends the command with one line (``Error: …``), as
+    ``shoal worker`` does, instead of a traceback."""
+    try:
+        return fn()
+    except Exception as e:
+        line = one_line(e)
+        if line is None:
+            raise
+        raise click.ClickException(line) from None
+
+
 def _commands() -> AppGroup:
     group = AppGroup("shoal", help="shoal's worker and store commands.")
 
@@ -104,10 +124,8 @@ def _commands() -> AppGroup:
         if not spec:
             raise click.UsageError("Name the App to serve: app.config['SHOAL_WORKER_APP'] = "
                                    "'shop.workflows:app', or flask shoal worker MODULE:APP.")
-        try:
-            served = load_app(spec, "MODULE:APP" if app_spec else "SHOAL_WORKER_APP")
-        except ConfigurationError as e:
-            raise click.ClickException(str(e)) from None
+        served = _one_line(lambda: load_app(spec, "MODULE:APP" if app_spec
+                                            else "SHOAL_WORKER_APP"))
         if concurrency is not None:
             served.max_concurrent_runs = concurrency
         if not logging.getLogger().handlers:
@@ -117,22 +135,19 @@ def _commands() -> AppGroup:
             tuned = tune_from_env()
         except ValueError as e:
             raise click.ClickException(str(e)) from None
-        click.echo(f"flask shoal worker: serving {served!r}, max_concurrent_runs="
-                   f"{served.max_concurrent_runs}, gc={'tuned' if tuned else 'default'}; "
-                   f"SIGTERM or Ctrl-C stops it gracefully.", err=True)
-        served.run_forever(timeout=shutdown_timeout)
+
+        def announce() -> None:   # once connected: an unreachable store is one error line
+            click.echo(f"flask shoal worker: serving {served!r}, max_concurrent_runs="
+                       f"{served.max_concurrent_runs}, gc={'tuned' if tuned else 'default'}; "
+                       f"SIGTERM or Ctrl-C stops it gracefully.", err=True)
+
+        _one_line(lambda: serve(served, shutdown_timeout, announce))
 
     @group.command("migrate")
     def migrate() -> None:
         """Create or upgrade the store of SHOAL_STORE; print its schema version."""
         client = _state(current_app).client
-
-        async def go() -> int:
-            app = App(client.namespace, store=client.store_url)
-            async with app.open():   # opening migrates
-                return await app.store.migrate()
-
-        version = asyncio.run(go())
+        version = _one_line(lambda: migrate_store(client.namespace, client.store_url))
         click.echo(f"{mask_url(client.store_url)} is at schema version {version}.")
 
     return group

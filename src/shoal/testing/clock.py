@@ -9,8 +9,11 @@ import heapq
 import itertools
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
+
+from shoal import _threads
 
 log = logging.getLogger("shoal")
 
@@ -18,28 +21,45 @@ log = logging.getLogger("shoal")
 class _CountingExecutor(concurrent.futures.ThreadPoolExecutor):
     """The event loop's default executor while a VirtualClock drives it: it keeps the work
     still running in its threads (``asyncio.to_thread``: plain-function steps, sync handlers),
-    so that ``advance()`` can wait for it before it moves time."""
+    so that ``advance()`` can wait for it before it moves time.
 
-    def __init__(self) -> None:
+    A piece of work counts as running until the loop has its result: the thread hands the
+    result over (asyncio's callback queues it on the loop), then queues its own end behind it.
+    So once nothing runs here, every result is in the loop's ready queue, and a settle that
+    runs the loop until that queue is empty delivers it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(thread_name_prefix="shoal-virtual")
         self.running: set[concurrent.futures.Future[Any]] = set()
         self._guard = threading.Lock()
+        self._loop = loop
 
     def submit(self, fn: Callable[..., Any], /, *args: Any,
                **kwargs: Any) -> concurrent.futures.Future[Any]:
-        work = super().submit(fn, *args, **kwargs)
+        work: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def call() -> None:
+            if work.set_running_or_notify_cancel():
+                try:
+                    result = fn(*args, **kwargs)
+                except BaseException as e:
+                    work.set_exception(e)
+                else:
+                    work.set_result(result)
+            _threads.ended_on(self._loop, self._discard, work)
+
         with self._guard:
             self.running.add(work)
-        work.add_done_callback(self._ended)
+        super().submit(call)
         return work
 
-    def _ended(self, work: concurrent.futures.Future[Any]) -> None:
+    def _discard(self, work: concurrent.futures.Future[Any]) -> None:
         with self._guard:
             self.running.discard(work)
 
     def busy(self) -> list[concurrent.futures.Future[Any]]:
         with self._guard:
-            return [w for w in self.running if not w.done()]
+            return [w for w in self.running if not w.cancelled()]
 
 
 class VirtualClock:
@@ -105,8 +125,9 @@ class VirtualClock:
         if loop is None or loop is self._loop:
             return
         self._loop = loop
-        self._executor = _CountingExecutor()
+        self._executor = _CountingExecutor(loop)
         loop.set_default_executor(self._executor)
+        _executors[loop] = self._executor
 
     async def _quiet(self) -> None:
         """Settle the loop; while thread work started from it still runs, wait for it (at most
@@ -115,8 +136,7 @@ class VirtualClock:
         deadline = loop.time() + self.max_thread_wait
         while True:
             await settle()
-            busy = [w for w in (self._executor.busy() if self._executor is not None else [])
-                    if w not in self._given_up]
+            busy = [w for w in self._busy() if w not in self._given_up]
             self._given_up = {w for w in self._given_up if not w.done()}
             if not busy:
                 return
@@ -132,11 +152,60 @@ class VirtualClock:
             await asyncio.wait([asyncio.wrap_future(w) for w in busy], timeout=left,
                                return_when=asyncio.FIRST_COMPLETED)
 
+    def _busy(self) -> list[concurrent.futures.Future[Any]]:
+        """The thread work started from the clock's loop that still runs: in the default
+        executor, and in shoal's own threads (plain-function steps, handlers)."""
+        return [] if self._loop is None else _threads_busy(self._loop)
 
-async def settle(rounds: int = 50) -> None:
-    """Let every task that can make progress without waiting on time do so."""
-    for _ in range(rounds):
+
+# the default executor a VirtualClock gave each loop (see VirtualClock._attach)
+_executors: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _CountingExecutor] = (
+    weakref.WeakKeyDictionary())
+
+
+def _threads_busy(loop: asyncio.AbstractEventLoop) -> list[concurrent.futures.Future[Any]]:
+    """The thread work started from ``loop`` whose result the loop does not have yet."""
+    executor = _executors.get(loop)
+    return _threads.pool().busy(loop) + (executor.busy() if executor is not None else [])
+
+
+MAX_TURNS = 100_000   # a loop never quiet after this many turns has a task that never waits
+THREAD_TURNS = 50     # turns a settle gives a thread still running to hand its result back
+
+
+async def settle(rounds: int | None = None) -> None:
+    """Let every task that can make progress without waiting on time do so: run the event
+    loop until nothing is ready to run (every task waits for time, I/O, a thread or an event),
+    and return. That takes as many turns as the work needs (one when a task wakes and goes back
+    to sleep, more for a run of many steps) and no more; while a thread started from the loop
+    (a plain-function step) still runs, at least ``THREAD_TURNS``, as every settle took before.
+    A task that never waits (``while True: await asyncio.sleep(0)``) is cut off after
+    ``MAX_TURNS`` turns and logged (``clock.busy``). With ``rounds``, exactly that many turns
+    instead. (``VirtualClock.advance`` waits for the threads themselves.)"""
+    if rounds is not None:
+        for _ in range(rounds):
+            await asyncio.sleep(0)
+        return
+    loop = asyncio.get_running_loop()
+    ready = getattr(loop, "_ready", None)
+    scheduled = getattr(loop, "_scheduled", None)
+    if ready is None or scheduled is None:
+        # a loop without asyncio's queues (uvloop): the fixed settle this one replaced
+        for _ in range(50):
+            await asyncio.sleep(0)
+        return
+    for turn in range(1, MAX_TURNS + 1):
         await asyncio.sleep(0)
+        # our own turn is over: anything still queued (or a timer already due, which the
+        # next turn moves to the queue) can run without waiting
+        if ready or (scheduled and scheduled[0].when() <= loop.time()):
+            continue
+        if turn < THREAD_TURNS and _threads_busy(loop):
+            continue
+        return
+    log.warning("clock.busy: the event loop was still busy after %d turns (a task that never "
+                "waits?); settle returns without it", MAX_TURNS,
+                extra={"event": "clock.busy"})
 
 
 __all__ = ["VirtualClock", "settle"]

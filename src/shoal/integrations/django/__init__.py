@@ -9,8 +9,10 @@ Add ``"shoal.integrations.django"`` to ``INSTALLED_APPS`` and describe the store
         # "DATABASE": "default",              # whose transactions dispatch() joins
         # "SCHEMA": "shoal",                  # the store's schema there (PostgreSQL)
         # "JOIN_ATOMIC": True,                # dispatch() inside atomic() joins it
-        # "OPTIONS": {"max_queued": 10_000},  # for the Client and make_app(): max_queued,
-        #                                     # admission, version, max_payload_bytes, migrate
+        # "OPTIONS": {"max_queued": 10_000},  # the Client's options (docs/clients.md):
+        #                                     # max_queued, admission, version,
+        #                                     # max_payload_bytes, migrate, clock, tracing,
+        #                                     # close_timeout; make_app() takes the App's
     }
 
 Without ``STORE`` the store lives in Django's own database (``DATABASES[DATABASE]``: its SQLite
@@ -22,10 +24,17 @@ run exists if and only if the transaction commits, and workers see it at the com
 afresh in each forked gunicorn or uwsgi worker). :func:`make_app` builds the worker's
 :class:`shoal.App` on the same store and namespace. ``manage.py shoal_worker`` serves it,
 ``manage.py shoal_migrate`` creates or upgrades the store.
+
+The settings are checked at the first :func:`settings` call and by Django's system checks
+(``manage.py check``, ``runserver``, ``migrate``, ``shoal_worker``…): a wrong key, option or
+store URL is an ``ImproperlyConfigured`` naming it. Every step and outbox or pause handler a
+shoal App runs in a Django process gets a request's connection hygiene: Django's
+``close_old_connections`` before and after it, in the thread its code runs in.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 from collections.abc import Iterable
@@ -33,18 +42,23 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from asgiref.sync import sync_to_async
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
 from shoal.app import App, Client, Workflow
+from shoal.errors import ConfigurationError
+from shoal.integrations._options import client_options
+from shoal.stores import open_store
 from shoal.types import Run
 
 __all__ = ["Settings", "client", "connection", "dispatch", "dispatch_many", "make_app",
            "settings"]
 
 _KEYS = {"STORE", "NAMESPACE", "APP", "DATABASE", "SCHEMA", "JOIN_ATOMIC", "OPTIONS"}
-_OPTIONS = {"max_queued", "admission", "version", "max_payload_bytes", "migrate"}
+# the App's own parameters that OPTIONS may carry to make_app() (not close_timeout, a Client's)
+_APP_OPTIONS = frozenset(inspect.signature(App).parameters)
 
 
 @dataclass(frozen=True)
@@ -59,9 +73,22 @@ class Settings:
     options: dict[str, Any] = field(default_factory=dict)
 
 
+_settings: Settings | None = None
+
+
 def settings() -> Settings:
-    """``settings.SHOAL`` (a dict; every key optional), checked: ImproperlyConfigured names
-    what is wrong."""
+    """``settings.SHOAL`` (a dict; every key optional), checked, the store URL included (a
+    scheme shoal has no store for is refused here, not at the first dispatch):
+    ImproperlyConfigured names what is wrong. Read once; a change of the setting (a test's
+    ``override_settings``) is read again."""
+    global _settings
+    found = _settings
+    if found is None:
+        found = _settings = _read_settings()
+    return found
+
+
+def _read_settings() -> Settings:
     given = getattr(django_settings, "SHOAL", {})
     if not isinstance(given, dict):
         raise ImproperlyConfigured(f"settings.SHOAL must be a dict, not {type(given).__name__}.")
@@ -69,10 +96,10 @@ def settings() -> Settings:
     if unknown:
         raise ImproperlyConfigured(f"settings.SHOAL has unknown keys {sorted(unknown)}; it "
                                    f"takes {sorted(_KEYS)}.")
-    options = given.get("OPTIONS", {})
-    if not isinstance(options, dict) or set(options) - _OPTIONS:
-        raise ImproperlyConfigured(f"settings.SHOAL['OPTIONS'] is a dict of "
-                                   f"{sorted(_OPTIONS)}, not {options!r:.120}.")
+    try:
+        options = client_options(given.get("OPTIONS", {}), "settings.SHOAL['OPTIONS']")
+    except ConfigurationError as e:
+        raise ImproperlyConfigured(str(e)) from None
     database = given.get("DATABASE", "default")
     if database not in django_settings.DATABASES:
         raise ImproperlyConfigured(f"settings.SHOAL['DATABASE'] is {database!r}, which is not "
@@ -84,6 +111,11 @@ def settings() -> Settings:
         if not isinstance(value, str) or not value:
             raise ImproperlyConfigured(f"settings.SHOAL[{key!r}] must be a non-empty str, not "
                                        f"{value!r:.80}.")
+    try:
+        open_store(store)   # builds it only: what a URL names is known without connecting
+    except ConfigurationError as e:
+        where = "settings.SHOAL['STORE']" if given.get("STORE") else "The store"
+        raise ImproperlyConfigured(f"{where}: {e}") from None
     if app is not None and (not isinstance(app, str) or not app):
         raise ImproperlyConfigured(f"settings.SHOAL['APP'] is 'module:attribute' of your "
                                    f"shoal.App, not {app!r:.80}.")
@@ -137,20 +169,34 @@ def client() -> Client:
 
 
 def _reset() -> None:
-    """Forget the client (its settings changed); it is closed."""
-    global _client
+    """Forget the settings and the client (the settings changed); it is closed."""
+    global _client, _settings
     with _lock:
-        old, _client = _client, None
+        old, _client, _settings = _client, None, None
     if old is not None:
         old.close()
 
 
 def make_app(**kwargs: Any) -> App:
     """A :class:`shoal.App` on the store and namespace of ``settings.SHOAL`` (and its
-    ``OPTIONS``), for the module that registers the workflows; ``kwargs`` are App options
-    (``max_concurrent_runs``, ``lease``…)."""
+    ``OPTIONS``, those an App takes), for the module that registers the workflows; ``kwargs``
+    are App options (``max_concurrent_runs``, ``lease``…)."""
     s = settings()
-    return App(s.namespace, store=s.store, **{**s.options, **kwargs})
+    options = {k: v for k, v in s.options.items() if k in _APP_OPTIONS}
+    return App(s.namespace, store=s.store, **{**options, **kwargs})
+
+
+def _close_old_connections() -> None:
+    """What Django does before and after each request (``django.db.close_old_connections``),
+    done by shoal before and after each step and each outbox or pause handler in a Django
+    process, in the thread that runs it: this thread's connections that had an unrecoverable
+    error, or outlived ``CONN_MAX_AGE``, are closed, and the next query connects afresh (with
+    ``CONN_HEALTH_CHECKS``, a kept one is checked before its next use). A connection inside
+    ``atomic()`` is left alone: its transaction belongs to whoever opened it (a ``TestCase``'s
+    thread, whose ORM calls an async step's ``sync_to_async`` runs)."""
+    for conn in connections.all(initialized_only=True):
+        if not conn.in_atomic_block:
+            conn.close_if_unusable_or_obsolete()
 
 
 def connection(using: str | None = None) -> object:
@@ -183,3 +229,7 @@ def dispatch_many(workflow: str | Workflow[Any, Any], inputs: Iterable[Any], *,
                   using: str | None = None, **options: Any) -> list[Run]:
     """``client().dispatch_many(...)``, joining the transaction as :func:`dispatch` does."""
     return client().dispatch_many(workflow, inputs, connection=_joined(using), **options)
+
+
+# awaited around an async step: it runs where the step's sync_to_async(...) ORM calls run
+_close_old_connections_async = sync_to_async(_close_old_connections)

@@ -24,6 +24,7 @@ from langgraph.types import Command
 
 from shoal import _json
 from shoal.engine.context import ReplayStop, RunContext
+from shoal.integrations.langgraph._recorded import graph_changes
 from shoal.integrations.langgraph.saver import ShoalCheckpointer
 
 STEP = "langgraph"   # the name of each segment's step
@@ -65,6 +66,8 @@ async def run_graph(ctx: RunContext, graph: Any, input: Any, config: RunnableCon
     if not hasattr(graph, "aget_state") or not hasattr(graph, "copy"):
         raise TypeError(f"run_graph(ctx, graph, ...): graph is a compiled LangGraph graph "
                         f"(builder.compile()), not {graph!r}.")
+    if ctx._x.replay_only:
+        _check_recorded_graph(ctx, graph)
     runnable = graph.copy(update={"checkpointer": _checkpointer(ctx)})
     cfg = _config(ctx, config)
     decisions: dict[str, Any] = {}
@@ -80,6 +83,25 @@ async def run_graph(ctx: RunContext, graph: Any, input: Any, config: RunnableCon
             decision = await ctx.approval(interrupt["node"], interrupt["value"],
                                           expires_in=expires_in)
             decisions[interrupt["id"]] = dataclasses.asdict(decision)
+
+
+def _check_recorded_graph(ctx: RunContext, graph: Any) -> None:
+    """In a replay (``shoal replay``), where the segments return their recorded results
+    without running the graph: check the graph against the super-steps its run recorded, and
+    stop the replay at the first segment with what differs. A history without them (exported
+    by an older shoal) is said to be unchecked, not passed."""
+    x = ctx._x
+    if x.recorded_graph is None:
+        x.unchecked.append(
+            "the LangGraph graph's changes: the history holds none of its checkpoints (exported "
+            "by an older shoal); export the run again to check them")
+        return
+    problem, unchecked = graph_changes(graph, x.recorded_graph)
+    x.unchecked.extend(unchecked)
+    if problem is not None:
+        recorded = x.steps.get(x.seq + 1)
+        raise ReplayStop(x.seq + 1, STEP if recorded is None else recorded.name, STEP,
+                         f"the graph changed: {problem}")
 
 
 async def _segment(runnable: Any, cfg: RunnableConfig, input: Any,

@@ -3,12 +3,12 @@ up to date, and print its version."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError
 
-from shoal.app import App
+from shoal.integrations._commands import migrate, one_line
 from shoal.integrations.django import settings
 from shoal.stores import mask_url
 
@@ -17,12 +17,14 @@ class Command(BaseCommand):  # type: ignore[misc]
     help = "Create or upgrade the shoal store of settings.SHOAL; print its schema version."
 
     def handle(self, *args: Any, **options: Any) -> None:
-        s = settings()
-
-        async def migrate() -> int:
-            app = App(s.namespace, store=s.store)
-            async with app.open():   # opening migrates
-                return await app.store.migrate()
-
-        version = asyncio.run(migrate())
+        try:
+            s = settings()
+            version = migrate(s.namespace, s.store)
+        except ImproperlyConfigured as e:
+            raise CommandError(str(e)) from None
+        except Exception as e:
+            line = one_line(e)
+            if line is None:
+                raise
+            raise CommandError(line) from None
         self.stdout.write(f"{mask_url(s.store)} is at schema version {version}.")

@@ -7,10 +7,11 @@ import logging
 import sys
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from shoal.app.collector import tune_from_env
-from shoal.errors import ConfigurationError
+from shoal.integrations._commands import one_line, serve
 from shoal.integrations._loading import load_app
 from shoal.integrations.django import settings
 
@@ -30,14 +31,22 @@ class Command(BaseCommand):  # type: ignore[misc]
                             help="Never change the store's schema (run shoal_migrate first).")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            self._serve(options)
+        except ImproperlyConfigured as e:
+            raise CommandError(str(e)) from None
+        except Exception as e:   # shoal's own, as `shoal worker` prints it: one line
+            line = one_line(e)
+            if line is None:
+                raise
+            raise CommandError(line) from None
+
+    def _serve(self, options: dict[str, Any]) -> None:
         spec = options["app"] or settings().app
         if spec is None:
             raise CommandError("Name the App to serve: settings.SHOAL['APP'] = "
                                "'orders.workflows:app', or manage.py shoal_worker MODULE:APP.")
-        try:
-            app = load_app(spec, "settings.SHOAL['APP']" if not options["app"] else "MODULE:APP")
-        except ConfigurationError as e:
-            raise CommandError(str(e)) from None
+        app = load_app(spec, "settings.SHOAL['APP']" if not options["app"] else "MODULE:APP")
         if options["concurrency"] is not None:
             if options["concurrency"] < 1:
                 raise CommandError("--concurrency must be 1 or more.")
@@ -51,7 +60,10 @@ class Command(BaseCommand):  # type: ignore[misc]
             tuned = tune_from_env()
         except ValueError as e:
             raise CommandError(str(e)) from None
-        self.stderr.write(f"shoal_worker: serving {app!r}, max_concurrent_runs="
-                          f"{app.max_concurrent_runs}, gc={'tuned' if tuned else 'default'}; "
-                          f"SIGTERM or Ctrl-C stops it gracefully.")
-        app.run_forever(timeout=options["shutdown_timeout"])
+
+        def announce() -> None:
+            self.stderr.write(f"shoal_worker: serving {app!r}, max_concurrent_runs="
+                              f"{app.max_concurrent_runs}, gc={'tuned' if tuned else 'default'}; "
+                              f"SIGTERM or Ctrl-C stops it gracefully.")
+
+        serve(app, options["shutdown_timeout"], announce)
