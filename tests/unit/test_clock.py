@@ -221,6 +221,43 @@ def test_an_idle_app_settles_only_while_its_loops_run() -> None:
     run_counting(main)
 
 
+def test_an_idle_app_hour_is_one_wake_up_per_pass_and_beat() -> None:
+    """An idle app's hour on the memory store: a membership beat every 5 s and the heartbeat
+    and five maintenance passes every 10 s, each one wake-up of about one turn. The beats'
+    timeouts and the validity watchdog cost a timer (two tasks) each beat, and about 13,000
+    turns an hour, before; a store that answers at once needs neither."""
+    async def main(selector: CountingSelector) -> None:
+        clock = VirtualClock()
+        app = shoal.App("idle-hour", store="memory://", clock=clock)
+        sleeps: list[float] = []
+
+        @app.workflow
+        async def noop(ctx: shoal.RunContext, input: None) -> None:
+            return input
+
+        real_sleep = clock.sleep
+
+        async def counted(seconds: float) -> None:
+            sleeps.append(seconds)
+            await real_sleep(seconds)
+
+        clock.sleep = counted  # type: ignore[method-assign]
+        async with app:
+            await clock.advance(1)
+            before, sleeps[:] = selector.turns, []
+            await clock.advance(3600)
+            turns = selector.turns - before
+            view = await app.coordination_view()
+        print(f"{len(sleeps)} wake-ups, {turns} turns")
+        assert view.members and view.members[0].beat_at >= clock.now() - 5   # still beating
+        assert sleeps.count(5.0) == 720                 # the beats: 1,442 with their timers
+        assert sleeps.count(10.0) == 6 * 360            # the passes: 2,885 with the watchdog's
+        assert len(sleeps) == 720 + 6 * 360
+        assert turns < 1.5 * len(sleeps)                # 13,300 turns before
+
+    run_counting(main)
+
+
 async def test_a_run_of_many_steps_finishes_within_one_advance() -> None:
     """'A run dispatched before advance(1) has run as far as it can': however many turns that
     takes (the settles of 50 turns stopped a long run part of the way)."""

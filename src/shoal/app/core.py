@@ -276,6 +276,8 @@ class App:
         # timing each call once a sink wants store calls (see instrument)
         self._calls: Store = self.store
         self._coord_calls: CoordStore | None = self._coord_store
+        # protocol -> (the object last checked, whether it implements it): see _implements
+        self._protocol_checks: dict[type, tuple[object, bool]] = {}
         # Prometheus metrics (docs/observability.md): a sink fed like any other, and what a
         # started app's scrapes read of its engine and its store
         self.metrics: PrometheusMetrics | None = metrics_sink(metrics)
@@ -686,19 +688,27 @@ class App:
 
     # -- coordination between replicas ---------------------------------------------------
 
+    def _implements(self, obj: object, protocol: type) -> bool:
+        """``isinstance(obj, protocol)``, checked once per object: a runtime protocol check
+        reads every member's name, and retention asks at every pass."""
+        found = self._protocol_checks.get(protocol)
+        if found is None or found[0] is not obj:
+            found = self._protocol_checks[protocol] = (obj, isinstance(obj, protocol))
+        return found[1]
+
     def _coord(self) -> CoordStore:
         if self._coord_calls is not None:
             return self._coord_calls
         calls = self._calls
-        if not isinstance(calls, CoordStore):
+        if not self._implements(calls, CoordStore):
             raise ConfigurationError(
                 f"The store {mask_url(self.store.url)!r} does not implement coordination "
                 f"(shoal.ports.CoordStore): give App(coordination='redis://…') or a store "
                 f"that does.")
-        return calls
+        return cast(CoordStore, calls)
 
     def _coordinates(self) -> bool:
-        return self._coord_store is not None or isinstance(self.store, CoordStore)
+        return self._coord_store is not None or self._implements(self.store, CoordStore)
 
     def _membership_for(self) -> Membership:
         if self._membership is None:
@@ -893,8 +903,8 @@ class App:
             return
         coord = self._coord()
         await coord.prune_coordination(self.namespace, before, PRUNE_BATCH)
-        if isinstance(coord, RateStore):
-            await coord.prune_rates(self.namespace, before, PRUNE_BATCH)
+        if self._implements(coord, RateStore):
+            await cast(RateStore, coord).prune_rates(self.namespace, before, PRUNE_BATCH)
 
     async def _spend(self, run: RunScope, amount: float, currency: str) -> None:
         await self._ledger.record(Spender(run.tenant, run.run_id, run.root_id), amount,

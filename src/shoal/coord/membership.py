@@ -86,6 +86,9 @@ class Membership:
         self._tasks: list[asyncio.Task[None]] = []
         self._inflight: asyncio.Future[MemberView] | None = None
         self._changed = asyncio.Event()         # wakes the validity watchdog
+        # a confirmed heartbeat, and the loop asleep until the next (never past the validity);
+        # the watchdog has nothing to watch until a heartbeat waits on the store or fails
+        self._renewed = False
         self._pending: set[asyncio.Future[Any]] = set()
         self._unreachable = False
 
@@ -155,10 +158,13 @@ class Membership:
 
     async def _watchdog(self) -> None:
         """Let go the moment the assignment stops being valid, whatever the loop is waiting on
-        (a heartbeat that does not come back, a store that does not answer)."""
+        (a heartbeat that does not come back, a store that does not answer). While heartbeats
+        are confirmed at once the loop renews before the validity ends (it sleeps one interval
+        of two), so the watchdog sleeps until a heartbeat waits or fails (:meth:`_arm`):
+        an idle member wakes once per heartbeat, not twice."""
         while True:
             self._changed.clear()
-            if self._assignment is None:
+            if self._assignment is None or self._renewed:
                 await self._changed.wait()
                 continue
             delay = self._valid_until - self.clock.now()
@@ -169,6 +175,12 @@ class Membership:
                 self._let_go()
                 continue
             await first_of(self._changed.wait(), self.clock, delay)
+
+    def _arm(self) -> None:
+        """A heartbeat waits on the store, or failed: the watchdog watches the validity."""
+        if self._renewed:
+            self._renewed = False
+            self._changed.set()
 
     def _let_go(self) -> None:
         """Stop acting on the assignment (listeners hear None) before the store hears of it."""
@@ -191,6 +203,7 @@ class Membership:
         if self._inflight is not None and not self._inflight.done():
             # never a second heartbeat beside one still in flight: a late one must not land
             # after (and undo) a newer one
+            self._arm()
             await first_of(asyncio.shield(self._inflight), self.clock, self.interval)
             if not self._inflight.done():
                 return 0.0
@@ -200,10 +213,16 @@ class Membership:
             self.namespace, self.member, held, sent, 3 * self.interval, 2 * self.interval,
             version=self.version))
         try:
-            if not await first_of(asyncio.shield(call), self.clock, self.interval):
-                raise TimeoutError(f"no answer within {self.interval:g} s")
+            # one turn lets a store that answers without waiting (memory) answer: no timer
+            await asyncio.sleep(0)
+            if not call.done():
+                self._arm()
+                left = self.interval - (self.clock.now() - sent)
+                if not await first_of(asyncio.shield(call), self.clock, left):
+                    raise TimeoutError(f"no answer within {self.interval:g} s")
             view = call.result()
         except Exception as e:
+            self._arm()
             if not call.done():
                 call.add_done_callback(_retrieve)
             if not self._unreachable:
@@ -224,9 +243,13 @@ class Membership:
             self._generation = view.generation
             self._letting_go = None
             self._valid_until = sent + 2 * self.interval
-            self._changed.set()
             if self.clock.now() < self._valid_until:   # not an answer that came too late
                 self._set(Assignment(view.members.index(self.member), len(view.members)))
+            if not self._renewed:
+                # answered within the interval, the next heartbeat comes before the validity
+                # ends: nothing to watch (else the watchdog watches the new validity)
+                self._renewed = self.clock.now() < sent + self.interval
+                self._changed.set()
             return self.interval
         if self._generation is not None:   # cannot happen by the protocol; never act on a doubt
             self._let_go()

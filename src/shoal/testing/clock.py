@@ -135,7 +135,9 @@ class VirtualClock:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.max_thread_wait
         while True:
-            await settle()
+            if await _settle_for_advance():
+                self._given_up.clear()   # nothing runs: every thread given up on has ended
+                return
             busy = [w for w in self._busy() if w not in self._given_up]
             self._given_up = {w for w in self._given_up if not w.done()}
             if not busy:
@@ -182,10 +184,26 @@ async def settle(rounds: int | None = None) -> None:
     A task that never waits (``while True: await asyncio.sleep(0)``) is cut off after
     ``MAX_TURNS`` turns and logged (``clock.busy``). With ``rounds``, exactly that many turns
     instead. (``VirtualClock.advance`` waits for the threads themselves.)"""
+    await _settle(rounds)
+
+
+async def _settle_for_advance() -> bool:
+    """What ``advance`` settles with: :func:`settle` (looked up here each time: a test over a
+    network store replaces it with one that also waits for the server); True when it saw no
+    thread running as it returned."""
+    if settle is not _SETTLE:
+        await settle()
+        return False
+    return await _settle(None)
+
+
+async def _settle(rounds: int | None) -> bool:
+    """:func:`settle`; True when it saw no thread running as it returned (``advance`` need
+    not look again)."""
     if rounds is not None:
         for _ in range(rounds):
             await asyncio.sleep(0)
-        return
+        return False
     loop = asyncio.get_running_loop()
     ready = getattr(loop, "_ready", None)
     scheduled = getattr(loop, "_scheduled", None)
@@ -193,19 +211,24 @@ async def settle(rounds: int | None = None) -> None:
         # a loop without asyncio's queues (uvloop): the fixed settle this one replaced
         for _ in range(50):
             await asyncio.sleep(0)
-        return
+        return False
     for turn in range(1, MAX_TURNS + 1):
         await asyncio.sleep(0)
         # our own turn is over: anything still queued (or a timer already due, which the
         # next turn moves to the queue) can run without waiting
         if ready or (scheduled and scheduled[0].when() <= loop.time()):
             continue
-        if turn < THREAD_TURNS and _threads_busy(loop):
-            continue
-        return
+        if turn < THREAD_TURNS:
+            if _threads_busy(loop):
+                continue
+            return True
+        return False
     log.warning("clock.busy: the event loop was still busy after %d turns (a task that never "
                 "waits?); settle returns without it", MAX_TURNS,
                 extra={"event": "clock.busy"})
+    return False
 
+
+_SETTLE = settle
 
 __all__ = ["VirtualClock", "settle"]
