@@ -151,10 +151,13 @@ class Membership:
     # -- the heartbeat loop ----------------------------------------------------------------
 
     async def _run(self) -> None:
-        while not self._broken:
-            delay = await self._beat()
-            if delay > 0:
-                await self.clock.sleep(delay)
+        try:
+            while not self._broken:
+                delay = await self._beat()
+                if delay > 0:
+                    await self.clock.sleep(delay)
+        finally:
+            self._arm()   # however the loop ended, the watchdog lets go when the validity ends
 
     async def _watchdog(self) -> None:
         """Let go the moment the assignment stops being valid, whatever the loop is waiting on
