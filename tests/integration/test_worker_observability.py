@@ -223,7 +223,10 @@ def test_the_log_format_from_the_environment_and_the_flag_winning(
     wait_for(lambda: "app.started" in stderr.read_text(), "a text app.started")
     stop(worker)
     lines = stderr.read_text().splitlines()
-    assert lines[0].startswith("shoal worker: serving <shoal.App 'obs' instance='obs-1'")
+    serving = [i for i, line in enumerate(lines)
+               if line.startswith("shoal worker: serving <shoal.App 'obs' instance='obs-1'")]
+    started = [i for i, line in enumerate(lines) if "app.started" in line]
+    assert serving and started and started[0] < serving[0], lines   # said once it has started
     assert re.search(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO    shoal: app\.started: ",
                      stderr.read_text(), re.M), lines
     assert not any(line.startswith("{") for line in lines)
