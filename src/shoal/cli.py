@@ -1085,26 +1085,35 @@ def pauses(ctx: click.Context, tenant: str | None, limit: int, as_json: bool,
             return found[:limit]
 
     found = _run_async(read())
+    _print_listing(target, found, as_json, "pending pauses", "pending pauses",
+                   ("pause", "name", "request", "created", "expires"),
+                   lambda p: (escape(p.name), escape(_json_text(p.request, 120)),
+                              _when(p.created_at), _when(p.expires_at)))
+
+
+def _print_listing(target: _Target, found: list[Any], as_json: bool, what: str, title: str,
+                   columns: tuple[str, ...], cells: Callable[[Any], tuple[str, ...]]) -> None:
+    """Print ``found`` (records with ``id``, ``namespace`` and ``run_id``: pauses, dead
+    letters) as JSON lines, or as a table of ``columns``: the id first, then the namespace (over
+    every namespace) and the run, then the others, whose ``cells`` give."""
     if as_json:
-        for p in found:
-            click.echo(json.dumps(dataclasses.asdict(p), ensure_ascii=False))
+        for item in found:
+            click.echo(json.dumps(dataclasses.asdict(item), ensure_ascii=False))
         return
     where = (f"namespace {target.namespace!r}" if target.namespace is not None
              else f"any namespace of {mask_url(target.store)}")
     if not found:
-        click.echo(f"No pending pauses in {where}.")
+        click.echo(f"No {what} in {where}.")
         return
     every = target.namespace is None
-    table = Table(title=f"pending pauses of {escape(where.replace('any', 'every'))}",
+    table = Table(title=f"{title} of {escape(where.replace('any', 'every'))}",
                   title_justify="left")
-    for column in ("pause", *(("namespace",) if every else ()), "run", "name", "request",
-                   "created", "expires"):
+    for column in (columns[0], *(("namespace",) if every else ()), "run", *columns[1:]):
         # ids whole: folded, a copied id would be wrong
-        table.add_column(column, overflow="fold", no_wrap=column in ("pause", "run"))
-    for p in found:
-        table.add_row(p.id, *((escape(p.namespace),) if every else ()), p.run_id,
-                      escape(p.name), escape(_json_text(p.request, 120)), _when(p.created_at),
-                      _when(p.expires_at))
+        table.add_column(column, overflow="fold", no_wrap=column in (columns[0], "run"))
+    for item in found:
+        table.add_row(item.id, *((escape(item.namespace),) if every else ()), item.run_id,
+                      *cells(item))
     _console().print(table)
 
 
@@ -1476,26 +1485,10 @@ def outbox_dead(ctx: click.Context, limit: int, as_json: bool, store_override: s
             return found[:limit]
 
     found = _run_async(read())
-    if as_json:
-        for entry in found:
-            click.echo(json.dumps(dataclasses.asdict(entry), ensure_ascii=False))
-        return
-    where = (f"namespace {target.namespace!r}" if target.namespace is not None
-             else f"any namespace of {mask_url(target.store)}")
-    if not found:
-        click.echo(f"No dead-lettered outbox entries in {where}.")
-        return
-    every = target.namespace is None
-    table = Table(title=f"dead letters of {escape(where.replace('any', 'every'))}",
-                  title_justify="left")
-    for column in ("entry", *(("namespace",) if every else ()), "run", "topic", "attempts",
-                   "error", "created"):
-        table.add_column(column, overflow="fold", no_wrap=column in ("entry", "run"))
-    for e in found:
-        table.add_row(e.id, *((escape(e.namespace),) if every else ()), e.run_id,
-                      escape(e.topic), str(e.attempts), escape(_first_line(e.error)),
-                      _when(e.created_at))
-    _console().print(table)
+    _print_listing(target, found, as_json, "dead-lettered outbox entries", "dead letters",
+                   ("entry", "topic", "attempts", "error", "created"),
+                   lambda e: (escape(e.topic), str(e.attempts), escape(_first_line(e.error)),
+                              _when(e.created_at)))
 
 
 @outbox.command("redrive")

@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -292,16 +291,6 @@ def test_demo_refuses_an_existing_database(tmp_path: Path) -> None:
 
 # -- real processes ------------------------------------------------------------------------------
 
-
-@pytest.fixture
-def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
-    """Processes a test starts; killed at its end whatever happened."""
-    started: list[subprocess.Popen[bytes]] = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            p.kill()
-        p.wait()
 
 
 async def _dispatch_once_served(client: shoal.App, workflow: str, input: Any) -> shoal.Run:

@@ -12,10 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 import shoal
 
@@ -48,15 +45,6 @@ async def job(ctx, input):
     return await ctx.step("after", lambda: f"{result} then after")
 '''
 
-
-@pytest.fixture
-def workers(tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
-    started: list[subprocess.Popen[bytes]] = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            p.kill()
-        p.wait()
 
 
 def _worker(tmp_path: Path, name: str, started: list[subprocess.Popen[bytes]]
@@ -98,11 +86,20 @@ def _dispatch_and_wait_for_the_step(tmp_path: Path, input: dict[str, object]) ->
     raise AssertionError("the step never started")
 
 
-def _stop(worker: subprocess.Popen[bytes]) -> tuple[float, str]:
+def _stop_during_the_step(tmp_path: Path, processes: list[subprocess.Popen[bytes]],
+                          seconds: float, cooperative: bool) -> tuple[str, float, str]:
+    """Start worker w-1, dispatch a run whose step 'block' lasts ``seconds``, SIGINT the worker
+    once the step runs: the run's id, how long the worker took to exit (cleanly), its output."""
+    (tmp_path / "stops_app.py").write_text(APP)
+    worker = _worker(tmp_path, "w-1", processes)
+    run_id = _dispatch_and_wait_for_the_step(tmp_path, {"seconds": seconds,
+                                                        "cooperative": cooperative})
     began = time.monotonic()
     worker.send_signal(signal.SIGINT)
     out, _ = worker.communicate(timeout=60)
-    return time.monotonic() - began, out.decode()
+    took = time.monotonic() - began
+    assert worker.returncode == 0, out.decode()
+    return run_id, took, out.decode()
 
 
 def _run(tmp_path: Path, run_id: str) -> shoal.Run:
@@ -114,18 +111,15 @@ def _run(tmp_path: Path, run_id: str) -> shoal.Run:
 
 
 def test_a_step_thread_that_returns_at_the_stop_is_checkpointed_and_not_run_again(
-        tmp_path: Path, workers: list[subprocess.Popen[bytes]]) -> None:
-    (tmp_path / "stops_app.py").write_text(APP)
-    first = _worker(tmp_path, "w-1", workers)
-    run_id = _dispatch_and_wait_for_the_step(tmp_path, {"seconds": 60, "cooperative": True})
-    took, out = _stop(first)
-    assert first.returncode == 0, out
+        tmp_path: Path, processes: list[subprocess.Popen[bytes]]) -> None:
+    run_id, took, out = _stop_during_the_step(tmp_path, processes, seconds=60,
+                                              cooperative=True)
     assert took < 2 + 5, out                       # the drain, then the thread returned at once
     left = _run(tmp_path, run_id)
     assert left.status == shoal.RunStatus.INTERRUPTED and left.owner is None, out
     assert _steps(tmp_path) == ["block started", "block returned"]
 
-    second = _worker(tmp_path, "w-2", workers)
+    second = _worker(tmp_path, "w-2", processes)
     async def result() -> object:
         client = shoal.App("stops", store=f"sqlite:///{tmp_path / 'w.db'}")
         async with client.open():
@@ -138,12 +132,9 @@ def test_a_step_thread_that_returns_at_the_stop_is_checkpointed_and_not_run_agai
 
 
 def test_a_step_thread_that_outlives_the_stop_does_not_hold_the_process(
-        tmp_path: Path, workers: list[subprocess.Popen[bytes]]) -> None:
-    (tmp_path / "stops_app.py").write_text(APP)
-    worker = _worker(tmp_path, "w-1", workers)
-    run_id = _dispatch_and_wait_for_the_step(tmp_path, {"seconds": 45, "cooperative": False})
-    took, out = _stop(worker)
-    assert worker.returncode == 0, out
+        tmp_path: Path, processes: list[subprocess.Popen[bytes]]) -> None:
+    run_id, took, out = _stop_during_the_step(tmp_path, processes, seconds=45,
+                                              cooperative=False)
     # the 2 s drain and the thread's grace of 1 s, not the 45 s the thread still needs
     assert took < 2 + 1 + 5, (took, out)
     assert "step.thread_running" in out and "step 'block' of run" in out, out

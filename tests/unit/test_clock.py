@@ -190,33 +190,42 @@ def test_each_wake_up_of_a_poll_costs_about_one_turn() -> None:
     run_counting(main)
 
 
+async def _idle_hour(selector: CountingSelector) -> tuple[list[float], int, bool]:
+    """An app started on the memory store, idle for an hour of its VirtualClock: the seconds of
+    every sleep on the clock meanwhile, the event-loop turns it took, and whether the app's
+    membership still beats at its end."""
+    clock = VirtualClock()
+    app = shoal.App("idle-hour", store="memory://", clock=clock)
+    sleeps: list[float] = []
+
+    @app.workflow
+    async def noop(ctx: shoal.RunContext, input: None) -> None:
+        return input
+
+    real_sleep = clock.sleep
+
+    async def counted(seconds: float) -> None:
+        sleeps.append(seconds)
+        await real_sleep(seconds)
+
+    clock.sleep = counted  # type: ignore[method-assign]
+    async with app:
+        await clock.advance(1)
+        before, sleeps[:] = selector.turns, []
+        await clock.advance(3600)
+        turns = selector.turns - before
+        view = await app.coordination_view()
+    beating = bool(view.members) and view.members[0].beat_at >= clock.now() - 5
+    return sleeps, turns, beating
+
+
 def test_an_idle_app_settles_only_while_its_loops_run() -> None:
-    """An idle app's hour: every poll and membership beat still wakes at its time (about 4,300
-    wake-ups an hour), and each costs the turns its own work takes, not 50 more."""
+    """An idle app's hour: every poll and membership beat still wakes at its time, and each
+    costs the turns its own work takes, not 50 more."""
     async def main(selector: CountingSelector) -> None:
-        clock = VirtualClock()
-        app = shoal.App("idle-day", store="memory://", clock=clock)
-        passes: list[float] = []
-
-        @app.workflow
-        async def noop(ctx: shoal.RunContext, input: None) -> None:
-            return input
-
-        real_sleep = clock.sleep
-
-        async def counted(seconds: float) -> None:
-            passes.append(seconds)
-            await real_sleep(seconds)
-
-        clock.sleep = counted  # type: ignore[method-assign]
-        async with app:
-            await clock.advance(1)
-            before, passes[:] = selector.turns, []
-            await clock.advance(3600)
-            turns = selector.turns - before
-        print(f"{len(passes)} wake-ups, {turns} turns")
-        assert len(passes) > 3600 // 5        # the loops go on polling
-        assert turns < 5 * len(passes)        # 50 turns a wake-up before
+        sleeps, turns, _ = await _idle_hour(selector)
+        assert len(sleeps) > 3600 // 5        # the loops go on polling
+        assert turns < 5 * len(sleeps)        # 50 turns a wake-up before
 
     run_counting(main)
 
@@ -227,29 +236,8 @@ def test_an_idle_app_hour_is_one_wake_up_per_pass_and_beat() -> None:
     timeouts and the validity watchdog cost a timer (two tasks) each beat, and about 13,000
     turns an hour, before; a store that answers at once needs neither."""
     async def main(selector: CountingSelector) -> None:
-        clock = VirtualClock()
-        app = shoal.App("idle-hour", store="memory://", clock=clock)
-        sleeps: list[float] = []
-
-        @app.workflow
-        async def noop(ctx: shoal.RunContext, input: None) -> None:
-            return input
-
-        real_sleep = clock.sleep
-
-        async def counted(seconds: float) -> None:
-            sleeps.append(seconds)
-            await real_sleep(seconds)
-
-        clock.sleep = counted  # type: ignore[method-assign]
-        async with app:
-            await clock.advance(1)
-            before, sleeps[:] = selector.turns, []
-            await clock.advance(3600)
-            turns = selector.turns - before
-            view = await app.coordination_view()
-        print(f"{len(sleeps)} wake-ups, {turns} turns")
-        assert view.members and view.members[0].beat_at >= clock.now() - 5   # still beating
+        sleeps, turns, beating = await _idle_hour(selector)
+        assert beating                                  # the membership still beats
         assert sleeps.count(5.0) == 720                 # the beats: 1,442 with their timers
         assert sleeps.count(10.0) == 6 * 360            # the passes: 2,885 with the watchdog's
         assert len(sleeps) == 720 + 6 * 360
