@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from shoal import _json
-from shoal._tasks import cancel_and_wait, report
+from shoal._tasks import cancel_and_wait, first_of, report
 from shoal.clock import Clock
 from shoal.engine import values
 from shoal.engine.context import (
@@ -36,6 +36,11 @@ from shoal.types import Fence, Pause, Run, RunStatus, Settlement
 log = logging.getLogger("shoal")
 
 _SETTLE_BATCH = 500   # settlements written together at most
+# The part of the lease before its end at which an execution whose renewal is not confirmed is
+# aborted here: another instance compares the lease's end with its own clock, and takes the run
+# over that much early if its clock is ahead. A tenth: the lease is to be at least ten times the
+# worst clock skew (docs/leases.md), 3 s of the default 30.
+DRIFT_MARGIN = 0.1
 
 
 
@@ -205,6 +210,12 @@ class Engine:
         self._pass_lock = asyncio.Lock()
         self.last_beat_at: float | None = None   # the last renewal pass that came back
         self.started_at = clock.now()
+        # the lease watchdog: asleep until the earliest end of a lease held here (less the
+        # drift margin), woken when an execution starts that ends sooner
+        self.drift_margin = config.lease * DRIFT_MARGIN
+        self._lease_due: float | None = None
+        self._lease_wake = asyncio.Event()
+        self._watchdog: asyncio.Task[None] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -213,6 +224,7 @@ class Engine:
         self._accepting = True
         for coro in (self._schedule_loop(), self._watch_loop()):
             self._background.append(asyncio.create_task(coro))
+        self._watchdog = asyncio.create_task(self._lease_watchdog(), name="shoal-lease-watchdog")
 
     async def close(self, timeout: float) -> None:
         """Stop claiming, wait up to ``timeout`` for local runs, then interrupt the rest: each
@@ -243,6 +255,9 @@ class Engine:
         for task in list(self._timers):
             await cancel_and_wait(task)
         self._timers.clear()
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:
+            await cancel_and_wait(watchdog)
 
     def kick(self) -> None:
         """Ask for a scheduling pass soon."""
@@ -444,6 +459,42 @@ class Engine:
             alive.append(x)
         x.task = asyncio.create_task(self._execute(x, earlier), name=f"shoal-run-{run.id}")
         x.task.add_done_callback(lambda _: self._retire(x))
+        if self._lease_due is None or x.held_until - self.drift_margin < self._lease_due:
+            self._lease_wake.set()
+
+    async def _lease_watchdog(self) -> None:
+        """Abort, locally, every execution whose lease ends (less :data:`DRIFT_MARGIN` of it)
+        without a renewal or checkpoint confirmed meanwhile, whatever the store is doing: one
+        that does not answer (a partition) must not let a run go on here once another instance
+        may have taken it over (DESIGN invariant 11). Its ``ctx.signal`` is aborted with a
+        LeaseLostError and its task cancelled; a step's thread sees the signal."""
+        while True:
+            now = self.clock.now()
+            due = self._abort_expired(now)
+            self._lease_due = due
+            self._lease_wake.clear()
+            if due is None:
+                await self._lease_wake.wait()
+            else:
+                await first_of(self._lease_wake.wait(), self.clock, due - now)
+
+    def _abort_expired(self, now: float) -> float | None:
+        """Abort the executions whose lease ends by ``now`` (less the margin); the earliest end
+        of the others. (A method: the watchdog's frame keeps no execution while it sleeps.)"""
+        due: float | None = None
+        for x in list(self._local.values()):
+            if x.abort is not None or x.finishing or x.replay_only:
+                continue
+            end = x.held_until - self.drift_margin
+            if end <= now:
+                log.warning("lease.expired: run %s: no renewal confirmed before its lease ends "
+                            "(less the drift margin of %g s): aborted here, before another "
+                            "instance may take it over", x.run.id, self.drift_margin,
+                            extra=_fields(x.run, "lease.expired"))
+                self._abort(x, "lost", LeaseLostError(x.run.id, self.instance_id))
+            elif due is None or end < due:
+                due = end
+        return due
 
     def _retire(self, x: Execution) -> None:
         """``x`` is gone once its task ended and no step thread of it still runs."""

@@ -1,0 +1,111 @@
+"""Invariant 11: an execution whose store stops answering (a partition: calls hang, nothing is
+refused) is aborted here before its lease ends, so its last side effect comes before the first
+of the instance that takes the run over; once the store answers again, it writes nothing over
+the new owner's work, goes on serving, and the cut cost the run one attempt. On the memory store
+and on SQLite, under a VirtualClock."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import shoal
+from shoal.backends.memory import MemoryStore
+from shoal.backends.sqlite import SQLiteStore
+from shoal.ports import Store
+from shoal.testing import VirtualClock, cluster
+
+
+class Stall:
+    """One instance's path to the shared store. While it is stalled every call waits (nothing
+    is refused) until it heals, as a connection whose bytes a partition holds."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.healed = asyncio.Event()
+        self.healed.set()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        if not inspect.iscoroutinefunction(attr):
+            return attr
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            await self.healed.wait()
+            return await attr(*args, **kwargs)
+
+        return call
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    s: Store = MemoryStore() if request.param == "memory" else SQLiteStore(
+        str(tmp_path / "cut.db"))
+    await s.open()
+    yield s
+    await s.close()
+
+
+async def test_a_cut_off_instance_stops_its_run_before_the_new_owner_starts(
+        store: Store) -> None:
+    clock = VirtualClock()
+    stalls: dict[str, Stall] = {}
+    effects: list[tuple[str, float]] = []
+    errors: list[tuple[str, BaseException]] = []
+
+    def make_app(shared: Store, clock: shoal.Clock, instance_id: str) -> shoal.App:
+        stalls[instance_id] = Stall(shared)
+        app = shoal.App("cut", store=stalls[instance_id], clock=clock,  # type: ignore[arg-type]
+                        instance_id=instance_id, lease=30.0)
+        app.on_error(lambda error: errors.append((instance_id, error)))
+
+        @app.workflow
+        async def send(ctx: shoal.RunContext, emails: int) -> str:
+            async def send_all() -> str:                 # a side effect every virtual second
+                for _ in range(emails):
+                    effects.append((instance_id, clock.now()))
+                    await clock.sleep(1)
+                return f"sent by {instance_id}"
+
+            return await ctx.step("send_all", send_all)
+
+        return app
+
+    async with cluster(make_app, instances=2, clock=clock, store=store) as apps:
+        try:
+            run = await apps[0].dispatch("send", 200)
+            await clock.advance(0)
+            a = (await apps[0].get_run(run.id)).owner
+            assert a is not None
+            b = next(app for app in apps if app.instance_id != a)
+            stalls[a].healed.clear()                         # A's store calls hang from now on
+            for _ in range(60):                              # the lease, a poll, and B at work
+                await clock.advance(1)
+            theirs = [at for who, at in effects if who == b.instance_id]
+            ours = [at for who, at in effects if who == a]
+            assert theirs, "the other instance never took the run over"
+            assert max(ours) < min(theirs)                   # never both at once
+            assert any(i == a and isinstance(e, shoal.LeaseLostError) for i, e in errors)
+
+            stalls[a].healed.set()                           # the partition heals
+            for _ in range(200):
+                await clock.advance(1)
+                done = await b.get_run(run.id)
+                if done.status == shoal.RunStatus.SUCCEEDED:
+                    break
+            assert done.output == f"sent by {b.instance_id}" and done.attempts == 2
+            assert max(at for who, at in effects if who == a) == max(ours)   # A did no more
+
+            healed = next(app for app in apps if app.instance_id == a)
+            again = await healed.dispatch("send", 1)         # A goes on serving
+            for _ in range(10):
+                await clock.advance(1)
+            assert await b.result(again.id, timeout=0) == f"sent by {a}"
+        finally:
+            for stall in stalls.values():   # a failed check must not leave a close hanging
+                stall.healed.set()
