@@ -37,17 +37,22 @@ class DaemonPool(concurrent.futures.Executor):
     def submit(self, fn: Callable[..., Any], /, *args: Any,
                **kwargs: Any) -> concurrent.futures.Future[Any]:
         work: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        with self._guard:
-            self._running[work] = asyncio._get_running_loop()
-        self._queue.put((work, functools.partial(fn, *args, **kwargs)))
         if not self._idle.acquire(blocking=False):
             with self._guard:
                 grow = self._threads < self._max
                 if grow:
                     self._threads += 1
             if grow:
-                threading.Thread(target=self._serve, name=f"shoal-step-{self._threads}",
-                                 daemon=True).start()
+                try:   # before the call is queued: one that cannot start leaves nothing behind
+                    threading.Thread(target=self._serve, name=f"shoal-step-{self._threads}",
+                                     daemon=True).start()
+                except BaseException:
+                    with self._guard:
+                        self._threads -= 1
+                    raise
+        with self._guard:
+            self._running[work] = asyncio._get_running_loop()
+        self._queue.put((work, functools.partial(fn, *args, **kwargs)))
         return work
 
     def busy(self, loop: asyncio.AbstractEventLoop) -> list[concurrent.futures.Future[Any]]:
@@ -75,10 +80,11 @@ class DaemonPool(concurrent.futures.Executor):
                     work.set_exception(e)
                 else:
                     work.set_result(result)
+                    del result
             with self._guard:
                 home = self._running.get(work)
             ended_on(home, self._forget, work)
-            del work, call   # no reference to the result kept while idle
+            del work, call, home   # no reference to the result or the loop kept while idle
             self._idle.release()
 
 

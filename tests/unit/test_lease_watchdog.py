@@ -109,3 +109,59 @@ async def test_a_cut_off_instance_stops_its_run_before_the_new_owner_starts(
         finally:
             for stall in stalls.values():   # a failed check must not leave a close hanging
                 stall.healed.set()
+
+
+async def test_a_run_that_goes_on_after_a_slow_wait_is_still_watched() -> None:
+    """A write that may end the claim (a wait whose signal is already there) is slow, and the
+    watchdog's time comes meanwhile; the run goes on, and then the store stops answering: the
+    run is still aborted before its lease ends (a finishing run was dropped from the watch)."""
+    clock = VirtualClock()
+    store = MemoryStore()
+    await store.open()
+    stall = Stall(store)
+    slow: dict[str, bool] = {"wait": False}
+    waited = stall.__getattr__("wait_signal")
+
+    async def slow_wait(*args: Any, **kwargs: Any) -> Any:
+        if slow["wait"]:
+            await clock.sleep(5)                     # spans the watchdog's wake-up
+        answer = await waited(*args, **kwargs)
+        if slow["wait"]:
+            stall.healed.clear()                     # then the partition begins
+        return answer
+
+    stall.wait_signal = slow_wait  # type: ignore[attr-defined]
+    effects: list[float] = []
+    errors: list[BaseException] = []
+    app = shoal.App("watched", store=stall, clock=clock, instance_id="a",  # type: ignore[arg-type]
+                    lease=30.0)
+    app.on_error(errors.append)
+    began = clock.now()
+
+    @app.workflow
+    async def wf(ctx: shoal.RunContext, input: None) -> None:
+        async def first() -> None:
+            await clock.sleep(45)
+
+        async def second() -> None:
+            for _ in range(100):
+                effects.append(clock.now() - began)
+                await clock.sleep(1)
+
+        await ctx.step("first", first)
+        slow["wait"] = True
+        await ctx.wait_for("go")
+        await ctx.step("second", second)
+
+    await app.start()
+    try:
+        run = await app.dispatch("wf", None)
+        await app.signal(run.id, "go", 1)
+        for _ in range(120):
+            await clock.advance(1)
+        assert effects and max(effects) < 75 - 3 + 1, effects[-1:]   # its lease ended at 75
+        assert any(isinstance(e, shoal.LeaseLostError) for e in errors)
+    finally:
+        stall.healed.set()
+        await app.close(timeout=0)
+        await store.close()

@@ -483,16 +483,21 @@ class Engine:
         of the others. (A method: the watchdog's frame keeps no execution while it sleeps.)"""
         due: float | None = None
         for x in list(self._local.values()):
-            if x.abort is not None or x.finishing or x.replay_only:
+            if x.abort is not None or x.replay_only:
                 continue
             end = x.held_until - self.drift_margin
-            if end <= now:
+            if x.finishing:
+                # its end (a settle, a sleep, a wait) is being written, fenced: not aborted, but
+                # looked at again soon, for the write may not end the claim (going_on)
+                end = max(end, now + self.drift_margin / 4)
+            elif end <= now:
                 log.warning("lease.expired: run %s: no renewal confirmed before its lease ends "
                             "(less the drift margin of %g s): aborted here, before another "
                             "instance may take it over", x.run.id, self.drift_margin,
                             extra=_fields(x.run, "lease.expired"))
                 self._abort(x, "lost", LeaseLostError(x.run.id, self.instance_id))
-            elif due is None or end < due:
+                continue
+            if due is None or end < due:
                 due = end
         return due
 
