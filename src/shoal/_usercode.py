@@ -3,7 +3,7 @@ or pause handler, ``app.locked``'s function), as a web framework runs its hooks 
 request: an integration registers hooks here. The Django integration registers
 ``close_old_connections``, so that a step never reuses a database connection the server dropped
 (a view gets that before and after each request; a step must get it too). Without hooks a call
-costs what ``asyncio.to_thread`` or the bare coroutine costs. A leaf module: it imports nothing of
+costs what the bare function or coroutine costs. A leaf module: it imports nothing of
 shoal."""
 
 from __future__ import annotations
@@ -43,12 +43,6 @@ def remove_hooks(threaded: ThreadHook, awaited: AsyncHook | None = None) -> None
         _threaded.remove(threaded)
     if awaited is not None and awaited in _awaited:
         _awaited.remove(awaited)
-
-
-def to_thread(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Awaitable[T]:
-    """``asyncio.to_thread(fn, *args, **kwargs)``, with the thread hooks around ``fn`` in its
-    thread (:func:`wrap`)."""
-    return asyncio.to_thread(wrap(fn), *args, **kwargs)
 
 
 def wrap(fn: Callable[..., T]) -> Callable[..., T]:
