@@ -451,11 +451,13 @@ class Outbox(Protocol):
     async def dead_letters(self, namespace: str, limit: int = 100) -> list[OutboxEntry]:
         """Dead-lettered entries of the namespace, oldest first."""
 
-    async def redrive(self, entry_id: str, now: float) -> tuple[OutboxEntry | None, bool]:
-        """Make a dead-lettered entry deliverable again, only if it is still dead: not dead,
-        attempts 0, due at ``now``, its error kept until the next attempt replaces it. Returns
-        the entry as it now is and True; the entry unchanged and False when it is not dead (of
-        two racing calls, one wins); ``(None, False)`` for an unknown id."""
+    async def redrive(self, namespace: str, entry_id: str,
+                      now: float) -> tuple[OutboxEntry | None, bool]:
+        """Make a dead-lettered entry of ``namespace`` deliverable again, only if it is still
+        dead: not dead, attempts 0, due at ``now``, its error kept until the next attempt
+        replaces it. Returns the entry as it now is and True; the entry unchanged and False when
+        it is not dead (of two racing calls, one wins); ``(None, False)`` for an unknown id or
+        another namespace's entry (which is left as it is)."""
 
 
 @runtime_checkable

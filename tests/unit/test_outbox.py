@@ -8,6 +8,7 @@ import pytest
 from helpers import until
 
 import shoal
+from shoal.backends.memory import MemoryStore
 from shoal.testing import VirtualClock, cluster, settle
 
 
@@ -83,6 +84,27 @@ async def test_failed_deliveries_are_retried_then_dead_lettered() -> None:
         assert letter.payload["order"] == "dead" and letter.attempts == 3
         assert letter.error == "ConnectionError: smtp down"
         assert letter.key == f"{dead.id}:1:0"
+
+
+async def test_redrive_in_another_namespace_changes_nothing() -> None:
+    """An entry id given to another namespace's app is unknown there, and its entry stays
+    dead (the store checked the namespace only after it had redriven the entry)."""
+    delivered: list[tuple[str, str, Any]] = []
+    clock = VirtualClock()
+    store = MemoryStore()
+    async with cluster(make_app(delivered, {"dead": 99}), instances=1, clock=clock,
+                       store=store) as (a,):
+        dead = await a.dispatch("order", {"email": "d@y", "id": "dead"})
+        assert await a.result(dead.id) == "done"
+        for _ in range(20):
+            await clock.advance(10)
+        [letter] = await a.dead_letters()
+        other = shoal.App("elsewhere", store=store, clock=clock)
+        with pytest.raises(shoal.UnknownOutboxEntryError, match="elsewhere"):
+            await other.redrive(letter.id)
+        [still] = await a.dead_letters()
+        assert (still.id, still.dead, still.attempts) == (letter.id, True, 3)
+        assert (await a.redrive(letter.id)).dead is False
 
 
 async def test_send_outside_a_step_is_refused() -> None:

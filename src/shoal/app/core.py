@@ -454,8 +454,8 @@ class App:
         wins); nothing changes then."""
         _checks.text(entry_id, "app.redrive(entry_id)", CALL)
         await self._open_store()
-        entry, redriven = await self._calls.redrive(entry_id, self.clock.now())
-        if entry is None or entry.namespace != self.namespace:
+        entry, redriven = await self._calls.redrive(self.namespace, entry_id, self.clock.now())
+        if entry is None:
             raise UnknownOutboxEntryError(
                 f"No outbox entry with id {entry_id!r} in namespace {self.namespace!r}; "
                 f"'shoal outbox dead' lists the dead-lettered ones.")

@@ -703,9 +703,10 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
                       key=lambda e: (e.created_at, e.id))
         return copy.deepcopy(dead[:limit])
 
-    async def redrive(self, entry_id: str, now: float) -> tuple[OutboxEntry | None, bool]:
+    async def redrive(self, namespace: str, entry_id: str,
+                      now: float) -> tuple[OutboxEntry | None, bool]:
         e = self._outbox.get(entry_id)
-        if e is None:
+        if e is None or e.namespace != namespace:
             return None, False
         if not e.dead:
             return copy.deepcopy(e), False

@@ -1696,8 +1696,8 @@ GROUP BY 1;
 
 -- name: redrive
 UPDATE outbox SET dead = false, attempts = 0, next_at = %(now)s
-WHERE id = %(id)s AND dead
+WHERE id = %(id)s AND namespace = %(namespace)s AND dead
 RETURNING *;
 
 -- name: get_outbox
-SELECT * FROM outbox WHERE id = %(id)s;
+SELECT * FROM outbox WHERE id = %(id)s AND namespace = %(namespace)s;

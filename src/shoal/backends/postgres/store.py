@@ -1285,13 +1285,14 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
 
     # -- what a console reads ------------------------------------------------------------------
 
-    async def redrive(self, entry_id: str, now: float) -> tuple[OutboxEntry | None, bool]:
+    async def redrive(self, namespace: str, entry_id: str,
+                      now: float) -> tuple[OutboxEntry | None, bool]:
         async with self._connection() as conn, conn.transaction():
-            row = await (await conn.execute(_Q["redrive"], {"id": entry_id, "now": now})
-                         ).fetchone()
+            one = {"id": entry_id, "namespace": namespace}
+            row = await (await conn.execute(_Q["redrive"], {**one, "now": now})).fetchone()
             if row is not None:
                 return _entry(row), True
-            row = await (await conn.execute(_Q["get_outbox"], {"id": entry_id})).fetchone()
+            row = await (await conn.execute(_Q["get_outbox"], one)).fetchone()
             return (None if row is None else _entry(row)), False
 
     async def search_runs(

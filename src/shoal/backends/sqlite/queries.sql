@@ -892,8 +892,8 @@ GROUP BY minute;
 
 -- name: redrive
 UPDATE outbox SET dead = 0, attempts = 0, next_at = :now
-WHERE id = :id AND dead = 1
+WHERE id = :id AND namespace = :namespace AND dead = 1
 RETURNING *;
 
 -- name: get_outbox
-SELECT * FROM outbox WHERE id = :id;
+SELECT * FROM outbox WHERE id = :id AND namespace = :namespace;

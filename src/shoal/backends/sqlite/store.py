@@ -962,12 +962,14 @@ class SQLiteStore(SQLiteCoordination, SQLiteRateLimits, SQLiteGraphCheckpoints):
 
     # -- what a console reads ------------------------------------------------------------------
 
-    async def redrive(self, entry_id: str, now: float) -> tuple[OutboxEntry | None, bool]:
+    async def redrive(self, namespace: str, entry_id: str,
+                      now: float) -> tuple[OutboxEntry | None, bool]:
         async with self._tx() as db:
-            row = db.execute(_Q["redrive"], {"id": entry_id, "now": now}).fetchone()
+            one = {"id": entry_id, "namespace": namespace}
+            row = db.execute(_Q["redrive"], {**one, "now": now}).fetchone()
             if row is not None:
                 return _entry(row), True
-            row = db.execute(_Q["get_outbox"], {"id": entry_id}).fetchone()
+            row = db.execute(_Q["get_outbox"], one).fetchone()
             return (None if row is None else _entry(row)), False
 
     async def search_runs(

@@ -235,7 +235,7 @@ class InspectionContract:
     async def test_redrive_makes_a_dead_letter_deliverable_once(
         self, store: Store, other: Store
     ) -> None:
-        assert await store.redrive("nope", T0) == (None, False)
+        assert await store.redrive(NS, "nope", T0) == (None, False)
         await add(store, T0)
         [r] = await claim(store, now=T0)
         sent = entries(r, 0, "email", "audit", now=T0)
@@ -246,15 +246,20 @@ class InspectionContract:
                                         None)
         assert [d.id for d in await store.dead_letters(NS)] == [email.id]
 
-        entry, redriven = await store.redrive(email.id, T0 + 10)
+        entry, redriven = await store.redrive(NS, email.id, T0 + 10)
         assert redriven and entry is not None
         assert (entry.id, entry.dead, entry.attempts, entry.next_at, entry.delivered_at) == (
             email.id, False, 0, T0 + 10, None)
         assert await store.dead_letters(NS) == []
-        again, twice = await other.redrive(email.id, T0 + 11)       # not dead any more
+        again, twice = await other.redrive(NS, email.id, T0 + 11)   # not dead any more
         assert not twice and again == entry
-        delivered, no = await other.redrive(audit.id, T0 + 11)
+        delivered, no = await other.redrive(NS, audit.id, T0 + 11)
         assert not no and delivered is not None and delivered.delivered_at == T0 + 1
         assert [e.id for e in await other.claim_outbox(NS, ["email"], T0 + 9, 30, 10)] == []
+        await other.finish_delivery(email.id, T0 + 9, "down again", None)   # dead once more
+        assert await other.redrive("elsewhere", email.id, T0 + 9) == (None, False)
+        [still] = await other.dead_letters(NS)            # another namespace changed nothing
+        assert (still.id, still.dead, still.attempts) == (email.id, True, 1)
+        assert (await other.redrive(NS, email.id, T0 + 10))[1]
         assert [e.id for e in await other.claim_outbox(NS, ["email"], T0 + 10, 30, 10)] == [
             email.id]
