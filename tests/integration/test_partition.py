@@ -109,7 +109,7 @@ async def partitioned(procs: Processes, proxy: Blackhole, url: str, log: Path, e
         assert await asyncio.to_thread(b.wait, 30) == 0
 
         z = await app.dispatch("effects", {})                  # A goes on serving
-        assert await app.result(z.id, timeout=90) == ["a", "a"]
+        assert await app.result(z.id, timeout=150) == ["a", "a"]
 
         seen = effects(log)
         # x was cut in its first step, y in its second: A had checkpointed y's first
