@@ -123,8 +123,9 @@ async def partitioned(procs: Processes, proxy: Blackhole, url: str, log: Path, e
             steps = await app.store.load_steps(r.id)
             assert [s.epoch for s in steps] == [1 if output[0] == "a" else 2, 2], steps
         assert a.poll() is None, "worker A exited"
+        gaps = [round(min(seen[r.id, "b"]) - max(seen[r.id, "a"]), 2) for r in (x, y)]
         print(f"{end}: {proxy.connections} connections through the proxy; A's last effect "
-              f"before B's first by {[round(min(seen[r.id, 'b']) - max(seen[r.id, 'a']), 2) for r in (x, y)]} s")
+              f"before B's first by {gaps} s")
 
 
 async def _started(log: Path, instance: str) -> bool:
