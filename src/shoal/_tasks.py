@@ -23,21 +23,25 @@ def really_cancelled() -> bool:
     return task is None or task.cancelling() > 0
 
 
-async def call_handler(fn: Callable[..., Any], timeout: float, *args: Any) -> None:
+async def call_handler(fn: Callable[..., Any], clock: Clock, timeout: float,
+                       *args: Any) -> None:
     """Call a user handler: a coroutine function on the loop, a plain one in a thread (so a
-    blocking client never stalls renewals), for at most ``timeout`` seconds (real time)."""
+    blocking client never stalls renewals), for at most ``timeout`` seconds of ``clock`` (the
+    app's: the claim the handler works under ends on it), then cancelled."""
     if inspect.iscoroutinefunction(fn):
         call: Awaitable[Any] = _usercode.awaited(fn(*args))
     else:
         # a daemon thread: a stuck handler never holds the process's exit
         call = _threads.run(_usercode.wrap(fn), *args)
     task = asyncio.ensure_future(call)
+    timer = asyncio.ensure_future(clock.sleep(max(0.0, timeout)))
     try:
-        done, _ = await asyncio.wait({task}, timeout=max(0.0, timeout))
+        await asyncio.wait({task, timer}, return_when=asyncio.FIRST_COMPLETED)
     finally:
+        timer.cancel()
         if not task.done():
             task.cancel()   # also when we are cancelled: no handler outlives its pass
-    if not done:
+    if not task.done():
         raise TimeoutError(f"the handler took longer than {timeout:.1f} s (its lease)")
     if task.cancelled():
         raise RuntimeError("the handler raised asyncio.CancelledError")

@@ -6,6 +6,13 @@ import asyncio
 import time
 from typing import Protocol, runtime_checkable
 
+# The part of a lease before its end at which what holds it here without a renewal confirmed
+# since stops (a run's execution, a provider call's slots): another instance compares the
+# lease's end with its own clock, and takes it over that much early if its clock is ahead. A
+# tenth: a lease is to be at least ten times the worst clock skew (docs/leases.md), 3 s of the
+# default 30.
+DRIFT_MARGIN = 0.1
+
 
 @runtime_checkable
 class Clock(Protocol):

@@ -13,7 +13,9 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import psycopg
 import pytest
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from test_postgres import URL, _require_postgres
 
@@ -115,6 +117,7 @@ async def test_an_sslmode_the_server_cannot_meet_fails_with_libpq_s_reason() -> 
     ("open_timeout=soon", "open_timeout='soon'"),
     ("pool_timeout=0", "pool_timeout=0"),
     ("reconnect_timeout=-1", "reconnect_timeout=-1"),
+    ("command_timeout=0", "command_timeout=0"),
     ("open_timeout=nan", "open_timeout=nan"),
     ("schema=a;drop", "'a;drop'"),
 ])
@@ -157,3 +160,26 @@ async def test_a_server_that_never_answers_is_a_timeout_after_open_timeout() -> 
         assert "no answer within open_timeout=0.5 s" in str(e.value)
     finally:
         silent.close()
+
+
+async def test_a_statement_left_unanswered_fails_after_command_timeout(
+    schema: str, opened: list[PostgresStore]
+) -> None:
+    """A statement that gets no answer (here the server holds it behind another session's
+    lock; across a network, a partition that holds the bytes would) fails after
+    command_timeout with StoreUnavailableError, and its connection is not used again: the
+    store goes on with another."""
+    s = await _open(f"postgresql://{USER}@{HOST}:{PORT}/{DB}?schema={schema}"
+                    f"&command_timeout=0.5&pool_max_size=1", opened)
+    run = await add(s)
+    [before] = await s._all("SELECT pg_backend_pid() AS pid", {})
+    async with await psycopg.AsyncConnection.connect(URL) as other:
+        await other.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
+            sql.Identifier(schema, "runs")))
+        with pytest.raises(StoreUnavailableError) as e:
+            await s.get_run(run.id)
+        assert "did not answer within command_timeout=0.5 s" in str(e.value)
+        await other.rollback()
+    assert await s.get_run(run.id) == run
+    [after] = await s._all("SELECT pg_backend_pid() AS pid", {})
+    assert after["pid"] != before["pid"]

@@ -165,3 +165,112 @@ async def test_a_run_that_goes_on_after_a_slow_wait_is_still_watched() -> None:
         stall.healed.set()
         await app.close(timeout=0)
         await store.close()
+
+
+async def test_a_cut_off_call_gives_its_provider_slot_up_before_another_replica_takes_it(
+        store: Store) -> None:
+    """A provider call holds its concurrency slot under a lease (renewed while it runs): cut
+    off from the store, the call is cancelled before that lease ends, so the call of another
+    replica that takes the slot once it ends never runs beside it (max_concurrent holds)."""
+    clock = VirtualClock()
+    stalls: dict[str, Stall] = {}
+    effects: list[tuple[str, float]] = []
+
+    def make_app(shared: Store, clock: shoal.Clock, instance_id: str) -> shoal.App:
+        stalls[instance_id] = Stall(shared)
+        return shoal.App("cut", store=stalls[instance_id], clock=clock,  # type: ignore[arg-type]
+                         instance_id=instance_id, lease=30.0)
+
+    async def call(app: shoal.App, seconds: int) -> None:
+        async with app.provider("model", max_concurrent=1).call():
+            for _ in range(seconds):                  # a side effect every virtual second
+                effects.append((app.instance_id, clock.now()))
+                await clock.sleep(1)
+
+    async with cluster(make_app, instances=2, clock=clock, store=store) as (a, b):
+        try:
+            first = asyncio.create_task(call(a, 1000))
+            while not effects:
+                await clock.advance(0)
+            stalls[a.instance_id].healed.clear()     # A's store calls hang from now on
+            second = asyncio.create_task(call(b, 5))
+            for _ in range(120):
+                await clock.advance(1)
+            ours = [at for who, at in effects if who == a.instance_id]
+            theirs = [at for who, at in effects if who == b.instance_id]
+            assert theirs, "the other replica never got the slot"
+            assert max(ours) < min(theirs)           # never both at once
+            assert second.done() and second.exception() is None
+            stalls[a.instance_id].healed.set()
+            for _ in range(10):
+                await clock.advance(1)
+            assert first.done()
+            with pytest.raises(shoal.StoreUnavailableError, match="slot"):
+                first.result()
+        finally:
+            for stall in stalls.values():
+                stall.healed.set()
+
+
+async def _cut_handler_off(store: Store, kind: str) -> None:
+    """Two instances handle ``kind`` (an outbox topic, or pause notification); the first whose
+    handler starts is cut off from the store while its handler runs (a side effect every
+    virtual second, for ever): its handler is stopped before the claim it was called under
+    ends, so the other instance, which takes the item once the claim ends, never handles it
+    beside it."""
+    clock = VirtualClock()
+    stalls: dict[str, Stall] = {}
+    effects: list[tuple[str, float]] = []
+
+    def make_app(shared: Store, clock: shoal.Clock, instance_id: str) -> shoal.App:
+        stalls[instance_id] = Stall(shared)
+        app = shoal.App("cut", store=stalls[instance_id], clock=clock,  # type: ignore[arg-type]
+                        instance_id=instance_id, lease=30.0)
+
+        async def handle(*args: Any) -> None:
+            for _ in range(1000):
+                effects.append((instance_id, clock.now()))
+                await clock.sleep(1)
+
+        if kind == "outbox":
+            app.outbox_handler("email")(handle)
+        else:
+            app.on_pause_notify(handle)
+
+        @app.workflow
+        async def wf(ctx: shoal.RunContext, input: None) -> None:
+            if kind == "outbox":
+                async def send() -> None:
+                    ctx.outbox.send("email", {"to": "someone"})
+                await ctx.step("send", send)
+            else:
+                await ctx.approval("refund", {"amount": 40})
+
+        return app
+
+    async with cluster(make_app, instances=2, clock=clock, store=store) as apps:
+        try:
+            await apps[0].dispatch("wf", None)
+            while not effects:
+                await clock.advance(0.5)
+            first = effects[0][0]
+            stalls[first].healed.clear()              # its store calls hang from now on
+            for _ in range(120):
+                await clock.advance(1)
+            ours = [at for who, at in effects if who == first]
+            theirs = [at for who, at in effects if who != first]
+            assert theirs, "the other instance never handled it"
+            assert max(ours) < min(theirs)            # never both at once
+        finally:
+            for stall in stalls.values():
+                stall.healed.set()
+
+
+async def test_a_cut_off_outbox_delivery_stops_before_another_instance_delivers(
+        store: Store) -> None:
+    await _cut_handler_off(store, "outbox")
+
+
+async def test_a_cut_off_pause_notification_stops_before_another_instance_notifies(
+        store: Store) -> None:
+    await _cut_handler_off(store, "pause")

@@ -4,6 +4,7 @@ instances over one store (memory, then SQLite) and one VirtualClock."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -520,11 +521,22 @@ async def test_replicas_opening_the_circuit_at_once_count_one_opening(
 async def test_a_trial_that_lost_its_slot_cannot_close_a_later_opening(
     clock: VirtualClock, two: list[shoal.App], store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A trial whose slot was lost is cancelled; one whose block swallows the cancellation
+    and ends well, too late, closes nothing."""
     a, b = providers(two, breaker=shoal.Breaker(failures=1, window=60, cooldown=10))
     await fail_once(a)
     await clock.advance(11)
-    stale = a.call()
-    await stale.__aenter__()                             # the trial of the first opening
+    entered, finish = asyncio.Event(), asyncio.Event()
+
+    async def stale_trial() -> None:
+        async with a.call():                             # the trial of the first opening
+            entered.set()
+            while not finish.is_set():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await finish.wait()
+
+    stale = asyncio.create_task(stale_trial())
+    await entered.wait()
 
     async def refused(*args: Any) -> bool:
         return False
@@ -535,7 +547,8 @@ async def test_a_trial_that_lost_its_slot_cannot_close_a_later_opening(
     monkeypatch.undo()
     assert await goes(b)                                 # b's trial closes the circuit
     await fail_once(b)                                   # and it opens again
-    await stale.__aexit__(None, None, None)              # the old trial ends well: too late
+    finish.set()                                         # the old trial ends well: too late
+    await stale
     await clock.advance(11)      # after the second opening's cooldown: half-open, not closed
     trial = b.call()
     await trial.__aenter__()
@@ -776,7 +789,7 @@ async def test_the_exit_runs_to_its_end_when_the_caller_is_cancelled(
     assert await goes(b)                                 # the slot was freed
 
 
-async def test_a_lost_slot_is_logged_and_the_call_goes_on(
+async def test_a_lost_slot_is_logged_and_the_call_cancelled(
     clock: VirtualClock, two: list[shoal.App], store: Store, monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -793,8 +806,10 @@ async def test_a_lost_slot_is_logged_and_the_call_goes_on(
         async with a.call():
             await model(hold=50)
 
-    await run_all(clock, [asyncio.create_task(one())])
+    with pytest.raises(shoal.StoreUnavailableError, match="refused to renew"):
+        await run_all(clock, [asyncio.create_task(one())])
     assert len(events(caplog, "provider.slot_lost")) == 1 and len(model.calls) == 1
+    assert clock.now() - model.calls[0] < 50 and model.running == 0   # cut short
 
 
 async def test_a_slot_given_back_by_a_failed_admission_wakes_the_next_caller(

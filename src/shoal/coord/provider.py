@@ -33,8 +33,13 @@ from typing import Any, TypeVar
 
 from shoal import _checks
 from shoal._tasks import first_of
-from shoal.clock import Clock
-from shoal.errors import BudgetExceededError, CircuitOpenError, RateLimitTimeoutError
+from shoal.clock import DRIFT_MARGIN, Clock
+from shoal.errors import (
+    BudgetExceededError,
+    CircuitOpenError,
+    RateLimitTimeoutError,
+    StoreUnavailableError,
+)
 from shoal.ports import RateStore
 from shoal.scope import current_run
 from shoal.telemetry import NOTHING, Telemetry
@@ -285,6 +290,9 @@ class _Taken:
     tenant_request_at: float | None = None  # its entry in the tenant's requests window
     tenant_tokens_at: float | None = None   # its estimate in the tenant's tokens window
     aimd: tuple[int, float, float] | None = None   # AIMD as the call went: (limit, cut, lowered)
+    # when the leases of the slots it holds end, as far as this instance knows: the time the
+    # admission or the last renewal confirmed for all of them was sent, plus SLOT_LEASE
+    held_until: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -625,6 +633,7 @@ class Provider:
                 got = await self._answer(
                     self._rates().admit(self.namespace, holder, needs, now), deadline)
                 if isinstance(got, Admitted):
+                    taken.held_until = now + SLOT_LEASE
                     taken.trial = got.trial is not None
                     taken.generation = got.trial or 0.0
                     for need in needs:
@@ -694,12 +703,11 @@ class Provider:
                                        taken.tenant_tokens_at)
             taken.tenant_tokens_at = None
 
-    async def _renew(self, holder: str, taken: _Taken) -> None:
+    async def _renew(self, holder: str, taken: _Taken, lost: Callable[[str], None]) -> None:
         """Renew the slots the call holds (concurrency, the tenant's concurrency, trial) while it
-        runs. A slot whose renewal is refused was lost (its lease ended: the process stalled, or
-        the store lost it): the call is already in flight, so it goes on, but another call may
-        take the slot."""
-        lost: set[str] = set()
+        runs, moving ``taken.held_until`` on when every one was renewed. A slot whose renewal
+        is refused was lost (its lease ended: the process stalled, or the store lost it):
+        ``lost(why)`` is called, and renewal ends."""
         keys = {"slots": self.keys["slots"], "trial": self.keys["trial"],
                 "tenant": self.tenant_keys(taken.tenant)["slots"]}
         names = {"slots": "concurrency", "trial": "breaker trial",
@@ -707,21 +715,41 @@ class Provider:
         while True:
             await self.clock.sleep(SLOT_LEASE / 3)
             held = {"slots": taken.slot, "trial": taken.trial, "tenant": taken.tenant_slot}
+            sent_at, confirmed = self.clock.now(), True
             for which in ("slots", "tenant", "trial"):
-                if which in lost or not held[which]:
+                if not held[which]:
                     continue
                 try:
                     renewed = await self._rates().slot_renew(
-                        self.namespace, keys[which], holder, SLOT_LEASE, self.clock.now())
+                        self.namespace, keys[which], holder, SLOT_LEASE, sent_at)
                 except Exception as e:
                     log.warning("provider.renew_failed: %s: %s: %s", self.name,
                                 type(e).__name__, e, extra=self._fields("provider.renew_failed"))
+                    confirmed = False
                     continue
                 if not renewed:
-                    lost.add(which)
                     log.warning("provider.slot_lost: %s: the %s slot of call %s ended before "
-                                "the call did; another call may take it", self.name,
-                                names[which], holder, extra=self._fields("provider.slot_lost"))
+                                "the call did; another call may take it: the call is cancelled",
+                                self.name, names[which], holder,
+                                extra=self._fields("provider.slot_lost"))
+                    lost(f"the store refused to renew its {names[which]} slot (its lease had "
+                         f"ended)")
+                    return
+            if confirmed:
+                taken.held_until = max(taken.held_until, sent_at + SLOT_LEASE)
+
+    async def _watch(self, taken: _Taken, lost: Callable[[str], None]) -> None:
+        """Call ``lost`` once the slots' leases end, less the drift margin of them, without a
+        renewal confirmed meanwhile: another replica may take a slot once its lease ends, and
+        the call must not be in flight then (a store that does not answer refuses nothing)."""
+        margin = SLOT_LEASE * DRIFT_MARGIN
+        while (left := taken.held_until - margin - self.clock.now()) > 0:
+            await self.clock.sleep(left)
+        log.warning("provider.slot_expired: %s: no renewal of the slots of a call confirmed "
+                    "before their lease ends (less the drift margin of %g s): the call is "
+                    "cancelled", self.name, margin, extra=self._fields("provider.slot_expired"))
+        lost(f"no renewal of its slots was confirmed by the store within their "
+             f"{SLOT_LEASE:g} s lease (less the drift margin of {margin:g} s)")
 
     async def _failed(self, taken: _Taken) -> None:
         """Count a failed call; open the circuit (see the class docstring) if it was the
@@ -837,6 +865,10 @@ class ProviderCall:
         self._taken = _Taken()
         self._scopes: list[Scope] | None = None
         self._renewal: asyncio.Task[None] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[Any] | None = None    # the task inside the block
+        self._cancelling = 0
+        self._lost: str | None = None    # why the call was cancelled: its slots' lease ended
         self._entered = False
         self._told: Any = None      # the telemetry token of this call
         self.spender: Spender | None = None
@@ -932,7 +964,17 @@ class ProviderCall:
             raise
         if p.max_concurrent is not None or p.tenant_max_concurrent is not None \
                 or self._taken.trial:
-            self._renewal = asyncio.create_task(p._renew(self._holder, self._taken))
+            self._task = asyncio.current_task()
+            self._cancelling = self._task.cancelling() if self._task is not None else 0
+            self._renewal = asyncio.create_task(p._renew(self._holder, self._taken, self._cut))
+            self._watchdog = asyncio.create_task(p._watch(self._taken, self._cut))
+
+    def _cut(self, why: str) -> None:
+        """The call's slots may be another call's now: cancel the block (``__aexit__`` makes
+        the cancel a StoreUnavailableError), as a run whose lease ends is aborted."""
+        if self._lost is None and self._task is not None:
+            self._lost = why
+            self._task.cancel()
 
     def _log_fields(self, event: str) -> dict[str, Any]:
         """``extra=`` of a record about this call: the run and tenant it is made for."""
@@ -963,7 +1005,16 @@ class ProviderCall:
 
     async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None,
                         tb: object) -> None:
-        # never raises what the store says: the body's own exception (if any) goes on
+        # never raises what the store says: the body's own exception (if any) goes on, or the
+        # lost slots' if they cancelled the block
+        for task in (self._watchdog, self._renewal):
+            if task is not None:
+                task.cancel()
+        cut = False
+        if self._lost is not None and self._task is not None:
+            self._task.uncancel()   # the cancel of _cut, whether the block raised it or not
+            cut = isinstance(error, asyncio.CancelledError) \
+                and self._task.cancelling() <= self._cancelling
         try:
             await _shielded(self._finish(error))
         finally:
@@ -972,6 +1023,12 @@ class ProviderCall:
                       "succeeded" if error is None else
                       "failed" if isinstance(error, Exception) else "cancelled")
             p.telemetry.provider_call_ended(self._told, p.name, result, error)
+        if cut:
+            raise StoreUnavailableError(
+                f"The call to provider {p.name!r} was cancelled: {self._lost}. Another replica "
+                f"may hold its slot now, and max_concurrent is kept across replicas. Check the "
+                f"coordination store; a call cut off from it stops before its slot's lease "
+                f"ends.") from error
 
     async def _finish(self, error: BaseException | None) -> None:
         """What a call does when it ends, each step on its own (one that fails is logged and
@@ -981,9 +1038,10 @@ class ProviderCall:
         p = self.provider
         rates, ns, k = p._rates(), p.namespace, p.keys
         taken = self._taken
-        if self._renewal is not None:
-            self._renewal.cancel()
-            await asyncio.wait([self._renewal])
+        for task in (self._renewal, self._watchdog):
+            if task is not None:
+                task.cancel()
+                await asyncio.wait([task])
         now = p.clock.now()
         if self._retry_after is not None:
             await self._step("pause the provider after a 429", self._pause(now))

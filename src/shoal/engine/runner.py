@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from shoal import _json
 from shoal._tasks import cancel_and_wait, first_of, report
-from shoal.clock import Clock
+from shoal.clock import DRIFT_MARGIN, Clock
 from shoal.engine import values
 from shoal.engine.context import (
     Execution,
@@ -36,11 +36,6 @@ from shoal.types import Fence, Pause, Run, RunStatus, Settlement
 log = logging.getLogger("shoal")
 
 _SETTLE_BATCH = 500   # settlements written together at most
-# The part of the lease before its end at which an execution whose renewal is not confirmed is
-# aborted here: another instance compares the lease's end with its own clock, and takes the run
-# over that much early if its clock is ahead. A tenth: the lease is to be at least ten times the
-# worst clock skew (docs/leases.md), 3 s of the default 30.
-DRIFT_MARGIN = 0.1
 
 
 

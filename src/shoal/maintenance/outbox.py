@@ -65,7 +65,7 @@ class OutboxDelivery(Triggered):
             result, error = "store_failed", None
             try:
                 try:
-                    await call_handler(self._handlers[entry.topic].fn, remaining,
+                    await call_handler(self._handlers[entry.topic].fn, self.clock, remaining,
                                        copy.deepcopy(entry.payload), entry.key)
                 except Exception as e:
                     error = e

@@ -77,7 +77,7 @@ class PauseNotification(Triggered):
     async def _notify_one(self, pause: Pause, deadline: float) -> None:
         try:
             for handler in list(self._handlers):
-                await call_handler(handler, deadline - self.clock.now(), pause)
+                await call_handler(handler, self.clock, deadline - self.clock.now(), pause)
         except Exception as e:
             log.warning("pause.notify_failed: %s of run %s: %s", pause.id, pause.run_id, e,
                         extra={"event": "pause.notify_failed", "run_id": pause.run_id,

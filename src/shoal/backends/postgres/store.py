@@ -88,7 +88,7 @@ _Q = queries("postgres")
 _SCHEMA = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,48}$")
 # shoal's own URL options; every other query option goes to libpq as written
 _OPTIONS = {"schema", "pool_min_size", "pool_max_size", "open_timeout", "pool_timeout",
-            "reconnect_timeout"}
+            "reconnect_timeout", "command_timeout"}
 # Transient refusals of one transaction: it did nothing, so it is run again.
 _RETRYABLE = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
 _Conn = psycopg.AsyncConnection[DictRow]
@@ -116,8 +116,13 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
     size completes and an outage fails fast. ``reconnect_timeout`` (default 3 s) bounds the
     pool's reconnect backoff, so work resumes as soon as the server is back (psycopg_pool's own
     defaults, 30 s and 300 s with exponential backoff, left instances idle for tens of seconds
-    after a long outage). Other query options go to libpq as written (``sslmode``,
-    ``connect_timeout``, ``host=/socket/dir``, …).
+    after a long outage). ``command_timeout`` (default 30 s) bounds how long an operation's
+    statements may go unanswered: past it the connection is closed, never used again, and the
+    operation fails with StoreUnavailableError. A partition that holds the bytes (no reset, so
+    no error, and TCP keepalives answered by a proxy on the way) would otherwise leave the
+    operation, and its pooled connection, waiting for ever. Migrations are not bounded. Other
+    query options go to libpq as written (``sslmode``, ``connect_timeout``,
+    ``host=/socket/dir``, …).
     """
 
     def __init__(
@@ -130,6 +135,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
         open_timeout: float = 10.0,
         pool_timeout: float = 2.0,
         reconnect_timeout: float = 3.0,
+        command_timeout: float = 30.0,
     ) -> None:
         super().__init__()
         if not _SCHEMA.match(schema):
@@ -139,7 +145,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
             )
         _check_options(pool_min_size=pool_min_size, pool_max_size=pool_max_size,
                        open_timeout=open_timeout, pool_timeout=pool_timeout,
-                       reconnect_timeout=reconnect_timeout)
+                       reconnect_timeout=reconnect_timeout, command_timeout=command_timeout)
         self.conninfo = conninfo
         self.schema = schema
         self.url = f"{conninfo}{'&' if '?' in conninfo else '?'}{urlencode({'schema': schema})}"
@@ -151,6 +157,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
         self.open_timeout = open_timeout
         self.pool_timeout = pool_timeout
         self.reconnect_timeout = reconnect_timeout
+        self.command_timeout = command_timeout
         self._pool: AsyncConnectionPool[_Conn] | None = None
         self._work = asyncio.Event()
         self._listener: asyncio.Task[None] | None = None
@@ -215,6 +222,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
             open_timeout=number("open_timeout", float, 10.0),
             pool_timeout=number("pool_timeout", float, 2.0),
             reconnect_timeout=number("reconnect_timeout", float, 3.0),
+            command_timeout=number("command_timeout", float, 30.0),
         )
 
     # -- connection and schema -------------------------------------------------------------
@@ -365,7 +373,8 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
             return found
         schema = sql.Identifier(self.schema)
         table = sql.Identifier(self.schema, "shoal_migrations")
-        async with self._privileged(), self._connection() as conn, conn.transaction():
+        async with self._privileged(), self._connection(bounded=False) as conn, \
+                conn.transaction():
             await conn.execute(_Q["advisory_xact_lock"], {"key": f"shoal:migrate:{self.schema}"})
             cur = await conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s",
                                      {"schema": self.schema})
@@ -431,8 +440,8 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
             await conn.execute("SELECT 1")
 
     @asynccontextmanager
-    async def _connection(self, *, urgent: bool = False, hot: bool = False
-                          ) -> AsyncIterator[_Conn]:
+    async def _connection(self, *, urgent: bool = False, hot: bool = False,
+                          bounded: bool = True) -> AsyncIterator[_Conn]:
         """A pooled connection, in turn (``urgent`` ones first: renewals). A burst waits as
         long as the queue moves; when no operation got a connection for ``pool_timeout``
         seconds, or the server fails, it is a StoreUnavailableError.
@@ -442,7 +451,10 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
         :class:`_Sticky`) rather than take the next in the pool's rotation (psycopg_pool hands
         its connections out first in, first out): one server process then serves them all, its
         caches warm. The rotation cost a no-op run about a tenth more server CPU, and a busy
-        worker a sixth of its throughput (bench/postgres.py, alternating rounds)."""
+        worker a sixth of its throughput (bench/postgres.py, alternating rounds).
+
+        ``bounded``: the body's statements are answered within ``command_timeout`` seconds or
+        it fails (see :meth:`_answered`); only migrations are not."""
         pool = self._pool
         if pool is None:
             raise StoreUnavailableError(
@@ -461,7 +473,8 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
             if conn is not None:
                 ok = False
                 try:
-                    yield conn
+                    async with self._answered(conn, bounded):
+                        yield conn
                     ok = True
                 finally:
                     sticky.put_back()
@@ -486,7 +499,8 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
                         # wait (asyncio.wait_for on Python 3.11) returns the connection and
                         # drops the cancellation, so a stopping loop would go on forever.
                         raise asyncio.CancelledError
-                    yield conn
+                    async with self._answered(conn, bounded):
+                        yield conn
                     # kept, with its turn, for the next hot operation
                     kept = hot and self._may_keep(pool) and sticky.keep(conn)
                 finally:
@@ -511,6 +525,33 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
             ) from None
         finally:
             self._busy -= 1
+
+    @asynccontextmanager
+    async def _answered(self, conn: _Conn, bounded: bool) -> AsyncIterator[None]:
+        """The body, given ``command_timeout`` seconds to be answered (when ``bounded``).
+        Past them it is cancelled (psycopg asks the server to cancel the statement, if it
+        can reach it) and the connection is closed: its state is unknown, and a partition
+        that holds its bytes would keep it waiting for ever. The pool then replaces it."""
+        if not bounded:
+            yield
+            return
+        limit = asyncio.timeout(self.command_timeout)
+        try:
+            async with limit:
+                yield
+        except TimeoutError:
+            if not limit.expired():
+                raise
+            await conn.close()
+            log.warning("store.unanswered: no answer within command_timeout=%g s: its "
+                        "connection is closed", self.command_timeout,
+                        extra={"event": "store.unanswered"})
+            raise StoreUnavailableError(
+                f"The PostgreSQL store {mask_url(self.url)!r} did not answer within "
+                f"command_timeout={self.command_timeout:g} s (a partition, or a server that "
+                f"hangs): the connection was closed. Raise ?command_timeout= in the store URL "
+                f"if the server is only slow."
+            ) from None
 
     def _may_keep(self, pool: AsyncConnectionPool[_Conn]) -> bool:
         """Whether a hot operation may keep its connection now: the store is still open on
@@ -1397,11 +1438,13 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
         listen = sql.SQL("LISTEN {}").format(sql.Identifier(self.channel))
         while self._pool is not None:
             try:
-                conn = await psycopg.AsyncConnection.connect(
-                    make_conninfo(self.conninfo, **self._application_name("shoal-listen")),
-                    autocommit=True)
+                async with asyncio.timeout(self.open_timeout):
+                    conn = await psycopg.AsyncConnection.connect(
+                        make_conninfo(self.conninfo, **self._application_name("shoal-listen")),
+                        autocommit=True)
                 async with conn:
-                    await conn.execute(listen)
+                    async with asyncio.timeout(self.command_timeout):
+                        await conn.execute(listen)
                     self._listening.set()
                     self._work.set()
                     self._lock_listening()
@@ -1410,8 +1453,10 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
                         async for n in conn.notifies(timeout=30.0):
                             if not self._lock_notified(n.payload):
                                 self._work.set()
-                        # quiet for a while: make sure the connection still answers
-                        await conn.execute("SELECT 1")
+                        # quiet for a while: make sure the connection still answers (one
+                        # that a partition holds would not, and would never fail either)
+                        async with asyncio.timeout(self.command_timeout):
+                            await conn.execute("SELECT 1")
             except asyncio.CancelledError:
                 raise
             except Exception as e:
