@@ -42,6 +42,8 @@ import test_sqlite_processes as sq  # check_invariants, fake_run, fake_history
 from backends import skip_or_fail
 from harness import Processes, read_log, wait_until
 
+import shoal
+
 HERE = Path(__file__).resolve().parent
 FAILOVER_APP = HERE / "failover_app.py"
 STANDBY_NAME = "shoal_standby"   # the standby's application_name: synchronous_standby_names
@@ -113,6 +115,17 @@ class Server(tp.Cluster):
         # dead for good: never started again (it would be a second primary), never stopped
         (self.data / "postmaster.pid").unlink()
 
+    def cut_replication(self, primary: Server, timeout: float = 30.0) -> None:
+        """This standby stops receiving the primary's WAL (it stays a standby): what the
+        primary commits from now on, it never gets."""
+        self.query("ALTER SYSTEM SET primary_conninfo TO ''")
+        self.query("SELECT pg_reload_conf()")
+        deadline = time.monotonic() + timeout
+        while primary.query("SELECT 1 FROM pg_stat_replication"):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the standby still streams after {timeout}s")
+            time.sleep(0.05)
+
     def promote(self) -> None:
         self._run("pg_ctl", "promote", "-D", str(self.data), "-w", "-t", "30")
 
@@ -124,11 +137,10 @@ def _state(pid: int) -> str:
         return "Z"
 
 
-@pytest.fixture
-def pair() -> Iterator[tuple[Server, Server]]:
-    """A primary and its synchronous standby, each in a temporary directory on a free port;
-    stopped and removed afterwards whatever happened (by guard processes should the test
-    process die)."""
+@contextlib.contextmanager
+def _pair(synchronous: bool) -> Iterator[tuple[Server, Server]]:
+    """A primary and its standby, each in a temporary directory on a free port; stopped and
+    removed afterwards whatever happened (by guard processes should the test process die)."""
     bindir = tp._pg_bin()
     if bindir is None:
         skip_or_fail("initdb/pg_ctl/pg_basebackup not found; set SHOAL_TEST_PG_BIN to "
@@ -140,13 +152,28 @@ def pair() -> Iterator[tuple[Server, Server]]:
     try:
         primary.init()
         standby.init_standby(primary)
-        primary.make_synchronous()
+        if synchronous:
+            primary.make_synchronous()
         yield primary, standby
     finally:
         try:
             standby.destroy()
         finally:
             primary.destroy()
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[Server, Server]]:
+    """A primary and its synchronous standby."""
+    with _pair(synchronous=True) as servers:
+        yield servers
+
+
+@pytest.fixture
+def async_pair() -> Iterator[tuple[Server, Server]]:
+    """A primary and its asynchronous standby (PostgreSQL's default)."""
+    with _pair(synchronous=False) as servers:
+        yield servers
 
 
 # -- the checks (pure functions of the rows and the log, so they can be shown to fail) -------------
@@ -423,3 +450,72 @@ async def test_workers_follow_a_promoted_synchronous_standby(
         raise
     finally:
         procs.cleanup()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_what_asynchronous_replication_loses(async_pair: tuple[Server, Server]) -> None:
+    """With asynchronous replication, what the primary acknowledged last may be missing on
+    the promoted standby, as docs/postgres.md says: a lost checkpoint runs its step again, a
+    lost dispatch is gone (``get_run`` raises UnknownRunError, and dispatching its idempotency
+    key again makes a new run). Made certain here: the standby stops receiving WAL (as a
+    standby lagging behind would) before the commits that are to be lost."""
+    primary, standby = async_pair
+    schema, lease = "shoal_async", 2.0
+    url = (f"postgresql://postgres@127.0.0.1:{primary.port},127.0.0.1:{standby.port}/postgres"
+           f"?target_session_attrs=read-write&connect_timeout=3&schema={schema}")
+    ran: Counter[str] = Counter()
+    cut, promoted = asyncio.Event(), asyncio.Event()
+    app = shoal.App("async-loss", store=url, lease=lease)
+
+    async def mark(name: str) -> str:
+        ran[name] += 1
+        return name
+
+    @app.workflow(name="three", max_attempts=5)
+    async def three(ctx: shoal.RunContext, input: dict[str, Any]) -> list[str]:
+        first = await ctx.step("first", mark, "first")
+        await cut.wait()
+        second = await ctx.step("second", mark, "second")
+        await promoted.wait()   # the first execution is aborted here, its lease lost
+        return [first, second, await ctx.step("third", mark, "third")]
+
+    async def on_standby(run_id: str) -> int:
+        try:
+            rows = standby.query(f"SELECT count(*) FROM {schema}.steps WHERE run_id = '{run_id}'")
+        except psycopg.errors.UndefinedTable:   # the schema is not replayed there yet
+            return 0
+        return int(rows[0][0])
+
+    async def checkpoints(run_id: str) -> list[str]:
+        return [s.name for s in await app.store.load_steps(run_id)]
+
+    try:
+        async with app:
+            run = await app.dispatch("three", {}, idempotency_key="run-1")
+            await wait_until(lambda: on_standby(run.id), 30, "the first step on the standby")
+            await asyncio.to_thread(standby.cut_replication, primary)
+            cut.set()
+
+            async def second_checkpointed() -> bool:
+                return await checkpoints(run.id) == ["first", "second"]
+            await wait_until(second_checkpointed, 30, "the second step checkpointed")
+            later = await app.dispatch("three", {}, idempotency_key="run-2", delay=3600)
+            assert (await app.get_run(later.id)).status == "queued"   # acknowledged
+
+            await asyncio.to_thread(primary.kill)
+            await asyncio.sleep(lease + 0.5)
+            await asyncio.to_thread(standby.promote)
+            promoted.set()
+
+            assert await app.result(run.id, timeout=60) == ["first", "second", "third"]
+            assert ran == {"first": 1, "second": 2, "third": 1}, ran
+            with pytest.raises(shoal.UnknownRunError):
+                await app.get_run(later.id)
+            again = await app.dispatch("three", {}, idempotency_key="run-2", delay=3600)
+            assert again.id != later.id
+            await app.cancel(again.id)
+    except BaseException:
+        print(primary.log_tail(15))
+        print(standby.log_tail(30))
+        raise
