@@ -269,12 +269,22 @@ class Cluster:
     def init(self) -> None:
         self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "-E", "UTF8",
                   "--no-sync", "--no-instructions")
+        self.start_guard()
+        self.configure_and_start()
+
+    def start_guard(self) -> None:
+        """The guard process that stops the cluster and removes its directory should the test
+        process die."""
         self.guard = subprocess.Popen(
             [sys.executable, "-c", _GUARD, str(os.getpid()),
              json.dumps([*self.prefix, str(self.bindir / "pg_ctl")]), str(self.data),
              str(self.base)],
             start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL)
+
+    def configure_and_start(self, extra: str = "") -> None:
+        """Append the settings (a free port, ``extra``) to postgresql.conf and start; another
+        port when the one picked was taken meanwhile."""
         for attempt in range(3):
             self.port = _free_port()
             with (self.data / "postgresql.conf").open("a") as f:
@@ -283,7 +293,7 @@ class Cluster:
                         # fsync off only risks an OS crash; synchronous_commit stays on, or
                         # an immediate stop (a crash of the server) loses acknowledged commits
                         "fsync = off\nfull_page_writes = off\n"
-                        "logging_collector = off\n")
+                        f"logging_collector = off\n{extra}")
             try:
                 self.start()
                 return
