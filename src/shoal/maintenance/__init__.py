@@ -4,7 +4,8 @@ loop with its own interval and its own failure handling, started and stopped tog
 =================  =========================================================  ===============
 service            does                                                        every
 =================  =========================================================  ===============
-heartbeat          renews the leases of the runs executing here                ``heartbeat``
+heartbeat          renews the leases of the runs executing here                ``heartbeat``,
+                                                                               while any runs
 pause.expiry       denies approvals whose time ran out                         lease / 3
 pause.notify       calls the ``on_pause_notify`` handlers for new pauses        lease / 3, and
                                                                                when one is made
@@ -75,7 +76,8 @@ class Maintenance:
         ns = config.namespace
         telemetry = engine.telemetry
         return cls(
-            heartbeat=Heartbeat(clock, engine.heartbeat, reporter, engine.renew),
+            heartbeat=Heartbeat(clock, engine.heartbeat, reporter, engine.renew,
+                                engine.until_renewing),
             expiry=PauseExpiry(clock, every, reporter, store, ns, engine.kick),
             notification=PauseNotification(clock, every, reporter, store, ns, config.lease,
                                            registry.on_pause_notify, telemetry),
