@@ -230,20 +230,19 @@ def test_an_idle_app_settles_only_while_its_loops_run() -> None:
     run_counting(main)
 
 
-def test_an_idle_app_hour_is_one_wake_up_per_pass_and_beat() -> None:
-    """An idle app's hour on the memory store: a membership beat every 5 s and five maintenance
-    passes every 10 s, each one wake-up, the ones due at the same moment woken together; the
-    heartbeat, with no run to renew, sleeps until one starts. The beats' timeouts and the
-    validity watchdog cost a timer (two tasks) each beat, and about 13,000 turns an hour,
-    before; a store that answers at once needs neither."""
+def test_an_idle_app_hour_is_one_wake_up_per_beat() -> None:
+    """An idle app's hour on the memory store: a membership beat every 5 s, one wake-up each.
+    The maintenance passes, which the memory store tells that no work is due, sleep until
+    some is or the store is written to; the heartbeat, with no run to renew, until one starts.
+    The beats' timeouts and the validity watchdog cost a timer (two tasks) each beat, and
+    about 13,000 turns an hour, before; a store that answers at once needs neither. The
+    passes woke 1,800 times more, and the heartbeat 360."""
     async def main(selector: CountingSelector) -> None:
         sleeps, turns, beating = await _idle_hour(selector)
         assert beating                                  # the membership still beats
         assert sleeps.count(5.0) == 720                 # the beats: 1,442 with their timers
-        assert sleeps.count(10.0) == 5 * 360            # the passes: 2,885 with the watchdog's
-        assert len(sleeps) == 720 + 5 * 360
-        # 720 moments with something due (every 5 s): 13,300 turns before, 3,600 one at a time
-        assert turns < 3 * 720
+        assert len(sleeps) < 720 + 10                   # passes: 2,885 with the watchdog's
+        assert turns < 3 * 720                          # 13,300 turns before
 
     run_counting(main)
 
