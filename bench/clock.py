@@ -15,7 +15,8 @@ wake-up. Scenarios:
 
 - ``nothing due``: a bare clock with one sleeper at the end of a day, one ``advance(86400)``.
 - ``idle app``: an ``App`` with no run, one ``advance`` over the span (its loops: a membership
-  beat every 5 s, the heartbeat and six maintenance services every ``lease / 3`` = 10 s).
+  beat every 5 s; the maintenance services sleep until the memory store says work is due, and
+  the heartbeat, with nothing to renew, until a run starts).
 - ``idle app, hourly``: the same span in ``advance(3600)`` calls, as a test often moves.
 - ``a little work``: the idle app with 10 runs, each a plain-function step (a thread) and an
   hour's ``ctx.sleep``, over and over: 10 threads and 10 durable sleeps an hour.

@@ -573,7 +573,7 @@ class App:
                                        self.telemetry)
         self._maintenance = host.maintenance = Maintenance.build(
             engine, self._calls, self.clock, config, self._registry, self._fire_cron,
-            self._prune_coordination)
+            self._prune_coordination, coordination_in_store=self._coord_store is None)
         membership = self._membership_for() if self._coordinates() else None
         engine.start()
         self._maintenance.start()

@@ -211,6 +211,8 @@ class Engine:
         self._lease_due: float | None = None
         self._lease_wake = asyncio.Event()
         self._watchdog: asyncio.Task[None] | None = None
+        self._launched = asyncio.Event()   # wakes a heartbeat that had nothing to renew
+        self._nothing_to_renew = False     # the heartbeat waits for a run to start here
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -349,6 +351,8 @@ class Engine:
     def _renewals_stalled(self) -> bool:
         """A renewal pass is overdue (the store does not answer it, or this process was
         frozen): runs claimed now could not be kept either."""
+        if self._nothing_to_renew:
+            return False
         last = self.last_beat_at if self.last_beat_at is not None else self.started_at
         return self.clock.now() - last > 2 * self.heartbeat
 
@@ -388,6 +392,18 @@ class Engine:
             await self._renew()
         finally:
             self.last_beat_at = self.clock.now()
+
+    async def until_renewing(self) -> None:
+        """Wait until a run executes here (at once if one does). Meanwhile no renewal pass is
+        due, so none is overdue: claims are not refused for one (:meth:`_renewals_stalled`)."""
+        while not self._local:
+            self._launched.clear()
+            self._nothing_to_renew = True
+            try:
+                await self._launched.wait()
+            finally:
+                self._nothing_to_renew = False
+                self.last_beat_at = self.clock.now()
 
     async def _renew(self) -> None:
         # an execution stopping (interrupted, cancelled) keeps its lease while it winds down
@@ -456,6 +472,7 @@ class Engine:
         x.task.add_done_callback(lambda _: self._retire(x))
         if self._lease_due is None or x.held_until - self.drift_margin < self._lease_due:
             self._lease_wake.set()
+        self._launched.set()
 
     async def _lease_watchdog(self) -> None:
         """Abort, locally, every execution whose lease ends (less :data:`DRIFT_MARGIN` of it)

@@ -4,7 +4,8 @@ loop with its own interval and its own failure handling, started and stopped tog
 =================  =========================================================  ===============
 service            does                                                        every
 =================  =========================================================  ===============
-heartbeat          renews the leases of the runs executing here                ``heartbeat``
+heartbeat          renews the leases of the runs executing here                ``heartbeat``,
+                                                                               while any runs
 pause.expiry       denies approvals whose time ran out                         lease / 3
 pause.notify       calls the ``on_pause_notify`` handlers for new pauses        lease / 3, and
                                                                                when one is made
@@ -17,6 +18,10 @@ retention          deletes old final runs, resolved pauses, stale coordination  
 cron               one loop per trigger, firing each tick once                  its schedule
 =================  =========================================================  ===============
 
+On the memory store every periodic service but the heartbeat sleeps, after a pass that found
+nothing due before its next interval, until the store says work is due or is written to
+(:class:`~shoal.maintenance.service.DueWork`).
+
 A new service subclasses :class:`~shoal.maintenance.service.Service` (a pass every interval) or
 :class:`~shoal.maintenance.service.Triggered` (a pass in the background, also on demand), and is
 added in :meth:`Maintenance.build`. The engine itself keeps claim, execute and settle.
@@ -25,6 +30,7 @@ added in :meth:`Maintenance.build`. The engine itself keeps claim, execute and s
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -39,8 +45,9 @@ from shoal.maintenance.outbox import OutboxDelivery
 from shoal.maintenance.pauses import PauseExpiry, PauseNotification
 from shoal.maintenance.recovery import Recovery
 from shoal.maintenance.retention import Retention
-from shoal.maintenance.service import Pass, Reporter, Service, Triggered
+from shoal.maintenance.service import Pass, Reporter, Service, Triggered, due_work
 from shoal.ports import Store
+from shoal.telemetry import Telemetry
 
 
 @dataclass
@@ -69,13 +76,35 @@ class Maintenance:
     @classmethod
     def build(cls, engine: Engine, store: Store, clock: Clock, config: EngineConfig,
               registry: Registry, fire: Fire,
-              prune_coordination: Callable[[float], Awaitable[None]]) -> Maintenance:
+              prune_coordination: Callable[[float], Awaitable[None]],
+              coordination_in_store: bool = True) -> Maintenance:
+        """The services of one instance; on a store that says when work is due (the memory
+        store), each sleeps until its work is (retention only when coordination is kept in
+        that store too: it prunes that as well)."""
         every = config.lease / 3
         reporter = Reporter(clock, registry.on_error, every)
         ns = config.namespace
         telemetry = engine.telemetry
+        built = cls._build(engine, store, clock, config, registry, fire, prune_coordination,
+                           every, reporter, ns, telemetry)
+        known = due_work(store)
+        if known is not None:
+            for service in built.services:
+                if service is built.retention and not coordination_in_store:
+                    continue
+                service.quiet_on(known, functools.partial(
+                    known.next_due, ns, service.name, run_retention=config.run_retention,
+                    pause_retention=config.pause_retention))
+        return built
+
+    @classmethod
+    def _build(cls, engine: Engine, store: Store, clock: Clock, config: EngineConfig,
+               registry: Registry, fire: Fire,
+               prune_coordination: Callable[[float], Awaitable[None]], every: float,
+               reporter: Reporter, ns: str, telemetry: Telemetry) -> Maintenance:
         return cls(
-            heartbeat=Heartbeat(clock, engine.heartbeat, reporter, engine.renew),
+            heartbeat=Heartbeat(clock, engine.heartbeat, reporter, engine.renew,
+                                engine.until_renewing),
             expiry=PauseExpiry(clock, every, reporter, store, ns, engine.kick),
             notification=PauseNotification(clock, every, reporter, store, ns, config.lease,
                                            registry.on_pause_notify, telemetry),

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Protocol, cast
 
-from shoal._tasks import cancel_and_wait, really_cancelled, report
+from shoal._tasks import cancel_and_wait, first_of, really_cancelled, report
 from shoal.clock import Clock
 from shoal.scope import outside_run
 
@@ -45,10 +45,34 @@ class Reporter:
         await report(self._handlers, error)
 
 
+class DueWork(Protocol):
+    """A store whose every writer is in this process (the memory store) can say when a pass
+    could next find work, and when it was written to: a service need not poll it meanwhile."""
+
+    def next_due(self, namespace: str, work: str, now: float, *, run_retention: float = 0.0,
+                 pause_retention: float = 0.0) -> float | None: ...
+
+    async def next_write(self) -> None: ...
+
+
+def due_work(store: object) -> DueWork | None:
+    """``store`` itself when its class says when work is due (a wrapper that passes calls on to
+    such a store is not: it may fail or stall calls, which only polls would report)."""
+    kind = type(store)
+    if callable(getattr(kind, "next_due", None)) and callable(getattr(kind, "next_write", None)):
+        return cast(DueWork, store)
+    return None
+
+
 class Service:
     """A pass every ``interval`` seconds of the app's clock, the first one at start. A pass that
     raises is reported and the loop goes on; one that never returns leaves ``last_loop_at``
-    behind, which liveness notices. Subclasses implement :meth:`run_once`."""
+    behind, which liveness notices. Subclasses implement :meth:`run_once`.
+
+    On a store that says when work is due (:class:`DueWork`: the memory store) a service whose
+    pass succeeded and found nothing due before its next interval sleeps until something is, or
+    until the store is written to, then goes on at its interval: an idle app's day of virtual
+    time wakes it a few times, not 8,640."""
 
     name = "service"
     failure_event = "poll.failed"
@@ -61,6 +85,15 @@ class Service:
         self.last_loop_at: float | None = None   # the last pass that came back at all
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
+        self._due: Callable[[float], float | None] | None = None   # see quiet_on
+        self._due_store: DueWork | None = None
+        self._pass_failed = False      # the last pass raised
+        self._quiet = False       # asleep until work is due
+
+    def quiet_on(self, store: DueWork, due: Callable[[float], float | None]) -> None:
+        """Sleep between passes until ``due(now)`` (None: no work until a write) or a write of
+        ``store``, rather than every interval."""
+        self._due_store, self._due = store, due
 
     async def run_once(self) -> None:
         """One pass; raises when it failed."""
@@ -68,8 +101,10 @@ class Service:
 
     async def pass_once(self) -> None:
         """One pass now, its failure reported rather than raised."""
+        self._pass_failed = True
         try:
             await self.run_once()
+            self._pass_failed = False
         except asyncio.CancelledError:
             if really_cancelled():
                 raise
@@ -86,7 +121,34 @@ class Service:
             await self.clock.sleep(self.interval)
         while not self._stopped:
             await self.pass_once()
-            await self.clock.sleep(self.interval)
+            await self._rest()
+
+    async def _rest(self) -> None:
+        """Until the next pass: an interval; or, when the store says no work is due before
+        that (see the class), until some is or the store is written to (then the rest of the
+        interval: a write during busy times wakes a service once, not once a write)."""
+        last = self.clock.now()
+        writes, due = self._due_store, self._due
+        if writes is not None and due is not None and await self._succeeded():
+            when = due(last)
+            if when is None or when > last + self.interval:
+                self._quiet = True
+                try:
+                    if when is None:
+                        await writes.next_write()
+                        wrote = True
+                    else:
+                        wrote = await first_of(writes.next_write(), self.clock, when - last)
+                finally:
+                    self._quiet = False
+                    self.last_loop_at = self.clock.now()
+                if not wrote:   # work is due
+                    return
+        await self.clock.sleep(max(0.0, last + self.interval - self.clock.now()))
+
+    async def _succeeded(self) -> bool:
+        """The last pass came back without failing."""
+        return not self._pass_failed
 
     def start(self, *, first: bool = True) -> None:
         """Start the loop; with ``first`` False, its first pass is one interval away (the
@@ -100,7 +162,10 @@ class Service:
             await cancel_and_wait(task)
 
     def stuck_for(self) -> float:
-        """Seconds since the last pass came back (or since start)."""
+        """Seconds since the last pass came back (or since start); 0 while it sleeps until work
+        is due (its last pass came back)."""
+        if self._quiet:
+            return 0.0
         last = self.last_loop_at if self.last_loop_at is not None else self.started_at
         return self.clock.now() - last
 
@@ -143,15 +208,29 @@ class Triggered(Service):
     async def _run(self) -> None:
         while True:
             self._again = False
+            self._pass_failed = True
             try:
                 await self.run_once()
+                self._pass_failed = False
             except Exception as e:
                 log.warning("%s.failed: %s: %s", self.name, type(e).__name__, e,
                             extra={"event": f"{self.name}.failed"})
             if not self._again:
                 return
 
+    async def _succeeded(self) -> bool:
+        """The pass just triggered came back, within an interval, without failing (one still
+        running after that: not known, so not quiet)."""
+        task = self._pass
+        if task is None:
+            return not self._pass_failed
+        if not task.done() and not await first_of(asyncio.shield(task), self.clock,
+                                                  self.interval):
+            return False
+        return not task.cancelled() and not self._pass_failed
+
     async def pass_once(self) -> None:
+        self._pass_failed = False
         self.trigger()
         self.last_loop_at = self.clock.now()
 

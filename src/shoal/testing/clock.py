@@ -65,7 +65,9 @@ class _CountingExecutor(concurrent.futures.ThreadPoolExecutor):
 class VirtualClock:
     """A clock that moves only when told. ``await clock.advance(s)`` lets the work already started
     reach its next wait, then moves time forward, waking every due ``sleep`` in time order
-    (lease renewals, polls, durable sleeps), letting each woken task run before the next.
+    (lease renewals, polls, durable sleeps), letting the tasks woken at one moment run before
+    the next. The sleeps due at the same moment wake together, in the order they began, and the
+    loop settles once for them all: an app's polls and beats share their moments.
 
     Work the event loop runs in a thread (a plain-function step, a sync outbox handler: anything
     given to ``asyncio.to_thread``) counts as work already started: the clock makes the loop's
@@ -101,21 +103,26 @@ class VirtualClock:
         await future
 
     async def advance(self, seconds: float) -> None:
-        """Move time forward by ``seconds``, waking due sleeps in time order; before it moves,
-        and after each wake-up, the work started meanwhile (threads included) reaches its
-        next wait."""
+        """Move time forward by ``seconds``, waking due sleeps in time order (those due at one
+        moment together); before it moves, and after each moment's wake-ups, the work started
+        meanwhile (threads included) reaches its next wait."""
         if seconds < 0:
             raise ValueError("a VirtualClock only moves forward")
         self._attach()
         target = self._now + seconds
         await self._quiet()
-        while self._waiters and self._waiters[0][0] <= target:
-            when, _, future = heapq.heappop(self._waiters)
-            if future.done():
-                continue
-            self._now = max(self._now, when)
-            future.set_result(None)
-            await self._quiet()
+        waiters = self._waiters
+        while waiters and waiters[0][0] <= target:
+            when = waiters[0][0]
+            woken = False   # a moment whose sleeps were all cancelled needs no settle
+            while waiters and waiters[0][0] == when:
+                future = heapq.heappop(waiters)[2]
+                if not future.done():
+                    future.set_result(None)
+                    woken = True
+            if woken:
+                self._now = max(self._now, when)
+                await self._quiet()
         self._now = target
         await self._quiet()
 

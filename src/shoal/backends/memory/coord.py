@@ -6,7 +6,7 @@ loop. :class:`MemoryStore` inherits it, so ``memory://`` apps of one process coo
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -222,6 +222,16 @@ class MemoryCoordination:
                                 tuple(meters), complete)
 
     # -- retention -----------------------------------------------------------------------------
+
+    def _coordination_ends(self, namespace: str) -> Iterable[float]:
+        """When each row ``prune_coordination`` deletes stops mattering (it deletes those that
+        stopped before its ``before``)."""
+        for (ns, _), (debt, at) in self._meters.items():
+            if ns == namespace:
+                yield at + debt / 1000.0
+        for (ns, _), row in self._locks.items():
+            if ns == namespace:
+                yield from (until for _, until in row.waiters.values())
 
     async def prune_coordination(self, namespace: str, before: float, limit: int) -> int:
         deleted = 0

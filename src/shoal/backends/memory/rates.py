@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from shoal.ports import check_counter_args, check_needs
@@ -262,6 +263,22 @@ class MemoryRateLimits:
         return found
 
     # -- retention -----------------------------------------------------------------------------
+
+    def _rate_ends(self, namespace: str) -> Iterable[float]:
+        """When each row ``prune_rates`` deletes stops mattering (it deletes those that stopped
+        before its ``before``)."""
+        for (ns, _), slots in self._slots.items():
+            if ns == namespace:
+                yield from slots.values()
+        for (ns, _), w in self._windows.items():
+            if ns == namespace and w.entries:
+                yield w.entries[0][0]
+        for (ns, _), until in self._rate_pauses.items():
+            if ns == namespace:
+                yield until
+        for (ns, _), (_, updated_at) in self._counters.items():
+            if ns == namespace:
+                yield math.nextafter(updated_at, math.inf)   # older than: just after
 
     async def prune_rates(self, namespace: str, before: float, limit: int) -> int:
         deleted = 0

@@ -9,11 +9,14 @@ SQL stores (a tuple as a list).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
+import functools
+import inspect
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from shoal import _json
 from shoal.backends._batches import (
@@ -89,6 +92,7 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
         self._tree: dict[tuple[str, str], tuple[JSON, str, str]] = {}
         self._notifying: dict[str, float] = {}   # pause id -> taken until
         self._waiters: list[asyncio.Future[None]] = []
+        self._write_waiters: list[asyncio.Future[None]] = []   # next_write() calls
 
     async def open(self, *, migrate: bool = True) -> None:
         return None   # no schema: nothing to migrate, nothing to refuse
@@ -471,6 +475,7 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
                 out.append(run)
         if out:
             self._touch()
+            self._wrote()
         return out
 
     async def cancel_run(self, run_id: str, now: float) -> Run | None:
@@ -639,8 +644,11 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
                    if p.namespace == namespace and p.status == "pending"
                    and p.expires_at is not None and p.expires_at <= now]
         decision = {"approved": False, "data": None, "by": None, "reason": "expired"}
-        return [self._resolve(p, decision, now)
-                for p in sorted(expired, key=lambda p: (p.created_at, p.id))]
+        resolved = [self._resolve(p, decision, now)
+                    for p in sorted(expired, key=lambda p: (p.created_at, p.id))]
+        if resolved:
+            self._wrote()
+        return resolved
 
     async def claim_notifications(
         self, namespace: str, now: float, lease: float, limit: int
@@ -824,4 +832,112 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
             self._runs[r.id] = replace(r, held=False)
         if n:
             self._touch()
+            self._wrote()
         return n
+
+    # -- when maintenance has work (every writer of this store is in this process) ---------
+
+    def next_due(self, namespace: str, work: str, now: float, *, run_retention: float = 0.0,
+                 pause_retention: float = 0.0) -> float | None:
+        """The earliest moment a maintenance pass of ``work`` (a service's name) could find
+        something to do in ``namespace`` as the store is now (``now`` or before: at once), or
+        None while only a write can give it some; an unknown ``work`` is due at once. Between
+        two passes a service asks this, and sleeps until then or the next write
+        (:meth:`next_write`): a later write may make work due sooner."""
+        times: Iterable[float | None]
+        if work == "recovery":
+            times = (_recovery_due(r, now) for r in self._in(namespace))
+        elif work == "pause.expiry":
+            times = (p.expires_at for p in self._pauses.values()
+                     if p.namespace == namespace and p.status == "pending")
+        elif work == "pause.notify":
+            times = (self._notifying.get(p.id, now) for p in self._pauses.values()
+                     if p.namespace == namespace and not p.notified)
+        elif work == "outbox.delivery":
+            times = (e.next_at for e in self._outbox.values()
+                     if e.namespace == namespace and not e.dead and e.delivered_at is None)
+        elif work == "admission":
+            times = (now for r in self._in(namespace) if r.held)
+        elif work == "retention":
+            # runs and pauses go once they are older than their retention: just after it ends
+            times = (*(_after(r.finished_at + run_retention) for r in self._in(namespace)
+                       if r.status.final and r.finished_at is not None),
+                     *(_after(p.resolved_at + pause_retention) for p in self._pauses.values()
+                       if p.namespace == namespace and p.resolved_at is not None),
+                     *(t + run_retention for t in self._coordination_ends(namespace)),
+                     *(t + run_retention for t in self._rate_ends(namespace)))
+        else:
+            return now
+        return min((t for t in times if t is not None), default=None)
+
+    async def next_write(self) -> None:
+        """Return at the next write that may bring work due sooner (see ``_QUIET_WRITES``)."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._write_waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            if not waiter.done():
+                waiter.cancel()
+            with contextlib.suppress(ValueError):
+                self._write_waiters.remove(waiter)
+
+    def _wrote(self) -> None:
+        waiters, self._write_waiters = self._write_waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+
+def _after(t: float) -> float:
+    """The first moment after ``t``."""
+    return math.nextafter(t, math.inf)
+
+
+def _recovery_due(r: Run, now: float) -> float | None:
+    """When recovery (and the claim pass it asks for) may act on ``r``: its lease's end while
+    it runs, at once when released, its ``run_at`` while it waits to be claimed."""
+    if r.status == RunStatus.RUNNING:
+        return r.lease_expires_at
+    if r.status == RunStatus.INTERRUPTED:
+        return now
+    if (r.status == _Q and not r.held) or r.status in (RunStatus.SLEEPING, RunStatus.WAITING):
+        return r.run_at
+    return None
+
+
+# Writes that never bring maintenance work due sooner, so they wake no sleeping service: a
+# membership beat or a renewal only pushes an end later; a claim takes a run that was due
+# already; the passes' own claims and prunes push later or delete. (The passes that change
+# something a service waits for announce it themselves: recover_runs, expire_pauses and
+# release_held, when they changed a row.) Every other write of the store announces itself.
+_QUIET_WRITES = frozenset({
+    "heartbeat", "renew_leases", "lock_renew", "slot_renew", "claim_runs", "claim_notifications",
+    "claim_outbox", "prune_runs", "prune_pauses", "prune_coordination", "prune_rates",
+    "fold_stats", "recover_runs", "expire_pauses", "release_held",
+})
+_READS = frozenset({
+    "open", "close", "migrate", "ping", "wait_for_work", "get_workflow", "list_workflows",
+    "get_run", "list_runs", "incompatible_runs", "load_steps", "get_tree_key", "tree_keys",
+    "get_pause", "list_pauses", "dead_letters", "search_runs", "inspect_run", "run_owners",
+    "finished_per_minute", "stats", "coordination_view", "ledger", "read_rates", "paused_until",
+    "get_graph_checkpoint", "list_graph_checkpoints",
+})
+
+
+def _announced(write: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    @functools.wraps(write)
+    async def announce(self: MemoryStore, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await write(self, *args, **kwargs)
+        finally:
+            if self._write_waiters:
+                self._wrote()
+    return announce
+
+
+for _name in dir(MemoryStore):
+    _method = getattr(MemoryStore, _name)
+    if (not _name.startswith("_") and _name not in _READS and _name not in _QUIET_WRITES
+            and inspect.iscoroutinefunction(_method)):
+        setattr(MemoryStore, _name, _announced(_method))
