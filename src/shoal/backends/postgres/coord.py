@@ -22,7 +22,7 @@ import json
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, LiteralString, TypeVar
 
 import psycopg
 from psycopg.rows import DictRow
@@ -57,8 +57,12 @@ class PostgresCoordination:
         pool_timeout: float
         _pool: AsyncConnectionPool[_Conn] | None
         _listening: asyncio.Event
+        _scope: list[tuple[LiteralString, dict[str, Any]]]
 
         def _connection(self, *, urgent: bool = False) -> AbstractAsyncContextManager[_Conn]: ...
+
+        def _transaction(self, conn: _Conn, *, snapshot: bool = False
+                         ) -> AbstractAsyncContextManager[None]: ...
 
         async def _retry(self, attempt: Callable[[], Awaitable[_T]]) -> _T: ...
 
@@ -75,12 +79,13 @@ class PostgresCoordination:
     ) -> list[DictRow]:
         """The rows of the last statement of ``steps``, all run as one transaction in one
         round trip: on a pooled connection (autocommit, so psycopg sends no BEGIN) the server
-        runs the statements of a pipeline as one implicit transaction, committed at its sync.
+        runs the statements of a pipeline as one implicit transaction, committed at its sync
+        (in a stateless store, the first sets the session's settings for it: ``_scope``).
         ``urgent`` (renewals of leases) goes before the other operations waiting for a
         connection."""
         async with self._connection(urgent=urgent) as conn:
             async with conn.pipeline():
-                for query, args in steps:
+                for query, args in [*self._scope, *steps]:
                     cur = await conn.execute(query, args)
             return await cur.fetchall() if cur.description is not None else []
 
@@ -217,18 +222,16 @@ class PostgresCoordination:
     async def coordination_view(
         self, namespace: str, now: float, limit: int = 100
     ) -> CoordinationView:
-        """Five reads in one REPEATABLE READ READ ONLY transaction (one snapshot), sent in one
-        pipeline: one round trip for the statements, one for the commit."""
+        """Five reads in one REPEATABLE READ READ ONLY transaction (one snapshot): one round
+        trip to begin it, one for the statements (a pipeline), one for the commit."""
         args: dict[str, Any] = {"namespace": namespace, "now": float(now),
                                 "limit": int(limit) + 1}
         names = ("view_roster", "view_members", "view_locks_held", "view_lock_waiters",
                  "view_meters")
 
         async def read() -> list[list[DictRow]]:
-            async with self._connection() as conn, conn.transaction():
+            async with self._connection() as conn, self._transaction(conn, snapshot=True):
                 async with conn.pipeline():
-                    await conn.execute(
-                        "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
                     cursors = [await conn.execute(_Q[name], args) for name in names]
                 return [await cur.fetchall() for cur in cursors]
 
