@@ -248,9 +248,10 @@ class PgBouncer:
 
 
 @contextlib.contextmanager
-def running_pgbouncer(pool_mode: str = "transaction") -> Iterator[PgBouncer]:
+def running_pgbouncer(pool_mode: str = "transaction", pool_size: int = 20
+                      ) -> Iterator[PgBouncer]:
     """A started :class:`PgBouncer`, killed and its directory removed afterwards."""
-    bouncer = PgBouncer(pool_mode)
+    bouncer = PgBouncer(pool_mode, pool_size)
     try:
         bouncer.start()
         yield bouncer

@@ -4,9 +4,10 @@ sends in a run's life.
 
 The workflow ``order``: a step, a durable sleep, a wait for the signal ``go``, an approval, a
 model call through ``app.provider("model", max_concurrent=1)`` and ``app.lock("shared")``, each
-in a step that logs when it holds them, then an outbox email whose handler creates the effect
-file of its key with ``O_CREAT | O_EXCL`` (the first delivery only). ``ping`` returns its input.
-A worker logs each slot assignment it gets (``app.on_assigned``) for ``SLOTS`` slots.
+in a step that logs when it holds them, then a step sending an outbox email, whose handler
+creates the effect file of its key with ``O_CREAT | O_EXCL`` (the first delivery only).
+``ping`` returns its input. A worker logs each slot assignment it gets (``app.on_assigned``)
+for ``SLOTS`` slots.
 
 ``python pooler_app.py worker``      serve until SIGTERM (``App.run_forever``), then close
 ``python pooler_app.py dispatcher``  ``dispatch_many`` ``POOL_RUNS`` orders, signal each, then
@@ -70,7 +71,12 @@ def make_app(instance_id: str | None = None) -> shoal.App:
         decision = await ctx.approval("ship", {"i": i}, expires_in=300)
         await ctx.step("model", call_model, i)
         token = await ctx.step("lock", under_lock, i)
-        ctx.outbox.send("email", {"i": i})
+
+        async def notify() -> bool:
+            ctx.outbox.send("email", {"i": i})
+            return True
+
+        await ctx.step("notify", notify)
         return {"i": i, "prepared": prepared, "signal": signal, "approved": decision.approved,
                 "token": token}
 

@@ -40,7 +40,7 @@ from harness import Processes, read_log, wait_until
 import shoal
 from shoal.backends.postgres import PostgresStore
 from shoal.backends.postgres.store import POLL_INTERVAL
-from shoal.ports import Store
+from shoal.ports import RateStore, Store
 from shoal.testing.contract import (
     CoordContract,
     CoordDifferential,
@@ -123,6 +123,14 @@ class TestCoordinationBehindPgBouncer(CoordContract, CoordDifferential):
 
 
 class TestRateLimitsBehindPgBouncer(RateContract, RateDifferential):
+    # as directly (tests/contract/test_rate_postgres.py says why)
+    @pytest.mark.xfail(strict=True, reason="PostgreSQL admit writes the circuit's counter rows "
+                       "(at 0) even when a need before it was refused or its pause is in force")
+    async def test_admit_writes_no_counter_of_a_circuit_it_never_reached(
+        self, rates: RateStore
+    ) -> None:
+        await super().test_admit_writes_no_counter_of_a_circuit_it_never_reached(rates)
+
     @pytest.fixture
     async def rates(self, bouncer: PgBouncer, schema: str) -> AsyncIterator[PostgresStore]:
         s = await _open(bouncer, schema)
@@ -230,7 +238,9 @@ async def test_workers_and_a_dispatcher_through_pgbouncer_only(
     n = 12
     log, effects = tmp_path / "log", tmp_path / "effects"
     effects.mkdir()
-    with running_pgbouncer(pool_mode) as b:
+    # in session mode every client connection holds a server connection: 4 processes, each
+    # with a pool of 4 and a LISTEN connection
+    with running_pgbouncer(pool_mode, pool_size=30 if pool_mode == "session" else 10) as b:
         url = b.url(schema, **options)
         procs = Processes(tmp_path, POOLER_APP, "POOL",
                           {"POOL_STORE": url, "POOL_LOG": str(log), "POOL_EFFECTS": str(effects),

@@ -11,7 +11,9 @@ reads and writes. ``queries.sql`` (under ``-- coordination``) explains each stat
 A release ``NOTIFY``s the store's channel in its transaction with a payload ``lock <json>``
 naming the waiters it wakes (the new first waiter of each key it left free); the store's LISTEN
 connection hands those to :meth:`_lock_notified`, which wakes the watches of those waiters only.
-A release through this store object wakes its own watches at once itself.
+A release through this store object wakes its own watches at once itself. Without LISTEN (a
+pooler in transaction mode, no ``direct_url``) the store polls instead: :meth:`_lock_poll` wakes
+the watches of the waiters a release would have named.
 """
 
 from __future__ import annotations
@@ -156,6 +158,18 @@ class PostgresCoordination:
         announced while it was down."""
         self._lock_listened = True
         self._lock_watches.wake_every()
+
+    async def _lock_poll(self) -> None:
+        """In place of the notifications a release sends (no LISTEN): wake the watches of the
+        waiters that are first on a key no one holds, as lock_release names them, and no
+        other."""
+        keys: dict[str, set[str]] = {}
+        for watch in self._lock_watches.every():
+            keys.setdefault(watch.namespace, set()).update(watch.keys)
+        for namespace, wanted in keys.items():
+            rows = await self._pipelined([(_Q["lock_heads"], {
+                "namespace": namespace, "keys": sorted(wanted)})])
+            self._lock_watches.wake(namespace, [row["holder"] for row in rows])
 
     def _lock_notified(self, payload: str) -> bool:
         """Wake the watches of the waiters a lock notification names; False if ``payload`` is

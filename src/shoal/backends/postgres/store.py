@@ -1509,15 +1509,22 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
 
     async def _poll(self) -> None:
         """No LISTEN (a pooler in transaction mode lends the listening connection's server
-        connection to others between transactions: notifications would reach nobody), so wake
-        the waiter and every lock watch every POLL_INTERVAL seconds: each asks the store again,
-        a spurious wake-up rather than a lost one."""
+        connection to others between transactions: notifications would reach nobody). Every
+        POLL_INTERVAL seconds, wake the waiter of wait_for_work (a hint: the engine looks for
+        due runs then) and ask the store which lock watches a release has made first in line
+        (only while there are watches)."""
         self._listening.set()
         self._lock_listening()
         while self._pool is not None:
             await asyncio.sleep(POLL_INTERVAL)
             self._work.set()
-            self._lock_listening()
+            if not self._lock_watches:
+                continue
+            try:
+                await self._lock_poll()
+            except (StoreUnavailableError, psycopg.Error) as e:
+                # the waiters' own timers go on; the next poll asks again
+                log.debug("lock poll failed: %s", self._reason(e))
 
     async def _listen(self) -> None:
         """LISTEN on a connection of its own, and reconnect when it drops. After each
