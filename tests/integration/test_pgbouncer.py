@@ -26,6 +26,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -307,3 +309,24 @@ async def _check_slots(procs: Processes, log: Path) -> None:
         return all(owned) and sorted(owned[0] + owned[1]) == list(range(4)) \
             and len(owned[0]) == 2
     await wait_until(split, 60.0, "the slots split between the two workers")
+
+
+def test_the_docs_example_runs_through_pgbouncer(bouncer: PgBouncer, schema: str,
+                                                  tmp_path: Path) -> None:
+    """docs/postgres.md's example behind a pooler (a python-norun block: it needs PgBouncer),
+    with its hosts made this PgBouncer and this server, in a schema of the test's own."""
+    page = (HERE.parent.parent / "docs" / "postgres.md").read_text()
+    section = page.split("## Behind a pooler", 1)[1]
+    code = section.split("```python-norun\n", 1)[1].split("```", 1)[0]
+    pooled = "postgresql://app:secret@pgbouncer.internal:6432/billing"
+    server = "postgresql://app:secret@db.internal:5432/billing"
+    assert pooled in code and server in code and "?pooler=transaction" in code
+    code = code.replace(pooled, bouncer.url(schema).partition("?")[0]).replace(
+        server, direct()).replace("?pooler=transaction", f"?schema={schema}&pooler=transaction")
+    script = tmp_path / "example.py"
+    script.write_text(code)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "{'settled': 40}"
