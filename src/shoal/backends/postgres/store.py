@@ -101,9 +101,10 @@ _SCHEMA = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,48}$")
 _OPTIONS = {"schema", "pool_min_size", "pool_max_size", "open_timeout", "pool_timeout",
             "reconnect_timeout", "pooler", "direct_url"}
 _POOLERS = ("session", "transaction")
-# Without LISTEN (pooler=transaction and no direct_url), how often lock waiters try again. Idle
-# workers look for due runs every second anyway (the engine's watch loop, runner.py): a dispatch
-# starts within about this long rather than at once.
+# Without LISTEN (pooler=transaction and no direct_url), how often the store asks which lock
+# waiters a release made first in line (PostgresStore._poll). Idle workers look for due runs
+# every second anyway (the engine's watch loop, runner.py): a dispatch starts within about a
+# second rather than at once.
 POLL_INTERVAL = 1.0
 # Transient refusals of one transaction: it did nothing, so it is run again.
 _RETRYABLE = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
@@ -237,11 +238,12 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
         if direct is not None:
             try:
                 conninfo_to_dict(direct)
-            except psycopg.Error as e:
+            except psycopg.Error:
+                # libpq's reason may quote the value, password and all: not shown
                 raise ConfigurationError(
-                    f"direct_url in the PostgreSQL URL {mask_url(url)!r} is not a libpq URL "
-                    f"(percent-encode it: ?direct_url=postgresql%3A%2F%2Fuser%40host%3A5432%2Fdb)"
-                    f": {' '.join(str(e).split())}") from None
+                    f"direct_url in the PostgreSQL URL {mask_url(url)!r} is not a URL libpq "
+                    f"can read: write the server's own URL, percent-encoded, as in "
+                    f"?direct_url=postgresql%3A%2F%2Fuser%40host%3A5432%2Fdb.") from None
 
         def number(name: str, kind: type[int] | type[float], default: float) -> Any:
             if name not in ours:
