@@ -7,6 +7,11 @@ a schema per test, dropped afterwards (a guard process drops it should the test 
 Redis ``SHOAL_TEST_REDIS`` (default ``redis://127.0.0.1:6379``), a key prefix per test, deleted
 afterwards. Without a server those tests skip with a message, except under ``CI``, where they
 fail.
+
+PgBouncer (``PgBouncer``, for ``test_pgbouncer.py``): a ``pgbouncer`` process of the test's own
+(Debian's package; ``.ci/run`` installs it) on a free port in front of that server, with a
+temporary configuration (``auth_type = trust``, the server's user in its ``auth_file``), killed
+afterwards. Without the binary those tests skip with a message, except under ``CI``.
 """
 
 from __future__ import annotations
@@ -15,8 +20,12 @@ import contextlib
 import functools
 import os
 import secrets
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,3 +160,100 @@ def backend(kind: str, db: Path, app: str, tag: str) -> Iterator[Backend]:
                                     f"{app}_REDIS_PREFIX": prefix})
         finally:
             drop_prefix(prefix)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class PgBouncer:
+    """A ``pgbouncer`` of the test's own in front of the shared server (``PG_URL``), in
+    ``pool_mode`` (``transaction`` or ``session``), on a free port; ``url(schema, **options)``
+    is a store URL through it. Started by :meth:`start` (skipped without the binary, failed under
+    ``CI``), killed by :meth:`stop`. As root it runs as the ``postgres`` user (PgBouncer refuses
+    to run as root)."""
+
+    def __init__(self, pool_mode: str = "transaction", pool_size: int = 20) -> None:
+        from psycopg.conninfo import conninfo_to_dict
+
+        self.pool_mode = pool_mode
+        self.port = free_port()
+        server = conninfo_to_dict(PG_URL)
+        self.user = str(server.get("user") or "postgres")
+        self.dbname = str(server.get("dbname") or self.user)
+        self.dir = tempfile.mkdtemp(prefix="shoal-pgbouncer-")
+        os.chmod(self.dir, 0o755)   # readable by the user it runs as
+        with open(os.path.join(self.dir, "users.txt"), "w") as f:
+            password = str(server.get("password") or "").replace('"', '""')
+            f.write(f'"{self.user}" "{password}"\n')
+        self.ini = os.path.join(self.dir, "pgbouncer.ini")
+        with open(self.ini, "w") as f:
+            f.write(
+                "[databases]\n"
+                f"* = host={server.get('host') or '127.0.0.1'} "
+                f"port={server.get('port') or 5432}\n"
+                "[pgbouncer]\n"
+                f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
+                f"auth_type = trust\nauth_file = {self.dir}/users.txt\n"
+                f"pool_mode = {pool_mode}\ndefault_pool_size = {pool_size}\n"
+                "max_client_conn = 500\n")
+        self.log = os.path.join(self.dir, "pgbouncer.log")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def url(self, schema: str, **options: str) -> str:
+        query = urlencode([("schema", schema), *options.items()])
+        return f"postgresql://{self.user}@127.0.0.1:{self.port}/{self.dbname}?{query}"
+
+    def start(self) -> None:
+        import psycopg
+
+        binary = shutil.which("pgbouncer") or shutil.which("pgbouncer", path="/usr/sbin")
+        if binary is None:
+            skip_or_fail("pgbouncer is not installed (Debian: apt-get install pgbouncer; "
+                         ".ci/run installs it)")
+        reason = postgres_unreachable()
+        if reason is not None:
+            skip_or_fail(f"PostgreSQL is not reachable behind PgBouncer ({reason}); set "
+                         f"SHOAL_TEST_POSTGRES to a server where the tests may create schemas")
+        as_user = ["-u", "postgres"] if os.geteuid() == 0 else []
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen([binary, *as_user, self.ini], stdin=subprocess.DEVNULL,
+                                         stdout=log, stderr=log)
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                with psycopg.connect(self.url("public").partition("?")[0], connect_timeout=2,
+                                     prepare_threshold=None) as conn:
+                    conn.execute("SELECT 1")
+                return
+            except psycopg.Error:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    with open(self.log, errors="replace") as f:
+                        raise RuntimeError(f"pgbouncer did not start: {f.read()[-2000:]}"
+                                           ) from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(10)
+            self.proc = None
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def running_pgbouncer(pool_mode: str = "transaction", pool_size: int = 20
+                      ) -> Iterator[PgBouncer]:
+    """A started :class:`PgBouncer`, killed and its directory removed afterwards."""
+    bouncer = PgBouncer(pool_mode, pool_size)
+    try:
+        bouncer.start()
+        yield bouncer
+    finally:
+        bouncer.cleanup()

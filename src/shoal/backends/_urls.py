@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import re
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
+
+# a URL carried inside another one's query (PostgreSQL's ?direct_url=), percent-encoded
+_NESTED = re.compile(r"([?&]direct_url=)([^&#]*)")
 
 
 def mask_url(url: str) -> str:
-    """The URL with any password (``user:password@`` or ``?password=``) replaced by ``***``."""
+    """The URL with any password (``user:password@`` or ``?password=``, also in a URL its query
+    carries as ``direct_url=``) replaced by ``***``."""
+    url = _NESTED.sub(lambda m: m.group(1) + quote(mask_url(unquote(m.group(2))), safe="*"), url)
     url = re.sub(r"([?&]password=)[^&#]*", r"\1***", url)
     try:
         parts = urlsplit(url)

@@ -11,7 +11,9 @@ reads and writes. ``queries.sql`` (under ``-- coordination``) explains each stat
 A release ``NOTIFY``s the store's channel in its transaction with a payload ``lock <json>``
 naming the waiters it wakes (the new first waiter of each key it left free); the store's LISTEN
 connection hands those to :meth:`_lock_notified`, which wakes the watches of those waiters only.
-A release through this store object wakes its own watches at once itself.
+A release through this store object wakes its own watches at once itself. Without LISTEN (a
+pooler in transaction mode, no ``direct_url``) the store polls instead: :meth:`_lock_poll` wakes
+the watches of the waiters a release would have named.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import json
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, LiteralString, TypeVar
 
 import psycopg
 from psycopg.rows import DictRow
@@ -57,8 +59,12 @@ class PostgresCoordination:
         pool_timeout: float
         _pool: AsyncConnectionPool[_Conn] | None
         _listening: asyncio.Event
+        _scope: list[tuple[LiteralString, dict[str, Any]]]
 
         def _connection(self, *, urgent: bool = False) -> AbstractAsyncContextManager[_Conn]: ...
+
+        def _transaction(self, conn: _Conn, *, snapshot: bool = False
+                         ) -> AbstractAsyncContextManager[None]: ...
 
         async def _retry(self, attempt: Callable[[], Awaitable[_T]]) -> _T: ...
 
@@ -75,12 +81,13 @@ class PostgresCoordination:
     ) -> list[DictRow]:
         """The rows of the last statement of ``steps``, all run as one transaction in one
         round trip: on a pooled connection (autocommit, so psycopg sends no BEGIN) the server
-        runs the statements of a pipeline as one implicit transaction, committed at its sync.
+        runs the statements of a pipeline as one implicit transaction, committed at its sync
+        (in a stateless store, the first sets the session's settings for it: ``_scope``).
         ``urgent`` (renewals of leases) goes before the other operations waiting for a
         connection."""
         async with self._connection(urgent=urgent) as conn:
             async with conn.pipeline():
-                for query, args in steps:
+                for query, args in [*self._scope, *steps]:
                     cur = await conn.execute(query, args)
             return await cur.fetchall() if cur.description is not None else []
 
@@ -152,6 +159,18 @@ class PostgresCoordination:
         self._lock_listened = True
         self._lock_watches.wake_every()
 
+    async def _lock_poll(self) -> None:
+        """In place of the notifications a release sends (no LISTEN): wake the watches of the
+        waiters that are first on a key no one holds, as lock_release names them, and no
+        other."""
+        keys: dict[str, set[str]] = {}
+        for watch in self._lock_watches.every():
+            keys.setdefault(watch.namespace, set()).update(watch.keys)
+        for namespace, wanted in keys.items():
+            rows = await self._pipelined([(_Q["lock_heads"], {
+                "namespace": namespace, "keys": sorted(wanted)})])
+            self._lock_watches.wake(namespace, [row["holder"] for row in rows])
+
     def _lock_notified(self, payload: str) -> bool:
         """Wake the watches of the waiters a lock notification names; False if ``payload`` is
         not one."""
@@ -217,18 +236,16 @@ class PostgresCoordination:
     async def coordination_view(
         self, namespace: str, now: float, limit: int = 100
     ) -> CoordinationView:
-        """Five reads in one REPEATABLE READ READ ONLY transaction (one snapshot), sent in one
-        pipeline: one round trip for the statements, one for the commit."""
+        """Five reads in one REPEATABLE READ READ ONLY transaction (one snapshot): one round
+        trip to begin it, one for the statements (a pipeline), one for the commit."""
         args: dict[str, Any] = {"namespace": namespace, "now": float(now),
                                 "limit": int(limit) + 1}
         names = ("view_roster", "view_members", "view_locks_held", "view_lock_waiters",
                  "view_meters")
 
         async def read() -> list[list[DictRow]]:
-            async with self._connection() as conn, conn.transaction():
+            async with self._connection() as conn, self._transaction(conn, snapshot=True):
                 async with conn.pipeline():
-                    await conn.execute(
-                        "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
                     cursors = [await conn.execute(_Q[name], args) for name in names]
                 return [await cur.fetchall() for cur in cursors]
 

@@ -1029,6 +1029,17 @@ SELECT heads,
        AS notified
 FROM payload;
 
+-- name: lock_heads
+-- Without LISTEN (a pooler in transaction mode, no direct_url), what a store's poll asks for
+-- the keys its lock watches wait on: the first waiter (smallest ticket, a row whose lease ended
+-- counting) of each of them that no one holds, as lock_release names it. A hold whose lease
+-- ended is not asked about: its waiters try again when it ends (the retry_at of lock_acquire).
+SELECT DISTINCT ON (q.key) q.holder
+FROM lock_waiters AS q
+LEFT JOIN locks AS l ON l.namespace = q.namespace AND l.key = q.key
+WHERE q.namespace = %(namespace)s AND q.key = ANY(%(keys)s::text[]) AND l.holder IS NULL
+ORDER BY q.key, q.ticket;
+
 -- name: heartbeat
 -- After advisory_xact_lock on the namespace's membership. Members whose row ended are deleted;
 -- the caller is upserted (joined_at kept only if its row is live); the roster is the "C"-sorted

@@ -10,11 +10,22 @@ partial index makes the database itself refuse a second live run of a concurrenc
 that make work due for another instance ``NOTIFY`` a channel named after the schema;
 :meth:`PostgresStore.wait_for_work` listens on a dedicated connection (outside the pool) that
 reconnects when it drops.
+
+Behind a pooler in transaction mode (``?pooler=transaction``: PgBouncer's ``pool_mode =
+transaction``, RDS Proxy, Supavisor, Neon's pooler) consecutive transactions of one client
+connection may run on different server connections, so the store keeps no session state: no
+``SET``, no LISTEN, no prepared statement (``prepare_threshold=None``). Each transaction sets the
+search_path and ``shoal.counted`` itself, for itself only (``SET LOCAL`` after ``BEGIN``, in the
+same message; ``set_config(..., true)`` ahead of a lone statement, in one pipeline): no extra
+round trip, and nothing parses or rewrites the statements. LISTEN goes to ``?direct_url=`` when
+given (a URL of the server itself); without it, wake-ups come from polling (see
+:data:`POLL_INTERVAL`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import json
@@ -88,7 +99,13 @@ _Q = queries("postgres")
 _SCHEMA = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,48}$")
 # shoal's own URL options; every other query option goes to libpq as written
 _OPTIONS = {"schema", "pool_min_size", "pool_max_size", "open_timeout", "pool_timeout",
-            "reconnect_timeout", "command_timeout"}
+            "reconnect_timeout", "command_timeout", "pooler", "direct_url"}
+_POOLERS = ("session", "transaction")
+# Without LISTEN (pooler=transaction and no direct_url), how often the store asks which lock
+# waiters a release made first in line (PostgresStore._poll). Idle workers look for due runs
+# every second anyway (the engine's watch loop, runner.py): a dispatch starts within about a
+# second rather than at once.
+POLL_INTERVAL = 1.0
 # Transient refusals of one transaction: it did nothing, so it is run again.
 _RETRYABLE = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
 _Conn = psycopg.AsyncConnection[DictRow]
@@ -136,8 +153,17 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
         pool_timeout: float = 2.0,
         reconnect_timeout: float = 3.0,
         command_timeout: float = 30.0,
+        pooler: str | None = None,
+        direct_url: str | None = None,
     ) -> None:
         super().__init__()
+        if pooler is not None and pooler not in _POOLERS:
+            raise ConfigurationError(
+                f"pooler={pooler!r} is not a pooling mode shoal knows: write pooler=transaction "
+                f"behind a pooler that lends a server connection per transaction (PgBouncer's "
+                f"pool_mode = transaction, RDS Proxy, Supabase's or Neon's pooler), "
+                f"pooler=session behind one that keeps it for the whole connection, or leave "
+                f"it out.")
         if not _SCHEMA.match(schema):
             raise ConfigurationError(
                 f"Bad PostgreSQL schema name {schema!r}: use letters, digits and underscores, "
@@ -148,7 +174,20 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
                        reconnect_timeout=reconnect_timeout, command_timeout=command_timeout)
         self.conninfo = conninfo
         self.schema = schema
-        self.url = f"{conninfo}{'&' if '?' in conninfo else '?'}{urlencode({'schema': schema})}"
+        self.pooler = pooler
+        self.direct_url = direct_url
+        # no session state: every transaction scopes its settings to itself (see the module)
+        self.stateless = pooler == "transaction"
+        shown = {"schema": schema, **({"pooler": pooler} if pooler else {}),
+                 **({"direct_url": direct_url} if direct_url else {})}
+        self.url = f"{conninfo}{'&' if '?' in conninfo else '?'}{urlencode(shown)}"
+        # the store's schema as a search_path value (the name is checked above: no quote in it)
+        self._search_path = f'"{schema}"'
+        # a lone statement's prelude in a stateless store's pipelines (see _execute)
+        self._scope: list[tuple[LiteralString, dict[str, Any]]] = [
+            ("SELECT set_config('search_path', %(path)s, true), "
+             "set_config('shoal.counted', 'on', true)", {"path": self._search_path})
+        ] if self.stateless else []
         # The runs_ended trigger (schema.sql, 0003_trees.sql) builds the same name from its
         # table's schema.
         self.channel = f"shoal_{schema}"
@@ -202,6 +241,16 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
             conninfo_to_dict(conninfo)   # libpq's own parser: what it refuses, it never connects
         except psycopg.Error as e:
             raise ConfigurationError(f"Bad PostgreSQL URL {mask_url(url)!r}: {e}") from None
+        direct = ours.get("direct_url")
+        if direct is not None:
+            try:
+                conninfo_to_dict(direct)
+            except psycopg.Error:
+                # libpq's reason may quote the value, password and all: not shown
+                raise ConfigurationError(
+                    f"direct_url in the PostgreSQL URL {mask_url(url)!r} is not a URL libpq "
+                    f"can read: write the server's own URL, percent-encoded, as in "
+                    f"?direct_url=postgresql%3A%2F%2Fuser%40host%3A5432%2Fdb.") from None
 
         def number(name: str, kind: type[int] | type[float], default: float) -> Any:
             if name not in ours:
@@ -223,6 +272,8 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
             pool_timeout=number("pool_timeout", float, 2.0),
             reconnect_timeout=number("reconnect_timeout", float, 3.0),
             command_timeout=number("command_timeout", float, 30.0),
+            pooler=ours.get("pooler"),
+            direct_url=direct,
         )
 
     # -- connection and schema -------------------------------------------------------------
@@ -235,7 +286,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
             self.conninfo,
             connection_class=_Conn,
             kwargs={"autocommit": True, "row_factory": dict_row,
-                    **self._application_name("shoal")},
+                    **self._application_name("shoal"), **self._unprepared()},
             configure=self._configure,
             min_size=self.pool_min_size,
             max_size=self.pool_max_size,
@@ -265,7 +316,8 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
         server's reason (a pool would retry in the background until its timeout)."""
         try:
             async with asyncio.timeout(self.open_timeout):
-                conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
+                conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True,
+                                                             **self._unprepared())
             await conn.close()
         except (psycopg.Error, TimeoutError) as e:
             raise self._unavailable(e) from None
@@ -276,7 +328,8 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
         mistyped schema name."""
         try:
             async with asyncio.timeout(self.open_timeout):
-                conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
+                conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True,
+                                                             **self._unprepared())
                 try:
                     cur = await conn.execute("SELECT to_regclass(%(table)s) IS NOT NULL",
                                              {"table": f'"{self.schema}".shoal_migrations'})
@@ -308,6 +361,11 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
             return {}
         return {"application_name": f"{what} {self.schema}"}
 
+    def _unprepared(self) -> dict[str, Any]:
+        """A stateless store's connections prepare no statement on the server: the next
+        execution may reach another server connection, where it does not exist."""
+        return {"prepare_threshold": None} if self.stateless else {}
+
     def _params(self) -> dict[str, Any]:
         """The connection parameters as libpq reads them (none if it cannot)."""
         try:
@@ -318,13 +376,20 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
     def _reason(self, e: BaseException) -> str:
         """An error's text without the password the URL may carry."""
         text = " ".join(str(e).split()) or type(e).__name__
-        for password in (urlsplit(self.conninfo).password, self._params().get("password")):
+        passwords = [urlsplit(self.conninfo).password, self._params().get("password")]
+        if self.direct_url is not None:
+            with contextlib.suppress(ValueError, psycopg.Error):
+                passwords += [urlsplit(self.direct_url).password,
+                              conninfo_to_dict(self.direct_url).get("password")]
+        for password in passwords:
             if password:
                 text = text.replace(str(password), "***")
         return text
 
     async def _configure(self, conn: _Conn) -> None:
         self._pooled.add(conn)
+        if self.stateless:
+            return   # each transaction sets both for itself (_transaction, _execute)
         await conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
         # the statements of this store record what they change in run_counts themselves, one row
         # per batch (queries.sql): the triggers that count run by run for other sessions skip it
@@ -373,8 +438,10 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
             return found
         schema = sql.Identifier(self.schema)
         table = sql.Identifier(self.schema, "shoal_migrations")
+        # Safe through a pooler in transaction mode: one transaction, whose lock, search_path
+        # (which the functions keep: SET search_path FROM CURRENT) and DDL all end with it.
         async with self._privileged(), self._connection(bounded=False) as conn, \
-                conn.transaction():
+                self._transaction(conn):
             await conn.execute(_Q["advisory_xact_lock"], {"key": f"shoal:migrate:{self.schema}"})
             cur = await conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s",
                                      {"schema": self.schema})
@@ -575,19 +642,72 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
         if self._sweeping is None or self._sweeping.done():
             self._sweeping = asyncio.create_task(pool.check(), name=f"shoal-check-{self.schema}")
 
+    @asynccontextmanager
+    async def _transaction(self, conn: _Conn, *, snapshot: bool = False) -> AsyncIterator[None]:
+        """One transaction on ``conn`` for the block, committed at its end, rolled back if it
+        raises (a savepoint when ``conn`` is in one already). ``snapshot``: REPEATABLE READ READ
+        ONLY, one snapshot for every read. A stateless store's begins with the settings of its
+        session (search_path, shoal.counted) as SET LOCAL, sent with BEGIN in one message."""
+        if conn.info.transaction_status != pq.TransactionStatus.IDLE or not (
+                self.stateless or snapshot):
+            async with conn.transaction():
+                yield
+            return
+        begin = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY" if snapshot else "BEGIN"
+        scope = sql.SQL("; SET LOCAL search_path TO {}; SET LOCAL shoal.counted TO on").format(
+            sql.Identifier(self.schema)) if self.stateless else sql.SQL("")
+        # no parameter: psycopg sends it as one simple query, several statements at once
+        await conn.execute(sql.SQL(begin) + scope)
+        try:
+            yield
+        except BaseException:
+            if conn.info.transaction_status in (pq.TransactionStatus.INTRANS,
+                                                pq.TransactionStatus.INERROR):
+                with contextlib.suppress(psycopg.Error):
+                    await conn.rollback()
+            raise
+        await conn.commit()
+
+    async def _execute(self, conn: _Conn, cur: psycopg.AsyncCursor[Any],
+                       query: LiteralString | sql.Composed, args: dict[str, Any],
+                       binary: bool | None = None) -> None:
+        """``query`` on ``cur`` (a cursor of ``conn``). Outside a transaction (autocommit: the
+        statement is its own), a stateless store sends it after the statement setting the
+        session's settings for the transaction only, in one pipeline: the server runs both as
+        one implicit transaction, in one round trip."""
+        if not self.stateless or conn.info.transaction_status != pq.TransactionStatus.IDLE:
+            await cur.execute(query, args, binary=binary)
+            return
+        async with conn.pipeline():
+            for prelude, values in self._scope:
+                await conn.execute(prelude, values)
+            await cur.execute(query, args, binary=binary)
+
+    def _on(self, conn: _Conn) -> joined.Execute:
+        """How a plan of :mod:`~shoal.backends.postgres.joined`'s kind runs the named
+        statements on one of the store's own connections (see :meth:`_execute`)."""
+        async def execute(name: str, args: dict[str, Any]) -> list[DictRow]:
+            cur = conn.cursor()
+            await self._execute(conn, cur, _Q[name], args)
+            return await cur.fetchall()
+
+        return execute
+
     async def _one(self, query: LiteralString, args: dict[str, Any]) -> DictRow | None:
         """One row of one statement (autocommit: the statement is its own transaction)."""
         async with self._connection() as conn:
-            cur = await conn.execute(query, args)
+            cur = conn.cursor()
+            await self._execute(conn, cur, query, args)
             return await cur.fetchone()
 
     async def _all(
-        self, query: LiteralString, args: dict[str, Any], *, fetch: bool = True,
-        urgent: bool = False, hot: bool = False,
+        self, query: LiteralString | sql.Composed, args: dict[str, Any], *,
+        fetch: bool = True, urgent: bool = False, hot: bool = False,
     ) -> list[DictRow]:
         """Every row of one statement. ``hot``: see :meth:`_connection`."""
         async with self._connection(urgent=urgent, hot=hot) as conn:
-            cur = await conn.execute(query, args)
+            cur = conn.cursor()
+            await self._execute(conn, cur, query, args)
             return await cur.fetchall() if fetch else []
 
     async def _tuples(
@@ -598,7 +718,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
         parses none; a tuple costs a run less than a dict). ``hot``: see :meth:`_connection`."""
         async with self._connection(hot=hot) as conn:
             cur = conn.cursor(row_factory=tuple_row)
-            await cur.execute(query, args, binary=True)
+            await self._execute(conn, cur, query, args, binary=True)
             return [c.name for c in cur.description or ()], await cur.fetchall()
 
     # -- workflows -------------------------------------------------------------------------
@@ -616,7 +736,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
                 "before": now - WORKFLOW_INSTANCE_RETENTION}
 
         async def register() -> None:
-            async with self._connection() as conn, conn.transaction():
+            async with self._connection() as conn, self._transaction(conn):
                 await conn.execute(_Q["register_workflows"], args)
                 if instance is not None:
                     await conn.execute(_Q["register_workflow_instances"], args)
@@ -649,9 +769,12 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
             # One statement; a concurrent insert of the same idempotency key makes it insert
             # nothing, and the run that won is read back.
             async with self._connection() as conn:
-                row = await (await conn.execute(_Q["insert_run"], args)).fetchone()
+                execute = self._on(conn)
+                rows = await execute("insert_run", args)
+                row = rows[0] if rows else None
                 if row is None:
-                    row = await (await conn.execute(_Q["find_idempotent"], args)).fetchone()
+                    rows = await execute("find_idempotent", args)
+                    row = rows[0] if rows else None
                     if row is None:
                         raise StoreUnavailableError(
                             f"The run of idempotency key {new.idempotency_key!r} was inserted "
@@ -686,7 +809,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
     async def _create_admitted(
         self, new: NewRun, args: dict[str, Any], max_queued: int, admission: str
     ) -> tuple[Run, bool]:
-        async with self._connection() as conn, conn.transaction():
+        async with self._connection() as conn, self._transaction(conn):
             admission_key = self._admission_key(new.namespace)
             await conn.execute(_Q["advisory_xact_lock"], {"key": admission_key})
             if new.idempotency_key is not None:
@@ -722,7 +845,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
         self, namespace: str, news: Sequence[NewRun], max_queued: int | None, admission: str
     ) -> list[tuple[Run, bool]]:
         async with self._connection() as conn:
-            execute = _on(conn)
+            execute = self._on(conn)
             copy = len(news) >= _COPY_MIN and all(n.idempotency_key is None for n in news)
             insert = (functools.partial(self._copy_runs, conn) if copy
                       else functools.partial(self._insert_runs, execute))
@@ -730,7 +853,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
                 batch = await self._insert_batch(execute, namespace, news, None, admission,
                                                  insert)
             else:
-                async with conn.transaction():
+                async with self._transaction(conn):
                     if max_queued is not None:
                         await execute("advisory_xact_lock",
                                       {"key": self._admission_key(namespace)})
@@ -849,9 +972,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
             args["after"] = after
         query = sql.SQL("SELECT * FROM runs {} ORDER BY id LIMIT %(limit)s").format(
             sql.SQL("WHERE ") + sql.SQL(" AND ").join(where) if where else sql.SQL(""))
-        async with self._connection() as conn:
-            rows = await (await conn.execute(query, args)).fetchall()
-        return [_run(row) for row in rows]
+        return [_run(row) for row in await self._all(query, args)]
 
     async def claim_runs(
         self,
@@ -947,7 +1068,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
     async def _checkpoint_outbox(
         self, fence: Fence, step: Step, lease: float, now: float, outbox: Sequence[OutboxEntry]
     ) -> bool:
-        async with self._connection() as conn, conn.transaction():
+        async with self._connection() as conn, self._transaction(conn):
             fenced = {"run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
                       "expires": now + lease}
             if await (await conn.execute(_Q["fence_extend"], fenced)).fetchone() is None:
@@ -992,7 +1113,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
     async def _wait_signal(
         self, fence: Fence, step: Step, signal: str, deadline: float | None, now: float
     ) -> SignalWait | None:
-        async with self._connection() as conn, conn.transaction():
+        async with self._connection() as conn, self._transaction(conn):
             fenced = {"run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch}
             if await (await conn.execute(_Q["fence_lock"], fenced)).fetchone() is None:
                 return None
@@ -1114,7 +1235,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
     async def _send_signal(
         self, run_id: str, name: str, payload: JSON, signal_id: str, now: float
     ) -> Run | None:
-        async with self._connection() as conn, conn.transaction():
+        async with self._connection() as conn, self._transaction(conn):
             row = await (await conn.execute(_Q["lock_run"], {"id": run_id})).fetchone()
             if row is None:
                 return None
@@ -1133,7 +1254,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
         return await self._retry(lambda: self._release_held(namespace, max_queued))
 
     async def _release_held(self, namespace: str, max_queued: int) -> int:
-        async with self._connection() as conn, conn.transaction():
+        async with self._connection() as conn, self._transaction(conn):
             await conn.execute(_Q["advisory_xact_lock"], {"key": self._admission_key(namespace)})
             counts = await (await conn.execute(_Q["count_queued"], {
                 "namespace": namespace, "max_queued": max_queued})).fetchone()
@@ -1159,10 +1280,11 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
         # the key it waits for it and inserts nothing, and only a later statement's snapshot is
         # sure to see the row that won.
         async with self._connection() as conn:
-            if await (await conn.execute(_Q["insert_tree_key"], args)).fetchone() is not None:
+            execute = self._on(conn)
+            if await execute("insert_tree_key", args):
                 return True
-            row = await (await conn.execute(_Q["get_tree_key"], args)).fetchone()
-            return row is not None and row["claimant"] == claimant
+            rows = await execute("get_tree_key", args)
+            return bool(rows) and rows[0]["claimant"] == claimant
 
     async def get_tree_key(self, root_id: str, key: str) -> JSON:
         row = await self._one(_Q["get_tree_key"], {"root_id": root_id, "key": key})
@@ -1178,7 +1300,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
     async def _wait_child(
         self, fence: Fence, step: Step, child_id: str, now: float
     ) -> Run | None:
-        async with self._connection() as conn, conn.transaction():
+        async with self._connection() as conn, self._transaction(conn):
             fenced = {"run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch}
             if await (await conn.execute(_Q["fence_lock"], fenced)).fetchone() is None:
                 return None
@@ -1223,7 +1345,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
     async def _wait_pause(
         self, fence: Fence, step: Step, pause_id: str, now: float
     ) -> PauseWait | None:
-        async with self._connection() as conn, conn.transaction():
+        async with self._connection() as conn, self._transaction(conn):
             fenced = {"run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch}
             if await (await conn.execute(_Q["fence_lock"], fenced)).fetchone() is None:
                 return None
@@ -1248,7 +1370,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
     async def _resolve_pause(
         self, pause_id: str, decision: JSON, now: float
     ) -> tuple[Pause | None, bool]:
-        async with self._connection() as conn, conn.transaction():
+        async with self._connection() as conn, self._transaction(conn):
             # the run row first: a resolution racing the park or a cancel waits for it
             await conn.execute(_Q["lock_pause_run"], {"id": pause_id})
             row = await (await conn.execute(_Q["resolve_pause"], {
@@ -1275,7 +1397,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
         return await self._retry(lambda: self._expire_pauses(args))
 
     async def _expire_pauses(self, args: dict[str, Any]) -> list[Pause]:
-        async with self._connection() as conn, conn.transaction():
+        async with self._connection() as conn, self._transaction(conn):
             locked = await (await conn.execute(_Q["lock_expiring_runs"], args)).fetchall()
             if not locked:
                 return []
@@ -1328,7 +1450,7 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
 
     async def redrive(self, namespace: str, entry_id: str,
                       now: float) -> tuple[OutboxEntry | None, bool]:
-        async with self._connection() as conn, conn.transaction():
+        async with self._connection() as conn, self._transaction(conn):
             one = {"id": entry_id, "namespace": namespace}
             row = await (await conn.execute(_Q["redrive"], {**one, "now": now})).fetchone()
             if row is not None:
@@ -1340,15 +1462,12 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
         self, namespace: str, where: RunFilter, *, before: str | None = None, limit: int = 50,
     ) -> list[Run]:
         query, args = _search_sql(namespace, where, before, limit)
-        async with self._connection() as conn:
-            rows = await (await conn.execute(query, args)).fetchall()
-        return [_run(row) for row in rows]
+        return [_run(row) for row in await self._all(query, args)]
 
     async def inspect_run(self, run_id: str, tree_limit: int = 200) -> RunRecord | None:
         one = {"run_id": run_id}
-        async with self._connection() as conn, conn.transaction():
+        async with self._connection() as conn, self._transaction(conn, snapshot=True):
             # one snapshot for every read below
-            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
 
             async def rows(name: str, args: dict[str, Any]) -> list[DictRow]:
                 return await (await conn.execute(_Q[name], args)).fetchall()
@@ -1426,9 +1545,30 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
         self._work.clear()
 
     def _start_listener(self) -> None:
-        """Run the LISTEN task, for wait_for_work and lock watches, unless it runs."""
+        """Run the LISTEN task, for wait_for_work and lock watches, unless it runs; in a
+        stateless store without ``direct_url``, the task that polls in its place."""
         if self._pool is not None and (self._listener is None or self._listener.done()):
-            self._listener = asyncio.create_task(self._listen(), name=f"shoal-listen-{self.schema}")
+            wake = self._poll() if self.stateless and self.direct_url is None else self._listen()
+            self._listener = asyncio.create_task(wake, name=f"shoal-listen-{self.schema}")
+
+    async def _poll(self) -> None:
+        """No LISTEN (a pooler in transaction mode lends the listening connection's server
+        connection to others between transactions: notifications would reach nobody). Every
+        POLL_INTERVAL seconds, wake the waiter of wait_for_work (a hint: the engine looks for
+        due runs then) and ask the store which lock watches a release has made first in line
+        (only while there are watches)."""
+        self._listening.set()
+        self._lock_listening()
+        while self._pool is not None:
+            await asyncio.sleep(POLL_INTERVAL)
+            self._work.set()
+            if not self._lock_watches:
+                continue
+            try:
+                await self._lock_poll()
+            except (StoreUnavailableError, psycopg.Error) as e:
+                # the waiters' own timers go on; the next poll asks again
+                log.debug("lock poll failed: %s", self._reason(e))
 
     async def _listen(self) -> None:
         """LISTEN on a connection of its own, and reconnect when it drops. After each
@@ -1438,10 +1578,13 @@ class PostgresStore(PostgresCoordination, PostgresRateLimits, PostgresGraphCheck
         listen = sql.SQL("LISTEN {}").format(sql.Identifier(self.channel))
         while self._pool is not None:
             try:
+                # the direct URL goes to the server itself: PgBouncer in transaction mode
+                # would not keep the LISTEN's server connection for this one
                 async with asyncio.timeout(self.open_timeout):
                     conn = await psycopg.AsyncConnection.connect(
-                        make_conninfo(self.conninfo, **self._application_name("shoal-listen")),
-                        autocommit=True)
+                        make_conninfo(self.direct_url or self.conninfo,
+                                      **self._application_name("shoal-listen")),
+                        autocommit=True, **self._unprepared())
                 async with conn:
                     async with asyncio.timeout(self.command_timeout):
                         await conn.execute(listen)
@@ -1861,16 +2004,6 @@ def _copy_text(value: str) -> str:
     if "\\" not in value and value.isprintable():   # the common case, in two scans in C
         return value
     return _COPY_SPECIAL.sub(lambda m: _COPY_ESCAPES[m.group()], value)
-
-
-def _on(conn: _Conn) -> joined.Execute:
-    """How a plan of :mod:`~shoal.backends.postgres.joined`'s kind runs the named statements
-    on one of the store's own connections (whose search_path is the store's schema)."""
-    async def execute(name: str, args: dict[str, Any]) -> list[DictRow]:
-        cur = await conn.execute(_Q[name], args)
-        return await cur.fetchall()
-
-    return execute
 
 
 async def _find_keys(execute: joined.Execute, namespace: str,
