@@ -251,12 +251,29 @@ async def test_the_signal_fires_when_the_store_is_unreachable_past_the_lease(
         async def down(*args: Any) -> bool:
             raise shoal.StoreUnavailableError("down")
         monkeypatch.setattr(a.store, "lock_renew", down)
-        await clock.advance(LEASE - 2)
-        assert not lock.signal.aborted, "the lease still holds"
-        await clock.advance(3)
+        await clock.advance(LEASE * 0.9 - 1)
+        assert not lock.signal.aborted, "the lease still holds, less the drift margin"
+        await clock.advance(1.5)     # the lease less a tenth: another's clock may be ahead
         assert lock.signal.aborted
         assert isinstance(lock.signal.reason, shoal.LockLostError)
         assert "ran out" in str(lock.signal.reason)
+
+
+async def test_the_signal_fires_before_the_lease_ends_when_the_store_does_not_answer(
+    clock: VirtualClock, two: list[shoal.App], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A renewal that never comes back (a partition that holds the bytes) does not hold the
+    signal past the lease less the drift margin, whatever the store does."""
+    a, _ = two
+    async with a.lock("k") as lock:
+        async def hang(*args: Any) -> bool:
+            await asyncio.Event().wait()
+            return True
+        monkeypatch.setattr(a.store, "lock_renew", hang)
+        await clock.advance(LEASE * 0.9 - 0.5)
+        assert not lock.signal.aborted
+        await clock.advance(1)
+        assert lock.signal.aborted and "drift margin" in str(lock.signal.reason)
 
 
 async def test_a_waiter_keeps_waiting_through_an_outage(

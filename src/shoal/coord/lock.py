@@ -8,7 +8,9 @@ that). A request waits as long as it takes for the holders, but not for a store 
 once its asks have failed for a whole lease (each one bounded by the store's own time-out, such
 as Redis' ``socket_timeout``), it raises StoreUnavailableError.
 Once held, the lock is renewed every lease/3; :attr:`Lock.signal` is set as soon as it is lost:
-a renewal refused, or no renewal confirmed before the lease ran out (store unreachable, a pause).
+a renewal refused, or no renewal confirmed before the lease less the drift margin
+(:data:`~shoal.clock.DRIFT_MARGIN`, a tenth of it) ran out (store unreachable, a pause): another
+replica, whose clock may be a little ahead, takes the lock once the lease ended by its own.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any, TypeVar
 from shoal import _threads, _usercode
 from shoal._tasks import first_of
 from shoal.abort import AbortSignal
-from shoal.clock import Clock
+from shoal.clock import DRIFT_MARGIN, Clock
 from shoal.errors import LockLostError, StoreUnavailableError
 from shoal.ports import CoordStore
 from shoal.telemetry import NOTHING, Telemetry
@@ -243,7 +245,7 @@ class LockManager:
                                        - self.clock.now()))
             while True:
                 sent = self.clock.now()
-                remaining = lock.held_until - sent
+                remaining = lock.held_until - self.lease * DRIFT_MARGIN - sent
                 if remaining <= 0:
                     self._lost(lock, "the lease ran out before a renewal was confirmed "
                                      "(store unreachable or this process paused)")
@@ -253,7 +255,7 @@ class LockManager:
                         self.namespace, lock.keys, lock.holder, self.lease, sent))
                     if not await first_of(call, self.clock, remaining):
                         self._lost(lock, "the store did not confirm a renewal before the lease "
-                                         "ran out")
+                                         "ran out (less the drift margin)")
                         return
                     renewed = call.result()
                 except Exception as e:
@@ -261,8 +263,8 @@ class LockManager:
                         log.warning("lock.renew_failed: %s: %s; retrying while the lease lasts",
                                     type(e).__name__, e, extra=self._fields("lock.renew_failed"))
                     failing = True
-                    await self.clock.sleep(min(self.lease / 10, 1.0,
-                                               max(0.0, lock.held_until - self.clock.now())))
+                    await self.clock.sleep(min(self.lease / 10, 1.0, max(
+                        0.0, lock.held_until - self.lease * DRIFT_MARGIN - self.clock.now())))
                     continue
                 if not renewed:
                     self._lost(lock, "renewal refused: the lease had ended and the lock may "
