@@ -43,6 +43,8 @@ class _Member:
 class MemoryCoordination:
     """Locks, membership and meters in this process's memory."""
 
+    answers_at_once = True   # every call returns without waiting (membership need not time it)
+
     def __init__(self) -> None:
         super().__init__()
         self._locks: dict[tuple[str, str], _Key] = {}
