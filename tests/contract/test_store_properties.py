@@ -405,8 +405,8 @@ class StoreMachine(RuleBasedStateMachine):
     def settle_run(self, fence: tuple[str, int], settlement: Settlement | float, owner: str,
                    claim: int | None) -> None:
         """``settle_run``, or with ``claim`` ``settle_and_claim`` (that many runs for
-        ``owner``; none when the settlement ends a run with a concurrency key: the port lets
-        that claim miss the key the settlement frees, and PostgreSQL's does)."""
+        ``owner``; none when the settlement may make a run claimable: the port lets that claim
+        miss what the settlement changes, and PostgreSQL's does, in one statement's snapshot)."""
         if isinstance(settlement, float):
             settlement = Settlement("retry", error="TimeoutError", run_at=self.now + settlement,
                                     traceback="Traceback ...\nTimeoutError\n")
@@ -415,7 +415,12 @@ class StoreMachine(RuleBasedStateMachine):
             self.both("settle_run", settled, settlement, self.now)
             return
         run = self.read("get_run", settled.run_id)
-        if settlement.outcome != "retry" and run is not None and run.concurrency_key:
+        if settlement.outcome == "retry":
+            frees = settlement.run_at is not None and settlement.run_at <= self.now
+        else:       # a key freed, a parent waiting for this child made due
+            frees = run is not None and (run.concurrency_key is not None
+                                         or run.parent_id is not None)
+        if frees:
             claim = 0
         _, claimed = self.both("settle_and_claim", [(settled, settlement, self.now)],
                                NS, ["wf", "other"], owner, claim, 30.0, self.now)
