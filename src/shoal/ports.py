@@ -235,8 +235,9 @@ class RunQueue(Protocol):
     ) -> tuple[list[bool], list[Run]]:
         """``settle_run(fence, settlement, at)`` for each of ``settlements`` (at most one per
         run) and ``claim_runs`` with the other arguments (none when ``limit`` is 0), the claim
-        committed no sooner than the settlements; it may not see a concurrency key they free
-        (the next claim does). Returns each settlement's answer, in order, and the runs
+        committed no sooner than the settlements; it may not see what they make claimable (a
+        concurrency key they free, a retry due at once, a parent waiting for a child they
+        end): the next claim does. Returns each settlement's answer, in order, and the runs
         claimed."""
 
     async def release_run(self, fence: Fence, now: float) -> bool:

@@ -1224,12 +1224,20 @@ def search_sql(namespace: str, where: RunFilter, before: str | None,
     return sql, [*args, limit]
 
 
+def _real(value: float | None) -> float | None:
+    """A REAL column's value (a time) as a float: ``RETURNING`` gives a whole number kept in
+    one as an int, where a SELECT of the same row gives a float (SQLite stores such a value as
+    an integer and converts it back on reads, but not in RETURNING)."""
+    return None if value is None else float(value)
+
+
 def _entry(row: sqlite3.Row) -> OutboxEntry:
     return OutboxEntry(
         id=row["id"], namespace=row["namespace"], run_id=row["run_id"], seq=row["seq"],
         index=row["idx"], topic=row["topic"], payload=_json.loads(row["payload"]),
-        created_at=row["created_at"], attempts=row["attempts"], next_at=row["next_at"],
-        delivered_at=row["delivered_at"], dead=bool(row["dead"]), error=row["error"],
+        created_at=float(row["created_at"]), attempts=row["attempts"],
+        next_at=float(row["next_at"]), delivered_at=_real(row["delivered_at"]),
+        dead=bool(row["dead"]), error=row["error"],
         trace_context=row["trace_context"],
     )
 
@@ -1238,8 +1246,8 @@ def _pause(row: sqlite3.Row) -> Pause:
     return Pause(
         id=row["id"], namespace=row["namespace"], tenant=row["tenant"], run_id=row["run_id"],
         name=row["name"], request=_json.loads(row["request"]), status=row["status"],
-        decision=_json.loads(row["decision"]), created_at=row["created_at"],
-        expires_at=row["expires_at"], resolved_at=row["resolved_at"],
+        decision=_json.loads(row["decision"]), created_at=float(row["created_at"]),
+        expires_at=_real(row["expires_at"]), resolved_at=_real(row["resolved_at"]),
         notified=bool(row["notified"]),
     )
 
@@ -1249,14 +1257,16 @@ def _run(row: sqlite3.Row) -> Run:
         id=row["id"], namespace=row["namespace"], tenant=row["tenant"],
         workflow=row["workflow"], input=_json.loads(row["input"]),
         output=_json.loads(row["output"]), error=row["error"], status=RunStatus(row["status"]),
-        priority=row["priority"], created_at=row["created_at"], run_at=row["run_at"],
+        priority=row["priority"], created_at=float(row["created_at"]),
+        run_at=_real(row["run_at"]),
         attempts=row["attempts"], max_attempts=row["max_attempts"],
         concurrency_key=row["concurrency_key"], idempotency_key=row["idempotency_key"],
-        owner=row["owner"], lease_expires_at=row["lease_expires_at"],
+        owner=row["owner"], lease_expires_at=_real(row["lease_expires_at"]),
         lease_epoch=row["lease_epoch"], cancel_requested=bool(row["cancel_requested"]),
         version=row["version"], parent_id=row["parent_id"], root_id=row["root_id"],
-        wait_for=row["wait_for"], held=bool(row["held"]), started_at=row["started_at"],
-        finished_at=row["finished_at"], resume_reason=row["resume_reason"],
-        traceback=row["traceback"], progress=progress_of(row["progress"], row["progress_at"]),
+        wait_for=row["wait_for"], held=bool(row["held"]), started_at=_real(row["started_at"]),
+        finished_at=_real(row["finished_at"]), resume_reason=row["resume_reason"],
+        traceback=row["traceback"],
+        progress=progress_of(row["progress"], _real(row["progress_at"])),
         trace_context=row["trace_context"],
     )
