@@ -520,7 +520,8 @@ class StoreMachine(RuleBasedStateMachine):
             retry_at = self.now + 4 if outcome == "retry" else None
             self.both("finish_delivery", entry.id, self.now, error, retry_at)
             if outcome == "redrive":
-                self.both("redrive", entry.id, self.now)
+                self.both("redrive", NS, entry.id, self.now)
+                self.both("redrive", "elsewhere", entry.id, self.now)   # another namespace's
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -537,7 +538,7 @@ class StoreMachine(RuleBasedStateMachine):
             run = "no-such-run"
             self.both("get_pause", "no-such-pause")
             self.both("resolve_pause", "no-such-pause", {"approved": True}, self.now)
-            self.both("redrive", "no-such-entry", self.now)
+            self.both("redrive", NS, "no-such-entry", self.now)
             self.both("send_signal", run, "go", {}, self.new_id(), self.now)
             self.both("cancel_run", run, self.now)
         self.both("get_run", run)
