@@ -13,7 +13,9 @@ import ast
 import inspect
 import textwrap
 from pathlib import Path
+from typing import Any
 
+import shoal
 import shoal.integrations
 from shoal.coord import provider
 
@@ -82,3 +84,36 @@ def test_no_integration_touches_a_private_attribute_of_another_object() -> None:
 def test_a_provider_call_uses_nothing_private_of_its_provider() -> None:
     source = textwrap.dedent(inspect.getsource(provider.ProviderCall))
     assert reach_throughs(source) == []
+
+
+# -- what ctx.extension says of a run ----------------------------------------------------------
+
+async def test_the_extension_names_the_run_its_claim_clock_and_store() -> None:
+    from shoal.backends.memory import MemoryStore
+    from shoal.integrations.base import RunExtension
+    from shoal.ports import GraphCheckpoints
+    from shoal.testing import VirtualClock
+
+    clock = VirtualClock()
+    store = MemoryStore()
+    app = shoal.App("seams", store=store, clock=clock, instance_id="i1")
+    seen: dict[str, Any] = {}
+
+    @app.workflow
+    async def wf(ctx: shoal.RunContext, input: None) -> None:
+        ext = ctx.extension
+        assert isinstance(ext, RunExtension) and ctx.extension is ext   # one per execution
+        seen.update(namespace=ext.namespace, fence=ext.fence, run_id=ctx.run_id,
+                    epoch=ctx.lease_epoch, clock=ext.clock, store=ext.store,
+                    replaying=ext.replaying, graph=ext.recorded_graph_checkpoints)
+
+    async with app:
+        run = await app.dispatch(wf)
+        await app.result(run.id, timeout=30)
+    assert seen["namespace"] == "seams"
+    fence = seen["fence"]
+    assert (fence.run_id, fence.epoch) == (seen["run_id"], seen["epoch"])
+    assert fence.owner.startswith("i1")
+    assert seen["clock"] is clock
+    assert isinstance(seen["store"], GraphCheckpoints)
+    assert seen["replaying"] is False and seen["graph"] is None
