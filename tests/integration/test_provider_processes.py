@@ -29,7 +29,7 @@ was written must not start before it ends, with no margin; a call that asked bef
 start more than ``MARGIN`` after it was written (100 ms; such starts were seen up to 35 ms after,
 on PostgreSQL, on a 2-core machine with four busy workers). The margin also covers the one
 half-open "trial" a call can be let in as when it looks between the two writes of
-``Provider._failed`` (the failure counted, the circuit not yet open), seen a few ms after the
+``ProviderLimits.failed`` (the failure counted, the circuit not yet open), seen a few ms after the
 circuit opened. The end of a pause is taken as early as it can be: ``t + retry_after`` with
 ``t`` the 429's answer (the pause runs from the end of the call), the first failure + cooldown
 for the circuit.

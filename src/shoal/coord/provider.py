@@ -432,10 +432,7 @@ class Provider:
         self.aimd = aimd
         self.price_per_token = price_per_token
         self.currency = currency
-        self._turns = _RoundRobin()
         self.telemetry: Telemetry = NOTHING       # the app's, set by app.instrument
-        self._freed = asyncio.Event()
-        self._waiting_for: str | None = None     # what the call holding the turn waits for
         k = f"provider:{name}"
         self.keys = {"slots": f"{k}:slots", "requests": f"{k}:requests",
                      "tokens": f"{k}:tokens", "cooldown": f"{k}:cooldown",
@@ -443,6 +440,7 @@ class Provider:
                      "trial": f"{k}:circuit-trial", "opened": f"{k}:circuit-opened",
                      "closed": f"{k}:circuit-reclosed", "cut": f"{k}:aimd-cut",
                      "lowered": f"{k}:aimd-lowered"}
+        self._limits = ProviderLimits(self, rates)
 
     def tenant_keys(self, tenant: str) -> dict[str, str]:
         """The store keys of ``tenant``'s own caps on this provider."""
@@ -476,11 +474,7 @@ class Provider:
                              f"{timeout!r}.")
         if cost is not None and not _amount(cost):
             raise ValueError(f"provider.call(cost=…) takes a finite number >= 0, not {cost!r}.")
-        return ProviderCall(self, tokens, tenant, timeout, cost)
-
-    def _fields(self, event: str) -> dict[str, Any]:
-        """``extra=`` of a record about this provider."""
-        return {"event": event, "instance": self.instance_id}
+        return ProviderCall(self, self._limits, tokens, tenant, timeout, cost)
 
     async def open_until(self) -> float | None:
         """When the breaker closes again (half-opens), if it is open now."""
@@ -519,59 +513,82 @@ class Provider:
             trial_in_flight=got.slots[k["trial"]] > 0,
             failures_in_window=(got.windows[k["failures"]] if self.breaker is not None
                                 else None),
-            concurrency_limit=(self._limit(got.counters[k["cut"]]) if self.aimd is not None
+            concurrency_limit=(self._limits.limit(got.counters[k["cut"]]) if self.aimd is not None
                                else self.max_concurrent))
+
+
+class ProviderLimits:
+    """What the calls of one provider share in this instance, and the operations a call is made
+    of (:class:`ProviderCall` is their only user): the coordination store's rates, the turns
+    between waiting callers, the wake-up when a call frees a slot, admission, renewal, giving
+    back, the breaker's and AIMD's accounting. The provider's limits are read from
+    ``provider``."""
+
+    def __init__(self, provider: Provider, rates: Callable[[], RateStore]) -> None:
+        self.provider = provider
+        self.rates = rates
+        self.turns = _RoundRobin()
+        self.freed = asyncio.Event()              # a call of this instance freed a slot
+        self.waiting_for: str | None = None       # what the call holding the turn waits for
+
+    def fields(self, event: str) -> dict[str, Any]:
+        """``extra=`` of a record about this provider."""
+        return {"event": event, "instance": self.provider.instance_id}
 
     # -- what a call does -----------------------------------------------------------------
 
-    async def _wait(self, until: float, deadline: float | None, why: str,
-                    freed: bool = False, turn: bool = True) -> None:
+    async def wait(self, until: float, deadline: float | None, why: str,
+                   freed: bool = False, turn: bool = True) -> None:
         """Wait until ``until`` (or a freed slot, with ``freed``), or raise RateLimitTimeoutError
         at ``deadline`` if ``until`` is later. ``turn``: the caller holds the turn (callers behind
         it that time out say they waited for ``why``)."""
-        now = self.clock.now()
+        p = self.provider
+        now = p.clock.now()
         if turn:
-            self._waiting_for = why
+            self.waiting_for = why
         if deadline is not None and until > deadline:
             if deadline > now:
-                await self.clock.sleep(deadline - now)
-            raise RateLimitTimeoutError(self.name, why)
+                await p.clock.sleep(deadline - now)
+            raise RateLimitTimeoutError(p.name, why)
         if freed:   # a call of this instance ending may free room before ``until``
-            self._freed.clear()
-            await first_of(self._freed.wait(), self.clock, until - now)
+            self.freed.clear()
+            await first_of(self.freed.wait(), p.clock, until - now)
         else:
-            await self.clock.sleep(max(0.0, until - now))
+            await p.clock.sleep(max(0.0, until - now))
 
-    def _turn_timed_out(self) -> RateLimitTimeoutError:
+    def turn_timed_out(self) -> RateLimitTimeoutError:
         """A caller whose timeout passed while calls of this instance went first: it waited
         for what the call holding the turn waits for."""
+        p = self.provider
         return RateLimitTimeoutError(
-            self.name, self._waiting_for or "its turn behind this instance's other calls")
+            p.name, self.waiting_for or "its turn behind this instance's other calls")
 
-    async def _answer(self, work: Awaitable[T], deadline: float | None) -> T:
+    async def answer(self, work: Awaitable[T], deadline: float | None) -> T:
         """What the store answers ``work`` (one store call), or RateLimitTimeoutError (waiting
         for :data:`NO_ANSWER`) once ``deadline`` has passed without an answer: a store that never
         answers cannot hold a call past its timeout. A question asked with less than
         :data:`ANSWER_GRACE` left is given that long (``timeout=0`` asks once, and a network
         store takes a moment to answer). The call is cancelled then; what it may have taken is
         given back as after any other timeout (see :class:`_Taken`)."""
+        p = self.provider
         if deadline is None:
             return await work
         task = asyncio.ensure_future(work)
-        left = max(deadline - self.clock.now(), ANSWER_GRACE)
-        if not await first_of(task, self.clock, left):
-            raise RateLimitTimeoutError(self.name, NO_ANSWER)
+        left = max(deadline - p.clock.now(), ANSWER_GRACE)
+        if not await first_of(task, p.clock, left):
+            raise RateLimitTimeoutError(p.name, NO_ANSWER)
         return task.result()
 
-    async def _circuit(self, now: float) -> tuple[float, float]:
+    async def circuit(self, now: float) -> tuple[float, float]:
         """The circuit's counters: (openings, closings); tripped while the first is larger."""
-        got = await self._rates().counter_add(
-            self.namespace, [self.keys["opened"], self.keys["closed"]], [0.0, 0.0],
+        p = self.provider
+        got = await self.rates().counter_add(
+            p.namespace, [p.keys["opened"], p.keys["closed"]], [0.0, 0.0],
             [None, None], now)
         return got.totals[0], got.totals[1]
 
-    def _needs(self, tenant: str, tokens: int,
-               limit: int | None = None) -> list[tuple[Need, str, bool]]:
+    def needs(self, tenant: str, tokens: int,
+              limit: int | None = None) -> list[tuple[Need, str, bool]]:
         """What a call of ``tenant`` estimated at ``tokens`` needs from the store, in the order
         admission looks at it: ``(need, the limit it is for, whether it is the tenant's own
         cap)``. The breaker first; each tenant cap before the matching provider-wide limit, so a
@@ -579,36 +596,37 @@ class Provider:
         429 pause after the slot (a call that got a 429 pauses the provider before it frees its
         slot: the call that takes that slot sees the pause). ``limit``: the concurrency limit
         AIMD lowered ``max_concurrent`` to."""
-        k, tk = self.keys, self.tenant_keys(tenant)
+        p = self.provider
+        k, tk = p.keys, p.tenant_keys(tenant)
         needs: list[tuple[Need, str, bool]] = []
-        if self.breaker is not None:
+        if p.breaker is not None:
             needs.append((CircuitNeed(k["open"], k["opened"], k["closed"], k["trial"],
                                       SLOT_LEASE), "the circuit breaker", False))
-        if self.tenant_max_concurrent is not None:
-            needs.append((SlotNeed(tk["slots"], self.tenant_max_concurrent, SLOT_LEASE),
-                          f"tenant_max_concurrent={self.tenant_max_concurrent}", True))
-        if self.max_concurrent is not None:
-            why = (f"max_concurrent={self.max_concurrent}" if limit is None
-                   else f"max_concurrent={limit} (lowered by AIMD from {self.max_concurrent})")
-            needs.append((SlotNeed(k["slots"], limit or self.max_concurrent, SLOT_LEASE), why,
+        if p.tenant_max_concurrent is not None:
+            needs.append((SlotNeed(tk["slots"], p.tenant_max_concurrent, SLOT_LEASE),
+                          f"tenant_max_concurrent={p.tenant_max_concurrent}", True))
+        if p.max_concurrent is not None:
+            why = (f"max_concurrent={p.max_concurrent}" if limit is None
+                   else f"max_concurrent={limit} (lowered by AIMD from {p.max_concurrent})")
+            needs.append((SlotNeed(k["slots"], limit or p.max_concurrent, SLOT_LEASE), why,
                           False))
         needs.append((PauseNeed(k["cooldown"]), "the pause after a 429", False))
-        if self.tenant_requests_per_minute is not None:
-            needs.append((WindowNeed(tk["requests"], 1, MINUTE, self.tenant_requests_per_minute),
-                          f"tenant_requests_per_minute={self.tenant_requests_per_minute}", True))
-        if self.requests_per_minute is not None:
-            needs.append((WindowNeed(k["requests"], 1, MINUTE, self.requests_per_minute),
-                          f"requests_per_minute={self.requests_per_minute}", False))
-        if self.tenant_tokens_per_minute is not None and tokens:
-            needs.append((WindowNeed(tk["tokens"], tokens, MINUTE, self.tenant_tokens_per_minute),
-                          f"tenant_tokens_per_minute={self.tenant_tokens_per_minute}", True))
-        if self.tokens_per_minute is not None and tokens:
-            needs.append((WindowNeed(k["tokens"], tokens, MINUTE, self.tokens_per_minute),
-                          f"tokens_per_minute={self.tokens_per_minute}", False))
+        if p.tenant_requests_per_minute is not None:
+            needs.append((WindowNeed(tk["requests"], 1, MINUTE, p.tenant_requests_per_minute),
+                          f"tenant_requests_per_minute={p.tenant_requests_per_minute}", True))
+        if p.requests_per_minute is not None:
+            needs.append((WindowNeed(k["requests"], 1, MINUTE, p.requests_per_minute),
+                          f"requests_per_minute={p.requests_per_minute}", False))
+        if p.tenant_tokens_per_minute is not None and tokens:
+            needs.append((WindowNeed(tk["tokens"], tokens, MINUTE, p.tenant_tokens_per_minute),
+                          f"tenant_tokens_per_minute={p.tenant_tokens_per_minute}", True))
+        if p.tokens_per_minute is not None and tokens:
+            needs.append((WindowNeed(k["tokens"], tokens, MINUTE, p.tokens_per_minute),
+                          f"tokens_per_minute={p.tokens_per_minute}", False))
         return needs
 
-    async def _admit(self, holder: str, tokens: int, deadline: float | None,
-                     taken: _Taken) -> _Capped | None:
+    async def admit(self, holder: str, tokens: int, deadline: float | None,
+                    taken: _Taken) -> _Capped | None:
         """Wait until the call may go and take what it needs, marking it in ``taken`` (what is
         marked there when this raises is for the caller to give back). Returns None once taken,
         or a :class:`_Capped` (nothing held) when the call's tenant is at one of its own caps:
@@ -617,50 +635,52 @@ class Provider:
 
         Each attempt is one atomic store operation (:meth:`RateStore.admit`, all or nothing):
         a refused attempt holds nothing, so there is nothing to give back before waiting."""
+        p = self.provider
         try:
             while True:
-                now = self.clock.now()
-                if self.aimd is not None:   # the limit in force now, as every replica lowered it
-                    taken.aimd = await self._answer(self._aimd_read(now), deadline)
-                listed = self._needs(taken.tenant, tokens,
+                now = p.clock.now()
+                if p.aimd is not None:   # the limit in force now, as every replica lowered it
+                    taken.aimd = await self.answer(self.aimd_read(now), deadline)
+                listed = self.needs(taken.tenant, tokens,
                                      None if taken.aimd is None else taken.aimd[0])
                 needs = [need for need, _, _ in listed]
                 # slots are marked before they are asked for (see _Taken); a window entry only
                 # once the store has answered
-                taken.trial = self.breaker is not None
-                taken.tenant_slot = self.tenant_max_concurrent is not None
-                taken.slot = self.max_concurrent is not None
-                got = await self._answer(
-                    self._rates().admit(self.namespace, holder, needs, now), deadline)
+                taken.trial = p.breaker is not None
+                taken.tenant_slot = p.tenant_max_concurrent is not None
+                taken.slot = p.max_concurrent is not None
+                got = await self.answer(
+                    self.rates().admit(p.namespace, holder, needs, now), deadline)
                 if isinstance(got, Admitted):
                     taken.held_until = now + SLOT_LEASE
                     taken.trial = got.trial is not None
                     taken.generation = got.trial or 0.0
                     for need in needs:
                         if isinstance(need, WindowNeed):
-                            self._counted(taken, need.key, now)
+                            self.counted(taken, need.key, now)
                     return None
                 taken.trial = taken.tenant_slot = taken.slot = False
                 need, why, tenant_cap = listed[got.part]
                 if isinstance(need, CircuitNeed):
-                    raise CircuitOpenError(self.name, got.retry_at)
+                    raise CircuitOpenError(p.name, got.retry_at)
                 if isinstance(need, SlotNeed):   # a call of this instance may free one first
                     until = min(now + POLL if got.retry_at is None else got.retry_at,
                                 now + POLL)
                     if tenant_cap:
                         return _Capped(until, why, freed=True)
-                    await self._wait(until, deadline, why, freed=True)
+                    await self.wait(until, deadline, why, freed=True)
                     continue
                 until = got.retry_at or now + POLL
                 if tenant_cap:
                     return _Capped(until, why)
-                await self._wait(until, deadline, why)
+                await self.wait(until, deadline, why)
         finally:
-            self._waiting_for = None
+            self.waiting_for = None
 
-    def _counted(self, taken: _Taken, key: str, now: float) -> None:
+    def counted(self, taken: _Taken, key: str, now: float) -> None:
         """Mark in ``taken`` that the call's entry in window ``key`` was counted at ``now``."""
-        k, tk = self.keys, self.tenant_keys(taken.tenant)
+        p = self.provider
+        k, tk = p.keys, p.tenant_keys(taken.tenant)
         if key == k["requests"]:
             taken.request_at = now
         elif key == k["tokens"]:
@@ -670,23 +690,24 @@ class Provider:
         elif key == tk["tokens"]:
             taken.tenant_tokens_at = now
 
-    async def _give_back(self, holder: str, taken: _Taken, tokens: int = 0) -> None:
+    async def give_back(self, holder: str, taken: _Taken, tokens: int = 0) -> None:
         """Give back what ``taken`` marks, unmarking each part once given back (so that, if one
         step raises, what is left is still marked). Window entries are taken back at the time
         they were added, so the correction leaves the window with them."""
-        rates, ns, k = self._rates(), self.namespace, self.keys
-        tk = self.tenant_keys(taken.tenant)
+        p = self.provider
+        rates, ns, k = self.rates(), p.namespace, p.keys
+        tk = p.tenant_keys(taken.tenant)
         if taken.trial:
             await rates.slot_release(ns, k["trial"], holder)
             taken.trial = False
         if taken.slot:
             await rates.slot_release(ns, k["slots"], holder)
             taken.slot = False
-            self._freed.set()
+            self.freed.set()
         if taken.tenant_slot:
             await rates.slot_release(ns, tk["slots"], holder)
             taken.tenant_slot = False
-            self._freed.set()
+            self.freed.set()
         if taken.request_at is not None:
             await rates.window_add(ns, k["requests"], -1, MINUTE, None, taken.request_at)
             taken.request_at = None
@@ -703,77 +724,80 @@ class Provider:
                                        taken.tenant_tokens_at)
             taken.tenant_tokens_at = None
 
-    async def _renew(self, holder: str, taken: _Taken, lost: Callable[[str], None]) -> None:
+    async def renew(self, holder: str, taken: _Taken, lost: Callable[[str], None]) -> None:
         """Renew the slots the call holds (concurrency, the tenant's concurrency, trial) while it
         runs, moving ``taken.held_until`` on when every one was renewed. A slot whose renewal
         is refused was lost (its lease ended: the process stalled, or the store lost it):
         ``lost(why)`` is called, and renewal ends."""
-        keys = {"slots": self.keys["slots"], "trial": self.keys["trial"],
-                "tenant": self.tenant_keys(taken.tenant)["slots"]}
+        p = self.provider
+        keys = {"slots": p.keys["slots"], "trial": p.keys["trial"],
+                "tenant": p.tenant_keys(taken.tenant)["slots"]}
         names = {"slots": "concurrency", "trial": "breaker trial",
                  "tenant": f"tenant {taken.tenant!r} concurrency"}
         while True:
-            await self.clock.sleep(SLOT_LEASE / 3)
+            await p.clock.sleep(SLOT_LEASE / 3)
             held = {"slots": taken.slot, "trial": taken.trial, "tenant": taken.tenant_slot}
-            sent_at, confirmed = self.clock.now(), True
+            sent_at, confirmed = p.clock.now(), True
             for which in ("slots", "tenant", "trial"):
                 if not held[which]:
                     continue
                 try:
-                    renewed = await self._rates().slot_renew(
-                        self.namespace, keys[which], holder, SLOT_LEASE, sent_at)
+                    renewed = await self.rates().slot_renew(
+                        p.namespace, keys[which], holder, SLOT_LEASE, sent_at)
                 except Exception as e:
-                    log.warning("provider.renew_failed: %s: %s: %s", self.name,
-                                type(e).__name__, e, extra=self._fields("provider.renew_failed"))
+                    log.warning("provider.renew_failed: %s: %s: %s", p.name,
+                                type(e).__name__, e, extra=self.fields("provider.renew_failed"))
                     confirmed = False
                     continue
                 if not renewed:
                     log.warning("provider.slot_lost: %s: the %s slot of call %s ended before "
                                 "the call did; another call may take it: the call is cancelled",
-                                self.name, names[which], holder,
-                                extra=self._fields("provider.slot_lost"))
+                                p.name, names[which], holder,
+                                extra=self.fields("provider.slot_lost"))
                     lost(f"the store refused to renew its {names[which]} slot (its lease had "
                          f"ended)")
                     return
             if confirmed:
                 taken.held_until = max(taken.held_until, sent_at + SLOT_LEASE)
 
-    async def _watch(self, taken: _Taken, lost: Callable[[str], None]) -> None:
+    async def watch(self, taken: _Taken, lost: Callable[[str], None]) -> None:
         """Call ``lost`` once the slots' leases end, less the drift margin of them, without a
         renewal confirmed meanwhile: another replica may take a slot once its lease ends, and
         the call must not be in flight then (a store that does not answer refuses nothing)."""
+        p = self.provider
         margin = SLOT_LEASE * DRIFT_MARGIN
-        while (left := taken.held_until - margin - self.clock.now()) > 0:
-            await self.clock.sleep(left)
+        while (left := taken.held_until - margin - p.clock.now()) > 0:
+            await p.clock.sleep(left)
         log.warning("provider.slot_expired: %s: no renewal of the slots of a call confirmed "
                     "before their lease ends (less the drift margin of %g s): the call is "
-                    "cancelled", self.name, margin, extra=self._fields("provider.slot_expired"))
+                    "cancelled", p.name, margin, extra=self.fields("provider.slot_expired"))
         lost(f"no renewal of its slots was confirmed by the store within their "
              f"{SLOT_LEASE:g} s lease (less the drift margin of {margin:g} s)")
 
-    async def _failed(self, taken: _Taken) -> None:
+    async def failed(self, taken: _Taken) -> None:
         """Count a failed call; open the circuit (see the class docstring) if it was the
         trial of the circuit's current opening, or the failure that reaches the threshold."""
-        if self.breaker is None:
+        p = self.provider
+        if p.breaker is None:
             return
-        rates, ns, k, now = self._rates(), self.namespace, self.keys, self.clock.now()
-        failures = await rates.window_add(ns, k["failures"], 1, self.breaker.window, None, now)
-        if not taken.trial and failures.total < self.breaker.failures:
+        rates, ns, k, now = self.rates(), p.namespace, p.keys, p.clock.now()
+        failures = await rates.window_add(ns, k["failures"], 1, p.breaker.window, None, now)
+        if not taken.trial and failures.total < p.breaker.failures:
             return
-        opened, closed = await self._circuit(now)
+        opened, closed = await self.circuit(now)
         if opened > closed:     # tripped: only the trial of this opening decides
             if taken.trial and taken.generation == opened:
-                until = await rates.pause_until(ns, k["open"], now + self.breaker.cooldown, now)
+                until = await rates.pause_until(ns, k["open"], now + p.breaker.cooldown, now)
                 log.warning("provider.circuit_open: %s: the trial call failed; until %s",
-                            self.name, until, extra=self._fields("provider.circuit_open"))
+                            p.name, until, extra=self.fields("provider.circuit_open"))
             return
-        if failures.total < self.breaker.failures:
+        if failures.total < p.breaker.failures:
             return      # a trial of an opening that a later trial already closed
-        until = await rates.pause_until(ns, k["open"], now + self.breaker.cooldown, now)
+        until = await rates.pause_until(ns, k["open"], now + p.breaker.cooldown, now)
         await rates.counter_add(ns, [k["opened"]], [1.0], [closed + 1], now)
         log.warning("provider.circuit_open: %s after %g failures in %g s; until %s",
-                    self.name, failures.total, self.breaker.window, until,
-                    extra=self._fields("provider.circuit_open"))
+                    p.name, failures.total, p.breaker.window, until,
+                    extra=self.fields("provider.circuit_open"))
 
     # -- AIMD: the concurrency limit after 429s ------------------------------------------------
     #
@@ -784,61 +808,66 @@ class Provider:
     # value it saw, one atomic counter_add): the 429s of a round of calls that went together
     # lower it once, as TCP halves its window once per round trip.
 
-    def _limit(self, cut: float) -> int:
+    def limit(self, cut: float) -> int:
         """The concurrency limit with the limit cut by ``cut``."""
-        assert self.aimd is not None and self.max_concurrent is not None
-        return max(self.aimd.min_concurrent, min(self.max_concurrent, math.floor(
-            self.max_concurrent - max(0.0, cut) + 1e-9)))
+        p = self.provider
+        assert p.aimd is not None and p.max_concurrent is not None
+        return max(p.aimd.min_concurrent, min(p.max_concurrent, math.floor(
+            p.max_concurrent - max(0.0, cut) + 1e-9)))
 
-    async def _aimd_read(self, now: float) -> tuple[int, float, float]:
+    async def aimd_read(self, now: float) -> tuple[int, float, float]:
         """(the limit in force, the cut, the times lowered), read without writing."""
-        k = self.keys
-        got = await self._rates().read_rates(self.namespace, now,
+        p = self.provider
+        k = p.keys
+        got = await self.rates().read_rates(p.namespace, now,
                                              counters=[k["cut"], k["lowered"]])
         cut = got.counters[k["cut"]]
-        return self._limit(cut), cut, got.counters[k["lowered"]]
+        return self.limit(cut), cut, got.counters[k["lowered"]]
 
-    async def _aimd_lower(self, taken: _Taken) -> None:
+    async def aimd_lower(self, taken: _Taken) -> None:
         """A 429: multiply the limit by ``decrease``, unless it was lowered since the call went."""
-        assert self.aimd is not None and self.max_concurrent is not None
+        p = self.provider
+        assert p.aimd is not None and p.max_concurrent is not None
         if taken.aimd is None:
             return
-        rates, ns, k, now = self._rates(), self.namespace, self.keys, self.clock.now()
-        limit, cut, lowered = await self._aimd_read(now)
-        if lowered > taken.aimd[2] or limit <= self.aimd.min_concurrent:
+        rates, ns, k, now = self.rates(), p.namespace, p.keys, p.clock.now()
+        limit, cut, lowered = await self.aimd_read(now)
+        if lowered > taken.aimd[2] or limit <= p.aimd.min_concurrent:
             return
-        to = max(self.aimd.min_concurrent, math.floor(limit * self.aimd.decrease))
+        to = max(p.aimd.min_concurrent, math.floor(limit * p.aimd.decrease))
         got = await rates.counter_add(ns, [k["lowered"], k["cut"]],
-                                      [1.0, self.max_concurrent - to - cut],
+                                      [1.0, p.max_concurrent - to - cut],
                                       [taken.aimd[2] + 1, None], now)
         if got.added:
             log.warning("provider.concurrency_lowered: %s: %d calls at once, was %d, after a 429",
-                        self.name, to, limit, extra={"event": "provider.concurrency_lowered"})
+                        p.name, to, limit, extra={"event": "provider.concurrency_lowered"})
 
-    async def _aimd_raise(self, taken: _Taken) -> None:
+    async def aimd_raise(self, taken: _Taken) -> None:
         """A success: give back ``increase / limit`` of a slot, if the limit is lowered."""
-        assert self.aimd is not None
+        p = self.provider
+        assert p.aimd is not None
         if taken.aimd is None or taken.aimd[1] <= 0:
             return          # at max_concurrent as the call went: nothing to write
-        rates, ns, k, now = self._rates(), self.namespace, self.keys, self.clock.now()
+        rates, ns, k, now = self.rates(), p.namespace, p.keys, p.clock.now()
         limit, cut, _ = taken.aimd
-        got = await rates.counter_add(ns, [k["cut"]], [-min(cut, self.aimd.increase / limit)],
+        got = await rates.counter_add(ns, [k["cut"]], [-min(cut, p.aimd.increase / limit)],
                                       [None], now)
         if got.totals[0] < 0:   # successes on several replicas at once gave back too much
             await rates.counter_add(ns, [k["cut"]], [-got.totals[0]], [None], now)
 
-    async def _succeeded(self, taken: _Taken) -> None:
-        if not taken.trial or self.breaker is None:
+    async def succeeded(self, taken: _Taken) -> None:
+        p = self.provider
+        if not taken.trial or p.breaker is None:
             return
-        rates, ns, k, now = self._rates(), self.namespace, self.keys, self.clock.now()
-        opened, closed = await self._circuit(now)
+        rates, ns, k, now = self.rates(), p.namespace, p.keys, p.clock.now()
+        opened, closed = await self.circuit(now)
         if opened != taken.generation or closed >= opened:
             return      # a trial of an opening already closed: the failures are recent ones
         await rates.window_clear(ns, k["failures"])
         got = await rates.counter_add(ns, [k["closed"]], [1.0], [taken.generation], now)
         if got.added:
-            log.info("provider.circuit_closed: %s", self.name,
-                     extra=self._fields("provider.circuit_closed"))
+            log.info("provider.circuit_closed: %s", p.name,
+                     extra=self.fields("provider.circuit_closed"))
 
 
 def _amount(value: Any) -> bool:
@@ -850,9 +879,10 @@ def _amount(value: Any) -> bool:
 class ProviderCall:
     """One call through a provider: ``async with provider.call(…) as call``."""
 
-    def __init__(self, provider: Provider, tokens: int, tenant: str | None,
-                 timeout: float | None, cost: float | None) -> None:
+    def __init__(self, provider: Provider, limits: ProviderLimits, tokens: int,
+                 tenant: str | None, timeout: float | None, cost: float | None) -> None:
         self.provider = provider
+        self._limits = limits   # what the provider's calls share, and the steps of a call
         self.tokens = tokens
         self._tenant = tenant
         self._timeout = timeout
@@ -924,24 +954,24 @@ class ProviderCall:
 
     async def _admitted(self, tenant: str) -> None:
         """Wait until the call may go (see :meth:`Provider.call`), holding what it takes."""
-        p = self.provider
+        p, lim = self.provider, self._limits
         assert self.spender is not None
         deadline = (None if self._timeout is None or math.isinf(self._timeout)
                     else p.clock.now() + self._timeout)
-        if p.breaker is not None and p._turns.busy:
+        if p.breaker is not None and lim.turns.busy:
             # fail fast while the circuit is open, rather than wait for the turn to find out
-            until = await p._answer(p.open_until(), deadline)
+            until = await lim.answer(p.open_until(), deadline)
             if until is not None:
                 raise CircuitOpenError(p.name, until)
         # a reservation the store made but never confirmed in time stays counted: a budget
         # errs on the side of refusing, never of passing its limit
-        self._scopes = await p._answer(
+        self._scopes = await lim.answer(
             p.ledger.reserve(self.spender, self._estimate, p.currency), deadline)
         self._taken.tenant = tenant
         try:
             while True:
-                async with p._turns.turn(tenant, p.clock, deadline, p._turn_timed_out):
-                    capped = await p._admit(self._holder, self.tokens, deadline, self._taken)
+                async with lim.turns.turn(tenant, p.clock, deadline, lim.turn_timed_out):
+                    capped = await lim.admit(self._holder, self.tokens, deadline, self._taken)
                 if capped is None:
                     break
                 # The tenant is at its own cap (it holds nothing now). Waiting for it while
@@ -952,7 +982,7 @@ class ProviderCall:
                 # that waited meanwhile go first. Other callers of the capped tenant that get
                 # the turn meanwhile find the same cap and step out too; a provider-wide limit
                 # is still waited for holding the turn (it is every tenant's).
-                await p._wait(capped.until, deadline, capped.why, capped.freed, turn=False)
+                await lim.wait(capped.until, deadline, capped.why, capped.freed, turn=False)
         except BaseException as e:
             if _store_failed(e):
                 # the store failed or did not answer: giving back would wait for it again (a
@@ -966,8 +996,8 @@ class ProviderCall:
                 or self._taken.trial:
             self._task = asyncio.current_task()
             self._cancelling = self._task.cancelling() if self._task is not None else 0
-            self._renewal = asyncio.create_task(p._renew(self._holder, self._taken, self._cut))
-            self._watchdog = asyncio.create_task(p._watch(self._taken, self._cut))
+            self._renewal = asyncio.create_task(lim.renew(self._holder, self._taken, self._cut))
+            self._watchdog = asyncio.create_task(lim.watch(self._taken, self._cut))
 
     def _cut(self, why: str) -> None:
         """The call's slots may be another call's now: cancel the block (``__aexit__`` makes
@@ -978,7 +1008,7 @@ class ProviderCall:
 
     def _log_fields(self, event: str) -> dict[str, Any]:
         """``extra=`` of a record about this call: the run and tenant it is made for."""
-        fields = self.provider._fields(event)
+        fields = self._limits.fields(event)
         if self.spender is not None:
             fields["tenant"] = self.spender.tenant
             if self.spender.run_id is not None:
@@ -987,9 +1017,9 @@ class ProviderCall:
 
     async def _undo(self) -> None:
         """The call did not go: give back what admission took, then the budget reservation."""
-        p = self.provider
+        p, lim = self.provider, self._limits
         await self._step("give back what admission took",
-                         p._give_back(self._holder, self._taken, self.tokens))
+                         lim.give_back(self._holder, self._taken, self.tokens))
         assert self.spender is not None
         await self._step("refund the budget reservation",
                          p.ledger.record(self.spender, 0.0, p.currency,
@@ -1035,8 +1065,8 @@ class ProviderCall:
         the others still run), in an order that matters: the 429 pause, the breaker's
         accounting and the tokens used are in the store before the slots are freed, so no call
         can go in between without seeing them; the cost is recorded last."""
-        p = self.provider
-        rates, ns, k = p._rates(), p.namespace, p.keys
+        p, lim = self.provider, self._limits
+        rates, ns, k = lim.rates(), p.namespace, p.keys
         taken = self._taken
         for task in (self._renewal, self._watchdog):
             if task is not None:
@@ -1046,15 +1076,15 @@ class ProviderCall:
         if self._retry_after is not None:
             await self._step("pause the provider after a 429", self._pause(now))
             if p.aimd is not None:
-                await self._step("lower the concurrency limit", p._aimd_lower(taken))
+                await self._step("lower the concurrency limit", lim.aimd_lower(taken))
         if self._retry_after is not None:
             pass    # a 429 says nothing about an outage (a trial frees its slot for the next)
         elif error is None:
-            await self._step("close the circuit", p._succeeded(taken))
+            await self._step("close the circuit", lim.succeeded(taken))
             if p.aimd is not None:
-                await self._step("raise the concurrency limit", p._aimd_raise(taken))
+                await self._step("raise the concurrency limit", lim.aimd_raise(taken))
         elif isinstance(error, Exception) and not isinstance(error, BudgetExceededError):
-            await self._step("count the failure", p._failed(taken))
+            await self._step("count the failure", lim.failed(taken))
         if self._used_tokens is not None and p.tokens_per_minute is not None:
             await self._step("correct the tokens window",
                              self._correct_tokens(now, k["tokens"], taken.tokens_at))
@@ -1065,12 +1095,12 @@ class ProviderCall:
             await self._step("free the concurrency slot",
                              rates.slot_release(ns, k["slots"], self._holder))
             taken.slot = False
-            p._freed.set()
+            lim.freed.set()
         if taken.tenant_slot:
             await self._step("free the tenant's concurrency slot", rates.slot_release(
                 ns, p.tenant_keys(taken.tenant)["slots"], self._holder))
             taken.tenant_slot = False
-            p._freed.set()
+            lim.freed.set()
         if taken.trial:
             await self._step("free the breaker's trial slot",
                              rates.slot_release(ns, k["trial"], self._holder))
@@ -1084,9 +1114,9 @@ class ProviderCall:
             provider=p.name, tokens=self._used_tokens))
 
     async def _pause(self, now: float) -> None:
-        p = self.provider
+        p, lim = self.provider, self._limits
         assert self._retry_after is not None
-        until = await p._rates().pause_until(p.namespace, p.keys["cooldown"],
+        until = await lim.rates().pause_until(p.namespace, p.keys["cooldown"],
                                              now + self._retry_after, now)
         p.telemetry.provider_paused(p.name, self._retry_after)
         log.warning("provider.rate_limited: %s paused until %s for every replica",
@@ -1095,14 +1125,14 @@ class ProviderCall:
     async def _correct_tokens(self, now: float, key: str, counted_at: float | None) -> None:
         """Correct the estimate in the tokens window ``key`` (the provider's or the tenant's),
         where it was counted at ``counted_at`` (None: not counted), as :meth:`used` says."""
-        p = self.provider
+        p, lim = self.provider, self._limits
         assert self._used_tokens is not None
         counted = self.tokens if counted_at is not None else 0
         extra = self._used_tokens - counted
         if extra > 0:
-            await p._rates().window_add(p.namespace, key, extra, MINUTE, None, now)
+            await lim.rates().window_add(p.namespace, key, extra, MINUTE, None, now)
         elif extra < 0 and counted_at is not None and now - counted_at < MINUTE:
-            await p._rates().window_add(p.namespace, key, extra, MINUTE, None, counted_at)
+            await lim.rates().window_add(p.namespace, key, extra, MINUTE, None, counted_at)
 
 
 def check_provider_options(name: str, max_concurrent: Any, requests_per_minute: Any,

@@ -461,6 +461,91 @@ class RunHost(Protocol):
         """A pause was just made: announce it soon."""
 
 
+class RunExtension:
+    """The extension API for integration authors: what an integration of another framework
+    (LangGraph, the OpenAI Agents SDK, Pydantic AI, one of your own) needs of a run beyond the
+    calls of :class:`RunContext`, as ``ctx.extension``. It is stable: shoal's own integrations
+    use nothing else of a run (docs/integrations-api.md).
+
+    A framework's work is recorded with ``ctx.step`` (one step a segment of it, a model call,
+    a tool call), ``ctx.approval`` (a pause) and the rest of ``ctx``. What it keeps in the store
+    itself (a LangGraph checkpoint) is written conditional on the run's claim, :attr:`fence`;
+    a write the store refuses because the claim is lost ends the attempt with
+    :meth:`lease_lost`, as the engine's own writes do. In a replay of a recorded history
+    (``shoal replay``), :attr:`replaying` is True and nothing may be written."""
+
+    __slots__ = ("_host", "_lost", "_x")
+
+    def __init__(self, host: RunHost, execution: Execution,
+                 lost: Callable[[], NoReturn]) -> None:
+        self._host = host
+        self._x = execution
+        self._lost = lost
+
+    def __repr__(self) -> str:
+        return f"<shoal RunExtension of run {self._x.run.id}>"
+
+    @property
+    def namespace(self) -> str:
+        """The namespace of the run (its app's name): what the store's keys are scoped by."""
+        return self._x.run.namespace
+
+    @property
+    def fence(self) -> Fence:
+        """The run's claim (its id, this instance as owner, the lease epoch): a store write
+        given it succeeds only while the run is still claimed so, never once another instance
+        has taken it over."""
+        return self._x.fence
+
+    @property
+    def clock(self) -> Clock:
+        """The app's clock: every time the integration writes or waits on is read from it."""
+        return self._host.clock
+
+    @property
+    def store(self) -> object:
+        """The app's run store. Narrow it to the port the integration writes through with
+        ``isinstance`` (``shoal.ports.GraphCheckpoints``, …): a store may not implement every
+        optional port. In a replay, a store that refuses every call."""
+        return self._host.store
+
+    def lease_lost(self) -> NoReturn:
+        """Raise ``LeaseLostError``: call it when the store refused a write fenced by
+        :attr:`fence`. The run is aborted here (``ctx.signal``) and writes nothing more; the
+        instance that holds the claim now continues it from its checkpoints."""
+        self._lost()
+
+    @property
+    def replaying(self) -> bool:
+        """Whether this is a replay of a recorded history (``shoal replay``,
+        ``shoal.testing.replay``): steps return their recorded results, and nothing is read
+        from or written to a store."""
+        return self._x.replay_only
+
+    @property
+    def recorded_graph_checkpoints(self) -> tuple[GraphCheckpoint, ...] | None:
+        """In a replay, the LangGraph checkpoints the history recorded for this run (None
+        outside a replay, or for a history exported without them)."""
+        return self._x.recorded_graph
+
+    def replay_unchecked(self, what: str) -> None:
+        """In a replay, say what it could not check (``what``: a sentence); the replay's result
+        lists it, rather than count it as passed."""
+        self._x.unchecked.append(what)
+
+    def end_replay(self, reached: str) -> NoReturn:
+        """End a replay here, successfully: everything recorded up to now matched, and what
+        follows cannot be checked without a store (``reached``: what the code reached)."""
+        raise ReplayStop(self._x.seq + 1, None, reached)
+
+    def replay_differs(self, reached: str, detail: str) -> NoReturn:
+        """Stop a replay at the next position: the code reached ``reached``, whose recorded
+        content it would not produce (``detail`` says how, in a sentence)."""
+        seq = self._x.seq + 1
+        recorded = self._x.steps.get(seq)
+        raise ReplayStop(seq, reached if recorded is None else recorded.name, reached, detail)
+
+
 class RunContext:
     """The handle a workflow function gets as its first argument."""
 
@@ -484,7 +569,7 @@ class RunContext:
         the context, its execution and the run's task are freed by reference count rather than
         by the cyclic garbage collector (a context kept by the workflow's code makes them again
         on use)."""
-        for name in ("step", "tree"):
+        for name in ("step", "tree", "extension"):
             self.__dict__.pop(name, None)
 
     @functools.cached_property
@@ -496,6 +581,12 @@ class RunContext:
     @functools.cached_property
     def tree(self) -> Tree:
         return Tree(self)
+
+    @functools.cached_property
+    def extension(self) -> RunExtension:
+        """The run as an integration of another framework sees it (:class:`RunExtension`):
+        its claim, its store, its lost lease, its replay."""
+        return RunExtension(self._host, self._x, self._lost)
 
     @functools.cached_property
     def outbox(self) -> Outbox:

@@ -23,21 +23,11 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command
 
 from shoal import _json
-from shoal.engine.context import ReplayStop, RunContext
+from shoal.engine.context import RunContext
 from shoal.integrations.langgraph._recorded import graph_changes
 from shoal.integrations.langgraph.saver import ShoalCheckpointer
 
 STEP = "langgraph"   # the name of each segment's step
-
-
-def _checkpointer(ctx: RunContext) -> ShoalCheckpointer:
-    """The checkpointer of ``ctx``'s run: the app's store, the run's namespace and tenant, each
-    write fenced by the run's claim (a lost claim ends the attempt as the engine's own writes
-    do)."""
-    x, host = ctx._x, ctx._host
-    store = host.store
-    return ShoalCheckpointer._for_run(cast(Any, store), x.run.namespace, ctx.tenant, host.clock,
-                                      x.fence, ctx._lost)
 
 
 def _config(ctx: RunContext, config: RunnableConfig | None) -> RunnableConfig:
@@ -66,18 +56,18 @@ async def run_graph(ctx: RunContext, graph: Any, input: Any, config: RunnableCon
     if not hasattr(graph, "aget_state") or not hasattr(graph, "copy"):
         raise TypeError(f"run_graph(ctx, graph, ...): graph is a compiled LangGraph graph "
                         f"(builder.compile()), not {graph!r}.")
-    if ctx._x.replay_only:
+    if ctx.extension.replaying:
         _check_recorded_graph(ctx, graph)
-    runnable = graph.copy(update={"checkpointer": _checkpointer(ctx)})
+    runnable = graph.copy(update={"checkpointer": ShoalCheckpointer.for_run(ctx)})
     cfg = _config(ctx, config)
     decisions: dict[str, Any] = {}
     while True:
         stopped = await ctx.step(STEP, _segment, runnable, cfg, input, dict(decisions))
         if not stopped:
-            if ctx._x.replay_only:
+            if ctx.extension.replaying:
                 # a replay (shoal replay) reads no store: the graph's output is in its
                 # checkpoints, so the replay ends here, every recorded step matched
-                raise ReplayStop(ctx._x.seq + 1, None, "langgraph.output")
+                ctx.extension.end_replay("langgraph.output")
             return await runnable.ainvoke(None, cfg)   # the graph has ended: its output
         for interrupt in stopped:
             decision = await ctx.approval(interrupt["node"], interrupt["value"],
@@ -90,18 +80,18 @@ def _check_recorded_graph(ctx: RunContext, graph: Any) -> None:
     without running the graph: check the graph against the super-steps its run recorded, and
     stop the replay at the first segment with what differs. A history without them (exported
     by an older shoal) is said to be unchecked, not passed."""
-    x = ctx._x
-    if x.recorded_graph is None:
-        x.unchecked.append(
+    ext = ctx.extension
+    recorded = ext.recorded_graph_checkpoints
+    if recorded is None:
+        ext.replay_unchecked(
             "the LangGraph graph's changes: the history holds none of its checkpoints (exported "
             "by an older shoal); export the run again to check them")
         return
-    problem, unchecked = graph_changes(graph, x.recorded_graph)
-    x.unchecked.extend(unchecked)
+    problem, unchecked = graph_changes(graph, recorded)
+    for what in unchecked:
+        ext.replay_unchecked(what)
     if problem is not None:
-        recorded = x.steps.get(x.seq + 1)
-        raise ReplayStop(x.seq + 1, STEP if recorded is None else recorded.name, STEP,
-                         f"the graph changed: {problem}")
+        ext.replay_differs(STEP, f"the graph changed: {problem}")
 
 
 async def _segment(runnable: Any, cfg: RunnableConfig, input: Any,

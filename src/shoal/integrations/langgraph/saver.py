@@ -22,7 +22,7 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Future
 from types import TracebackType
-from typing import Any, NoReturn, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -39,6 +39,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from shoal.clock import Clock, SystemClock
+from shoal.engine.context import RunContext, RunExtension
 from shoal.errors import ConfigurationError
 from shoal.ports import GraphCheckpoints
 from shoal.stores import mask_url, open_store
@@ -69,6 +70,9 @@ class ShoalCheckpointer(BaseCheckpointSaver[str]):
 
     Supports every capability of LangGraph's conformance suite: put, put_writes, get_tuple,
     list, delete_thread, delete_for_runs, copy_thread and prune."""
+
+    # the run whose claim every write is conditional on (:meth:`for_run`), else None
+    _run: RunExtension | None = None
 
     def __init__(
         self,
@@ -105,24 +109,24 @@ class ShoalCheckpointer(BaseCheckpointSaver[str]):
                 f"ShoalCheckpointer(store) takes a store URL or a shoal store object that keeps "
                 f"LangGraph checkpoints (memory, SQLite, PostgreSQL), not {store!r}.")
         self._opening = threading.Lock()
-        # set by run_graph: writes conditional on the run's claim, and what to do when lost
-        self._fence: Fence | None = None
-        self._lost: Callable[[], NoReturn] | None = None
 
     def __repr__(self) -> str:
         where = mask_url(self._url) if self._url else repr(self._store)
         return (f"<shoal ShoalCheckpointer {where} namespace={self.namespace!r} "
                 f"tenant={self.tenant!r}>")
 
-    @classmethod
-    def _for_run(cls, store: GraphCheckpoints, namespace: str, tenant: str, clock: Clock,
-                 fence: Fence, lost: Callable[[], NoReturn]) -> ShoalCheckpointer:
-        """The checkpointer of a durable graph inside a run: its writes hold only while the
-        run's claim does (``lost`` is called, and raises, once it does not)."""
-        saver = cls(store, namespace=namespace, tenant=tenant, clock=clock)
-        saver._loop = asyncio.get_running_loop()
-        saver._fence, saver._lost = fence, lost
-        return saver
+    @staticmethod
+    def for_run(ctx: RunContext) -> ShoalCheckpointer:
+        """The checkpointer of a graph run inside ``ctx``'s run (what :func:`run_graph` gives
+        the graph): on the app's store, in the run's namespace and tenant, every write
+        conditional on the run's claim. A write refused because the claim was lost raises
+        ``LeaseLostError`` and aborts the run, as the engine's own writes do. Make it in the
+        workflow function, on the run's event loop."""
+        return _RunCheckpointer(ctx.extension, ctx.tenant)
+
+    @property
+    def _fence(self) -> Fence | None:
+        return None if self._run is None else self._run.fence
 
     # -- the store and its loop -----------------------------------------------------------------
 
@@ -240,8 +244,8 @@ class ShoalCheckpointer(BaseCheckpointSaver[str]):
 
     def _held(self, held: bool) -> None:
         if not held:
-            assert self._lost is not None
-            self._lost()
+            assert self._run is not None
+            self._run.lease_lost()
 
     # -- from LangGraph's records to the store's and back ----------------------------------------
 
@@ -464,3 +468,13 @@ class ShoalCheckpointer(BaseCheckpointSaver[str]):
         else:
             number = int(str(current).split(".")[0])
         return f"{number + 1:032}.{random.random():016}"
+
+
+class _RunCheckpointer(ShoalCheckpointer):
+    """:meth:`ShoalCheckpointer.for_run`'s checkpointer: fenced by ``run``'s claim."""
+
+    def __init__(self, run: RunExtension, tenant: str) -> None:
+        super().__init__(cast(GraphCheckpoints, run.store), namespace=run.namespace,
+                         tenant=tenant, clock=run.clock)
+        self._loop = asyncio.get_running_loop()
+        self._run = run
