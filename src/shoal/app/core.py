@@ -9,7 +9,6 @@ import logging
 import math
 import os
 import signal as signals
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import (
     TYPE_CHECKING,
@@ -33,16 +32,16 @@ from shoal.app.metrics import AppMetrics, metrics_sink
 from shoal.app.options import (
     CONCURRENCY_ENV,
     MAX_BATCH_BYTES,
+    AppConfig,
     DispatchItem,
+    DispatchKeywords,
     DispatchOptions,
     batch_items,
-    check_app_options,
-    check_dispatch_options,
     check_workflow_options,
     concurrency_setting,
     tracing_sink,
 )
-from shoal.clock import Clock, SystemClock
+from shoal.clock import Clock
 from shoal.coord.lock import LockManager, LockRequest, lock_keys
 from shoal.coord.membership import Listener, Membership
 from shoal.coord.provider import (
@@ -59,11 +58,11 @@ from shoal.engine.context import RunContext
 from shoal.engine.cron import CronTrigger
 from shoal.engine.runner import (
     Engine,
-    EngineConfig,
     ErrorHandler,
     OutboxHandlerSpec,
     PauseHandler,
     Registry,
+    WorkflowOptions,
     WorkflowSpec,
 )
 from shoal.engine.values import Codec, WorkflowTypes
@@ -182,13 +181,10 @@ class CronDecorator(Protocol):
 _T = TypeVar("_T")
 
 
-def _either(item: _T | None, batch: _T | None, default: _T) -> _T:
-    """An item's option, else the batch's, else the default (the workflow's)."""
-    return item if item is not None else batch if batch is not None else default
-
-
-# the options of an item given as a bare input: all the batch's (its input is the item itself)
-_BATCH_OPTIONS = DispatchItem(None)
+def _defaults(stored: dict[str, Any]) -> tuple[int, int]:
+    """The priority and max_attempts a run of a workflow takes when its dispatch gives none,
+    from the workflow's stored options (``WorkflowOptions.stored``; empty: the defaults)."""
+    return int(stored.get("priority", 0)), int(stored.get("max_attempts", 3))
 
 
 def _about_item(e: Exception, i: int) -> Exception:
@@ -200,8 +196,52 @@ def _about_item(e: Exception, i: int) -> Exception:
     return e
 
 
+class _Setting(Generic[_T]):
+    """An attribute of the App that reads its validated configuration (``App._config``, an
+    :class:`~shoal.app.options.AppConfig`). Setting it, as ``shoal worker --concurrency`` does
+    before the app starts, replaces that configuration with one validated again; what the
+    engine and the services run by is made from it at ``start()``."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, app: None, owner: type) -> _Setting[_T]: ...
+
+    @overload
+    def __get__(self, app: App, owner: type) -> _T: ...
+
+    def __get__(self, app: App | None, owner: type) -> _T | _Setting[_T]:
+        if app is None:
+            return self
+        return cast(_T, getattr(app._config, self._name))
+
+    def __set__(self, app: App, value: _T) -> None:
+        app._config = app._config.replace(**{self._name: value})
+
+
 class App:
     """One instance (replica) of a service's durable runs, over a shared store."""
+
+    # the options of App(...), validated, defaults resolved (lease a float, the heartbeat,
+    # the instance id, the clock): see AppConfig
+    namespace: _Setting[str] = _Setting()
+    coordination: _Setting[str | list[str] | CoordStore | None] = _Setting()
+    instance_id: _Setting[str] = _Setting()
+    max_concurrent_runs: _Setting[int] = _Setting()
+    lease: _Setting[float] = _Setting()
+    heartbeat: _Setting[float] = _Setting()
+    max_payload_bytes: _Setting[int] = _Setting()
+    clock: _Setting[Clock] = _Setting()
+    version: _Setting[str | None] = _Setting()
+    max_queued: _Setting[int | None] = _Setting()
+    admission: _Setting[Literal["reject", "park"]] = _Setting()
+    membership_interval: _Setting[float] = _Setting()
+    pause_retention: _Setting[float] = _Setting()
+    run_retention: _Setting[float] = _Setting()
+    migrate: _Setting[bool] = _Setting()
+    health_port: _Setting[int | None] = _Setting()
+    health_host: _Setting[str] = _Setting()
 
     def __init__(
         self,
@@ -226,48 +266,31 @@ class App:
         metrics: bool | CollectorRegistry | PrometheusMetrics = False,
         tracing: bool | TracerProvider = False,
     ) -> None:
-        check_app_options(namespace, store, instance_id, max_concurrent_runs, lease, clock,
-                           version, max_queued, admission, membership_interval,
-                           pause_retention, run_retention, max_payload_bytes, heartbeat, migrate)
-        if health_port is not None:
-            _checks.integer(health_port, "App(health_port)", CONFIG, low=0, high=65535)
-        _checks.text(health_host, "App(health_host)", CONFIG)
-        self.namespace = namespace
+        self._config = config = AppConfig.of(
+            namespace=namespace, store=store, coordination=coordination,
+            instance_id=instance_id, max_concurrent_runs=max_concurrent_runs, lease=lease,
+            clock=clock, version=version, max_queued=max_queued, admission=admission,
+            membership_interval=membership_interval, pause_retention=pause_retention,
+            run_retention=run_retention, heartbeat=heartbeat, migrate=migrate,
+            max_payload_bytes=max_payload_bytes, health_port=health_port,
+            health_host=health_host)
         self.store: Store = open_store(store) if isinstance(store, str) else store
         # A store passed in as an object may be shared by several apps: its owner closes it.
         self._owns_store = isinstance(store, str)
-        self.coordination = coordination
         # None: the run store coordinates; else Redis (one address, or a Redlock quorum)
         self._coord_store: CoordStore | None = open_coordination(coordination)
         self._coord_opened = False
-        self.instance_id = instance_id or f"{socket.gethostname()}-{os.getpid()}"
-        self.max_concurrent_runs = max_concurrent_runs
-        self.lease = float(lease)
-        self.heartbeat = float(heartbeat) if heartbeat is not None else self.lease / 3
-        self.max_payload_bytes = max_payload_bytes
-        self.clock: Clock = clock or SystemClock()
-        self.version = version
-        self.max_queued = max_queued
-        self.admission = admission
-        self.membership_interval = membership_interval
-        self.pause_retention = pause_retention
-        self.run_retention = run_retention
-        # False: never change the schema, refuse one that is behind (a role allowed rows only)
-        self.migrate = migrate
-        # GET /livez and /readyz on this port while the app is started (None: no server)
-        self.health_port = health_port
-        self.health_host = health_host
         self._probes: asyncio.Server | None = None
         self._registry = Registry()   # workflows, handlers, crons: what the engine serves
         # the codecs of workflows dispatched here as a Workflow but registered elsewhere
         self._dispatched: dict[str, WorkflowTypes] = {}
         self._engine: Engine | None = None
         self._maintenance: Maintenance | None = None
-        self._locks = LockManager(self._coord, self.clock, namespace, self.instance_id,
-                                  self.lease, self._registry.observers)
+        self._locks = LockManager(self._coord, config.clock, namespace, config.instance_id,
+                                  config.lease, self._registry.observers)
         self._membership: Membership | None = None
         self._rate_store: RateStore | None = None
-        self._ledger = Ledger(self._rates, self.clock, namespace)
+        self._ledger = Ledger(self._rates, config.clock, namespace)
         self._providers: dict[str, Provider] = {}
         # what metrics, traces (and a user's own sink) are told: see shoal.telemetry
         self._sinks: list[Telemetry] = []
@@ -364,13 +387,14 @@ class App:
                     f"Workflow {getattr(f, '__name__', f)!r} must be an async function "
                     f"'async def {getattr(f, '__name__', 'fn')}(ctx, input)'.")
             wf_name = f.__name__ if name is None else name
-            check_workflow_options(wf_name, max_attempts, priority, concurrency_key, backoff,
-                                    max_backoff, on_incompatible)
+            options = WorkflowOptions(
+                max_attempts=max_attempts, priority=priority, concurrency_key=concurrency_key,
+                backoff=backoff, max_backoff=max_backoff, on_incompatible=on_incompatible)
+            check_workflow_options(wf_name, options)
             _check_workflow_signature(f, wf_name)
             if wf_name in self._registry.workflows:
                 raise ConfigurationError(f"A workflow named {wf_name!r} is already registered.")
-            spec = WorkflowSpec(wf_name, f, max_attempts, priority, concurrency_key, backoff,
-                                max_backoff, on_incompatible)
+            spec = WorkflowSpec(wf_name, f, options)
             unresolved = spec.types.unresolved(wf_name)
             if unresolved is not None:
                 raise ConfigurationError(unresolved[0].upper() + unresolved[1:])
@@ -417,7 +441,8 @@ class App:
     async def _fire_cron(self, trigger: CronTrigger, tick: float) -> None:
         # no trace continues into a tick's run: whatever span the poll runs under is not its
         await self._dispatch(trigger.workflow, {"cron": trigger.name, "scheduled_at": tick},
-                             idempotency_key=trigger.idempotency_key(tick), traced=False)
+                             DispatchOptions(idempotency_key=trigger.idempotency_key(tick)),
+                             traced=False)
 
     def outbox_handler(
         self, topic: str, *, max_deliveries: int = 10
@@ -549,7 +574,7 @@ class App:
             await self._open_store()
             await self._calls.register_workflows(
                 self.namespace,
-                {name: spec.options() for name, spec in self._registry.workflows.items()},
+                {name: spec.options.stored() for name, spec in self._registry.workflows.items()},
                 self.clock.now(), instance=self.instance_id)
             await self._serve_probes()
             try:
@@ -562,18 +587,12 @@ class App:
 
     def _start_services(self) -> None:
         """The engine, the maintenance services and the membership, started."""
-        config = EngineConfig(
-            namespace=self.namespace, instance_id=self.instance_id,
-            slots=self.max_concurrent_runs, lease=self.lease, heartbeat=self.heartbeat,
-            max_queued=self.max_queued, run_retention=self.run_retention,
-            pause_retention=self.pause_retention, version=self.version,
-            max_payload_bytes=self.max_payload_bytes)
         host = Host(self._dispatch_child, self._spend)
-        self._engine = engine = Engine(self._calls, self.clock, config, self._registry, host,
-                                       self.telemetry)
+        self._engine = engine = Engine(self._calls, self.clock, self._config.engine(),
+                                       self._registry, host, self.telemetry)
         self._maintenance = host.maintenance = Maintenance.build(
-            engine, self._calls, self.clock, config, self._registry, self._fire_cron,
-            self._prune_coordination, coordination_in_store=self._coord_store is None)
+            engine, self._calls, self.clock, self._config.maintenance(), self._registry,
+            self._fire_cron, self._prune_coordination)
         membership = self._membership_for() if self._coordinates() else None
         engine.start()
         self._maintenance.start()
@@ -989,23 +1008,23 @@ class App:
 
     @overload
     async def dispatch(self, workflow: Workflow[I, O], input: I,
-                       **options: Unpack[DispatchOptions]) -> Run[O]: ...
+                       **options: Unpack[DispatchKeywords]) -> Run[O]: ...
 
     @overload
     async def dispatch(self, workflow: Workflow[None, O], input: None = None,
-                       **options: Unpack[DispatchOptions]) -> Run[O]: ...
+                       **options: Unpack[DispatchKeywords]) -> Run[O]: ...
 
     @overload
     async def dispatch(self, workflow: Callable[[RunContext, I], Awaitable[O]], input: I,
-                       **options: Unpack[DispatchOptions]) -> Run[O]: ...
+                       **options: Unpack[DispatchKeywords]) -> Run[O]: ...
 
     @overload
     async def dispatch(self, workflow: Callable[[RunContext, None], Awaitable[O]],
-                       input: None = None, **options: Unpack[DispatchOptions]) -> Run[O]: ...
+                       input: None = None, **options: Unpack[DispatchKeywords]) -> Run[O]: ...
 
     @overload
     async def dispatch(self, workflow: str, input: Any = None,
-                       **options: Unpack[DispatchOptions]) -> Run[Any]: ...
+                       **options: Unpack[DispatchKeywords]) -> Run[Any]: ...
 
     async def dispatch(
         self,
@@ -1041,8 +1060,9 @@ class App:
         transaction sees. The memory store, with no transaction to join, refuses it
         (``ConfigurationError``)."""
         return await self._dispatch(
-            workflow, input, idempotency_key=idempotency_key, concurrency_key=concurrency_key,
-            priority=priority, tenant=tenant, delay=delay, max_attempts=max_attempts,
+            workflow, input, DispatchOptions(
+                idempotency_key=idempotency_key, concurrency_key=concurrency_key,
+                priority=priority, tenant=tenant, delay=delay, max_attempts=max_attempts),
             connection=connection, allow_unregistered=allow_unregistered)
 
     async def _dispatch_child(self, parent: Run, workflow: Any, input: Any, key: str,
@@ -1052,67 +1072,71 @@ class App:
         if unknown:
             raise TypeError(f"start_child got unknown options {sorted(unknown)}; it takes "
                             f"{sorted(allowed)}")
-        return await self._dispatch(workflow, input, idempotency_key=key, tenant=parent.tenant,
-                                    parent=parent, **options)
+        return await self._dispatch(
+            workflow, input, DispatchOptions(idempotency_key=key, tenant=parent.tenant, **options),
+            parent=parent)
 
     async def _dispatch(
         self,
         workflow: Workflow[Any, Any] | WorkflowFunction | str,
         input: Any,
+        options: DispatchOptions,
         *,
-        idempotency_key: str | None = None,
-        concurrency_key: str | None = None,
-        priority: int | None = None,
-        tenant: str = "default",
-        delay: float | None = None,
-        max_attempts: int | None = None,
         parent: Run | None = None,
         connection: object | None = None,
         traced: bool = True,
         allow_unregistered: bool = False,
     ) -> Run:
+        config = self._config
         name = self._workflow_name(workflow)
         input = self._typed_input(name, workflow, input)
-        input, _, text = _json.checked_text(input, "input", self.max_payload_bytes)
-        check_dispatch_options(idempotency_key, concurrency_key, priority, tenant, delay,
-                                max_attempts)
+        input, _, text = _json.checked_text(input, "input", config.max_payload_bytes)
+        options.check()
         await self._open_store()
         joined = self._transactional(connection, "dispatch")
-        spec, options = await self._workflow_options(name, allow_unregistered, "dispatch")
-        concurrency_key = self._concurrency_key(name, spec, options, input, concurrency_key)
-        now = self.clock.now()
-        run_id = _ids.new_id(now)
-        new = NewRun(
-            id=run_id, namespace=self.namespace, tenant=tenant, workflow=name, input=input,
-            priority=priority if priority is not None else int(options.get("priority", 0)),
-            created_at=now, run_at=now + (delay or 0.0),
-            max_attempts=max_attempts or int(options.get("max_attempts", 3)),
-            concurrency_key=concurrency_key, idempotency_key=idempotency_key,
-            version=self.version,
-            parent_id=None if parent is None else parent.id,
-            root_id=run_id if parent is None else parent.root_id, input_json=text,
+        spec, stored = await self._workflow_options(name, allow_unregistered, "dispatch")
+        key = self._concurrency_key(name, spec, stored, input, options.concurrency_key)
+        now = config.clock.now()
+        new = self._new_run(
+            _ids.new_id(now), name, input, text, options, key, _defaults(stored), now,
             # the span active here (a child's: its parent's start_child step) is its runs'
-            trace_context=self.telemetry.trace_carrier() if traced else None,
-        )
+            self.telemetry.trace_carrier() if traced else None, parent)
         if joined is not None:
             run, created = await joined.create_run_in(
-                connection, new, max_queued=self.max_queued, admission=self.admission)
+                connection, new, max_queued=config.max_queued, admission=config.admission)
             if created:
                 self.telemetry.runs_dispatched(name, 1)
-            if created and delay and self._engine is not None:
+            if created and options.delay and self._engine is not None:
                 # not kicked: the run is not there before the caller commits, and its commit
                 # wakes the workers (NOTIFY, data_version); a delayed one is due later
                 self._engine.wake_at(new.run_at or now)
             return run
-        run, created = await self._calls.create_run(new, max_queued=self.max_queued,
-                                                    admission=self.admission)
+        run, created = await self._calls.create_run(new, max_queued=config.max_queued,
+                                                    admission=config.admission)
         if created:
             self.telemetry.runs_dispatched(name, 1)
         if created and self._engine is not None:
             self._engine.kick()
-            if delay:
+            if options.delay:
                 self._engine.wake_at(new.run_at or now)
         return run
+
+    def _new_run(self, run_id: str, name: str, input: Any, text: str, options: DispatchOptions,
+                 concurrency_key: str | None, defaults: tuple[int, int], now: float,
+                 trace_context: str | None, parent: Run | None = None) -> NewRun:
+        """The run a dispatch stores: its options, each one left None the workflow's
+        (``defaults``: its priority and max_attempts)."""
+        priority, max_attempts = defaults
+        return NewRun(
+            id=run_id, namespace=self._config.namespace, tenant=options.tenant, workflow=name,
+            input=input, priority=priority if options.priority is None else options.priority,
+            created_at=now, run_at=now + (options.delay or 0.0),
+            max_attempts=options.max_attempts or max_attempts,
+            concurrency_key=concurrency_key, idempotency_key=options.idempotency_key,
+            version=self._config.version,
+            parent_id=None if parent is None else parent.id,
+            root_id=run_id if parent is None else parent.root_id, input_json=text,
+            trace_context=trace_context)
 
     async def dispatch_many(
         self,
@@ -1141,43 +1165,35 @@ class App:
         (once), when the caller commits; none of it if it rolls back. ``allow_unregistered``
         as in ``app.dispatch``."""
         name = self._workflow_name(workflow)
-        check_dispatch_options(None, concurrency_key, priority, tenant, delay, max_attempts,
-                               call="app.dispatch_many")
-        checked = self._checked_items(batch_items(inputs), tenant,
+        batch = DispatchOptions(concurrency_key=concurrency_key, priority=priority,
+                                tenant=tenant, delay=delay, max_attempts=max_attempts)
+        batch.check("app.dispatch_many")
+        checked = self._checked_items(batch_items(inputs), batch,
                                       self._input_codec(name, workflow), name)
         await self._open_store()
         joined = self._transactional(connection, "dispatch_many")
-        spec, options = await self._workflow_options(name, allow_unregistered, "dispatch_many")
+        spec, stored = await self._workflow_options(name, allow_unregistered, "dispatch_many")
+        defaults = _defaults(stored)
         now = self.clock.now()
-        # the batch's options, which an item without its own takes
-        batch_priority = _either(priority, None, int(options.get("priority", 0)))
-        batch_attempts = _either(max_attempts, None, int(options.get("max_attempts", 3)))
-        run_at = now + (delay or 0.0)
         trace_context = self.telemetry.trace_carrier()   # the span active here: the batch's
         news = []
         for i, ((value, text, one), run_id) in enumerate(
                 zip(checked, _ids.new_ids(now, len(checked)), strict=True)):
-            given = concurrency_key if one.concurrency_key is None else one.concurrency_key
             try:
-                key = self._concurrency_key(name, spec, options, value, given)
+                key = self._concurrency_key(name, spec, stored, value, one.concurrency_key)
             except Exception as e:
                 raise _about_item(e, i) from None
-            news.append(NewRun(
-                id=run_id, namespace=self.namespace, tenant=_either(one.tenant, None, tenant),
-                workflow=name, input=value, priority=_either(one.priority, None, batch_priority),
-                created_at=now, run_at=run_at if one.delay is None else now + one.delay,
-                max_attempts=_either(one.max_attempts, None, batch_attempts),
-                concurrency_key=key, idempotency_key=one.idempotency_key,
-                version=self.version, root_id=run_id, trace_context=trace_context,
-                input_json=text))
+            news.append(self._new_run(run_id, name, value, text, one, key, defaults, now,
+                                      trace_context))
         if not news:
             return []
+        config = self._config
         if joined is not None:
-            answered = await joined.create_runs_in(connection, news, max_queued=self.max_queued,
-                                                   admission=self.admission)
+            answered = await joined.create_runs_in(
+                connection, news, max_queued=config.max_queued, admission=config.admission)
         else:
-            answered = await self._calls.create_runs(news, max_queued=self.max_queued,
-                                                     admission=self.admission)
+            answered = await self._calls.create_runs(
+                news, max_queued=config.max_queued, admission=config.admission)
         created = [run for run, new in answered if new]
         if created:
             self.telemetry.runs_dispatched(name, len(created))
@@ -1206,30 +1222,30 @@ class App:
                 f"to join. Use a PostgreSQL or SQLite store, or {call} without connection=.")
         return calls
 
-    def _checked_items(self, items: list[Any], tenant: str, codec: Codec | None = None,
-                       name: str = "") -> list[tuple[Any, str, DispatchItem]]:
-        """Each item of a batch as (its input as stored, that input's JSON text, its options),
-        after the checks of ``app.dispatch``; the first bad one raises, naming its position."""
+    def _checked_items(self, items: list[Any], batch: DispatchOptions, codec: Codec | None = None,
+                       name: str = "") -> list[tuple[Any, str, DispatchOptions]]:
+        """Each item of a batch as (its input as stored, that input's JSON text, its options
+        over the batch's), after the checks of ``app.dispatch``; the first bad one raises,
+        naming its position."""
         checked = []
         size = 0
+        max_bytes = self._config.max_payload_bytes
         for i, item in enumerate(items):
             try:
                 own = isinstance(item, DispatchItem)    # options of its own
-                one = item if own else _BATCH_OPTIONS
-                value = one.input if own else item
+                value = item.input if own else item
                 if codec is not None:
                     value = codec.dump(value, f"the input of workflow {name!r}")
                 elif values.typed_instance(value) is not None:
                     value = values.plain(value, f"the input of workflow {name!r}")
-                value, n, text = _json.checked_text(value, "input", self.max_payload_bytes)
+                value, n, text = _json.checked_text(value, "input", max_bytes)
+                options = batch
                 if own:
-                    check_dispatch_options(
-                        one.idempotency_key, one.concurrency_key, one.priority,
-                        tenant if one.tenant is None else one.tenant, one.delay,
-                        one.max_attempts, call="DispatchItem")
+                    options = item.over(batch)
+                    options.check("DispatchItem")
             except Exception as e:
                 raise _about_item(e, i) from None
-            checked.append((value, text, one))
+            checked.append((value, text, options))
             size += n
         if size > MAX_BATCH_BYTES:
             raise ValueError(f"app.dispatch_many was given {size} bytes of input JSON, over "
@@ -1247,8 +1263,8 @@ class App:
             raise TypeError(f"app.{call}(allow_unregistered=...) takes True or False, not "
                             f"{allow_unregistered!r}")
         spec = self._registry.workflows.get(name)
-        options = spec.options() if spec is not None else await self._calls.get_workflow(
-            self.namespace, name)
+        options = spec.options.stored() if spec is not None else (
+            await self._calls.get_workflow(self.namespace, name))
         if options is None:
             if allow_unregistered:
                 return None, {}
@@ -1260,8 +1276,9 @@ class App:
         """The run's concurrency key: the one given, else the workflow's (from the input)."""
         if given is not None:
             return given
-        if spec is not None and callable(spec.concurrency_key):
-            key = spec.concurrency_key(input)
+        own = None if spec is None else spec.options.concurrency_key
+        if callable(own):
+            key = own(input)
             if key is not None:
                 _checks.text(key, f"the key given by the concurrency_key function of workflow "
                              f"{name!r}", CALL, empty=True)

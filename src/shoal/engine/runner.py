@@ -66,25 +66,21 @@ class OutboxHandlerSpec:
 ChildDispatcher = Callable[[Run, Any, Any, str, dict[str, Any]], Awaitable[Run]]
 
 
-@dataclass(frozen=True)
-class WorkflowSpec:
-    """What the engine needs to know of a registered workflow."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkflowOptions:
+    """The options of one ``@app.workflow(...)``, as the decorator's keywords give them
+    (validated by the app: :func:`shoal.app.options.check_workflow_options`). A new workflow
+    option is a field here, its check there, and a keyword of the decorator; :meth:`stored`
+    says what of it another process needs to dispatch the workflow by name."""
 
-    name: str
-    fn: WorkflowFn
-    max_attempts: int
-    priority: int
-    concurrency_key: str | Callable[[Any], str | None] | None
-    backoff: float
-    max_backoff: float
+    max_attempts: int = 3
+    priority: int = 0
+    concurrency_key: str | Callable[[Any], str | None] | None = None
+    backoff: float = 1.0
+    max_backoff: float = 300.0
     on_incompatible: str = "wait"
-    # the codecs of its input and output (pydantic models, dataclasses), from fn's annotations
-    types: WorkflowTypes = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "types", WorkflowTypes(self.fn))
-
-    def options(self) -> dict[str, Any]:
+    def stored(self) -> dict[str, Any]:
         """What another process needs to dispatch this workflow by name (kept in the store)."""
         key = self.concurrency_key
         return {
@@ -93,6 +89,21 @@ class WorkflowSpec:
             "concurrency_key": key if isinstance(key, str) else None,
             "key_from_input": callable(key),
         }
+
+
+@dataclass(frozen=True)
+class WorkflowSpec:
+    """What the engine needs to know of a registered workflow: its name, its function and
+    its options, whole."""
+
+    name: str
+    fn: WorkflowFn
+    options: WorkflowOptions = field(default_factory=WorkflowOptions)
+    # the codecs of its input and output (pydantic models, dataclasses), from fn's annotations
+    types: WorkflowTypes = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "types", WorkflowTypes(self.fn))
 
 
 def typed_input(spec: WorkflowSpec, run: Run) -> Any:
@@ -115,19 +126,17 @@ def typed_output(spec: WorkflowSpec, output: Any, max_bytes: int | None) -> Any:
     return _json.checked(output, what, max_bytes)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EngineConfig:
-    """The app's options an engine runs by (validated by the app)."""
+    """The app's options an engine runs by, built once by the app from its own validated
+    configuration (:meth:`shoal.app.options.AppConfig.engine`) and passed whole."""
 
     namespace: str
     instance_id: str
     slots: int                      # runs executed here at once (max_concurrent_runs)
     lease: float
     heartbeat: float | None = None  # between renewal passes; None: lease / 3
-    max_queued: int | None = None
-    run_retention: float = 7 * 86400.0
-    pause_retention: float = 86400.0
-    version: str | None = None
+    version: str | None = None      # stamped on the runs; claims take runs of this version
     max_payload_bytes: int = _json.MAX_PAYLOAD_BYTES
 
 
@@ -146,7 +155,7 @@ class Registry:
     def any_version(self) -> list[str]:
         """The workflows whose started runs any code version may continue."""
         return [name for name, spec in self.workflows.items()
-                if spec.on_incompatible == "resume"]
+                if spec.options.on_incompatible == "resume"]
 
 
 class EngineHost(Protocol):
@@ -673,7 +682,8 @@ class Engine:
         # run ends now, with what it spent recorded
         again = not isinstance(e, BudgetExceededError)
         if misuse is None and again and run.attempts < run.max_attempts:
-            delay = min(spec.max_backoff, spec.backoff * 2 ** (run.attempts - 1))
+            options = spec.options
+            delay = min(options.max_backoff, options.backoff * 2 ** (run.attempts - 1))
             delay *= random.uniform(0.5, 1.0)
             log.warning("run.retry: %s %s attempt %d/%d failed (%s); again in %.1fs",
                         run.workflow, run.id, run.attempts, run.max_attempts, error, delay,

@@ -24,7 +24,11 @@ nothing due before its next interval, until the store says work is due or is wri
 
 A new service subclasses :class:`~shoal.maintenance.service.Service` (a pass every interval) or
 :class:`~shoal.maintenance.service.Triggered` (a pass in the background, also on demand), and is
-added in :meth:`Maintenance.build`. The engine itself keeps claim, execute and settle.
+added in :meth:`Maintenance.build`; options of its own are a record (as
+:class:`~shoal.maintenance.retention.RetentionConfig`) that is a field of
+:class:`MaintenanceConfig`, filled in by the app
+(:meth:`shoal.app.options.AppConfig.maintenance`). The engine itself keeps claim, execute and
+settle.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from dataclasses import dataclass
 
 from shoal._tasks import cancel_and_wait
 from shoal.clock import Clock
-from shoal.engine.runner import Engine, EngineConfig, Registry
+from shoal.engine.runner import Engine, Registry
 from shoal.health import Health, HealthStatus
 from shoal.maintenance.admission import AdmissionRelease
 from shoal.maintenance.cron import Cron, Fire
@@ -44,10 +48,31 @@ from shoal.maintenance.heartbeat import Heartbeat
 from shoal.maintenance.outbox import OutboxDelivery
 from shoal.maintenance.pauses import PauseExpiry, PauseNotification
 from shoal.maintenance.recovery import Recovery
-from shoal.maintenance.retention import Retention
+from shoal.maintenance.retention import Retention, RetentionConfig
 from shoal.maintenance.service import Pass, Reporter, Service, Triggered, due_work
 from shoal.ports import Store
 from shoal.telemetry import Telemetry
+
+
+@dataclass(frozen=True, kw_only=True)
+class MaintenanceConfig:
+    """What the maintenance services of one instance run by, built once by the app from its
+    validated configuration and passed whole; a service's own options are a record of their
+    own here."""
+
+    namespace: str
+    lease: float                      # the periodic services pass every lease / 3
+    version: str | None               # recovery takes over runs of this code version only
+    retention: RetentionConfig
+    max_queued: int | None = None     # None: no admission service
+    # coordination is kept in the run store (no App(coordination=...)): retention prunes it
+    # there too, so its pass is due whenever that could be
+    coordination_in_store: bool = True
+
+    @property
+    def interval(self) -> float:
+        """Between two passes of each periodic service."""
+        return self.lease / 3
 
 
 @dataclass
@@ -74,49 +99,48 @@ class Maintenance:
                 self.retention]
 
     @classmethod
-    def build(cls, engine: Engine, store: Store, clock: Clock, config: EngineConfig,
+    def build(cls, engine: Engine, store: Store, clock: Clock, config: MaintenanceConfig,
               registry: Registry, fire: Fire,
-              prune_coordination: Callable[[float], Awaitable[None]],
-              coordination_in_store: bool = True) -> Maintenance:
+              prune_coordination: Callable[[float], Awaitable[None]]) -> Maintenance:
         """The services of one instance; on a store that says when work is due (the memory
         store), each sleeps until its work is (retention only when coordination is kept in
         that store too: it prunes that as well)."""
-        every = config.lease / 3
-        reporter = Reporter(clock, registry.on_error, every)
-        ns = config.namespace
-        telemetry = engine.telemetry
+        reporter = Reporter(clock, registry.on_error, config.interval)
         built = cls._build(engine, store, clock, config, registry, fire, prune_coordination,
-                           every, reporter, ns, telemetry)
+                           reporter, engine.telemetry)
         known = due_work(store)
         if known is not None:
+            retention = config.retention
             for service in built.services:
-                if service is built.retention and not coordination_in_store:
+                if service is built.retention and not config.coordination_in_store:
                     continue
                 service.quiet_on(known, functools.partial(
-                    known.next_due, ns, service.name, run_retention=config.run_retention,
-                    pause_retention=config.pause_retention))
+                    known.next_due, config.namespace, service.name,
+                    run_retention=retention.run_retention,
+                    pause_retention=retention.pause_retention))
         return built
 
     @classmethod
-    def _build(cls, engine: Engine, store: Store, clock: Clock, config: EngineConfig,
+    def _build(cls, engine: Engine, store: Store, clock: Clock, config: MaintenanceConfig,
                registry: Registry, fire: Fire,
-               prune_coordination: Callable[[float], Awaitable[None]], every: float,
-               reporter: Reporter, ns: str, telemetry: Telemetry) -> Maintenance:
+               prune_coordination: Callable[[float], Awaitable[None]], reporter: Reporter,
+               telemetry: Telemetry) -> Maintenance:
+        every, ns, lease = config.interval, config.namespace, config.lease
         return cls(
             heartbeat=Heartbeat(clock, engine.heartbeat, reporter, engine.renew,
                                 engine.until_renewing),
             expiry=PauseExpiry(clock, every, reporter, store, ns, engine.kick),
-            notification=PauseNotification(clock, every, reporter, store, ns, config.lease,
+            notification=PauseNotification(clock, every, reporter, store, ns, lease,
                                            registry.on_pause_notify, telemetry),
-            delivery=OutboxDelivery(clock, every, reporter, store, ns, config.lease,
+            delivery=OutboxDelivery(clock, every, reporter, store, ns, lease,
                                     registry.outbox_handlers, telemetry),
             recovery=Recovery(clock, every, reporter, store, ns, config.version, registry,
                               engine.kick, telemetry),
             admission=(AdmissionRelease(clock, every, reporter, store, ns, config.max_queued,
                                         engine.kick)
                        if config.max_queued is not None else None),
-            retention=Retention(clock, every, reporter, store, ns, config.run_retention,
-                                config.pause_retention, prune_coordination),
+            retention=Retention(clock, every, reporter, store, ns, config.retention,
+                                prune_coordination),
             cron=Cron(clock, every, reporter, list(registry.crons.values()), fire),
             schedule_pass=engine.schedule_pass,
         )
@@ -192,4 +216,5 @@ class Maintenance:
         self.notification.trigger()
 
 
-__all__ = ["Maintenance", "Reporter", "Service", "Triggered"]
+__all__ = ["Maintenance", "MaintenanceConfig", "Reporter", "RetentionConfig", "Service",
+           "Triggered"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from shoal.clock import Clock
@@ -23,17 +24,25 @@ class RunStore(RunQueue, Pauses, Protocol):
     """What retention deletes from."""
 
 
+@dataclass(frozen=True)
+class RetentionConfig:
+    """How long what retention deletes is kept (``App(run_retention, pause_retention)``)."""
+
+    run_retention: float = 7 * 86400.0     # final runs, from their end
+    pause_retention: float = 86400.0       # resolved pauses, from their resolution
+
+
 class Retention(Service):
     name = "retention"
 
     def __init__(self, clock: Clock, interval: float, reporter: Reporter, store: RunStore,
-                 namespace: str, run_retention: float, pause_retention: float,
+                 namespace: str, config: RetentionConfig,
                  prune_coordination: Callable[[float], Awaitable[None]]) -> None:
         super().__init__(clock, interval, reporter)
         self._store = store
         self._namespace = namespace
-        self._run_retention = run_retention
-        self._pause_retention = pause_retention
+        self._run_retention = config.run_retention
+        self._pause_retention = config.pause_retention
         self._prune_coordination = prune_coordination
 
     async def run_once(self) -> None:
