@@ -197,10 +197,13 @@ def _about_item(e: Exception, i: int) -> Exception:
 
 
 class _Setting(Generic[_T]):
-    """An attribute of the App that reads its validated configuration (``App._config``, an
-    :class:`~shoal.app.options.AppConfig`). Setting it, as ``shoal worker --concurrency`` does
-    before the app starts, replaces that configuration with one validated again; what the
-    engine and the services run by is made from it at ``start()``."""
+    """An attribute of the App that is one of its validated configuration's (``App._config``,
+    an :class:`~shoal.app.options.AppConfig`). The App keeps each value in its own
+    ``__dict__`` too, so a read is a plain attribute's (a descriptor's ``__get__`` cost a
+    tenth of a microsecond a read, on the dispatch path). Setting it, as ``shoal worker
+    --concurrency`` does before the app starts, replaces that configuration with one
+    validated again (``App.__setattr__``); what the engine and the services run by is made
+    from it at ``start()``."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self._name = name
@@ -216,12 +219,17 @@ class _Setting(Generic[_T]):
             return self
         return cast(_T, getattr(app._config, self._name))
 
-    def __set__(self, app: App, value: _T) -> None:
-        app._config = app._config.replace(**{self._name: value})
+    if TYPE_CHECKING:   # at run time App.__setattr__ sets it: a read stays a plain one
+        def __set__(self, app: App, value: _T) -> None: ...
+
+
+_SETTINGS: frozenset[str] = frozenset()   # the names of App's _Setting attributes (below)
 
 
 class App:
     """One instance (replica) of a service's durable runs, over a shared store."""
+
+    _config: AppConfig   # every setting below, validated (see _adopt)
 
     # the options of App(...), validated, defaults resolved (lease a float, the heartbeat,
     # the instance id, the clock): see AppConfig
@@ -242,6 +250,19 @@ class App:
     migrate: _Setting[bool] = _Setting()
     health_port: _Setting[int | None] = _Setting()
     health_host: _Setting[str] = _Setting()
+
+    def _adopt(self, config: AppConfig) -> None:
+        """Run by ``config``: kept whole, and each setting as a plain attribute."""
+        values = self.__dict__
+        values["_config"] = config
+        for name in _SETTINGS:
+            values[name] = getattr(config, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _SETTINGS:   # validated again, with every other setting
+            self._adopt(self._config.replace(**{name: value}))
+        else:
+            object.__setattr__(self, name, value)
 
     def __init__(
         self,
@@ -266,7 +287,7 @@ class App:
         metrics: bool | CollectorRegistry | PrometheusMetrics = False,
         tracing: bool | TracerProvider = False,
     ) -> None:
-        self._config = config = AppConfig.of(
+        config = AppConfig.of(
             namespace=namespace, store=store, coordination=coordination,
             instance_id=instance_id, max_concurrent_runs=max_concurrent_runs, lease=lease,
             clock=clock, version=version, max_queued=max_queued, admission=admission,
@@ -274,6 +295,7 @@ class App:
             run_retention=run_retention, heartbeat=heartbeat, migrate=migrate,
             max_payload_bytes=max_payload_bytes, health_port=health_port,
             health_host=health_host)
+        self._adopt(config)
         self.store: Store = open_store(store) if isinstance(store, str) else store
         # A store passed in as an object may be shared by several apps: its owner closes it.
         self._owns_store = isinstance(store, str)
@@ -1504,3 +1526,6 @@ class App:
             raise UnknownRunError(run_id)
         if self._engine is not None:
             self._engine.kick()
+
+
+_SETTINGS = frozenset(name for name, value in vars(App).items() if isinstance(value, _Setting))
