@@ -64,7 +64,7 @@ HERE = Path(__file__).resolve().parent
 LEASE = 3.0
 N_ORDERS = 80
 N_TWICE = 15          # idempotency keys dispatched a second time
-DISPATCH_WINDOW = 50.0   # seconds over which 9/10 of the orders are dispatched
+DISPATCH_WINDOW = 60.0   # seconds over which 9/10 of the orders are dispatched
 LATE_WINDOW = 3.0     # seconds after a SIGCONT in which a late side effect is told apart
 LATE_PER_STEP = 2     # late side effects of one step's execution, at most
 EFFECTS = ("start", "effect", "end")   # the lines that are side effects
@@ -110,7 +110,8 @@ def make_plan(rng: random.Random) -> list[dict[str, Any]]:
 
 def make_schedule(rng: random.Random) -> list[tuple[float, str]]:
     """(pause before it, what) for each chaos event: at least one of each kind."""
-    kinds = ["kill", "kill", "freeze", "restart", "partition", rng.choice(["kill", "freeze"])]
+    kinds = ["kill", "kill", "freeze", "restart", "partition",
+             *rng.choices(["kill", "freeze", "restart", "partition"], k=3)]
     rng.shuffle(kinds)
     return [(round(rng.uniform(3.0, 6.0), 1), what) for what in kinds]
 
@@ -444,15 +445,18 @@ class Event:
     slot: str | None = None
     pid: int | None = None
     in_flight: int = 0             # steps in flight where it struck, when it struck
+    taken_over: int = 0            # runs of a cut-off worker claimed by another meanwhile
     note: str = ""
 
 
 @dataclass
 class Chaos:
-    """The schedule's events, done one after another, on the test's event loop."""
+    """The schedule's events, done one after another, on the test's event loop. Kills spare
+    the proxied worker, so that the one cut off is there to serve again afterwards."""
     procs: Processes
     cluster: tp.Cluster
     proxy: Blackhole
+    app: shoal.App
     log: Path
     rng: random.Random
     slot_env: dict[str, dict[str, str]]
@@ -461,21 +465,22 @@ class Chaos:
     freezes: list[tuple[int, float, float]] = field(default_factory=list)
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def in_flight(self) -> Counter[int]:
-        """pid -> steps started by it and not yet ended or aborted."""
+    def in_flight(self) -> list[tuple[str, int, int]]:
+        """(run, epoch, pid) of each step started and not yet ended or aborted."""
         open_steps: dict[tuple[str, int, int, int], bool] = {}
         for rec in read_log(self.log):
             if rec["kind"] in ("start", "end", "abort"):
                 open_steps[rec["run"], rec["seq"], rec["epoch"], rec["pid"]] = \
                     rec["kind"] == "start"
-        return Counter(pid for (_, _, _, pid), open_ in open_steps.items() if open_)
+        return [(run, epoch, pid) for (run, _, epoch, pid), open_ in open_steps.items()
+                if open_]
 
     async def busy(self, slots: list[str], timeout: float = 15.0) -> tuple[str, int]:
         """The slot among ``slots`` with the most steps in flight (waiting up to ``timeout``
         for one to have any), and how many."""
         deadline = time.monotonic() + timeout
         while True:
-            counts = self.in_flight()
+            counts = Counter(pid for _, _, pid in self.in_flight())
             slot = max(slots, key=lambda s: counts[self.procs.live[s].pid])
             n = counts[self.procs.live[slot].pid]
             if n or time.monotonic() > deadline:
@@ -491,7 +496,7 @@ class Chaos:
             self.done.set()
 
     async def kill(self) -> None:
-        slot, n = await self.busy(sorted(self.procs.live))
+        slot, n = await self.busy(sorted(set(self.procs.live) - {self.proxied}))
         event = Event("kill", time.time(), slot=slot, pid=self.procs.live[slot].pid,
                       in_flight=n)
         await asyncio.to_thread(self.procs.kill, slot)
@@ -516,7 +521,7 @@ class Chaos:
 
     async def restart(self) -> None:
         await self.busy(sorted(self.procs.live))
-        event = Event("restart", time.time(), in_flight=sum(self.in_flight().values()))
+        event = Event("restart", time.time(), in_flight=len(self.in_flight()))
         down = self.rng.uniform(0.5, LEASE + 1.0)
         await asyncio.to_thread(self.cluster.stop, "immediate")
         await asyncio.sleep(down)
@@ -525,12 +530,23 @@ class Chaos:
         self.events.append(event)
 
     async def partition(self) -> None:
+        """Cut the proxied worker off past its lease, until another worker has claimed one of
+        the runs it was executing (20 s at most), then heal."""
         slot, n = await self.busy([self.proxied])
-        event = Event("partition", time.time(), slot=slot, pid=self.procs.live[slot].pid,
-                      in_flight=n)
+        pid = self.procs.live[slot].pid
+        claims = sorted({(run, epoch) for run, epoch, p in self.in_flight() if p == pid})
+        event = Event("partition", time.time(), slot=slot, pid=pid, in_flight=n)
         self.proxy.hold()
         try:
-            await asyncio.sleep(LEASE + self.rng.uniform(1.5, 3.0))
+            await asyncio.sleep(LEASE + self.rng.uniform(1.0, 2.0))
+
+            async def taken_over() -> int:
+                runs = [await self.app.get_run(run) for run, _ in claims]
+                return sum(1 for r, (_, epoch) in zip(runs, claims, strict=True)
+                           if r.lease_epoch > epoch)
+            with contextlib.suppress(AssertionError):
+                await wait_until(taken_over, 20, "a run of the cut-off worker taken over")
+            event.taken_over = await taken_over()
         finally:
             self.proxy.heal()
         event.ended = time.time()
@@ -606,7 +622,7 @@ async def test_chaos(tmp_path: Path, cluster: tp.Cluster) -> None:
         proxied = f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres?schema={schema}" \
                   f"&connect_timeout=3"
         slot_env = {"w2": {"CHAOS_STORE": proxied}}
-        chaos = Chaos(procs, cluster, proxy, log, chaos_rng, slot_env, "w2")
+        chaos = Chaos(procs, cluster, proxy, app, log, chaos_rng, slot_env, "w2")
         try:
             async with app.open():   # migrates the schema before the workers open it
                 for slot in ("w0", "w1", "w2"):
@@ -658,40 +674,45 @@ async def test_chaos(tmp_path: Path, cluster: tp.Cluster) -> None:
                     await asyncio.sleep(DISPATCH_WINDOW / tail if n < tail else 0.3)
                 await striking
                 dispatched = time.time() - began
-                runs = await all_final(app, N_ORDERS + n_children, timeout=120)
+                await all_final(app, N_ORDERS + n_children, timeout=120)
                 finished = time.time() - began
 
+                # the worker that was cut off serves on: alone now, it runs a last order
                 w2_pid = procs.live["w2"].pid
-                codes = procs.stop_workers()
-                assert all(code == 0 for code in codes.values()), (codes, procs.stderr_tail())
+                stopped = [procs.terminate(slot) for slot in ("w0", "w1")]
+                codes = [await asyncio.to_thread(p.wait, 20) for p in stopped]
+                probe = {"input": {"i": N_ORDERS, "effects": [2, 2, 2]},
+                         "idempotency_key": "order-probe"}
+                await dispatch(probe)
+                await app.result(next(iter(returned["order-probe"])), timeout=60)
+                codes += procs.stop_workers().values()
+                assert codes == [0, 0, 0], (codes, procs.stderr_tail())
+                runs = await all_final(app, N_ORDERS + n_children + 1, timeout=10)
                 steps = {r.id: await app.store.load_steps(r.id) for r in runs}
             records = read_log(log)
-            expected = Expected(returned, {c["idempotency_key"]: c["input"] for c in plan},
-                                signals, chaos.freezes, len(chaos.events))
+            inputs = {c["idempotency_key"]: c["input"] for c in [*plan, probe]}
+            expected = Expected(returned, inputs, signals, chaos.freezes, len(chaos.events))
             problems, stats = check_chaos(runs, steps, records, expected)
 
             events = Counter(r["event"] for r in records if r["kind"] == "event")
             kinds = Counter(e.what for e in chaos.events)
-            partition = next(e for e in chaos.events if e.what == "partition")
-            cut_off = [r for r in records if r["kind"] == "event" and
-                       r["event"] == "lease.expired" and r["pid"] == partition.pid and
-                       partition.began <= r["t"] <= partition.ended]
-            served_after = [r for r in records if r["kind"] == "start" and
-                            r["pid"] == w2_pid and r["t"] > partition.ended]
-            done = [(e.what, e.slot, round(e.began - began, 1), e.in_flight, e.note)
-                    for e in chaos.events]
-            print(f"events (what, slot, at, steps in flight, note) {done}; dispatched in "
-                  f"{dispatched:.1f}s, all final at {finished:.1f}s; "
+            probed = {r["pid"] for r in records if r["kind"] == "start" and
+                      r["run"] in returned["order-probe"]}
+            done = [(e.what, e.slot, round(e.began - began, 1), e.in_flight, e.taken_over,
+                     e.note) for e in chaos.events]
+            print(f"events (what, slot, at, steps in flight, taken over, note) {done}; "
+                  f"dispatched in {dispatched:.1f}s, all final at {finished:.1f}s; "
                   f"{dict(stats)}; retried {dict(retried)}; shoal events {dict(events)}; "
                   f"attempts {sorted(Counter(r.attempts for r in runs).items())}")
             assert not problems, "\n".join(problems[:30])
             assert kinds == Counter(w for _, w in schedule), kinds
             assert all(e.in_flight for e in chaos.events), \
                 f"an event found no step in flight: {chaos.events}"
+            assert all(e.taken_over for e in chaos.events if e.what == "partition"), \
+                f"no run of the cut-off worker was taken over: {chaos.events}"
             assert stats["re-run steps"] > 0, "the chaos made no step run again"
-            assert cut_off, "the partitioned worker's watchdog aborted none of its runs"
-            assert served_after or w2_pid != partition.pid, \
-                "the partitioned worker did not serve again after the partition healed"
+            assert probed == {w2_pid}, f"the last order ran in {probed}, not in {w2_pid}"
+            assert all(e.pid == w2_pid for e in chaos.events if e.what == "partition")
             assert events["worker.exited"] == 3, "a worker exited before its SIGTERM"
             print(f"chaos: seed={seed} kills={kinds['kill']} freezes={kinds['freeze']} "
                   f"restarts={kinds['restart']} partitions={kinds['partition']} "
