@@ -62,9 +62,9 @@ import shoal
 
 HERE = Path(__file__).resolve().parent
 LEASE = 3.0
-N_ORDERS = 80
-N_TWICE = 15          # idempotency keys dispatched a second time
-DISPATCH_WINDOW = 60.0   # seconds over which 9/10 of the orders are dispatched
+PACE = 0.8            # seconds between two dispatches while the chaos goes on
+TAIL = 8              # orders dispatched after the last event
+TWICE = 6             # every 6th order's idempotency key is dispatched again, 3 orders later
 LATE_WINDOW = 3.0     # seconds after a SIGCONT in which a late side effect is told apart
 LATE_PER_STEP = 2     # late side effects of one step's execution, at most
 EFFECTS = ("start", "effect", "end")   # the lines that are side effects
@@ -89,10 +89,11 @@ def cluster() -> Iterator[tp.Cluster]:
 # -- the plan -----------------------------------------------------------------------------------
 
 
-def make_plan(rng: random.Random) -> list[dict[str, Any]]:
-    """The orders to dispatch, each with an idempotency key of its own."""
+def make_plan(rng: random.Random, n: int = 400) -> list[dict[str, Any]]:
+    """The orders to dispatch (as many of them as the chaos lasts), each with an idempotency
+    key of its own."""
     plan = []
-    for i in range(N_ORDERS):
+    for i in range(n):
         inp: dict[str, Any] = {"i": i, "effects": [rng.randint(4, 16) for _ in range(3)]}
         if rng.random() < 0.5:
             inp["key"] = f"k{rng.randrange(6)}"
@@ -602,11 +603,9 @@ async def test_chaos(tmp_path: Path, cluster: tp.Cluster) -> None:
     seed = int(os.environ.get("CHAOS_SEED", random.randrange(1 << 30)))
     plan_rng, chaos_rng = random.Random(seed), random.Random(seed + 1)
     plan = make_plan(plan_rng)
-    twice = plan_rng.sample(range(N_ORDERS), N_TWICE)
     schedule = make_schedule(chaos_rng)
     print(f"chaos schedule (seed {seed}; CHAOS_SEED replays it): "
           f"{' '.join(f'+{p}s {w}' for p, w in schedule)}")
-    n_children = sum(c["input"].get("children", 0) for c in plan)
     schema = "shoal_chaos"
     url = f"{cluster.url}?schema={schema}&connect_timeout=3"
     log = tmp_path / "effects.log"
@@ -662,35 +661,34 @@ async def test_chaos(tmp_path: Path, cluster: tp.Cluster) -> None:
                 helpers.append(asyncio.create_task(approve()))
                 striking = asyncio.create_task(chaos.run(schedule))
                 began = time.time()
-                calls = [(i, plan[i]) for i in range(N_ORDERS)]
-                for j, i in enumerate(sorted(twice)):   # a second dispatch, somewhat later
-                    calls.insert(min(len(calls), calls.index((i, plan[i])) + 5 + j),
-                                 (i, plan[i]))
-                tail = len(calls) * 9 // 10
-                for n, (_, call) in enumerate(calls):
-                    if n == tail:   # runs still flow after the last event
-                        await chaos.done.wait()
-                    await dispatch(call)
-                    await asyncio.sleep(DISPATCH_WINDOW / tail if n < tail else 0.3)
+                n_orders, tail = 0, 0
+                while tail < TAIL:   # orders flow for as long as the chaos lasts, and after
+                    await dispatch(plan[n_orders])
+                    if n_orders >= 3 and n_orders % TWICE == 0:
+                        await dispatch(plan[n_orders - 3])
+                    n_orders += 1
+                    tail += chaos.done.is_set()
+                    await asyncio.sleep(PACE)
                 await striking
                 dispatched = time.time() - began
-                await all_final(app, N_ORDERS + n_children, timeout=120)
+                n_children = sum(c["input"].get("children", 0) for c in plan[:n_orders])
+                await all_final(app, n_orders + n_children, timeout=120)
                 finished = time.time() - began
 
                 # the worker that was cut off serves on: alone now, it runs a last order
                 w2_pid = procs.live["w2"].pid
                 stopped = [procs.terminate(slot) for slot in ("w0", "w1")]
                 codes = [await asyncio.to_thread(p.wait, 20) for p in stopped]
-                probe = {"input": {"i": N_ORDERS, "effects": [2, 2, 2]},
+                probe = {"input": {"i": n_orders, "effects": [2, 2, 2]},
                          "idempotency_key": "order-probe"}
                 await dispatch(probe)
                 await app.result(next(iter(returned["order-probe"])), timeout=60)
                 codes += procs.stop_workers().values()
                 assert codes == [0, 0, 0], (codes, procs.stderr_tail())
-                runs = await all_final(app, N_ORDERS + n_children + 1, timeout=10)
+                runs = await all_final(app, n_orders + n_children + 1, timeout=10)
                 steps = {r.id: await app.store.load_steps(r.id) for r in runs}
             records = read_log(log)
-            inputs = {c["idempotency_key"]: c["input"] for c in [*plan, probe]}
+            inputs = {c["idempotency_key"]: c["input"] for c in [*plan[:n_orders], probe]}
             expected = Expected(returned, inputs, signals, chaos.freezes, len(chaos.events))
             problems, stats = check_chaos(runs, steps, records, expected)
 
