@@ -1,18 +1,22 @@
 """Chaos, all at once: 3 worker processes (``chaos_app.py``, the real ``SystemClock``, lease 3 s)
-over a private PostgreSQL server, one of them through a proxy that can cut a partition
-(``blackhole.py``). While runs with steps (in threads and async), durable sleeps, signals,
-approvals, child runs, concurrency keys and idempotency keys flow, a seeded random schedule
-(printed; ``CHAOS_SEED`` replays it) does, one after another:
+over a private PostgreSQL server (the test restarts it: never the shared one), each through a
+proxy of its own that can cut a partition (``blackhole.py``; all of them, so that none is the
+slowest to claim every time). While runs with steps (in threads and async), durable sleeps,
+signals, approvals, child runs, concurrency keys and idempotency keys flow, a seeded random
+schedule (printed; ``CHAOS_SEED`` replays it) does, one after another, each to the worker with
+the most steps in flight:
 
-- ``kill``: SIGKILL a worker with a step in flight, and start it again;
-- ``freeze``: SIGSTOP a worker with a step in flight for longer than the lease, then SIGCONT;
+- ``kill``: SIGKILL a worker, and start it again;
+- ``freeze``: SIGSTOP a worker for longer than the lease and a poll, then SIGCONT;
 - ``restart``: stop the server the way a crash does (``pg_ctl stop -m immediate``) and start it
   again, after an outage of up to the lease and a second;
-- ``partition``: the proxy holds the bytes of the proxied worker (nothing is refused or reset)
-  for longer than the lease, then delivers them (heals).
+- ``partition``: a worker's proxy holds its bytes (nothing is refused or reset) for longer
+  than the lease, until another worker has taken over one of its runs, then delivers them.
 
 The test signals the runs that wait for a signal, answers every approval, and dispatches some
-idempotency keys twice. Then every run must end, and every invariant of DESIGN.md that applies
+idempotency keys twice; orders flow for as long as the chaos lasts, and a few after. Then every
+run must end; the worker cut off last, alone, runs one more (it serves on after a partition);
+and every invariant of DESIGN.md that applies
 is checked from the rows and the log (``check_chaos``, which ``test_the_chaos_checks_catch_
 violations`` shows failing on histories that break each one):
 
@@ -40,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import random
 import signal
@@ -452,28 +457,38 @@ class Event:
 
 @dataclass
 class Chaos:
-    """The schedule's events, done one after another, on the test's event loop. Kills spare
-    the proxied worker, so that the one cut off is there to serve again afterwards."""
+    """The schedule's events, done one after another, on the test's event loop. Each worker
+    reaches the server through a proxy of its own (``proxies``, by slot), so that none is
+    slower than the others to claim and any can be cut off. Kills spare the worker cut off
+    last, so that it is there to serve again at the end."""
     procs: Processes
     cluster: tp.Cluster
-    proxy: Blackhole
+    proxies: dict[str, Blackhole]
     app: shoal.App
     log: Path
     rng: random.Random
-    slot_env: dict[str, dict[str, str]]
-    proxied: str
+    env: dict[str, dict[str, str]]     # slot -> its workers' environment
     events: list[Event] = field(default_factory=list)
     freezes: list[tuple[int, float, float]] = field(default_factory=list)
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    cut: str | None = None             # the slot cut off last
+    _open: dict[tuple[str, int, int, int], bool] = field(default_factory=dict)
+    _read: int = 0
 
     def in_flight(self) -> list[tuple[str, int, int]]:
-        """(run, epoch, pid) of each step started and not yet ended or aborted."""
-        open_steps: dict[tuple[str, int, int, int], bool] = {}
-        for rec in read_log(self.log):
+        """(run, epoch, pid) of each step started and not yet ended or aborted (the log read
+        from where the last call stopped)."""
+        with self.log.open("rb") as f:
+            f.seek(self._read)
+            fresh = f.read()
+        fresh = fresh[:fresh.rfind(b"\n") + 1]
+        self._read += len(fresh)
+        for line in fresh.splitlines():
+            rec = json.loads(line)
             if rec["kind"] in ("start", "end", "abort"):
-                open_steps[rec["run"], rec["seq"], rec["epoch"], rec["pid"]] = \
+                self._open[rec["run"], rec["seq"], rec["epoch"], rec["pid"]] = \
                     rec["kind"] == "start"
-        return [(run, epoch, pid) for (run, _, epoch, pid), open_ in open_steps.items()
+        return [(run, epoch, pid) for (run, _, epoch, pid), open_ in self._open.items()
                 if open_]
 
     async def busy(self, slots: list[str], timeout: float = 15.0) -> tuple[str, int]:
@@ -497,12 +512,12 @@ class Chaos:
             self.done.set()
 
     async def kill(self) -> None:
-        slot, n = await self.busy(sorted(set(self.procs.live) - {self.proxied}))
+        slot, n = await self.busy(sorted(set(self.procs.live) - {self.cut}))
         event = Event("kill", time.time(), slot=slot, pid=self.procs.live[slot].pid,
                       in_flight=n)
         await asyncio.to_thread(self.procs.kill, slot)
         await asyncio.sleep(self.rng.uniform(0.2, 1.0))
-        self.procs.start_worker(slot, **self.slot_env.get(slot, {}))
+        self.procs.start_worker(slot, **self.env[slot])
         event.ended = time.time()
         self.events.append(event)
 
@@ -531,13 +546,14 @@ class Chaos:
         self.events.append(event)
 
     async def partition(self) -> None:
-        """Cut the proxied worker off past its lease, until another worker has claimed one of
-        the runs it was executing (20 s at most), then heal."""
-        slot, n = await self.busy([self.proxied])
+        """Cut a worker off past its lease, until another worker has claimed one of the runs
+        it was executing (20 s at most), then heal."""
+        slot, n = await self.busy(sorted(self.procs.live))
+        self.cut = slot
         pid = self.procs.live[slot].pid
         claims = sorted({(run, epoch) for run, epoch, p in self.in_flight() if p == pid})
         event = Event("partition", time.time(), slot=slot, pid=pid, in_flight=n)
-        self.proxy.hold()
+        self.proxies[slot].hold()
         try:
             await asyncio.sleep(LEASE + self.rng.uniform(1.0, 2.0))
 
@@ -549,7 +565,7 @@ class Chaos:
                 await wait_until(taken_over, 20, "a run of the cut-off worker taken over")
             event.taken_over = await taken_over()
         finally:
-            self.proxy.heal()
+            self.proxies[slot].heal()
         event.ended = time.time()
         self.events.append(event)
 
@@ -617,15 +633,17 @@ async def test_chaos(tmp_path: Path, cluster: tp.Cluster) -> None:
     signals: dict[str, Any] = {}
     retried: Counter[str] = Counter()
     helpers: list[asyncio.Task[Any]] = []
-    with Blackhole("127.0.0.1", cluster.port) as proxy:
-        proxied = f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres?schema={schema}" \
-                  f"&connect_timeout=3"
-        slot_env = {"w2": {"CHAOS_STORE": proxied}}
-        chaos = Chaos(procs, cluster, proxy, app, log, chaos_rng, slot_env, "w2")
+    with contextlib.ExitStack() as stack:
+        proxies = {slot: stack.enter_context(Blackhole("127.0.0.1", cluster.port))
+                   for slot in ("w0", "w1", "w2")}
+        env = {slot: {"CHAOS_STORE": f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres"
+                                     f"?schema={schema}&connect_timeout=3"}
+               for slot, proxy in proxies.items()}
+        chaos = Chaos(procs, cluster, proxies, app, log, chaos_rng, env)
         try:
             async with app.open():   # migrates the schema before the workers open it
-                for slot in ("w0", "w1", "w2"):
-                    procs.start_worker(slot, **slot_env.get(slot, {}))
+                for slot in proxies:
+                    procs.start_worker(slot, **env[slot])
                 await procs.wait_started(log, timeout=60)
 
                 async def send_signal(run_id: str, delay: float) -> None:
@@ -675,9 +693,10 @@ async def test_chaos(tmp_path: Path, cluster: tp.Cluster) -> None:
                 await all_final(app, n_orders + n_children, timeout=120)
                 finished = time.time() - began
 
-                # the worker that was cut off serves on: alone now, it runs a last order
-                w2_pid = procs.live["w2"].pid
-                stopped = [procs.terminate(slot) for slot in ("w0", "w1")]
+                # the worker cut off last serves on: alone now, it runs a last order
+                assert chaos.cut is not None
+                cut_pid = procs.live[chaos.cut].pid
+                stopped = [procs.terminate(slot) for slot in set(proxies) - {chaos.cut}]
                 codes = [await asyncio.to_thread(p.wait, 20) for p in stopped]
                 probe = {"input": {"i": n_orders, "effects": [2, 2, 2]},
                          "idempotency_key": "order-probe"}
@@ -709,8 +728,8 @@ async def test_chaos(tmp_path: Path, cluster: tp.Cluster) -> None:
             assert all(e.taken_over for e in chaos.events if e.what == "partition"), \
                 f"no run of the cut-off worker was taken over: {chaos.events}"
             assert stats["re-run steps"] > 0, "the chaos made no step run again"
-            assert probed == {w2_pid}, f"the last order ran in {probed}, not in {w2_pid}"
-            assert all(e.pid == w2_pid for e in chaos.events if e.what == "partition")
+            assert probed == {cut_pid}, f"the last order ran in {probed}, not in {cut_pid}"
+            assert [e for e in chaos.events if e.what == "partition"][-1].pid == cut_pid
             assert events["worker.exited"] == 3, "a worker exited before its SIGTERM"
             print(f"chaos: seed={seed} kills={kinds['kill']} freezes={kinds['freeze']} "
                   f"restarts={kinds['restart']} partitions={kinds['partition']} "
@@ -723,5 +742,6 @@ async def test_chaos(tmp_path: Path, cluster: tp.Cluster) -> None:
         finally:
             for task in helpers:
                 task.cancel()
-            proxy.heal()
+            for proxy in proxies.values():
+                proxy.heal()
             procs.cleanup()
