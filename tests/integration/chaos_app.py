@@ -12,7 +12,8 @@ timeout), ``CHAOS_MAX_LIFE`` (seconds; the worker exits by itself after that). L
 JSON object each, all with ``run``, ``seq`` (the step's position), ``name``, ``epoch`` (the
 claim's ``lease_epoch``), ``pid`` and ``t`` (``time.time()``):
 
-- ``start``, ``effect`` (``n``), ``end``: a step's side effects, in the order it made them;
+- ``start`` (``count``: how many effects it is to make), ``effect`` (``n``), ``end``: a
+  step's side effects, in the order it made them;
 - ``abort``: the step saw that its execution was aborted (cancelled, or ``ctx.signal``), and
   made no more side effects;
 - ``ack`` and ``settled``: as ``failover_app.py`` writes them.
@@ -53,7 +54,7 @@ def _output(ctx: shoal.RunContext, name: str, count: int) -> dict[str, Any]:
 async def in_loop(ctx: shoal.RunContext, name: str, count: int) -> dict[str, Any]:
     """An async step: ``count`` side effects; it is cancelled with its run's task."""
     key = str(ctx.step_key)
-    _line(ctx, key, "start", name)
+    _line(ctx, key, "start", name, count=count)
     try:
         for n in range(count):
             await asyncio.sleep(PAUSE)
@@ -69,7 +70,7 @@ def in_thread(ctx: shoal.RunContext, name: str, count: int) -> dict[str, Any]:
     """A plain-function step (run in a thread, which cannot be cancelled): it checks
     ``ctx.signal`` before each side effect, as docs/leases.md says such a step must."""
     key = str(ctx.step_key)
-    _line(ctx, key, "start", name)
+    _line(ctx, key, "start", name, count=count)
     for n in range(count):
         time.sleep(PAUSE)
         if ctx.signal.aborted:
@@ -100,7 +101,7 @@ def make_app(url: str, instance_id: str | None = None, lease: float = 3.0) -> sh
             out["decision"] = {"approved": d.approved, "data": d.data, "by": d.by}
         if input.get("children"):
             children = [await ctx.start_child("part", {"parent": input["i"], "k": k,
-                                                       "effects": input["effects"][:2]})
+                                                       "effects": input["part_effects"]})
                         for k in range(input["children"])]
             out["children"] = [await child.result() for child in children]
         out["steps"].append(await ctx.step("notify", in_loop, ctx, "notify", notify))

@@ -10,8 +10,9 @@ the most steps in flight:
 - ``freeze``: SIGSTOP a worker for longer than the lease and a poll, then SIGCONT;
 - ``restart``: stop the server the way a crash does (``pg_ctl stop -m immediate``) and start it
   again, after an outage of up to the lease and a second;
-- ``partition``: a worker's proxy holds its bytes (nothing is refused or reset) for longer
-  than the lease, until another worker has taken over one of its runs, then delivers them.
+- ``partition``: a worker in a long step (twice the lease) is cut off: its proxy holds its
+  bytes (nothing is refused or reset) for longer than the lease, until another worker has
+  taken over one of its runs, then delivers them.
 
 The test signals the runs that wait for a signal, answers every approval, and dispatches some
 idempotency keys twice; orders flow for as long as the chaos lasts, and a few after. Then every
@@ -73,6 +74,7 @@ TWICE = 6             # every 6th order's idempotency key is dispatched again, 3
 LATE_WINDOW = 3.0     # seconds after a SIGCONT in which a late side effect is told apart
 LATE_PER_STEP = 2     # late side effects of one step's execution, at most
 EFFECTS = ("start", "effect", "end")   # the lines that are side effects
+LONG = 120            # effects of a long step, at least (6 s: twice the lease)
 
 
 @pytest.fixture
@@ -99,7 +101,10 @@ def make_plan(rng: random.Random, n: int = 400) -> list[dict[str, Any]]:
     key of its own."""
     plan = []
     for i in range(n):
-        inp: dict[str, Any] = {"i": i, "effects": [rng.randint(4, 16) for _ in range(3)]}
+        inp: dict[str, Any] = {"i": i, "effects": [rng.randint(4, 16) for _ in range(3)],
+                               "part_effects": [rng.randint(4, 16) for _ in range(2)]}
+        if rng.random() < 0.15:   # a step that outlasts the lease (6-10 s), in a thread or not
+            inp["effects"][rng.randrange(2)] = rng.randint(LONG, 2 * LONG)
         if rng.random() < 0.5:
             inp["key"] = f"k{rng.randrange(6)}"
         if rng.random() < 0.3:
@@ -472,12 +477,12 @@ class Chaos:
     freezes: list[tuple[int, float, float]] = field(default_factory=list)
     done: asyncio.Event = field(default_factory=asyncio.Event)
     cut: str | None = None             # the slot cut off last
-    _open: dict[tuple[str, int, int, int], bool] = field(default_factory=dict)
+    _open: dict[tuple[str, int, int, int], int] = field(default_factory=dict)   # -> count
     _read: int = 0
 
-    def in_flight(self) -> list[tuple[str, int, int]]:
+    def in_flight(self, long: bool = False) -> list[tuple[str, int, int]]:
         """(run, epoch, pid) of each step started and not yet ended or aborted (the log read
-        from where the last call stopped)."""
+        from where the last call stopped); with ``long``, of the long steps only."""
         with self.log.open("rb") as f:
             f.seek(self._read)
             fresh = f.read()
@@ -487,16 +492,18 @@ class Chaos:
             rec = json.loads(line)
             if rec["kind"] in ("start", "end", "abort"):
                 self._open[rec["run"], rec["seq"], rec["epoch"], rec["pid"]] = \
-                    rec["kind"] == "start"
-        return [(run, epoch, pid) for (run, _, epoch, pid), open_ in self._open.items()
-                if open_]
+                    rec.get("count", 0) if rec["kind"] == "start" else -1
+        least = LONG if long else 0
+        return [(run, epoch, pid) for (run, _, epoch, pid), count in self._open.items()
+                if count >= least]
 
-    async def busy(self, slots: list[str], timeout: float = 15.0) -> tuple[str, int]:
-        """The slot among ``slots`` with the most steps in flight (waiting up to ``timeout``
-        for one to have any), and how many."""
+    async def busy(self, slots: list[str], timeout: float = 15.0,
+                   long: bool = False) -> tuple[str, int]:
+        """The slot among ``slots`` with the most steps in flight (long ones, with ``long``),
+        waiting up to ``timeout`` for one to have any, and how many."""
         deadline = time.monotonic() + timeout
         while True:
-            counts = Counter(pid for _, _, pid in self.in_flight())
+            counts = Counter(pid for _, _, pid in self.in_flight(long))
             slot = max(slots, key=lambda s: counts[self.procs.live[s].pid])
             n = counts[self.procs.live[slot].pid]
             if n or time.monotonic() > deadline:
@@ -546,13 +553,17 @@ class Chaos:
         self.events.append(event)
 
     async def partition(self) -> None:
-        """Cut a worker off past its lease, until another worker has claimed one of the runs
-        it was executing (20 s at most), then heal."""
-        slot, n = await self.busy(sorted(self.procs.live))
+        """Cut a worker off in a long step (one that outlasts the lease: it must stop before
+        the lease ends), past its lease, until another worker has claimed one of the runs it
+        was executing (20 s at most), then heal."""
+        slot, long = await self.busy(sorted(self.procs.live), timeout=20, long=True)
+        if not long:
+            slot, _ = await self.busy(sorted(self.procs.live))
         self.cut = slot
         pid = self.procs.live[slot].pid
         claims = sorted({(run, epoch) for run, epoch, p in self.in_flight() if p == pid})
-        event = Event("partition", time.time(), slot=slot, pid=pid, in_flight=n)
+        event = Event("partition", time.time(), slot=slot, pid=pid, in_flight=len(claims),
+                      note=f"{long} long")
         self.proxies[slot].hold()
         try:
             await asyncio.sleep(LEASE + self.rng.uniform(1.0, 2.0))
