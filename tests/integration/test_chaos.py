@@ -10,7 +10,7 @@ the most steps in flight:
 - ``freeze``: SIGSTOP a worker for longer than the lease and a poll, then SIGCONT;
 - ``restart``: stop the server the way a crash does (``pg_ctl stop -m immediate``) and start it
   again, after an outage of up to the lease and a second;
-- ``partition``: a worker in a long step (twice the lease) is cut off: its proxy holds its
+- ``partition``: a worker in a long step (5 s or more) is cut off: its proxy holds its
   bytes (nothing is refused or reset) for longer than the lease, until another worker has
   taken over one of its runs, then delivers them.
 
@@ -74,7 +74,7 @@ TWICE = 6             # every 6th order's idempotency key is dispatched again, 3
 LATE_WINDOW = 3.0     # seconds after a SIGCONT in which a late side effect is told apart
 LATE_PER_STEP = 2     # late side effects of one step's execution, at most
 EFFECTS = ("start", "effect", "end")   # the lines that are side effects
-LONG = 120            # effects of a long step, at least (6 s: twice the lease)
+LONG = 100            # effects of a long step, at least (5 s: more than the lease)
 
 
 @pytest.fixture
@@ -103,8 +103,8 @@ def make_plan(rng: random.Random, n: int = 400) -> list[dict[str, Any]]:
     for i in range(n):
         inp: dict[str, Any] = {"i": i, "effects": [rng.randint(4, 16) for _ in range(3)],
                                "part_effects": [rng.randint(4, 16) for _ in range(2)]}
-        if rng.random() < 0.15:   # a step that outlasts the lease (6-10 s), in a thread or not
-            inp["effects"][rng.randrange(2)] = rng.randint(LONG, 2 * LONG)
+        if rng.random() < 0.12:   # a step that outlasts the lease (5-7.5 s), in a thread or not
+            inp["effects"][rng.randrange(2)] = rng.randint(LONG, LONG * 3 // 2)
         if rng.random() < 0.5:
             inp["key"] = f"k{rng.randrange(6)}"
         if rng.random() < 0.3:
