@@ -38,14 +38,18 @@ emit = harness.LineLog("FAILOVER_LOG")
 
 class AckingStore(PostgresStore):
     """The PostgreSQL store, logging each checkpoint and settlement the server acknowledged:
-    a failover may lose what was never acknowledged, never what was."""
+    a failover may lose what was never acknowledged, never what was. ``log_line`` is the
+    log it appends to (``chaos_app.py`` gives it its own)."""
+
+    log_line: harness.LineLog = emit
 
     async def checkpoint_step(self, fence: Any, step: Any, lease: float, now: float,
                               outbox: Sequence[Any] = ()) -> bool:
         ok = await super().checkpoint_step(fence, step, lease, now, outbox)
         if ok:
-            emit({"kind": "ack", "run": fence.run_id, "seq": step.seq, "name": step.name,
-                  "epoch": fence.epoch, "pid": os.getpid(), "t": time.time()})
+            self.log_line({"kind": "ack", "run": fence.run_id, "seq": step.seq,
+                           "name": step.name, "epoch": fence.epoch, "pid": os.getpid(),
+                           "t": time.time()})
         return ok
 
     async def settle_run(self, fence: Any, settlement: Any, now: float) -> bool:
@@ -63,8 +67,8 @@ class AckingStore(PostgresStore):
         return answers, claimed
 
     def _settled(self, fence: Any, settlement: Any) -> None:
-        emit({"kind": "settled", "run": fence.run_id, "epoch": fence.epoch,
-              "status": settlement.outcome, "pid": os.getpid(), "t": time.time()})
+        self.log_line({"kind": "settled", "run": fence.run_id, "epoch": fence.epoch,
+                       "status": settlement.outcome, "pid": os.getpid(), "t": time.time()})
 
 
 async def _work(ctx: shoal.RunContext, n: int, input: dict[str, Any]) -> dict[str, Any]:

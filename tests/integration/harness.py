@@ -90,12 +90,14 @@ class Processes:
                 f.write(f"{proc.pid}\n")
         return proc
 
-    def start_worker(self, slot: str) -> subprocess.Popen[bytes]:
+    def start_worker(self, slot: str, **env: str) -> subprocess.Popen[bytes]:
+        """A worker in ``slot`` (a new instance id each time), ``env`` added to its
+        environment."""
         with self.lock:
             self.generations += 1
             self.instances[slot] = f"{slot}-{self.generations}"
         proc = self.spawn(["worker"], f"worker-{slot}",
-                          **{f"{self.prefix}_INSTANCE": self.instances[slot]})
+                          **{**env, f"{self.prefix}_INSTANCE": self.instances[slot]})
         self.live[slot] = proc
         return proc
 
