@@ -3,31 +3,46 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 
 class AbortSignal:
     """Set once, when the work it guards must stop: a run's lease was lost, the run was
     cancelled or the instance is stopping; a lock was lost. Long work may poll ``aborted``, call
-    ``raise_if_aborted()`` before a step that must not overlap, or ``await wait()``."""
+    ``raise_if_aborted()`` before a step that must not overlap, or ``await wait()``.
+
+    A run's signal also reads as set, from any thread, once its lease has ended (less the drift
+    margin) without a renewal, before the event loop has set it: a step's thread in a process
+    thawed after a freeze (SIGSTOP, a VM paused) sees it at its next look, where it would
+    otherwise go on until the loop's first turn. (``wait()`` returns when the loop sets it.)"""
 
     def __init__(self) -> None:
         self._reason: BaseException | None = None
         self._event: asyncio.Event | None = None   # made by the first wait(): most never wait
+        # a run's: the reason its lease has ended by now, or None (see RunContext)
+        self._expiry: Callable[[], BaseException | None] | None = None
+
+    def _current(self) -> BaseException | None:
+        reason = self._reason
+        if reason is None and (expiry := self._expiry) is not None:
+            return expiry()
+        return reason
 
     @property
     def aborted(self) -> bool:
-        return self._reason is not None
+        return self._current() is not None
 
     @property
     def reason(self) -> BaseException | None:
         """Why: a ``LeaseLostError`` (a run's lease), ``asyncio.CancelledError`` (a cancel or a
         stop), or a ``LockLostError`` (a lock)."""
-        return self._reason
+        return self._current()
 
     def raise_if_aborted(self) -> None:
         """Raise the reason if the signal is set."""
-        if self._reason is not None:
-            raise self._reason
+        reason = self._current()
+        if reason is not None:
+            raise reason
 
     async def wait(self) -> None:
         """Return once the signal is set."""

@@ -274,3 +274,53 @@ async def test_a_cut_off_outbox_delivery_stops_before_another_instance_delivers(
 async def test_a_cut_off_pause_notification_stops_before_another_instance_notifies(
         store: Store) -> None:
     await _cut_handler_off(store, "pause")
+
+
+async def test_a_step_thread_sees_its_lease_end_before_the_event_loop_runs() -> None:
+    """A process thawed after a freeze (SIGSTOP past the lease): its step's thread runs on at
+    once, and used to make its next side effect before the lease watchdog's first turn on the
+    event loop. ``ctx.signal`` now reads as set in the thread as soon as the lease has ended
+    (less the drift margin), with the loop still frozen (here: not run at all)."""
+    import threading
+
+    clock = VirtualClock(max_thread_wait=0)
+    app = shoal.App("thaw", store="memory://", clock=clock, lease=30.0)
+    looking, seen = threading.Event(), threading.Event()
+    looked: list[tuple[bool, str | None]] = []
+
+    @app.workflow
+    async def export(ctx: shoal.RunContext, input: None) -> int:
+        def rows() -> int:
+            written = 0
+            while not ctx.signal.aborted and written < 3:
+                written += 1
+                looking.wait(5)              # the test says when to look again
+                looking.clear()
+                reason = ctx.signal.reason
+                looked.append((ctx.signal.aborted, type(reason).__name__ if reason else None))
+                seen.set()
+            return written
+
+        return await ctx.step("rows", rows)
+
+    async with app:
+        run = await app.dispatch(export)
+        await clock.advance(0)
+        assert (await app.get_run(run.id)).status == "running"
+        frozen = clock.now()
+        # time passes with the loop frozen: no renewal, no watchdog turn (nothing is awaited)
+        clock._now = frozen + 30 * 0.9 - 0.5          # still within the lease less the margin
+        looking.set()
+        assert seen.wait(5)
+        seen.clear()
+        assert looked[-1] == (False, None)
+        clock._now = frozen + 30 * 0.9               # the lease, less the drift margin, ended
+        looking.set()
+        assert seen.wait(5)
+        assert looked[-1] == (True, "LeaseLostError")
+        await clock.advance(1)                        # the loop runs
+        # the thread stopped at its first look after the lease's end (two rows); what it
+        # returned was checkpointed and the run settled while the store still held its lease
+        # (fenced writes: nobody else could have it yet), once, in its first attempt
+        assert await app.result(run, timeout=0) == 2
+        assert (await app.get_run(run.id)).attempts == 1

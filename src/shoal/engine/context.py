@@ -31,6 +31,7 @@ from shoal import _checks, _json, _threads, _usercode
 from shoal._checks import CALL
 from shoal._ids import new_id
 from shoal.abort import AbortSignal
+from shoal.clock import DRIFT_MARGIN
 from shoal.engine import values
 from shoal.engine.progress import ProgressWriter
 from shoal.engine.values import WorkflowTypes
@@ -546,6 +547,23 @@ class RunExtension:
         raise ReplayStop(seq, reached if recorded is None else recorded.name, reached, detail)
 
 
+class _LeaseEnd:
+    """A run's signal's look at its lease (see :class:`~shoal.abort.AbortSignal`): ended, less
+    the drift margin, by this clock, while the execution goes on, as the engine's lease
+    watchdog sees it (an execution writing its end, or aborted already, is the engine's)."""
+
+    __slots__ = ("_clock", "_margin", "_x")
+
+    def __init__(self, x: Execution, clock: Clock, margin: float) -> None:
+        self._x, self._clock, self._margin = x, clock, margin
+
+    def __call__(self) -> BaseException | None:
+        x = self._x
+        if x.abort is not None or x.finishing or x.held_until - self._margin > self._clock.now():
+            return None
+        return LeaseLostError(x.run.id, x.fence.owner)
+
+
 class RunContext:
     """The handle a workflow function gets as its first argument."""
 
@@ -560,6 +578,8 @@ class RunContext:
         self.root_id: str = run.root_id
         self.lease_epoch: int = run.lease_epoch
         self.signal = AbortSignal()
+        if not execution.replay_only:
+            self.signal._expiry = _LeaseEnd(execution, host.clock, host.lease * DRIFT_MARGIN)
         self.step_key: str | None = None
 
     # Made on first use: most runs use few of them, and a context is made for every execution.
@@ -571,6 +591,7 @@ class RunContext:
         on use)."""
         for name in ("step", "tree", "extension"):
             self.__dict__.pop(name, None)
+        self.signal._expiry = None   # it refers to the execution: no cycle left behind
 
     @functools.cached_property
     def step(self) -> StepCaller:
