@@ -29,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -366,3 +367,28 @@ if __name__ == "__main__":
         reaper(sys.argv[2], sys.argv[3], float(sys.argv[4]))
     else:
         sys.exit(f"usage: {sys.argv[0]} reaper FILE SCRIPT MAX_LIFE")
+
+
+async def wait_all_final(store: Any, namespace: str, expected: int, timeout: float) -> list[Any]:
+    """Every run of ``namespace`` (at least ``expected``) final, within ``timeout`` s; a store
+    that is down meanwhile (a restart, a failover) is asked again. On a timeout the error names
+    the runs not final yet (id, workflow, status, owner, lease end, attempts)."""
+    last: list[Any] = []
+
+    async def final() -> list[Any] | None:
+        nonlocal last
+        with contextlib.suppress(Exception):
+            last = await store.list_runs(namespace, limit=100_000)
+        if len(last) >= expected and all(r.status.final for r in last):
+            return last
+        return None
+
+    try:
+        runs: list[Any] = await wait_until(final, timeout, "every run to be final", step=0.25)
+        return runs
+    except AssertionError:
+        stuck = [(r.id, r.workflow, r.status.value, r.owner, r.lease_expires_at, r.attempts)
+                 for r in last if not r.status.final]
+        raise AssertionError(f"not every run is final after {timeout}s: {len(last)} runs, "
+                             f"expected {expected}; {Counter(r.status.value for r in last)}; "
+                             f"not final: {stuck[:10]}") from None

@@ -62,7 +62,7 @@ import pytest
 import test_postgres_processes as tp  # Cluster, _pg_bin
 from backends import skip_or_fail
 from blackhole import Blackhole
-from harness import Processes, read_log, wait_until
+from harness import Processes, read_log, wait_all_final, wait_until
 
 import shoal
 
@@ -601,29 +601,6 @@ async def retrying(call: Callable[[], Awaitable[Any]], what: str, retried: Count
         await asyncio.sleep(0.2)
 
 
-async def all_final(app: shoal.App, expected: int, timeout: float) -> list[Any]:
-    last: list[Any] = []
-
-    async def final() -> list[Any] | None:
-        nonlocal last
-        with contextlib.suppress(Exception):
-            last = await app.store.list_runs(chaos_app.NAMESPACE, limit=100_000)
-        if len(last) >= expected and all(r.status.final for r in last):
-            return last
-        return None
-
-    try:
-        runs: list[Any] = await wait_until(final, timeout, "every run to be final", step=0.25)
-        return runs
-    except AssertionError:
-        stuck = [(r.id, r.workflow, r.status.value, r.owner, r.lease_expires_at, r.attempts)
-                 for r in last if not r.status.final]
-        raise AssertionError(f"not every run is final after {timeout}s: {len(last)} runs, "
-                             f"expected {expected}; "
-                             f"{Counter(r.status.value for r in last)}; not final: "
-                             f"{stuck[:10]}") from None
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 async def test_chaos(tmp_path: Path, cluster: tp.Cluster) -> None:
@@ -701,7 +678,8 @@ async def test_chaos(tmp_path: Path, cluster: tp.Cluster) -> None:
                 await striking
                 dispatched = time.time() - began
                 n_children = sum(c["input"].get("children", 0) for c in plan[:n_orders])
-                await all_final(app, n_orders + n_children, timeout=120)
+                await wait_all_final(app.store, chaos_app.NAMESPACE, n_orders + n_children,
+                                     timeout=120)
                 finished = time.time() - began
 
                 # the worker cut off last serves on: alone now, it runs a last order
@@ -715,7 +693,8 @@ async def test_chaos(tmp_path: Path, cluster: tp.Cluster) -> None:
                 await app.result(next(iter(returned["order-probe"])), timeout=60)
                 codes += procs.stop_workers().values()
                 assert codes == [0, 0, 0], (codes, procs.stderr_tail())
-                runs = await all_final(app, n_orders + n_children + 1, timeout=10)
+                runs = await wait_all_final(app.store, chaos_app.NAMESPACE,
+                                            n_orders + n_children + 1, timeout=10)
                 steps = {r.id: await app.store.load_steps(r.id) for r in runs}
             records = read_log(log)
             inputs = {c["idempotency_key"]: c["input"] for c in [*plan[:n_orders], probe]}

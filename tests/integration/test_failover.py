@@ -40,7 +40,7 @@ import pytest
 import test_postgres_processes as tp  # Cluster, _pg_bin, _listeners
 import test_sqlite_processes as sq  # check_invariants, fake_run, fake_history
 from backends import skip_or_fail
-from harness import Processes, read_log, wait_until
+from harness import Processes, read_log, wait_all_final, wait_until
 
 import shoal
 
@@ -305,27 +305,6 @@ def make_plan(rng: random.Random, n_runs: int, n_keys: int) -> list[dict[str, An
     return plan
 
 
-async def wait_all_final(store: Any, expected: int, timeout: float) -> list[Any]:
-    last: list[Any] = []
-
-    async def final() -> list[Any] | None:
-        nonlocal last
-        last = await store.list_runs(failover_app.NAMESPACE, limit=100_000)
-        if len(last) >= expected and all(r.status.final for r in last):
-            return last
-        return None
-
-    try:
-        runs: list[Any] = await wait_until(final, timeout, "every run to be final", step=0.25)
-        return runs
-    except AssertionError:
-        stuck = [(r.id, r.status.value, r.owner, r.lease_expires_at, r.attempts) for r in last
-                 if not r.status.final]
-        raise AssertionError(f"not every run is final after {timeout}s: "
-                             f"{Counter(r.status.value for r in last)}; not final: "
-                             f"{stuck[:10]}") from None
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 async def test_workers_follow_a_promoted_synchronous_standby(
@@ -401,7 +380,7 @@ async def test_workers_follow_a_promoted_synchronous_standby(
                 with contextlib.suppress(BaseException):
                     await streaming
             assert standby.query("SELECT pg_is_in_recovery()") == [(False,)]
-            runs = await wait_all_final(app.store, n_runs, timeout=90)
+            runs = await wait_all_final(app.store, failover_app.NAMESPACE, n_runs, timeout=90)
             finished = time.time()
 
             # the workers' LISTEN connections followed too (one each, on the new primary)

@@ -47,7 +47,7 @@ import psycopg
 import pytest
 import test_sqlite_processes as sq  # make_plan, check_invariants
 from backends import postgres_schema, skip_or_fail
-from harness import Monkey, Processes, read_log, wait_until
+from harness import Monkey, Processes, read_log, wait_all_final, wait_until
 
 HERE = Path(__file__).resolve().parent
 PROC_APP = HERE / "proc_app.py"
@@ -68,31 +68,6 @@ def schema_url() -> Iterator[str]:
     """A store URL on the shared server with a schema of its own, dropped afterwards."""
     with postgres_schema("shoal_p_") as url:
         yield url
-
-
-async def wait_all_final(store: Any, expected: int, timeout: float) -> list[Any]:
-    """Like the SQLite test's, but a store that is down meanwhile is asked again."""
-    last: list[Any] = []
-
-    async def final() -> list[Any] | None:
-        nonlocal last
-        try:
-            last = await store.list_runs(NAMESPACE, limit=100_000)
-        except Exception:
-            return None
-        if len(last) >= expected and all(r.status.final for r in last):
-            return last
-        return None
-
-    try:
-        runs: list[Any] = await wait_until(final, timeout, "every run to be final", step=0.25)
-        return runs
-    except AssertionError:
-        stuck = [(r.id, r.status.value, r.owner, r.lease_expires_at, r.attempts) for r in last
-                 if not r.status.final]
-        raise AssertionError(f"not every run is final after {timeout}s: "
-                             f"{Counter(r.status.value for r in last)}; not final (id, status, "
-                             f"owner, lease expires, attempts): {stuck[:10]}") from None
 
 
 # -- 1. kill -9 and SIGSTOP over the shared server ---------------------------------------------
@@ -154,7 +129,7 @@ async def test_kill9_and_frozen_workers_over_one_postgres_schema(
                 {k: v for k, v in returned.items() if len(v) != 1}
 
             try:
-                runs = await wait_all_final(app.store, n_runs, timeout=150)
+                runs = await wait_all_final(app.store, NAMESPACE, n_runs, timeout=150)
             finally:
                 await asyncio.to_thread(monkey.stop)
             finished = time.monotonic() - monkey.began
@@ -436,7 +411,7 @@ async def test_server_restarts_under_load(tmp_path: Path, cluster: Cluster) -> N
             ids = {next(iter(v)) for v in returned.values()}
             assert len(ids) == n_runs
 
-            runs = await wait_all_final(app.store, n_runs, timeout=90 + 2 * down)
+            runs = await wait_all_final(app.store, NAMESPACE, n_runs, timeout=90 + 2 * down)
             finished = time.monotonic() - began
             assert {r.id for r in runs} == ids
 
@@ -463,7 +438,7 @@ async def test_server_restarts_under_load(tmp_path: Path, cluster: Cluster) -> N
                                         if r["kind"] == "start" and r["run"] == probe.id), None)
                 assert probe_start is not None, f"probe run {probe.id} did not start in 10 s"
                 latencies.append(probe_start - at)
-            runs = await wait_all_final(app.store, n_runs + 20, timeout=30)
+            runs = await wait_all_final(app.store, NAMESPACE, n_runs + 20, timeout=30)
 
             codes = procs.stop_workers()
             assert all(code == 0 for code in codes.values()), (codes, procs.stderr_tail())

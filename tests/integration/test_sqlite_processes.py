@@ -22,27 +22,12 @@ from typing import Any
 
 import proc_app
 import pytest
-from harness import Monkey, Processes, read_log, wait_until
+from harness import Monkey, Processes, read_log, wait_all_final, wait_until
 
 HERE = Path(__file__).resolve().parent
 PROC_APP = HERE / "proc_app.py"
 NAMESPACE = "chaos"
 SLOTS = 8   # max_concurrent_runs of a worker: a kill interrupts at most this many runs
-
-
-async def wait_all_final(store: Any, expected: int, timeout: float) -> list[Any]:
-    async def final() -> list[Any] | None:
-        runs = await store.list_runs(NAMESPACE, limit=100_000)
-        if len(runs) >= expected and all(r.status.final for r in runs):
-            return runs
-        return None
-
-    try:
-        return await wait_until(final, timeout, "every run to be final", step=0.25)
-    except AssertionError:
-        runs = await store.list_runs(NAMESPACE, limit=100_000)
-        raise AssertionError(f"not every run is final after {timeout}s: "
-                             f"{Counter(r.status.value for r in runs)}") from None
 
 
 # -- the checks (pure functions of the rows and the log, so they can be shown to fail) -------------
@@ -345,7 +330,7 @@ async def test_kill9_and_frozen_workers_over_one_sqlite_file(tmp_path: Path) -> 
                 {k: v for k, v in returned.items() if len(v) != 1}
 
             try:
-                runs = await wait_all_final(app.store, n_runs, timeout=150)
+                runs = await wait_all_final(app.store, NAMESPACE, n_runs, timeout=150)
             finally:
                 await asyncio.to_thread(monkey.stop)
             finished = time.monotonic() - monkey.began
@@ -416,7 +401,7 @@ async def test_sigterm_releases_runs_to_another_worker(tmp_path: Path) -> None:
             sigterm_at = time.time()
             procs.terminate("A")
             assert await asyncio.to_thread(a.wait, 15) == 0, procs.stderr_tail()
-            runs = await wait_all_final(app.store, 7, timeout=40)
+            runs = await wait_all_final(app.store, NAMESPACE, 7, timeout=40)
             done_at = time.time()
             assert procs.stop_workers() == {"B": 0}, procs.stderr_tail()
             steps = {r.id: await app.store.load_steps(r.id) for r in runs}
