@@ -81,6 +81,49 @@ def test_no_integration_touches_a_private_attribute_of_another_object() -> None:
         "(ctx.extension, docs/integrations-api.md) or add one")
 
 
+def private_imports(source: str) -> list[str]:
+    """Each import in ``source`` of a private module of shoal outside ``shoal.integrations``
+    (``from shoal import _json``, ``import shoal._usercode``, ``from shoal._json import x``),
+    as ``line: module``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module is not None:
+            names = [f"{node.module}.{a.name}" for a in node.names]
+            found += [f"{node.lineno}: {n}" for n in [node.module, *names] if _outside(n)]
+        elif isinstance(node, ast.Import):
+            found += [f"{node.lineno}: {a.name}" for a in node.names if _outside(a.name)]
+    return sorted(set(found), key=lambda line: int(line.split(":")[0]))
+
+
+def _outside(module: str) -> bool:
+    """A private module of shoal that is not one of the integrations' own."""
+    parts = module.split(".")
+    return (parts[0] == "shoal" and parts[1:2] != ["integrations"]
+            and any(_private(p) for p in parts[1:]))
+
+
+def test_the_check_finds_an_import_of_a_private_module() -> None:
+    source = textwrap.dedent("""
+        import shoal
+        from shoal import _json, errors                    # _json: private
+        from shoal.integrations._commands import serve     # the integrations' own: allowed
+        import shoal._usercode                             # private
+        from shoal._json import checked                    # private
+        from shoal.integrations.base import json_value     # public
+    """)
+    assert private_imports(source) == [
+        "3: shoal._json", "5: shoal._usercode", "6: shoal._json", "6: shoal._json.checked"]
+
+
+def test_no_integration_imports_a_private_module_of_shoal() -> None:
+    root = Path(shoal.integrations.__file__).parent
+    found = {str(m.relative_to(root)): private_imports(m.read_text(encoding="utf-8"))
+             for m in sorted(root.rglob("*.py")) if m.name != "base.py"}
+    assert {m: f for m, f in found.items() if f} == {}, (
+        "an integration imports a private module of shoal: use shoal.integrations.base "
+        "(json_value, add_user_code_hooks) or add a seam there")
+
+
 def test_a_provider_call_uses_nothing_private_of_its_provider() -> None:
     source = textwrap.dedent(inspect.getsource(provider.ProviderCall))
     assert reach_throughs(source) == []

@@ -62,9 +62,9 @@ except ImportError as e:   # pragma: no cover - what a user without the extra se
         f"shoal.integrations.openai_agents needs the OpenAI Agents SDK: pip install "
         f"'shoal[openai-agents]' ({e})") from e
 
-from shoal import _json
 from shoal.coord.provider import Provider
 from shoal.engine.context import RunContext
+from shoal.integrations.base import json_value
 
 __all__ = ["DurableModel", "Price", "run_agent"]
 
@@ -428,7 +428,7 @@ def _tool_output(output: Any) -> Any:
     if isinstance(output, BaseModel):
         return output.model_dump(mode="json", exclude_none=True)
     try:
-        _json.check_json(output, "the output")
+        json_value(output, "the output")   # a check: the output itself is returned
     except TypeError:
         return str(output)
     return output

@@ -9,7 +9,7 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
-from shoal import _usercode
+from shoal.integrations.base import add_user_code_hooks
 
 
 class ShoalConfig(AppConfig):  # type: ignore[misc]
@@ -28,7 +28,7 @@ class ShoalConfig(AppConfig):  # type: ignore[misc]
         # a step is to a worker what a request is to a view: the same connection hygiene
         # around it, in the thread its ORM calls run in (an async step's sync_to_async goes to
         # asgiref's thread for sync code, and so does the hook)
-        _usercode.add_hooks(_close_old_connections, _close_old_connections_async)
+        add_user_code_hooks(_close_old_connections, _close_old_connections_async)
 
 
 def _forget_client(*, setting: str, **kwargs: Any) -> None:

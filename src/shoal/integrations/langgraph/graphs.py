@@ -22,8 +22,8 @@ from typing import Any, cast
 from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command
 
-from shoal import _json
 from shoal.engine.context import RunContext
+from shoal.integrations.base import json_value
 from shoal.integrations.langgraph._recorded import graph_changes
 from shoal.integrations.langgraph.saver import ShoalCheckpointer
 
@@ -121,7 +121,7 @@ def _interrupts(state: Any) -> list[dict[str, Any]]:
     found = []
     for interrupt in state.interrupts:
         node = nodes.get(interrupt.id, "interrupt")
-        value = _json.checked(interrupt.value, f"the value given to interrupt() in node {node!r} "
-                                               f"(it becomes the pause's request)")
+        value = json_value(interrupt.value, f"the value given to interrupt() in node {node!r} "
+                                    f"(it becomes the pause's request)")
         found.append({"id": interrupt.id, "node": node, "value": value})
     return found
