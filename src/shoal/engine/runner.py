@@ -26,6 +26,7 @@ from shoal.engine.context import (
     format_traceback,
 )
 from shoal.engine.cron import CronTrigger
+from shoal.engine.execstate import AbortWhy, ExecState
 from shoal.engine.values import WorkflowTypes
 from shoal.errors import BudgetExceededError, LeaseLostError, NonDeterminismError
 from shoal.ports import Store
@@ -376,7 +377,7 @@ class Engine:
         thread of it runs."""
         busy = 0
         for x in self._executions:
-            if not x.settled or (x.threads and any(not t.done() for t in x.threads)):
+            if not x.slot_free or (x.threads and any(not t.done() for t in x.threads)):
                 busy += 1
         return self.config.slots - busy
 
@@ -416,7 +417,7 @@ class Engine:
 
     async def _renew(self) -> None:
         # an execution stopping (interrupted, cancelled) keeps its lease while it winds down
-        asked = [x for x in self._local.values() if x.abort != "lost" and not x.finishing]
+        asked = [x for x in self._local.values() if x.aborted != "lost" and not x.ending]
         if not asked:
             return
         leases = {x.run.id: x.fence.epoch for x in asked}
@@ -425,10 +426,10 @@ class Engine:
         for x in asked:
             run_id = x.run.id
             # the answer is about the execution asked for, not a newer claim of the same run
-            if self._local.get(run_id) is not x or x.abort is not None or x.finishing:
+            if self._local.get(run_id) is not x or x.aborted is not None or x.ending:
                 continue
             if run_id in renewal.renewed:
-                x.held_until = max(x.held_until, sent + self.lease)
+                x.extend_lease(sent + self.lease)
             if run_id not in renewal.renewed:
                 self._abort(x, "lost", LeaseLostError(run_id, self.instance_id))
             elif run_id in renewal.cancel_requested:
@@ -441,16 +442,10 @@ class Engine:
             if x.run.id == run_id or x.run.root_id == run_id:
                 self._abort(x, "cancel", asyncio.CancelledError("the run was cancelled"))
 
-    def _abort(self, x: Execution, why: str, reason: BaseException) -> None:
-        if x.abort is not None:
-            return
-        x.abort = why
-        ctx = x.context
-        if ctx is not None:
-            ctx.signal._abort(reason)
+    def _abort(self, x: Execution, why: AbortWhy, reason: BaseException) -> None:
         # A run already writing its end (settle, suspend, release) is let finish: the write is
         # fenced, and a cancel requested meanwhile is seen by the next renewal or claim.
-        if x.task is not None and not x.finishing:
+        if x.abort(why, reason) and x.task is not None:
             x.task.cancel()
 
     # -- executions ------------------------------------------------------------------------
@@ -504,10 +499,10 @@ class Engine:
         of the others. (A method: the watchdog's frame keeps no execution while it sleeps.)"""
         due: float | None = None
         for x in list(self._local.values()):
-            if x.abort is not None or x.replay_only:
+            if x.aborted is not None or x.replay_only:
                 continue
             end = x.held_until - self.drift_margin
-            if x.finishing:
+            if x.ending:
                 # its end (a settle, a sleep, a wait) is being written, fenced: not aborted, but
                 # looked at again soon, for the write may not end the claim (going_on)
                 end = max(end, now + self.drift_margin / 4)
@@ -537,9 +532,7 @@ class Engine:
             # the task's contextvars -> context -> x -> task): they go by reference count as
             # soon as the engine lets go of x, not by the garbage collector, whose passes over
             # every run's objects cost a no-op run a quarter of its CPU.
-            if x.context is not None:
-                x.context._ended()
-                x.context = None
+            x.detach()
             alive.remove(x)
             if not alive:
                 del self._alive[x.run.id]
@@ -548,6 +541,7 @@ class Engine:
     async def _execute(self, x: Execution, earlier: list[Execution]) -> None:
         run = x.run
         spec = self.workflows[run.workflow]
+        x.start()
         ctx = RunContext(self, x)   # the engine is the run's host
         x.context = ctx
         # this task's context only: provider calls find their run
@@ -578,7 +572,6 @@ class Engine:
                 if output is not None:   # None is JSON as it is
                     output = typed_output(spec, output, self.max_payload_bytes)
             except Suspended as s:
-                x.outcome = s.status
                 if s.until is not None:
                     self.wake_at(s.until)
                 # the run may be claimed again (here too) while observers run: leave first
@@ -589,7 +582,7 @@ class Engine:
                 return
             except asyncio.CancelledError:
                 task = asyncio.current_task()
-                if x.abort is None and task is not None and task.cancelling() == 0:
+                if x.aborted is None and task is not None and task.cancelling() == 0:
                     # raised by the workflow itself, not a cancel from outside: a failed attempt
                     await self._failed(x, spec, RuntimeError(
                         "the workflow raised asyncio.CancelledError"))
@@ -606,7 +599,7 @@ class Engine:
                 await self._settle(x, Settlement("failed", error=f"NonDeterminismError: {e}"))
                 return
             except Exception as e:
-                if x.abort is not None:   # the abort surfaced as the step's own error
+                if x.aborted is not None:   # the abort surfaced as the step's own error
                     await self._aborted(x)
                     return
                 await self._failed(x, spec, e)
@@ -631,16 +624,17 @@ class Engine:
             self.kick()
 
     async def _aborted(self, x: Execution) -> None:
-        if x.abort == "cancel":
+        if x.aborted == "cancel":
             await self._settle(x, Settlement("cancelled", error="cancelled"))
-        elif x.abort == "interrupt":
-            x.outcome = "interrupted"
-            await x.begin_finishing(self.clock)
-            if x.thread_running:   # not released: see Execution.thread_running
+        elif x.aborted == "interrupt":
+            if x.state is ExecState.THREAD_LEFT:   # not released: see Execution.leave_thread
+                await x.abandon(self.clock)
                 return
+            await x.begin_finishing(self.clock)
             await self.store.release_run(x.fence, self.clock.now())
+            x.release()
             log.info("run.interrupted: %s", x.run.id, extra=_fields(x.run, "run.interrupted"))
-        elif x.abort == "lost":
+        elif x.aborted == "lost":
             await self._lost(x, LeaseLostError(x.run.id, self.instance_id))
         else:   # cancelled from outside (the event loop is going away): let it go quickly
             with contextlib.suppress(Exception):
@@ -653,9 +647,8 @@ class Engine:
         attempt; if even that fails, its lease lapses and recovery takes it."""
         log.warning("run.store_failed: %s %s: %s", x.run.workflow, x.run.id, error,
                     extra=_fields(x.run, "run.store_failed"))
-        x.outcome, x.error = "store_failed", error
+        x.store_failed(error)
         await self._report(error)
-        x.finishing = True
         # Released at once if the store answers; else tried again every poll interval while
         # the lease may still be held, so a short outage costs the run no attempt.
         while True:
@@ -714,7 +707,7 @@ class Engine:
         if x.error is None and settlement.outcome != "cancelled":   # a cancel is no error
             x.error = settlement.error
         if await self._write_settlement(x, settlement, now):
-            x.outcome = settlement.outcome
+            x.settled(settlement.outcome)
             if settlement.outcome != "retry" and self.registry.observers:
                 await self._observe("on_run_end", dataclasses.replace(
                     x.run, status=RunStatus(settlement.outcome), owner=None,
@@ -755,7 +748,7 @@ class Engine:
                         batch.append(item)
                 self._settlements = rest
                 for x, _, _, _ in batch:
-                    x.settled = True
+                    x.settling()
                 claiming = self._accepting and not self._renewals_stalled()
                 free = max(0, self._free_slots()) if claiming else 0
                 sent = self.clock.now()
@@ -766,7 +759,7 @@ class Engine:
                                            f"settlements")
                 except BaseException as e:
                     for x, _, _, done in batch:
-                        x.settled = False
+                        x.settle_failed()
                         if done.done():
                             continue
                         if isinstance(e, Exception):
@@ -797,7 +790,7 @@ class Engine:
     async def _lost(self, x: Execution, e: LeaseLostError) -> None:
         log.warning("lease.lost: %s %s", x.run.workflow, x.run.id,
                     extra=_fields(x.run, "lease.lost"))
-        x.outcome, x.error = "lost", e
+        x.lose(e)
         await self._report(e)
 
     async def _report(self, error: BaseException) -> None:
