@@ -53,6 +53,13 @@ async def _ended(x: Execution) -> None:
         await asyncio.wait(alive)
 
 
+def _raised_by_code() -> bool:
+    """The CancelledError being handled was raised by the workflow itself, not a cancel of
+    its task from outside."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() == 0
+
+
 WorkflowFn = Callable[[RunContext, Any], Awaitable[Any]]
 ErrorHandler = Callable[[BaseException], Any]
 PauseHandler = Callable[[Pause], Any]
@@ -571,38 +578,11 @@ class Engine:
                 output = await spec.fn(ctx, value)
                 if output is not None:   # None is JSON as it is
                     output = typed_output(spec, output, self.max_payload_bytes)
-            except Suspended as s:
-                if s.until is not None:
-                    self.wake_at(s.until)
-                # the run may be claimed again (here too) while observers run: leave first
-                self._leave(x)
-                if self.registry.observers:
-                    await self._observe("on_run_pause", dataclasses.replace(
-                        run, status=RunStatus(s.status), owner=None, lease_expires_at=None))
-                return
-            except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if x.aborted is None and task is not None and task.cancelling() == 0:
-                    # raised by the workflow itself, not a cancel from outside: a failed attempt
-                    await self._failed(x, spec, RuntimeError(
-                        "the workflow raised asyncio.CancelledError"))
-                    return
-                await self._aborted(x)
-                return
-            except LeaseLostError as e:
-                await self._lost(x, e)
-                return
-            except StoreWriteFailed as e:
-                await self._store_failed(x, e.error)
-                return
-            except NonDeterminismError as e:
-                await self._settle(x, Settlement("failed", error=f"NonDeterminismError: {e}"))
-                return
-            except Exception as e:
-                if x.aborted is not None:   # the abort surfaced as the step's own error
-                    await self._aborted(x)
-                    return
-                await self._failed(x, spec, e)
+            except BaseException as e:
+                end = self._end_for(x, spec, e)
+                if end is None:   # no end of the run: the event loop or the process is exiting
+                    raise
+                await end   # inside the except clause: a failure's traceback is e's
                 return
             await self._settle(x, Settlement("succeeded", output=output))
         except Exception as e:   # the store failed while the run was ending
@@ -622,6 +602,43 @@ class Engine:
             if self._settle_waiters:
                 self._wake_settle_waiters()
             self.kick()
+
+    def _end_for(self, x: Execution, spec: WorkflowSpec,
+                 e: BaseException) -> Awaitable[Any] | None:
+        """How the execution ``x`` ends once ``e`` escaped its workflow (or the reads before
+        it): one case an exception, first match wins. None for an exception that is no end of
+        the run."""
+        aborted = x.aborted is not None
+        match e:
+            case Suspended():
+                return self._parked(x, e)
+            case asyncio.CancelledError() if not aborted and _raised_by_code():
+                return self._failed(x, spec, RuntimeError(
+                    "the workflow raised asyncio.CancelledError"))
+            case asyncio.CancelledError():
+                return self._aborted(x)
+            case LeaseLostError():
+                return self._lost(x, e)
+            case StoreWriteFailed():
+                return self._store_failed(x, e.error)
+            case NonDeterminismError():
+                return self._settle(x, Settlement("failed", error=f"NonDeterminismError: {e}"))
+            case Exception() if aborted:   # the abort surfaced as the step's own error
+                return self._aborted(x)
+            case Exception():
+                return self._failed(x, spec, e)
+        return None
+
+    async def _parked(self, x: Execution, s: Suspended) -> None:
+        """The run durably yielded (the store says so already)."""
+        if s.until is not None:
+            self.wake_at(s.until)
+        # the run may be claimed again (here too) while observers run: leave first
+        self._leave(x)
+        if self.registry.observers:
+            run = x.run
+            await self._observe("on_run_pause", dataclasses.replace(
+                run, status=RunStatus(s.status), owner=None, lease_expires_at=None))
 
     async def _aborted(self, x: Execution) -> None:
         if x.aborted == "cancel":
