@@ -18,6 +18,7 @@ from shoal import _json
 from shoal._tasks import cancel_and_wait, first_of, report
 from shoal.clock import DRIFT_MARGIN, Clock
 from shoal.engine import values
+from shoal.engine.completer import Completer
 from shoal.engine.context import (
     Execution,
     RunContext,
@@ -35,8 +36,6 @@ from shoal.telemetry import NOTHING, Telemetry
 from shoal.types import Fence, Pause, Run, RunStatus, Settlement
 
 log = logging.getLogger("shoal")
-
-_SETTLE_BATCH = 500   # settlements written together at most
 
 
 
@@ -215,11 +214,10 @@ class Engine:
         self._background: list[asyncio.Task[None]] = []
         self._timers: set[asyncio.Task[None]] = set()
         self._settle_waiters: list[asyncio.Future[None]] = []   # wait_settled() calls
-        # settlements of ending executions, written in batches by one task (_write_settlements)
-        self._settlements: list[tuple[Execution, Settlement, float, asyncio.Future[bool]]] = []
-        self._writer: asyncio.Task[None] | None = None
         self._closing = False
-        self._pass_lock = asyncio.Lock()
+        self.claim_lock = asyncio.Lock()   # one claim at a time: passes and settlement batches
+        # writes the settlements of the executions ending here, in batches with claims
+        self._completer = Completer(self, clock)
         self.last_beat_at: float | None = None   # the last renewal pass that came back
         self.started_at = clock.now()
         # the lease watchdog: asleep until the earliest end of a lease held here (less the
@@ -250,7 +248,7 @@ class Engine:
         background, self._background = self._background, []
         for task in background:
             await cancel_and_wait(task)
-        async with self._pass_lock:
+        async with self.claim_lock:
             pass   # a pass already inside claim_runs launches what it got: count those too
         tasks = [x.task for x in self._executions if x.task is not None]
         if tasks:
@@ -362,7 +360,7 @@ class Engine:
     async def schedule_pass(self) -> None:
         """Claim due runs for the free slots now (a maintenance service asks for one with
         :meth:`kick`; ``app.poll`` runs one inline)."""
-        async with self._pass_lock:   # two passes at once would claim past the free slots
+        async with self.claim_lock:   # two passes at once would claim past the free slots
             await self._claim_free_slots()
 
     def _renewals_stalled(self) -> bool:
@@ -723,7 +721,7 @@ class Engine:
         now = self.clock.now()
         if x.error is None and settlement.outcome != "cancelled":   # a cancel is no error
             x.error = settlement.error
-        if await self._write_settlement(x, settlement, now):
+        if await self._completer.settle(x, settlement, now):
             x.settled(settlement.outcome)
             if settlement.outcome != "retry" and self.registry.observers:
                 await self._observe("on_run_end", dataclasses.replace(
@@ -734,75 +732,28 @@ class Engine:
         await self._lost(x, LeaseLostError(x.run.id, self.instance_id))
         return False
 
-    async def _write_settlement(self, x: Execution, settlement: Settlement, now: float) -> bool:
-        """Queue the settlement for the next batch and wait for it to be written (fenced)."""
-        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._settlements.append((x, settlement, now, done))
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._write_settlements(), name="shoal-settle",
-                                               context=outside_run())
-        # a cancelled caller cancels only its own future: the settlement is written all the same
-        return await done
+    # -- what the completer asks of the engine (CompleterHost) -------------------------------
 
-    async def _write_settlements(self) -> None:
-        """Write the queued settlements, a batch at a time, each batch with the claim of as many
-        runs as it leaves slots free (``store.settle_and_claim``: one transaction on the SQL
-        stores, the claim committed with the settlements, so this instance never holds more
-        claims than slots). Settlements queued meanwhile go in the next batch, at most one per
-        run, so each is answered as if alone. The task is the engine's own: it is never
-        cancelled with a caller or a scheduling pass, and it writes what is queued even while
-        the instance stops (then without claiming)."""
-        while self._settlements:
-            async with self._pass_lock:   # one claim at a time: passes and batches alike
-                batch: list[tuple[Execution, Settlement, float, asyncio.Future[bool]]] = []
-                rest: list[tuple[Execution, Settlement, float, asyncio.Future[bool]]] = []
-                runs: set[str] = set()
-                for item in self._settlements:
-                    if item[0].run.id in runs or len(batch) >= _SETTLE_BATCH:
-                        rest.append(item)
-                    else:
-                        runs.add(item[0].run.id)
-                        batch.append(item)
-                self._settlements = rest
-                for x, _, _, _ in batch:
-                    x.settling()
-                claiming = self._accepting and not self._renewals_stalled()
-                free = max(0, self._free_slots()) if claiming else 0
-                sent = self.clock.now()
-                try:
-                    held, claimed = await self._settle_and_claim(batch, free, sent)
-                    if len(held) != len(batch):
-                        raise RuntimeError(f"the store answered {len(held)} of {len(batch)} "
-                                           f"settlements")
-                except BaseException as e:
-                    for x, _, _, done in batch:
-                        x.settle_failed()
-                        if done.done():
-                            continue
-                        if isinstance(e, Exception):
-                            done.set_exception(e)
-                        else:   # the loop is going away: so are the callers
-                            done.cancel()
-                    if not isinstance(e, Exception):
-                        raise
-                    continue
-                for (_, _, _, done), ok in zip(batch, held, strict=True):
-                    if not done.done():
-                        done.set_result(ok)
-                for run in claimed:
-                    self._launch(run, sent)
-            if free and len(claimed) >= free:
-                self.kick()   # there may be more due than this batch freed
+    def claimable(self) -> int:
+        """Runs a settlement batch may claim now: as many as slots are free, none while the
+        instance stops or its renewals are overdue."""
+        if not self._accepting or self._renewals_stalled():
+            return 0
+        return max(0, self._free_slots())
 
-    async def _settle_and_claim(
-        self, batch: list[tuple[Execution, Settlement, float, asyncio.Future[bool]]],
-        limit: int, now: float,
-    ) -> tuple[list[bool], list[Run]]:
+    async def settle_and_claim(self, settlements: list[tuple[Fence, Settlement, float]],
+                               limit: int, now: float) -> tuple[list[bool], list[Run]]:
+        """Write the settlements and claim up to ``limit`` runs for this instance, at once."""
         held, claimed = await self.store.settle_and_claim(
-            [(x.fence, settlement, at) for x, settlement, at, _ in batch], self.namespace,
-            list(self.workflows), self.instance_id, limit, self.lease, now,
-            version=self.config.version, any_version=self.registry.any_version())
+            settlements, self.namespace, list(self.workflows), self.instance_id, limit,
+            self.lease, now, version=self.config.version,
+            any_version=self.registry.any_version())
         return list(held), claimed
+
+    def launch_claimed(self, runs: list[Run], claimed_at: float) -> None:
+        """Execute the runs a settlement batch claimed."""
+        for run in runs:
+            self._launch(run, claimed_at)
 
     async def _lost(self, x: Execution, e: LeaseLostError) -> None:
         log.warning("lease.lost: %s %s", x.run.workflow, x.run.id,
