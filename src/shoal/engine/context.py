@@ -440,12 +440,12 @@ class Execution:
     def lose(self, error: BaseException) -> None:
         """Its lease is lost (a write or a renewal refused, the lease ended here): it writes
         nothing more, and ``ctx.signal`` says so."""
+        self._move("lose")
+        self.outcome, self.error = "lost", error
         if self.aborted is None:
             self.aborted = "lost"
             if self.context is not None:
                 set_aborted(self.context.signal, error)
-        self._move("lose")
-        self.outcome, self.error = "lost", error
 
     def store_failed(self, error: BaseException) -> None:
         """The store refused one of the engine's own writes: the run is to be released."""
