@@ -57,3 +57,17 @@ class AbortSignal:
             self._reason = reason
             if self._event is not None:
                 self._event.set()
+
+
+# Setting a signal is shoal's own doing (the engine for a run's, a lock for its own): these are
+# the package's calls for it, not methods of AbortSignal, which user code only reads.
+
+def set_aborted(signal: AbortSignal, reason: BaseException) -> None:
+    """Set ``signal`` with ``reason``; a signal set already keeps its first reason."""
+    signal._abort(reason)
+
+
+def set_expiry(signal: AbortSignal, expiry: Callable[[], BaseException | None] | None) -> None:
+    """Have ``signal`` also read as set while ``expiry()`` gives a reason (a run's lease
+    ended), or no longer (None)."""
+    signal._expiry = expiry

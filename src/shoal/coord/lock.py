@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from shoal import _threads, _usercode
 from shoal._tasks import first_of
-from shoal.abort import AbortSignal
+from shoal.abort import AbortSignal, set_aborted
 from shoal.clock import DRIFT_MARGIN, Clock
 from shoal.errors import LockLostError, StoreUnavailableError
 from shoal.ports import CoordStore
@@ -198,7 +198,7 @@ class LockManager:
     async def release(self, lock: Lock) -> None:
         lost = lock.signal.aborted
         # from here on the lock may have another holder: tell whatever still runs under it
-        lock.signal._abort(LockLostError(lock.keys, "it was released"))
+        set_aborted(lock.signal, LockLostError(lock.keys, "it was released"))
         task = self._renewals.pop(lock.holder, None)
         if task is not None:
             task.cancel()
@@ -227,7 +227,7 @@ class LockManager:
             except asyncio.CancelledError:
                 # a thread cannot be stopped: tell it, and keep the lock (renewed) until it
                 # returns, so nobody else holds it meanwhile
-                lock.signal._abort(LockLostError(lock.keys, "the caller was cancelled"))
+                set_aborted(lock.signal, LockLostError(lock.keys, "the caller was cancelled"))
                 await asyncio.wait([thread])
                 raise
             if inspect.isawaitable(result):
@@ -277,7 +277,7 @@ class LockManager:
     def _lost(self, lock: Lock, reason: str) -> None:
         log.warning("lock.lost: %s (token %d): %s", list(lock.keys), lock.token, reason,
                     extra=self._fields("lock.lost"))
-        lock.signal._abort(LockLostError(lock.keys, reason))
+        set_aborted(lock.signal, LockLostError(lock.keys, reason))
 
     def _notify(self, method: str, *args: Any) -> None:
         for observer in self._observers:

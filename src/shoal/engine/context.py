@@ -30,9 +30,17 @@ from typing import (
 from shoal import _checks, _json, _threads, _usercode
 from shoal._checks import CALL
 from shoal._ids import new_id
-from shoal.abort import AbortSignal
+from shoal.abort import AbortSignal, set_aborted, set_expiry
 from shoal.clock import DRIFT_MARGIN
 from shoal.engine import values
+from shoal.engine.execstate import (
+    ENDING,
+    SLOT_FREE,
+    TRANSITIONS,
+    AbortWhy,
+    ExecState,
+    TransitionError,
+)
 from shoal.engine.progress import ProgressWriter
 from shoal.engine.values import WorkflowTypes
 from shoal.errors import (
@@ -267,20 +275,18 @@ class _StepCall:
 
 @dataclass(eq=False, slots=True)   # each execution is itself: kept in sets by identity
 class Execution:
-    """One local execution of a claimed run."""
+    """One local execution of a claimed run. Its :attr:`state` changes only by the
+    transitions below, each allowed from the states :data:`~shoal.engine.execstate.TRANSITIONS`
+    says (another raises ``TransitionError``, a bug). Written on the event loop only; a step's
+    thread reads it (``ctx.signal``), one attribute at a time."""
 
     run: Run
     fence: Fence
     steps: dict[int, Step] = field(default_factory=dict)
     seq: int = 0
-    abort: str | None = None   # "cancel", "interrupt" or "lost" once aborted
-    # True while a write that ends the claim (settle, suspend, release) is in flight: a renewal
-    # refused meanwhile is that write's doing, not a lost lease; the write itself is fenced
-    finishing: bool = False
-    # True once the settlement is committed, or is in the write under way that claims runs for
-    # the slots it frees (they commit together): the slot is free for a claim, unless a step's
-    # thread of the execution still runs
-    settled: bool = False
+    state: ExecState = ExecState.CLAIMED
+    # why it was aborted ("cancel", "interrupt", "lost"), once it was: set by abort() alone
+    aborted: AbortWhy | None = None
     # The lease is surely held until then: the time a write that extended it was sent, plus
     # the lease. Past it (this process was frozen, or its store calls failed), another instance
     # may have taken the run over, so no new step may start here.
@@ -288,9 +294,6 @@ class Execution:
     suspended: Suspended | None = None   # set once the run durably yielded
     task: asyncio.Task[None] | None = None
     context: RunContext | None = None
-    # A step's thread still runs after the run was interrupted: the claim is not released, so
-    # no other instance runs the step beside it before the lease lapses
-    thread_running: bool = False
     # step threads still running: a thread cannot be stopped, so the engine counts the
     # execution as alive (holding its slot, barring a new execution of the run) until they end
     threads: set[asyncio.Future[Any]] = field(default_factory=set)
@@ -302,8 +305,9 @@ class Execution:
     # once found, so a workflow that catches it cannot go on; the run fails at once (retrying
     # the same code would fail the same way)
     misuse: WorkflowCodeError | None = None
-    # how the execution ended, for telemetry and the log: the settlement's outcome, the parked
-    # status, or why it stopped without settling ("interrupted", "lost", "store_failed")
+    # how the execution ended, for telemetry and the log, set by the transition that ends it:
+    # the settlement's outcome, the parked status, or why it stopped without settling
+    # ("interrupted", "lost", "store_failed")
     outcome: str | None = None
     error: BaseException | str | None = None
     # ctx.progress: the newest value reported, written in the background (made on first use)
@@ -316,13 +320,68 @@ class Execution:
     recorded_graph: tuple[GraphCheckpoint, ...] | None = None
     unchecked: list[str] = field(default_factory=list)
 
+    # -- the state machine -------------------------------------------------------------------
+
+    def _move(self, transition: str) -> None:
+        allowed, to = TRANSITIONS[transition]
+        if self.state not in allowed:
+            raise TransitionError(transition, self.state, self.run.id)
+        self.state = to
+
+    @property
+    def ending(self) -> bool:
+        """Its end is being written (settle, suspend, release), or was: a renewal refused
+        meanwhile is that write's doing, not a lost lease; the write itself is fenced."""
+        return self.state in ENDING
+
+    @property
+    def slot_free(self) -> bool:
+        """Its settlement is committed, or is in the write under way that claims runs for the
+        slots it frees (they commit together)."""
+        return self.state in SLOT_FREE
+
+    def start(self) -> None:
+        """Its task began: the workflow's code runs."""
+        self._move("start")
+
+    def abort(self, why: AbortWhy, reason: BaseException) -> bool:
+        """Abort it (once: False if it was already): ``ctx.signal`` is set with ``reason``, and
+        True says its task is to be cancelled (it was claimed or running). One writing its end
+        keeps ``why`` for :meth:`going_on`; the write, fenced, is let finish."""
+        if self.aborted is not None:
+            return False
+        self.aborted = why
+        if self.context is not None:
+            set_aborted(self.context.signal, reason)
+        if self.state in ENDING:
+            return False
+        self._move("abort")
+        return True
+
+    def leave_thread(self) -> None:
+        """Interrupted, a step's thread still runs past its grace: the claim is not released,
+        so no other instance runs the step beside it before the lease lapses. It matters only
+        while the execution winds down from the abort: one whose end another coroutine of the
+        run is writing (or wrote) ends as that write says, and is left as it is."""
+        if self.state is ExecState.ABORTED:
+            self._move("leave_thread")
+
+    def extend_lease(self, until: float) -> None:
+        """A write that extended the lease to ``until`` (its send time plus the lease) came
+        back: the local lease deadline moves on, never back."""
+        if until > self.held_until:
+            self.held_until = until
+
     async def begin_finishing(self, clock: Clock) -> None:
-        """The next write may end the claim (settle, suspend, release): set ``finishing``, then
-        write the progress reported and not written yet, so that it is seen with the run's end,
-        sleep or wait. Renewals skip a finishing run, so the wait for that write is bounded
+        """The next write may end the claim (settle, suspend, release): enter ``finishing``,
+        then write the progress reported and not written yet, so that it is seen with the run's
+        end, sleep or wait. Renewals skip a finishing run, so the wait for that write is bounded
         (:data:`FLUSH_LIMIT` seconds, of the app's clock or real time, whichever passes first):
         past it, the end is written without waiting more."""
-        self.finishing = True
+        self._move("finish")
+        await self._flush(clock)
+
+    async def _flush(self, clock: Clock) -> None:
         if self.progress is not None:
             flush = asyncio.ensure_future(self.progress.flush())
             limit = asyncio.ensure_future(clock.sleep(FLUSH_LIMIT))
@@ -339,9 +398,68 @@ class Execution:
         """A write that might have ended the claim did not (a signal was there, the pause or the
         child was resolved): the run goes on. An abort asked for meanwhile, which let the write
         finish rather than cancel it, takes effect now."""
-        self.finishing = False
-        if self.abort is not None:
-            raise asyncio.CancelledError(f"the run was aborted ({self.abort})")
+        if self.aborted is not None:
+            self._move("go_on_aborted")
+            raise asyncio.CancelledError(f"the run was aborted ({self.aborted})")
+        self._move("go_on")
+
+    def settling(self) -> None:
+        """Its settlement goes in the batch being written: its slot is free for that batch's
+        claim."""
+        self._move("settling")
+
+    def settle_failed(self) -> None:
+        """The batch's write raised: the settlement is not written, the slot held again."""
+        self._move("settle_failed")
+
+    def settled(self, outcome: str) -> None:
+        """Its settlement (``outcome``) is committed."""
+        self._move("settled")
+        self.outcome = outcome
+
+    def suspend(self, status: str, until: float | None) -> Suspended:
+        """The store says it durably yielded (``status``: sleeping, waiting): the Suspended
+        that every later ctx call raises again."""
+        self._move("suspend")
+        self.suspended = Suspended(status, until)
+        self.outcome = status
+        return self.suspended
+
+    def release(self) -> None:
+        """Interrupted, its claim released (fenced) for another instance."""
+        self._move("release")
+        self.outcome = "interrupted"
+
+    async def abandon(self, clock: Clock) -> None:
+        """Interrupted with a step's thread still running: left to its lease (no renewal, no
+        release); its progress is written first."""
+        self._move("abandon")
+        self.outcome = "interrupted"
+        await self._flush(clock)
+
+    def lose(self, error: BaseException) -> None:
+        """Its lease is lost (a write or a renewal refused, the lease ended here): it writes
+        nothing more, and ``ctx.signal`` says so."""
+        self._move("lose")
+        self.outcome, self.error = "lost", error
+        if self.aborted is None:
+            self.aborted = "lost"
+            if self.context is not None:
+                set_aborted(self.context.signal, error)
+
+    def store_failed(self, error: BaseException) -> None:
+        """The store refused one of the engine's own writes: the run is to be released."""
+        self._move("store_failed")
+        self.outcome, self.error = "store_failed", error
+
+    def detach(self) -> None:
+        """The execution is gone: its context drops the helpers that refer back to it, so that
+        they are freed by reference count rather than by the cyclic garbage collector."""
+        if self.context is not None:
+            self.context._ended()
+            self.context = None
+
+    # -- the workflow's code -----------------------------------------------------------------
 
     def dropped(self, call: _StepCall) -> None:
         """``call``'s coroutine was garbage-collected: without having started, it was never
@@ -559,7 +677,8 @@ class _LeaseEnd:
 
     def __call__(self) -> BaseException | None:
         x = self._x
-        if x.abort is not None or x.finishing or x.held_until - self._margin > self._clock.now():
+        if (x.aborted is not None or x.state in ENDING
+                or x.held_until - self._margin > self._clock.now()):
             return None
         return LeaseLostError(x.run.id, x.fence.owner)
 
@@ -579,7 +698,7 @@ class RunContext:
         self.lease_epoch: int = run.lease_epoch
         self.signal = AbortSignal()
         if not execution.replay_only:
-            self.signal._expiry = _LeaseEnd(execution, host.clock, host.lease * DRIFT_MARGIN)
+            set_expiry(self.signal, _LeaseEnd(execution, host.clock, host.lease * DRIFT_MARGIN))
         self.step_key: str | None = None
 
     # Made on first use: most runs use few of them, and a context is made for every execution.
@@ -591,7 +710,7 @@ class RunContext:
         on use)."""
         for name in ("step", "tree", "extension"):
             self.__dict__.pop(name, None)
-        self.signal._expiry = None   # it refers to the execution: no cycle left behind
+        set_expiry(self.signal, None)   # it refers to the execution: no cycle left behind
 
     @functools.cached_property
     def step(self) -> StepCaller:
@@ -633,7 +752,7 @@ class RunContext:
         # raises again, even if the workflow caught the first exception.
         if self._x.suspended is not None:
             raise self._x.suspended
-        if self._x.abort == "lost":
+        if self._x.aborted == "lost":
             self._lost()
         misuse = self._x.check_code()
         if misuse is not None:
@@ -708,14 +827,11 @@ class RunContext:
             raise StoreWriteFailed(e) from e
 
     def _suspend(self, status: str, until: float | None) -> Suspended:
-        self._x.suspended = Suspended(status, until)
-        return self._x.suspended
+        return self._x.suspend(status, until)
 
     def _lost(self) -> NoReturn:
         error = LeaseLostError(self.run_id, self._x.fence.owner)
-        if self._x.abort is None:
-            self._x.abort = "lost"
-            self.signal._abort(error)
+        self._x.abort("lost", error)
         raise error
 
     def _outside_step(self, what: str) -> None:
@@ -802,7 +918,7 @@ class RunContext:
             self._lost()
         if entries:
             host.outbox_written()
-        self._x.held_until = max(self._x.held_until, sent + host.lease)
+        self._x.extend_lease(sent + host.lease)
         self._x.steps[seq] = step
         if stopping:   # checkpointed; the workflow goes no further here: the run is released
             raise asyncio.CancelledError("the instance is stopping")
@@ -826,15 +942,16 @@ class RunContext:
         try:
             return await asyncio.shield(work)
         except asyncio.CancelledError:
-            if x.abort not in ("interrupt", "cancel"):
+            if x.aborted not in ("interrupt", "cancel"):
                 raise
-            stopping = x.abort == "interrupt"
+            stopping = x.aborted == "interrupt"
             lease = self._host.lease
             if not work.done():
                 await asyncio.wait({work}, timeout=min(STOP_GRACE, lease / 2) if stopping
                                    else lease / 2)
             if not work.done():
-                x.thread_running = stopping
+                if stopping:
+                    x.leave_thread()
                 _thread_left(self.run_id, _current_step.get(), stopping)
             elif stopping and not work.cancelled() and work.exception() is None:
                 raise _EndedWhileStopping(work.result()) from None

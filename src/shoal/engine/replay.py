@@ -289,6 +289,7 @@ async def replay(spec: WorkflowSpec, history: History,
                   held_until=math.inf, replay_only=True, recorded_graph=history.graph)
     host = _ReplayHost(workflows if workflows is not None else {spec.name: spec},
                        max_payload_bytes)
+    x.start()
     ctx = RunContext(cast(RunHost, host), x)
     x.context = ctx
 
@@ -315,7 +316,7 @@ async def replay(spec: WorkflowSpec, history: History,
         return result("raised", run.status == RunStatus.FAILED,
                       error=f"{type(e).__name__}: {e}")
     finally:
-        ctx._ended()
+        x.detach()
     beyond = sorted(seq for seq in recorded if seq > x.seq)
     if beyond:
         return result("mismatch", False, Mismatch(beyond[0], recorded[beyond[0]].name, None))

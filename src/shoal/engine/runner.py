@@ -18,6 +18,7 @@ from shoal import _json
 from shoal._tasks import cancel_and_wait, first_of, report
 from shoal.clock import DRIFT_MARGIN, Clock
 from shoal.engine import values
+from shoal.engine.completer import Completer
 from shoal.engine.context import (
     Execution,
     RunContext,
@@ -26,6 +27,7 @@ from shoal.engine.context import (
     format_traceback,
 )
 from shoal.engine.cron import CronTrigger
+from shoal.engine.execstate import AbortWhy, ExecState
 from shoal.engine.values import WorkflowTypes
 from shoal.errors import BudgetExceededError, LeaseLostError, NonDeterminismError
 from shoal.ports import Store
@@ -34,8 +36,6 @@ from shoal.telemetry import NOTHING, Telemetry
 from shoal.types import Fence, Pause, Run, RunStatus, Settlement
 
 log = logging.getLogger("shoal")
-
-_SETTLE_BATCH = 500   # settlements written together at most
 
 
 
@@ -50,6 +50,13 @@ async def _ended(x: Execution) -> None:
     alive = {work for work in (x.task, *x.threads) if work is not None and not work.done()}
     if alive:
         await asyncio.wait(alive)
+
+
+def _raised_by_code() -> bool:
+    """The CancelledError being handled was raised by the workflow itself, not a cancel of
+    its task from outside."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() == 0
 
 
 WorkflowFn = Callable[[RunContext, Any], Awaitable[Any]]
@@ -207,11 +214,10 @@ class Engine:
         self._background: list[asyncio.Task[None]] = []
         self._timers: set[asyncio.Task[None]] = set()
         self._settle_waiters: list[asyncio.Future[None]] = []   # wait_settled() calls
-        # settlements of ending executions, written in batches by one task (_write_settlements)
-        self._settlements: list[tuple[Execution, Settlement, float, asyncio.Future[bool]]] = []
-        self._writer: asyncio.Task[None] | None = None
         self._closing = False
-        self._pass_lock = asyncio.Lock()
+        self.claim_lock = asyncio.Lock()   # one claim at a time: passes and settlement batches
+        # writes the settlements of the executions ending here, in batches with claims
+        self._completer = Completer(self, clock)
         self.last_beat_at: float | None = None   # the last renewal pass that came back
         self.started_at = clock.now()
         # the lease watchdog: asleep until the earliest end of a lease held here (less the
@@ -242,7 +248,7 @@ class Engine:
         background, self._background = self._background, []
         for task in background:
             await cancel_and_wait(task)
-        async with self._pass_lock:
+        async with self.claim_lock:
             pass   # a pass already inside claim_runs launches what it got: count those too
         tasks = [x.task for x in self._executions if x.task is not None]
         if tasks:
@@ -354,7 +360,7 @@ class Engine:
     async def schedule_pass(self) -> None:
         """Claim due runs for the free slots now (a maintenance service asks for one with
         :meth:`kick`; ``app.poll`` runs one inline)."""
-        async with self._pass_lock:   # two passes at once would claim past the free slots
+        async with self.claim_lock:   # two passes at once would claim past the free slots
             await self._claim_free_slots()
 
     def _renewals_stalled(self) -> bool:
@@ -376,7 +382,7 @@ class Engine:
         thread of it runs."""
         busy = 0
         for x in self._executions:
-            if not x.settled or (x.threads and any(not t.done() for t in x.threads)):
+            if not x.slot_free or (x.threads and any(not t.done() for t in x.threads)):
                 busy += 1
         return self.config.slots - busy
 
@@ -416,7 +422,7 @@ class Engine:
 
     async def _renew(self) -> None:
         # an execution stopping (interrupted, cancelled) keeps its lease while it winds down
-        asked = [x for x in self._local.values() if x.abort != "lost" and not x.finishing]
+        asked = [x for x in self._local.values() if x.aborted != "lost" and not x.ending]
         if not asked:
             return
         leases = {x.run.id: x.fence.epoch for x in asked}
@@ -425,10 +431,10 @@ class Engine:
         for x in asked:
             run_id = x.run.id
             # the answer is about the execution asked for, not a newer claim of the same run
-            if self._local.get(run_id) is not x or x.abort is not None or x.finishing:
+            if self._local.get(run_id) is not x or x.aborted is not None or x.ending:
                 continue
             if run_id in renewal.renewed:
-                x.held_until = max(x.held_until, sent + self.lease)
+                x.extend_lease(sent + self.lease)
             if run_id not in renewal.renewed:
                 self._abort(x, "lost", LeaseLostError(run_id, self.instance_id))
             elif run_id in renewal.cancel_requested:
@@ -441,16 +447,10 @@ class Engine:
             if x.run.id == run_id or x.run.root_id == run_id:
                 self._abort(x, "cancel", asyncio.CancelledError("the run was cancelled"))
 
-    def _abort(self, x: Execution, why: str, reason: BaseException) -> None:
-        if x.abort is not None:
-            return
-        x.abort = why
-        ctx = x.context
-        if ctx is not None:
-            ctx.signal._abort(reason)
+    def _abort(self, x: Execution, why: AbortWhy, reason: BaseException) -> None:
         # A run already writing its end (settle, suspend, release) is let finish: the write is
         # fenced, and a cancel requested meanwhile is seen by the next renewal or claim.
-        if x.task is not None and not x.finishing:
+        if x.abort(why, reason) and x.task is not None:
             x.task.cancel()
 
     # -- executions ------------------------------------------------------------------------
@@ -504,10 +504,10 @@ class Engine:
         of the others. (A method: the watchdog's frame keeps no execution while it sleeps.)"""
         due: float | None = None
         for x in list(self._local.values()):
-            if x.abort is not None or x.replay_only:
+            if x.aborted is not None or x.replay_only:
                 continue
             end = x.held_until - self.drift_margin
-            if x.finishing:
+            if x.ending:
                 # its end (a settle, a sleep, a wait) is being written, fenced: not aborted, but
                 # looked at again soon, for the write may not end the claim (going_on)
                 end = max(end, now + self.drift_margin / 4)
@@ -537,9 +537,7 @@ class Engine:
             # the task's contextvars -> context -> x -> task): they go by reference count as
             # soon as the engine lets go of x, not by the garbage collector, whose passes over
             # every run's objects cost a no-op run a quarter of its CPU.
-            if x.context is not None:
-                x.context._ended()
-                x.context = None
+            x.detach()
             alive.remove(x)
             if not alive:
                 del self._alive[x.run.id]
@@ -548,6 +546,7 @@ class Engine:
     async def _execute(self, x: Execution, earlier: list[Execution]) -> None:
         run = x.run
         spec = self.workflows[run.workflow]
+        x.start()
         ctx = RunContext(self, x)   # the engine is the run's host
         x.context = ctx
         # this task's context only: provider calls find their run
@@ -577,39 +576,11 @@ class Engine:
                 output = await spec.fn(ctx, value)
                 if output is not None:   # None is JSON as it is
                     output = typed_output(spec, output, self.max_payload_bytes)
-            except Suspended as s:
-                x.outcome = s.status
-                if s.until is not None:
-                    self.wake_at(s.until)
-                # the run may be claimed again (here too) while observers run: leave first
-                self._leave(x)
-                if self.registry.observers:
-                    await self._observe("on_run_pause", dataclasses.replace(
-                        run, status=RunStatus(s.status), owner=None, lease_expires_at=None))
-                return
-            except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if x.abort is None and task is not None and task.cancelling() == 0:
-                    # raised by the workflow itself, not a cancel from outside: a failed attempt
-                    await self._failed(x, spec, RuntimeError(
-                        "the workflow raised asyncio.CancelledError"))
-                    return
-                await self._aborted(x)
-                return
-            except LeaseLostError as e:
-                await self._lost(x, e)
-                return
-            except StoreWriteFailed as e:
-                await self._store_failed(x, e.error)
-                return
-            except NonDeterminismError as e:
-                await self._settle(x, Settlement("failed", error=f"NonDeterminismError: {e}"))
-                return
-            except Exception as e:
-                if x.abort is not None:   # the abort surfaced as the step's own error
-                    await self._aborted(x)
-                    return
-                await self._failed(x, spec, e)
+            except BaseException as e:
+                end = self._end_for(x, spec, e)
+                if end is None:   # no end of the run: the event loop or the process is exiting
+                    raise
+                await end   # inside the except clause: a failure's traceback is e's
                 return
             await self._settle(x, Settlement("succeeded", output=output))
         except Exception as e:   # the store failed while the run was ending
@@ -630,17 +601,55 @@ class Engine:
                 self._wake_settle_waiters()
             self.kick()
 
+    def _end_for(self, x: Execution, spec: WorkflowSpec,
+                 e: BaseException) -> Awaitable[Any] | None:
+        """How the execution ``x`` ends once ``e`` escaped its workflow (or the reads before
+        it): one case an exception, first match wins. None for an exception that is no end of
+        the run."""
+        aborted = x.aborted is not None
+        match e:
+            case Suspended():
+                return self._parked(x, e)
+            case asyncio.CancelledError() if not aborted and _raised_by_code():
+                return self._failed(x, spec, RuntimeError(
+                    "the workflow raised asyncio.CancelledError"))
+            case asyncio.CancelledError():
+                return self._aborted(x)
+            case LeaseLostError():
+                return self._lost(x, e)
+            case StoreWriteFailed():
+                return self._store_failed(x, e.error)
+            case NonDeterminismError():
+                return self._settle(x, Settlement("failed", error=f"NonDeterminismError: {e}"))
+            case Exception() if aborted:   # the abort surfaced as the step's own error
+                return self._aborted(x)
+            case Exception():
+                return self._failed(x, spec, e)
+        return None
+
+    async def _parked(self, x: Execution, s: Suspended) -> None:
+        """The run durably yielded (the store says so already)."""
+        if s.until is not None:
+            self.wake_at(s.until)
+        # the run may be claimed again (here too) while observers run: leave first
+        self._leave(x)
+        if self.registry.observers:
+            run = x.run
+            await self._observe("on_run_pause", dataclasses.replace(
+                run, status=RunStatus(s.status), owner=None, lease_expires_at=None))
+
     async def _aborted(self, x: Execution) -> None:
-        if x.abort == "cancel":
+        if x.aborted == "cancel":
             await self._settle(x, Settlement("cancelled", error="cancelled"))
-        elif x.abort == "interrupt":
-            x.outcome = "interrupted"
-            await x.begin_finishing(self.clock)
-            if x.thread_running:   # not released: see Execution.thread_running
+        elif x.aborted == "interrupt":
+            if x.state is ExecState.THREAD_LEFT:   # not released: see Execution.leave_thread
+                await x.abandon(self.clock)
                 return
+            await x.begin_finishing(self.clock)
             await self.store.release_run(x.fence, self.clock.now())
+            x.release()
             log.info("run.interrupted: %s", x.run.id, extra=_fields(x.run, "run.interrupted"))
-        elif x.abort == "lost":
+        elif x.aborted == "lost":
             await self._lost(x, LeaseLostError(x.run.id, self.instance_id))
         else:   # cancelled from outside (the event loop is going away): let it go quickly
             with contextlib.suppress(Exception):
@@ -653,9 +662,8 @@ class Engine:
         attempt; if even that fails, its lease lapses and recovery takes it."""
         log.warning("run.store_failed: %s %s: %s", x.run.workflow, x.run.id, error,
                     extra=_fields(x.run, "run.store_failed"))
-        x.outcome, x.error = "store_failed", error
+        x.store_failed(error)
         await self._report(error)
-        x.finishing = True
         # Released at once if the store answers; else tried again every poll interval while
         # the lease may still be held, so a short outage costs the run no attempt.
         while True:
@@ -713,8 +721,8 @@ class Engine:
         now = self.clock.now()
         if x.error is None and settlement.outcome != "cancelled":   # a cancel is no error
             x.error = settlement.error
-        if await self._write_settlement(x, settlement, now):
-            x.outcome = settlement.outcome
+        if await self._completer.settle(x, settlement, now):
+            x.settled(settlement.outcome)
             if settlement.outcome != "retry" and self.registry.observers:
                 await self._observe("on_run_end", dataclasses.replace(
                     x.run, status=RunStatus(settlement.outcome), owner=None,
@@ -724,80 +732,33 @@ class Engine:
         await self._lost(x, LeaseLostError(x.run.id, self.instance_id))
         return False
 
-    async def _write_settlement(self, x: Execution, settlement: Settlement, now: float) -> bool:
-        """Queue the settlement for the next batch and wait for it to be written (fenced)."""
-        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._settlements.append((x, settlement, now, done))
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._write_settlements(), name="shoal-settle",
-                                               context=outside_run())
-        # a cancelled caller cancels only its own future: the settlement is written all the same
-        return await done
+    # -- what the completer asks of the engine (CompleterHost) -------------------------------
 
-    async def _write_settlements(self) -> None:
-        """Write the queued settlements, a batch at a time, each batch with the claim of as many
-        runs as it leaves slots free (``store.settle_and_claim``: one transaction on the SQL
-        stores, the claim committed with the settlements, so this instance never holds more
-        claims than slots). Settlements queued meanwhile go in the next batch, at most one per
-        run, so each is answered as if alone. The task is the engine's own: it is never
-        cancelled with a caller or a scheduling pass, and it writes what is queued even while
-        the instance stops (then without claiming)."""
-        while self._settlements:
-            async with self._pass_lock:   # one claim at a time: passes and batches alike
-                batch: list[tuple[Execution, Settlement, float, asyncio.Future[bool]]] = []
-                rest: list[tuple[Execution, Settlement, float, asyncio.Future[bool]]] = []
-                runs: set[str] = set()
-                for item in self._settlements:
-                    if item[0].run.id in runs or len(batch) >= _SETTLE_BATCH:
-                        rest.append(item)
-                    else:
-                        runs.add(item[0].run.id)
-                        batch.append(item)
-                self._settlements = rest
-                for x, _, _, _ in batch:
-                    x.settled = True
-                claiming = self._accepting and not self._renewals_stalled()
-                free = max(0, self._free_slots()) if claiming else 0
-                sent = self.clock.now()
-                try:
-                    held, claimed = await self._settle_and_claim(batch, free, sent)
-                    if len(held) != len(batch):
-                        raise RuntimeError(f"the store answered {len(held)} of {len(batch)} "
-                                           f"settlements")
-                except BaseException as e:
-                    for x, _, _, done in batch:
-                        x.settled = False
-                        if done.done():
-                            continue
-                        if isinstance(e, Exception):
-                            done.set_exception(e)
-                        else:   # the loop is going away: so are the callers
-                            done.cancel()
-                    if not isinstance(e, Exception):
-                        raise
-                    continue
-                for (_, _, _, done), ok in zip(batch, held, strict=True):
-                    if not done.done():
-                        done.set_result(ok)
-                for run in claimed:
-                    self._launch(run, sent)
-            if free and len(claimed) >= free:
-                self.kick()   # there may be more due than this batch freed
+    def claimable(self) -> int:
+        """Runs a settlement batch may claim now: as many as slots are free, none while the
+        instance stops or its renewals are overdue."""
+        if not self._accepting or self._renewals_stalled():
+            return 0
+        return max(0, self._free_slots())
 
-    async def _settle_and_claim(
-        self, batch: list[tuple[Execution, Settlement, float, asyncio.Future[bool]]],
-        limit: int, now: float,
-    ) -> tuple[list[bool], list[Run]]:
+    async def settle_and_claim(self, settlements: list[tuple[Fence, Settlement, float]],
+                               limit: int, now: float) -> tuple[list[bool], list[Run]]:
+        """Write the settlements and claim up to ``limit`` runs for this instance, at once."""
         held, claimed = await self.store.settle_and_claim(
-            [(x.fence, settlement, at) for x, settlement, at, _ in batch], self.namespace,
-            list(self.workflows), self.instance_id, limit, self.lease, now,
-            version=self.config.version, any_version=self.registry.any_version())
+            settlements, self.namespace, list(self.workflows), self.instance_id, limit,
+            self.lease, now, version=self.config.version,
+            any_version=self.registry.any_version())
         return list(held), claimed
+
+    def launch_claimed(self, runs: list[Run], claimed_at: float) -> None:
+        """Execute the runs a settlement batch claimed."""
+        for run in runs:
+            self._launch(run, claimed_at)
 
     async def _lost(self, x: Execution, e: LeaseLostError) -> None:
         log.warning("lease.lost: %s %s", x.run.workflow, x.run.id,
                     extra=_fields(x.run, "lease.lost"))
-        x.outcome, x.error = "lost", e
+        x.lose(e)
         await self._report(e)
 
     async def _report(self, error: BaseException) -> None:
