@@ -143,11 +143,12 @@ class TimedConnection:
 def instrument(store: Any) -> TimedConnection | None:
     """Wrap the open SQLite store's connection; None (no numbers) if the store is built some
     other way than this bench expects."""
-    conn = getattr(store, "_conn", None)
+    connection = getattr(store, "_connection", None)   # the SQLiteConnection
+    conn = getattr(connection, "conn", None)
     if not isinstance(conn, sqlite3.Connection):
         return None
     timed = TimedConnection(conn)
-    store._conn = timed
+    connection.conn = timed
     return timed
 
 

@@ -53,9 +53,9 @@ async def test_a_store_made_before_coordination_gets_its_tables(tmp_path: Path) 
 async def test_a_watch_ends_its_poller_with_the_last_watch(tmp_path: Path) -> None:
     async with sqlite_store(tmp_path / "shoal.db") as store:
         async with store.lock_watch("ns", ["a"], "h1"), store.lock_watch("ns", ["a", "b"], "h2"):
-            poller = store._lock_poller
+            poller = store._coord._lock_poller
             assert poller is not None and not poller.done()
-        assert store._lock_poller is None and not store._lock_watches
+        assert store._coord._lock_poller is None and not store._coord._lock_watches
 
 
 async def test_a_commit_elsewhere_wakes_only_the_waiter_it_makes_next(tmp_path: Path) -> None:

@@ -199,7 +199,7 @@ async def test_a_failure_between_the_settlements_and_the_claim_leaves_neither(
         raise RuntimeError("the process died here")
 
     with monkeypatch.context() as m:
-        m.setattr(store, "_claim", crash)
+        m.setattr(store._runs, "_claim", crash)
         with pytest.raises(RuntimeError, match="died"):
             await store.settle_and_claim(scene["settlements"], NS, ["wf"], "b", 2, LEASE,
                                          T0 + 7)

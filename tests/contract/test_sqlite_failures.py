@@ -17,7 +17,7 @@ import shoal
 from shoal.backends.sqlite import SQLiteStore
 from shoal.errors import StoreUnavailableError
 from shoal.testing.contract import LEASE, NS, T0, add, claim, entries, fence, new_run
-from shoal.types import Step
+from shoal.types import GraphCheckpoint, Pause, Step
 
 BIG = {"text": "x" * 200_000}   # more than the pages a full file has left
 
@@ -116,3 +116,32 @@ async def test_the_app_reports_a_full_disk_as_store_unavailable(store: SQLiteSto
             await app.dispatch(echo, BIG)
         store._db.execute("PRAGMA max_page_count = 1073741823")
         await app.dispatch(echo, BIG)
+
+
+async def test_a_full_disk_is_store_unavailable_for_steps_pauses_outbox_and_graphs(
+    store: SQLiteStore
+) -> None:
+    """The store's concerns beyond runs, coordination and rates (each a part of its own) turn
+    a failed statement into StoreUnavailableError alike, and leave no transaction open."""
+    run = await add(store, T0)
+    [claimed] = await claim(store)
+    [entry] = entries(claimed, 0, "t1")
+    assert await store.checkpoint_step(fence(claimed), Step(0, "s", 1, True, claimed.lease_epoch),
+                                       LEASE, T0, [entry])
+    pause = Pause("p1", NS, claimed.tenant, run.id, "ok", BIG, "pending", None, T0, None, None,
+                  False)
+    graph = GraphCheckpoint("t", "", "c1", None, "json", b"x" * 200_000, {}, None, T0)
+    _fill_the_disk(store)
+    calls: dict[str, Callable[[], Awaitable[Any]]] = {
+        "steps": lambda: store.save_tree_key(run.id, "k", BIG, "c", T0),
+        "pauses": lambda: store.create_pause(fence(claimed), Step(1, "ok", None, False,
+                                                                  claimed.lease_epoch),
+                                             pause, T0),
+        "outbox": lambda: store.finish_delivery(entry.id, T0, "x" * 200_000, T0 + 1),
+        "graph checkpoints": lambda: store.put_graph_checkpoint(NS, "t", graph, None),
+    }
+    for name, call in calls.items():
+        with pytest.raises(StoreUnavailableError) as e:
+            await call()
+        _unavailable(e, "full", "SQLITE_FULL")
+        assert not store._db.in_transaction, name

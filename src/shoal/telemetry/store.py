@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
+from shoal.backends._parts import part
 from shoal.telemetry import Telemetry
 
 S = TypeVar("S")
@@ -84,6 +85,8 @@ def _wrapper_class(cls: type) -> type[Measured]:
         if name.startswith("_") or name == "url":
             continue
         attr = inspect.getattr_static(cls, name)
+        if isinstance(attr, part):
+            attr = attr.method   # a front's method is its part's own
         if isinstance(attr, (staticmethod, classmethod)):
             attr = attr.__func__
         if not inspect.isfunction(attr):

@@ -1,7 +1,8 @@
 """Coordination (:mod:`shoal.ports`) in the SQLite store's own tables.
 
-Each method is one ``BEGIN IMMEDIATE`` transaction of the store (``_tx``), so it is atomic across
-the processes sharing the file; its semantics are those of the memory reference
+Each method is one ``BEGIN IMMEDIATE`` transaction of the store's connection
+(:class:`~shoal.backends.sqlite.connection.SQLiteConnection`), so it is atomic across the
+processes sharing the file; its semantics are those of the memory reference
 (:mod:`shoal.backends.memory.coord`). A release wakes the waiter it names (the new first waiter of
 a key it left free) at once when that waiter's watch is on the same store object, and within
 milliseconds when it is on another connection: one poller task per store reads ``PRAGMA
@@ -14,12 +15,13 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from contextlib import asynccontextmanager
+from typing import Any
 
 from shoal import _json
 from shoal.backends._sql import lock_states, queries
 from shoal.backends._watches import EventWatch, WatchRegistry
+from shoal.backends.sqlite.connection import SQLiteConnection, unavailable_on_failure
 from shoal.types import (
     CoordinationView,
     LockGrant,
@@ -43,18 +45,12 @@ class _Watch(EventWatch):
         self.seen = seen          # where it stood on each key when the poller last looked
 
 
+@unavailable_on_failure
 class SQLiteCoordination:
     """Locks, membership and meters for :class:`~shoal.backends.sqlite.SQLiteStore`."""
 
-    if TYPE_CHECKING:   # provided by SQLiteStore
-        _conn: sqlite3.Connection | None
-
-        @property
-        def _db(self) -> sqlite3.Connection: ...
-
-        def _tx(self) -> AbstractAsyncContextManager[sqlite3.Connection]: ...
-
-    def __init__(self) -> None:
+    def __init__(self, connection: SQLiteConnection) -> None:
+        self.connection = connection
         self._lock_watches: WatchRegistry[_Watch] = WatchRegistry()
         self._lock_poller: asyncio.Task[None] | None = None
         # the connection and data_version the poller last compared at (wait_for_work keeps its
@@ -69,7 +65,7 @@ class SQLiteCoordination:
         args: dict[str, Any] = {"namespace": namespace, "keys": _json.dumps(list(keys)),
                                 "first": keys[0], "holder": holder, "now": now,
                                 "expires_at": now + lease}
-        async with self._tx() as db:
+        async with self.connection.tx() as db:
             db.execute(_Q["lock_purge_waiters"], args)
             ticket, taken, behind, token = db.execute(_Q["lock_state"], args).fetchone()
             if not taken and not behind:
@@ -88,7 +84,7 @@ class SQLiteCoordination:
     ) -> bool:
         args = {"namespace": namespace, "keys": _json.dumps(list(keys)), "holder": holder,
                 "now": now, "expires_at": now + lease}
-        async with self._tx() as db:
+        async with self.connection.tx() as db:
             if db.execute(_Q["lock_held"], args).fetchone()[0] != len(keys):
                 return False
             db.execute(_Q["lock_renew"], args)
@@ -97,7 +93,7 @@ class SQLiteCoordination:
     async def lock_release(self, namespace: str, keys: Sequence[str], holder: str) -> None:
         args = {"namespace": namespace, "keys": _json.dumps(list(keys)), "holder": holder}
         try:
-            async with self._tx() as db:
+            async with self.connection.tx() as db:
                 heads = [r[0] for r in db.execute(_Q["lock_release_heads"], args).fetchall()
                          if r[0] is not None]
                 db.execute(_Q["lock_release"], args)
@@ -117,7 +113,7 @@ class SQLiteCoordination:
         # The poller's data_version is read before the watch's first look, so a commit after
         # that look is one the poller sees as a change.
         if self._lock_poller is None:
-            self._lock_seen = (self._db, self._data_version_now())
+            self._lock_seen = (self.connection.db, self.connection.data_version())
         seen = self._lock_states([(namespace, k, holder) for k in keys])
         watch = _Watch(namespace, keys, holder, {k: seen[(namespace, k, holder)] for k in keys})
         self._lock_watches.add(watch)
@@ -131,19 +127,11 @@ class SQLiteCoordination:
                 self._lock_poller.cancel()
                 self._lock_poller = None
 
-    def _data_version_now(self) -> int:
-        cur = self._db.execute("PRAGMA data_version")
-        try:
-            version: int = cur.fetchone()[0]
-            return version
-        finally:
-            cur.close()
-
     def _lock_states(
         self, watched: Sequence[tuple[str, str, str]]
     ) -> dict[tuple[str, str, str], _KeyState]:
-        rows = self._db.execute(_Q["lock_watch_state"],
-                                {"watched": _json.dumps([list(w) for w in watched])}).fetchall()
+        rows = self.connection.db.execute(_Q["lock_watch_state"], {
+            "watched": _json.dumps([list(w) for w in watched])}).fetchall()
         return {(r["namespace"], r["key"], r["holder"]): (r["ticket"], bool(r["first"] and
                                                                          r["free"]))
                 for r in rows}
@@ -156,7 +144,7 @@ class SQLiteCoordination:
         while self._lock_watches:
             await asyncio.sleep(_POLL)
             watches = self._lock_watches.every()
-            conn = self._conn
+            conn = self.connection.conn
             if conn is None:
                 if self._lock_seen is not None:
                     self._lock_seen = None
@@ -164,7 +152,7 @@ class SQLiteCoordination:
                         watch.event.set()
                 continue
             try:
-                version = self._data_version_now()
+                version = self.connection.data_version()
                 # data_version only compares within one connection: after a reopen, look anyway
                 if self._lock_seen == (conn, version):
                     continue
@@ -201,7 +189,7 @@ class SQLiteCoordination:
     ) -> MemberView:
         args = {"namespace": namespace, "member": member, "held": held, "now": now,
                 "expires_at": now + ttl, "version": version}
-        async with self._tx() as db:
+        async with self.connection.tx() as db:
             db.execute(_Q["members_purge"], args)
             db.execute(_Q["member_beat"], args)
             members = db.execute(_Q["members"], args).fetchall()
@@ -224,7 +212,7 @@ class SQLiteCoordination:
         return MemberView(generation, roster, granted)
 
     async def leave(self, namespace: str, member: str) -> None:
-        async with self._tx() as db:
+        async with self.connection.tx() as db:
             db.execute(_Q["member_leave"], {"namespace": namespace, "member": member})
 
     # -- meters --------------------------------------------------------------------------------
@@ -234,7 +222,7 @@ class SQLiteCoordination:
     ) -> list[float]:
         args = {"namespace": namespace, "keys": _json.dumps(sorted(set(keys)))}
         debts: list[float] = []
-        async with self._tx() as db:
+        async with self.connection.tx() as db:
             state: dict[str, tuple[float, float]] = {
                 r["key"]: (r["debt"], r["updated_at"])
                 for r in db.execute(_Q["get_meters"], args).fetchall()}
@@ -254,7 +242,7 @@ class SQLiteCoordination:
         self, namespace: str, now: float, limit: int = 100
     ) -> CoordinationView:
         args = {"namespace": namespace, "now": now, "limit": limit + 1}
-        db = self._db
+        db = self.connection.db
         db.execute("BEGIN")        # deferred: one snapshot for the reads, no write lock
         try:
             roster = db.execute(_Q["get_roster"], args).fetchone()
@@ -281,7 +269,7 @@ class SQLiteCoordination:
         one transaction (lock rows stay: they keep the fencing counters)."""
         args: dict[str, Any] = {"namespace": namespace, "before": before, "limit": limit}
         deleted = 0
-        async with self._tx() as db:
+        async with self.connection.tx() as db:
             for name in ("prune_meters", "prune_lock_waiters"):
                 if deleted >= limit:
                     break

@@ -1,10 +1,10 @@
 """LangGraph checkpoints (:class:`shoal.ports.GraphCheckpoints`) in the SQLite store's own tables.
 
 The semantics are those of the memory reference (:mod:`shoal.backends.memory.graphs`). Each write
-is one ``BEGIN IMMEDIATE`` transaction of the store (``_tx``), its fence (if any) checked inside
-it; a read is one or two ``SELECT`` outside any transaction (pending writes only ever get added
-to a checkpoint, so one read after the other is consistent enough). ``graphs.sql`` has the
-statements.
+is one ``BEGIN IMMEDIATE`` transaction of the store's connection (its ``tx``), its fence (if
+any) checked inside it; a read is one or two ``SELECT`` outside any transaction (pending writes
+only ever get added to a checkpoint, so one read after the other is consistent enough).
+``graphs.sql`` has the statements.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from shoal.backends._sql import queries
+from shoal.backends.sqlite.connection import SQLiteConnection, unavailable_on_failure
 from shoal.types import JSON, Fence, GraphCheckpoint, GraphWrite
 
 _Q = queries("sqlite", "graphs.sql")
@@ -29,15 +29,13 @@ def _checkpoint(row: sqlite3.Row, writes: tuple[GraphWrite, ...]) -> GraphCheckp
         run_id=row["run_id"], created_at=row["created_at"], writes=writes)
 
 
+@unavailable_on_failure
 class SQLiteGraphCheckpoints:
     """The checkpoints and pending writes of LangGraph threads for
     :class:`~shoal.backends.sqlite.SQLiteStore`. It keeps no state of its own."""
 
-    if TYPE_CHECKING:   # provided by SQLiteStore
-        @property
-        def _db(self) -> sqlite3.Connection: ...
-
-        def _tx(self) -> AbstractAsyncContextManager[sqlite3.Connection]: ...
+    def __init__(self, connection: SQLiteConnection) -> None:
+        self.connection = connection
 
     @staticmethod
     def _fenced_out(db: sqlite3.Connection, fence: Fence | None) -> bool:
@@ -55,7 +53,7 @@ class SQLiteGraphCheckpoints:
                 "parent_id": c.parent_id, "run_id": c.run_id, "type": c.type,
                 "checkpoint": c.checkpoint, "metadata": json.dumps(c.metadata),
                 "created_at": c.created_at}
-        async with self._tx() as db:
+        async with self.connection.tx() as db:
             if self._fenced_out(db, fence):
                 return False
             db.execute(_Q["graph_put_checkpoint"], args)
@@ -67,7 +65,7 @@ class SQLiteGraphCheckpoints:
     ) -> bool:
         name = {"namespace": namespace, "tenant": tenant, "thread_id": thread_id,
                 "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id}
-        async with self._tx() as db:
+        async with self.connection.tx() as db:
             if self._fenced_out(db, fence):
                 return False
             db.executemany(_Q["graph_put_write"], [
@@ -84,7 +82,7 @@ class SQLiteGraphCheckpoints:
             writes = tuple(
                 GraphWrite(w["task_id"], w["idx"], w["channel"], w["type"], bytes(w["value"]),
                            w["task_path"])
-                for w in self._db.execute(_Q["graph_writes"], args).fetchall())
+                for w in self.connection.db.execute(_Q["graph_writes"], args).fetchall())
             found.append(_checkpoint(row, writes))
         return found
 
@@ -95,7 +93,7 @@ class SQLiteGraphCheckpoints:
         args = {"namespace": namespace, "tenant": tenant, "thread_id": thread_id,
                 "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id}
         query = _Q["graph_latest" if checkpoint_id is None else "graph_checkpoint"]
-        found = self._read(self._db.execute(query, args).fetchall(), namespace, tenant)
+        found = self._read(self.connection.db.execute(query, args).fetchall(), namespace, tenant)
         return found[0] if found else None
 
     async def list_graph_checkpoints(
@@ -109,7 +107,7 @@ class SQLiteGraphCheckpoints:
             "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id, "before": before,
             "metadata": json.dumps(dict(metadata)) if metadata else None,
             "limit": -1 if limit is None else limit}
-        return self._read(self._db.execute(_Q["graph_list"], args).fetchall(), namespace,
+        return self._read(self.connection.db.execute(_Q["graph_list"], args).fetchall(), namespace,
                           tenant)
 
     async def delete_graph_threads(
@@ -117,13 +115,13 @@ class SQLiteGraphCheckpoints:
     ) -> None:
         args = {"namespace": namespace, "tenant": tenant,
                 "thread_ids": json.dumps(list(thread_ids))}
-        async with self._tx() as db:
+        async with self.connection.tx() as db:
             db.execute(_Q["graph_delete_thread_writes"], args)
             db.execute(_Q["graph_delete_thread_checkpoints"], args)
 
     async def delete_graph_runs(self, namespace: str, tenant: str, run_ids: Sequence[str]) -> None:
         args = {"namespace": namespace, "tenant": tenant, "run_ids": json.dumps(list(run_ids))}
-        async with self._tx() as db:
+        async with self.connection.tx() as db:
             db.execute(_Q["graph_delete_run_writes"], args)
             db.execute(_Q["graph_delete_run_checkpoints"], args)
 
@@ -131,7 +129,7 @@ class SQLiteGraphCheckpoints:
         self, namespace: str, tenant: str, source: str, target: str
     ) -> None:
         args = {"namespace": namespace, "tenant": tenant, "source": source, "target": target}
-        async with self._tx() as db:
+        async with self.connection.tx() as db:
             db.execute(_Q["graph_copy_checkpoints"], args)
             db.execute(_Q["graph_copy_writes"], args)
 
@@ -143,6 +141,6 @@ class SQLiteGraphCheckpoints:
             return
         args = {"namespace": namespace, "tenant": tenant,
                 "thread_ids": json.dumps(list(thread_ids))}
-        async with self._tx() as db:
+        async with self.connection.tx() as db:
             db.execute(_Q["graph_prune_writes"], args)
             db.execute(_Q["graph_prune_checkpoints"], args)

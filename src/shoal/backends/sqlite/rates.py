@@ -1,23 +1,23 @@
 """Rate-limit state (:class:`shoal.ports.RateStore`) in the SQLite store's own tables.
 
 The semantics are those of the memory reference (:mod:`shoal.backends.memory.rates`). Each method
-that writes is one ``BEGIN IMMEDIATE`` transaction of the store (``_tx``): it holds the file's
-write lock from its first read to its commit, so it is atomic across the processes sharing the
-file (a slot count, a window total or a counter cannot change between the check and the write).
-The two pure reads (``paused_until``, ``ledger``) are one ``SELECT`` each, which SQLite runs as its
-own read transaction, without the write lock. ``queries.sql`` (under ``-- rate limits``) has the
-statements.
+that writes is one ``BEGIN IMMEDIATE`` transaction of the store's connection (its ``tx``): it holds
+the file's write lock from its first read to its commit, so it is atomic across the processes
+sharing the file (a slot count, a window total or a counter cannot change between the check and the
+write). The two pure reads (``paused_until``, ``ledger``) are one ``SELECT`` each, which SQLite
+runs as its own read transaction, without the write lock. ``queries.sql`` (under ``-- rate
+limits``) has the statements.
 """
 
 from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
-from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from shoal import _json
 from shoal.backends._sql import queries
+from shoal.backends.sqlite.connection import SQLiteConnection, unavailable_on_failure
 from shoal.ports import check_counter_args, check_needs
 from shoal.types import (
     Admitted,
@@ -38,15 +38,13 @@ from shoal.types import (
 _Q = queries("sqlite")
 
 
+@unavailable_on_failure
 class SQLiteRateLimits:
     """Slots, windows, pauses, counters and the cost ledger for
-    :class:`~shoal.backends.sqlite.SQLiteStore`. It keeps no state of its own (no ``__init__``)."""
+    :class:`~shoal.backends.sqlite.SQLiteStore`. It keeps no state of its own."""
 
-    if TYPE_CHECKING:   # provided by SQLiteStore
-        @property
-        def _db(self) -> sqlite3.Connection: ...
-
-        def _tx(self) -> AbstractAsyncContextManager[sqlite3.Connection]: ...
+    def __init__(self, connection: SQLiteConnection) -> None:
+        self.connection = connection
 
     # -- slots ---------------------------------------------------------------------------------
 
@@ -55,7 +53,7 @@ class SQLiteRateLimits:
     ) -> SlotGrant | SlotBusy:
         args = {"namespace": namespace, "key": key, "holder": holder, "now": now,
                 "expires_at": now + lease}
-        async with self._tx() as db:
+        async with self.connection.tx() as db:
             db.execute(_Q["rate_slots_purge"], args)
             held, mine, first_end = db.execute(_Q["rate_slots_state"], args).fetchone()
             if mine or held < max_slots:
@@ -70,11 +68,11 @@ class SQLiteRateLimits:
     ) -> bool:
         args = {"namespace": namespace, "key": key, "holder": holder, "now": now,
                 "expires_at": now + lease}
-        async with self._tx() as db:
+        async with self.connection.tx() as db:
             return db.execute(_Q["rate_slot_renew"], args).rowcount == 1
 
     async def slot_release(self, namespace: str, key: str, holder: str) -> None:
-        async with self._tx() as db:
+        async with self.connection.tx() as db:
             db.execute(_Q["rate_slot_release"],
                        {"namespace": namespace, "key": key, "holder": holder})
 
@@ -88,7 +86,7 @@ class SQLiteRateLimits:
         # total (rate_windows) stands for the rest, as in the memory reference.
         args = {"namespace": namespace, "key": key, "amount": amount, "window": window,
                 "limit": limit, "now": now, "cutoff": now - window}
-        async with self._tx() as db:
+        async with self.connection.tx() as db:
             stored, total = _window_total(db, args)
             if amount > 0 and limit is not None and total + amount > limit:
                 if total != stored:
@@ -105,7 +103,7 @@ class SQLiteRateLimits:
 
     async def window_clear(self, namespace: str, key: str) -> None:
         args = {"namespace": namespace, "key": key}
-        async with self._tx() as db:
+        async with self.connection.tx() as db:
             db.execute(_Q["rate_window_clear"], args)
             db.execute(_Q["rate_window_clear_total"], args)
 
@@ -117,7 +115,7 @@ class SQLiteRateLimits:
         counters: Sequence[str] = (),
     ) -> RateView:
         base: dict[str, Any] = {"namespace": namespace, "now": now}
-        db = self._db
+        db = self.connection.db
         db.execute("BEGIN")        # deferred: one snapshot for the reads, no write lock
         try:
             live = {k: db.execute(_Q["rate_slots_live"], {**base, "key": k}).fetchone()[0]
@@ -138,14 +136,14 @@ class SQLiteRateLimits:
     # -- pauses --------------------------------------------------------------------------------
 
     async def pause_until(self, namespace: str, key: str, until: float, now: float) -> float:
-        async with self._tx() as db:
+        async with self.connection.tx() as db:
             kept: float = db.execute(_Q["rate_pause_until"], {
                 "namespace": namespace, "key": key, "until": until}).fetchone()[0]
         return kept
 
     async def paused_until(self, namespace: str, key: str, now: float) -> float | None:
-        cur = self._db.execute(_Q["rate_paused_until"],
-                               {"namespace": namespace, "key": key, "now": now})
+        cur = self.connection.db.execute(_Q["rate_paused_until"],
+                                         {"namespace": namespace, "key": key, "now": now})
         try:
             row = cur.fetchone()
         finally:
@@ -161,7 +159,7 @@ class SQLiteRateLimits:
         ns: dict[str, Any] = {"namespace": namespace, "holder": holder, "now": now}
         trial: float | None = None
         counted: list[tuple[dict[str, Any], float]] = []     # (window args, total before)
-        async with self._tx() as db:
+        async with self.connection.tx() as db:
             # each need looked at in order (a refusal commits only what left: ended slots and
             # entries out of their windows), then, all met, each taken
             for i, need in enumerate(needs):
@@ -223,7 +221,7 @@ class SQLiteRateLimits:
         entry: SpendEntry | None = None,
     ) -> CounterResult:
         check_counter_args(keys, amounts, limits)
-        async with self._tx() as db:
+        async with self.connection.tx() as db:
             stored: dict[str, float] = {
                 r["key"]: r["total"] for r in db.execute(_Q["rate_counters_get"], {
                     "namespace": namespace, "keys": _json.dumps(sorted(set(keys)))})}
@@ -260,7 +258,7 @@ class SQLiteRateLimits:
         args: dict[str, Any] = {"namespace": namespace, "tenant": tenant, "root_id": root_id,
                                 "run_id": run_id, "since": since, "until": until,
                                 "after": 0 if after is None else int(after), "limit": limit}
-        cur = self._db.execute(query, args)
+        cur = self.connection.db.execute(query, args)
         try:
             rows = cur.fetchall()
         finally:
@@ -277,7 +275,7 @@ class SQLiteRateLimits:
         does, and its total row deleted when no entry is left."""
         args: dict[str, Any] = {"namespace": namespace, "before": before}
         deleted = 0
-        async with self._tx() as db:
+        async with self.connection.tx() as db:
             deleted += db.execute(_Q["prune_rate_slots"], {**args, "limit": limit}).rowcount
             if deleted < limit:
                 deleted += _prune_windows(db, namespace, before, limit - deleted)
