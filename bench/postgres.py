@@ -869,7 +869,8 @@ def claim_plan(store_url: str) -> str:
         store: Any = open_store(store_url)
         await store.open()
         seen: list[tuple[str, dict[str, Any]]] = []
-        real = getattr(store, "_all", None)
+        db = getattr(store, "db", None)
+        real = getattr(db, "tuples", None)
         if real is None:
             await store.close()
             return None
@@ -878,12 +879,12 @@ def claim_plan(store_url: str) -> str:
             seen.append((query, dict(params)))
             raise _Captured
 
-        store._all = spy
+        db.tuples = spy
         try:
             with contextlib.suppress(_Captured):
                 await store.claim_runs(NAMESPACE, ["noop"], "explain", 16, 30.0, time.time())
         finally:
-            store._all = real
+            db.tuples = real
             await store.close()
         return seen[0] if seen else None
 

@@ -124,7 +124,7 @@ async def test_migrations_from_several_instances_at_once(schema: str) -> None:
         await asyncio.gather(*(s.open() for s in stores))
         versions = [number for number, _, _ in migrations("postgres")]
         assert {await s.migrate() for s in stores} == {versions[-1]}
-        rows = await stores[0]._all("SELECT version FROM shoal_migrations ORDER BY version", {})
+        rows = await stores[0].db.all("SELECT version FROM shoal_migrations ORDER BY version", {})
         assert [r["version"] for r in rows] == versions
     finally:
         for s in stores:
@@ -139,7 +139,7 @@ async def test_database_refuses_a_second_holder_of_a_key(schema: str) -> None:
         [c] = await claim(s, now=T0 + 1)
         assert c.id == a.id
         with pytest.raises(psycopg.errors.UniqueViolation):
-            await s._one("UPDATE runs SET status = 'running', started_at = 1 WHERE id = %(id)s",
+            await s.db.one("UPDATE runs SET status = 'running', started_at = 1 WHERE id = %(id)s",
                          {"id": b.id})
     finally:
         await s.close()
@@ -204,7 +204,7 @@ async def test_settle_and_claim_racing_a_key_holder_still_settles(schema: str) -
 async def _listening(s: PostgresStore) -> None:
     """Start the store's listener and wait until it listens; drop the wake-up it gives then."""
     await s.wait_for_work(0)
-    await asyncio.wait_for(s._listening.wait(), 5.0)
+    await asyncio.wait_for(s.notifications.listening.wait(), 5.0)
     await s.wait_for_work(1.0)
 
 
@@ -233,10 +233,10 @@ async def test_listener_reconnects_after_its_connection_is_killed(schema: str) -
         await _listening(b)
         assert await _terminate(a, f"shoal-listen {schema}") == 1
         for _ in range(100):                 # the listener notices, then connects again
-            if not b._listening.is_set():
+            if not b.notifications.listening.is_set():
                 break
             await asyncio.sleep(0.01)
-        await asyncio.wait_for(b._listening.wait(), 5.0)
+        await asyncio.wait_for(b.notifications.listening.wait(), 5.0)
         await b.wait_for_work(1.0)
         waiter = asyncio.create_task(b.wait_for_work(5.0))
         await asyncio.sleep(0.3)
@@ -251,7 +251,7 @@ async def test_listener_reconnects_after_its_connection_is_killed(schema: str) -
 
 async def _terminate(s: PostgresStore, application_name: str) -> int:
     """Kill the server sessions of that name (as a server restart would); how many."""
-    rows = await s._all("SELECT pg_terminate_backend(pid) AS ok FROM pg_stat_activity "
+    rows = await s.db.all("SELECT pg_terminate_backend(pid) AS ok FROM pg_stat_activity "
                         "WHERE application_name = %(name)s AND pid <> pg_backend_pid()",
                         {"name": application_name})
     return sum(1 for r in rows if r["ok"])

@@ -25,7 +25,7 @@ async def _notifications(listener: psycopg.AsyncConnection[Any], store: Postgres
                          mark: str) -> list[str]:
     """The payloads on the store's channel until ``mark``, sent now from the store's own pool
     (after the batch committed, so delivered after the batch's notifications)."""
-    await store._all("SELECT pg_notify(%(channel)s, %(mark)s)",
+    await store.db.all("SELECT pg_notify(%(channel)s, %(mark)s)",
                      {"channel": store.channel, "mark": mark}, fetch=False)
     got = []
     async with asyncio.timeout(10):
@@ -146,7 +146,7 @@ async def test_a_batch_meeting_an_insert_of_its_key_in_flight(schema: str) -> No
 
 
 async def _lock_waiters(s: PostgresStore, schema: str) -> int:
-    rows = await s._all("SELECT count(*) AS n FROM pg_stat_activity WHERE application_name = "
+    rows = await s.db.all("SELECT count(*) AS n FROM pg_stat_activity WHERE application_name = "
                         "%(name)s AND wait_event_type = 'Lock'", {"name": f"shoal {schema}"})
     return int(rows[0]["n"])
 
@@ -169,7 +169,7 @@ async def test_idle_workers_start_a_batch_in_milliseconds(schema: str, size: int
             store = app.store
             assert isinstance(store, PostgresStore)
             await store.wait_for_work(0)                 # its engine listens, or now will
-            await asyncio.wait_for(store._listening.wait(), 5)
+            await asyncio.wait_for(store.notifications.listening.wait(), 5)
         async with submitter.open():
             # not needed for the outcome: it lets the workers' first passes end, so the batch
             # meets idle workers, as it would in production

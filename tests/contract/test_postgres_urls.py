@@ -70,7 +70,7 @@ async def test_a_unix_socket_url_connects_through_the_socket(
     assert "schema" not in s.conninfo and s.schema == schema
     run = await add(s)
     assert (await s.get_run(run.id)) == run
-    [row] = await s._all("SELECT inet_server_addr() AS addr", {})
+    [row] = await s.db.all("SELECT inet_server_addr() AS addr", {})
     assert row["addr"] is None                      # a Unix socket has no address
 
 
@@ -91,7 +91,7 @@ async def test_libpq_parameters_reach_the_server_as_written(
     s = await _open(f"postgres://{USER}@{HOST}:{PORT}/{DB}?sslmode=disable&schema={schema}"
                     f"&application_name=urls%20test&options=-c%20statement_timeout%3D4321"
                     f"&connect_timeout=5", opened)
-    [row] = await s._all("SELECT current_setting('application_name') AS name, "
+    [row] = await s.db.all("SELECT current_setting('application_name') AS name, "
                          "current_setting('statement_timeout') AS timeout", {})
     assert row == {"name": "urls test", "timeout": "4321ms"}
 
@@ -172,7 +172,7 @@ async def test_a_statement_left_unanswered_fails_after_command_timeout(
     s = await _open(f"postgresql://{USER}@{HOST}:{PORT}/{DB}?schema={schema}"
                     f"&command_timeout=0.5&pool_max_size=1", opened)
     run = await add(s)
-    [before] = await s._all("SELECT pg_backend_pid() AS pid", {})
+    [before] = await s.db.all("SELECT pg_backend_pid() AS pid", {})
     async with await psycopg.AsyncConnection.connect(URL) as other:
         await other.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
             sql.Identifier(schema, "runs")))
@@ -181,5 +181,5 @@ async def test_a_statement_left_unanswered_fails_after_command_timeout(
         assert "did not answer within command_timeout=0.5 s" in str(e.value)
         await other.rollback()
     assert await s.get_run(run.id) == run
-    [after] = await s._all("SELECT pg_backend_pid() AS pid", {})
+    [after] = await s.db.all("SELECT pg_backend_pid() AS pid", {})
     assert after["pid"] != before["pid"]

@@ -28,7 +28,7 @@ from test_postgres import URL, _open
 import shoal
 from shoal.backends._sql import migrations
 from shoal.backends.postgres import PostgresStore
-from shoal.backends.postgres.rates import _Q
+from shoal.backends.postgres.connections import Q as _Q
 from shoal.ports import RateStore
 from shoal.testing.contract import RateContract, RateDifferential
 from shoal.testing.contract.rates import increasing, unwritten
@@ -95,7 +95,7 @@ async def test_a_schema_at_version_6_gets_the_rate_tables(schema: str) -> None:
         newest = max(number for number, _, _ in migrations("postgres"))
         assert newest >= 7
         assert await store.migrate() == newest
-        rows = await store._all("SELECT table_name FROM information_schema.tables "
+        rows = await store.db.all("SELECT table_name FROM information_schema.tables "
                                 "WHERE table_schema = %(schema)s", {"schema": schema})
         assert {r["table_name"] for r in rows} >= RATE_TABLES
         assert await store.meter("ns", ["k"], [0.0], 0.0) == [5.0], "version 6's rows stay"
@@ -119,10 +119,10 @@ async def test_a_schema_at_version_7_gets_the_window_totals(schema: str) -> None
     store = await _open(schema)
     try:
         assert await store.migrate() >= 8
-        totals = {(r["namespace"], r["key"]): r["total"] for r in await store._all(
+        totals = {(r["namespace"], r["key"]): r["total"] for r in await store.db.all(
             "SELECT namespace, key, total FROM rate_windows", {})}
         assert totals == {("ns", "w"): 4.5, ("ns", "other"): 1.25, ("ns2", "w"): 4.0}
-        seqs = await store._all("SELECT seq FROM rate_window_entries", {})
+        seqs = await store.db.all("SELECT seq FROM rate_window_entries", {})
         assert len({r["seq"] for r in seqs}) == len(rows)
         assert await store.window_add("ns", "w", 0, 60.0, None, 30.0) == WindowResult(True, 4.5)
         assert await store.window_add("ns", "w", 0, 60.0, None, 65.0) == WindowResult(True, 2.5)
@@ -153,11 +153,11 @@ async def test_a_window_costs_the_entries_leaving_not_the_window(
     (and the newest, to know one is left), and a refused add only the entries it walks."""
     store = await _open(schema)
     try:
-        await store._all("INSERT INTO rate_window_entries (namespace, key, at, amount) "
+        await store.db.all("INSERT INTO rate_window_entries (namespace, key, at, amount) "
                          "SELECT 'ns', 'w', g / 100.0, 1 FROM generate_series(0, 1999) g",
                          {}, fetch=False)
-        await store._all("INSERT INTO rate_windows VALUES ('ns', 'w', 2000)", {}, fetch=False)
-        await store._all("ANALYZE rate_window_entries", {}, fetch=False)
+        await store.db.all("INSERT INTO rate_windows VALUES ('ns', 'w', 2000)", {}, fetch=False)
+        await store.db.all("ANALYZE rate_window_entries", {}, fetch=False)
         args: dict[str, Any] = {"namespace": "ns", "key": "w", "amount": 6.0, "window": 60.0,
                                 "limit": 2000.0, "now": 60.025, "cutoff": 0.025}
         with psycopg.connect(URL, autocommit=True) as conn:
@@ -182,8 +182,8 @@ async def test_a_window_costs_the_entries_leaving_not_the_window(
         assert await store.window_add("ns", "w", 0, 60.0, None, 200.0) == WindowResult(True, 0)
         await store.window_add("ns", "w", 1, 60.0, None, 200.0)
         await store.window_clear("ns", "w")
-        assert await store._all("SELECT * FROM rate_windows", {}) == []
-        assert await store._all("SELECT * FROM rate_window_entries", {}) == []
+        assert await store.db.all("SELECT * FROM rate_windows", {}) == []
+        assert await store.db.all("SELECT * FROM rate_window_entries", {}) == []
     finally:
         await store.close()
 
@@ -194,7 +194,7 @@ async def test_a_window_keeps_only_its_entries(schema: str) -> None:
         for i in range(30):
             await store.window_add("ns", "w", 1, 10.0, None, float(i))
             await store.window_add("ns", "other", 1, 10.0, None, 0.0)
-        rows = await store._all("SELECT key, count(*) AS n FROM rate_window_entries "
+        rows = await store.db.all("SELECT key, count(*) AS n FROM rate_window_entries "
                                 "GROUP BY key", {})
         assert {r["key"]: r["n"] for r in rows} == {"w": 10, "other": 30}
     finally:
@@ -288,12 +288,12 @@ async def test_a_ledger_page_reads_through_an_index(schema: str) -> None:
     ledger: on 20,000 rows, 1,000 of them in the namespace read, a page of 10 reads 10 rows."""
     store = await _open(schema)
     try:
-        await store._all(
+        await store.db.all(
             "INSERT INTO cost_ledger (namespace, tenant, run_id, root_id, amount, currency, at) "
             "SELECT CASE WHEN g %% 20 = 0 THEN 'ns' ELSE 'other' END, 't' || (g / 20 %% 5), "
             "'r' || (g / 20 %% 50), 'root' || (g / 20 %% 20), 1, 'usd', g "
             "FROM generate_series(1, 20000) g", {}, fetch=False)
-        await store._all("ANALYZE cost_ledger", {}, fetch=False)
+        await store.db.all("ANALYZE cost_ledger", {}, fetch=False)
         base: dict[str, Any] = {"namespace": "ns", "tenant": None, "root_id": None,
                                 "run_id": None, "after": 5000, "limit": 10, "since": None,
                                 "until": None}

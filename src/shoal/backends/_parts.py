@@ -47,5 +47,8 @@ class part(Generic[_P, _R]):
         if store is None:
             return self
         bound = getattr(getattr(store, self.attribute), self.name)
-        vars(store)[self.name] = bound   # the next call finds it on the store itself
+        if getattr(type(store), self.name) is self:
+            # the next call finds it on the store itself (unless a subclass overrides the
+            # method and reached this one through super(): its own must stay in front)
+            vars(store)[self.name] = bound
         return bound

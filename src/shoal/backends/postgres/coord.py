@@ -8,29 +8,25 @@ lock or meter keys in "C" order, created first if missing, or the namespace's me
 advisory lock — and the last one, whose READ COMMITTED snapshot is taken once they are held,
 reads and writes. ``queries.sql`` (under ``-- coordination``) explains each statement.
 
-A release ``NOTIFY``s the store's channel in its transaction with a payload ``lock <json>``
-naming the waiters it wakes (the new first waiter of each key it left free); the store's LISTEN
-connection hands those to :meth:`_lock_notified`, which wakes the watches of those waiters only.
-A release through this store object wakes its own watches at once itself. Without LISTEN (a
-pooler in transaction mode, no ``direct_url``) the store polls instead: :meth:`_lock_poll` wakes
-the watches of the waiters a release would have named.
+A release ``NOTIFY``s the store's channel in its transaction naming the waiters it wakes (see
+:mod:`~shoal.backends.postgres.notifications`, whose :class:`LockWatches` this part wakes); a
+release through this store object wakes its own watches at once itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import TYPE_CHECKING, Any, LiteralString, TypeVar
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
 
-import psycopg
 from psycopg.rows import DictRow
 
-from shoal.backends._sql import lock_states, queries
-from shoal.backends._watches import EventWatch, WatchRegistry
+from shoal.backends._sql import lock_states
+from shoal.backends._watches import EventWatch
+from shoal.backends.postgres.connections import Connections, Q
+from shoal.backends.postgres.notifications import LockWatches, Notifications
 from shoal.types import (
     CoordinationView,
     LockGrant,
@@ -40,56 +36,18 @@ from shoal.types import (
     MeterState,
 )
 
-if TYPE_CHECKING:
-    from psycopg_pool import AsyncConnectionPool
-
-_Q = queries("postgres")
-_Conn = psycopg.AsyncConnection[DictRow]
-_T = TypeVar("_T")
-_LOCK = "lock "          # the payload prefix of lock notifications on the store's channel
-# a payload of "lock *" (the waiters do not fit in 8000 bytes: queries.sql) wakes every watch
-
 
 class PostgresCoordination:
-    """Locks, membership and meters for :class:`~shoal.backends.postgres.PostgresStore`."""
+    """Locks, membership and meters for :class:`~shoal.backends.postgres.PostgresStore`, on
+    ``db``, announcing releases on ``channel``; its watches are ``locks``, woken by
+    ``notifications``."""
 
-    if TYPE_CHECKING:   # provided by PostgresStore
-        channel: str
-        schema: str
-        pool_timeout: float
-        _pool: AsyncConnectionPool[_Conn] | None
-        _listening: asyncio.Event
-        _scope: list[tuple[LiteralString, dict[str, Any]]]
-
-        def _connection(self, *, urgent: bool = False) -> AbstractAsyncContextManager[_Conn]: ...
-
-        def _transaction(self, conn: _Conn, *, snapshot: bool = False
-                         ) -> AbstractAsyncContextManager[None]: ...
-
-        async def _retry(self, attempt: Callable[[], Awaitable[_T]]) -> _T: ...
-
-        def _start_listener(self) -> None: ...
-
-    def __init__(self) -> None:
-        self._lock_watches: WatchRegistry[EventWatch] = WatchRegistry()
-        # in this store's notifications: their watches were woken at once, not again
-        self._lock_origin = secrets.token_hex(8)
-        self._lock_listened = False   # the LISTEN connection has been up at least once
-
-    async def _pipelined(
-        self, steps: Sequence[tuple[str, dict[str, Any]]], *, urgent: bool = False
-    ) -> list[DictRow]:
-        """The rows of the last statement of ``steps``, all run as one transaction in one
-        round trip: on a pooled connection (autocommit, so psycopg sends no BEGIN) the server
-        runs the statements of a pipeline as one implicit transaction, committed at its sync
-        (in a stateless store, the first sets the session's settings for it: ``_scope``).
-        ``urgent`` (renewals of leases) goes before the other operations waiting for a
-        connection."""
-        async with self._connection(urgent=urgent) as conn:
-            async with conn.pipeline():
-                for query, args in [*self._scope, *steps]:
-                    cur = await conn.execute(query, args)
-            return await cur.fetchall() if cur.description is not None else []
+    def __init__(self, db: Connections, channel: str, locks: LockWatches,
+                 notifications: Notifications) -> None:
+        self.db = db
+        self.channel = channel
+        self.locks = locks
+        self.notifications = notifications
 
     # -- locks ---------------------------------------------------------------------------------
 
@@ -99,9 +57,9 @@ class PostgresCoordination:
         args: dict[str, Any] = {
             "namespace": namespace, "keys": list(keys), "first": keys[0], "holder": holder,
             "now": float(now), "until": float(now + lease)}
-        steps = [(_Q["lock_keys_create"], args), (_Q["lock_keys"], args),
-                 (_Q["lock_acquire"], args)]
-        [row] = await self._retry(lambda: self._pipelined(steps))
+        steps = [(Q["lock_keys_create"], args), (Q["lock_keys"], args),
+                 (Q["lock_acquire"], args)]
+        [row] = await self.db.retried(steps)
         if row["granted"]:
             return LockGrant(row["token"], now + lease)
         return LockWait(row["ticket"], row["retry_at"])
@@ -114,8 +72,7 @@ class PostgresCoordination:
         args: dict[str, Any] = {
             "namespace": namespace, "keys": list(keys), "holder": holder, "now": float(now),
             "until": float(now + lease)}
-        [row] = await self._retry(
-            lambda: self._pipelined([(_Q["lock_renew"], args)], urgent=True))
+        [row] = await self.db.retried([(Q["lock_renew"], args)], urgent=True)
         return bool(row["renewed"] == len(keys))
 
     async def lock_release(self, namespace: str, keys: Sequence[str], holder: str) -> None:
@@ -123,71 +80,41 @@ class PostgresCoordination:
             return
         args: dict[str, Any] = {
             "namespace": namespace, "keys": list(keys), "holder": holder,
-            "channel": self.channel, "origin": self._lock_origin}
-        steps = [(_Q["lock_keys"], args), (_Q["lock_release"], args)]
+            "channel": self.channel, "origin": self.locks.origin}
+        steps = [(Q["lock_keys"], args), (Q["lock_release"], args)]
         try:
-            rows = await self._retry(lambda: self._pipelined(steps))
+            rows = await self.db.retried(steps)
         except BaseException:
             # it may have committed: whoever is next here must not wait for its timer
-            self._lock_watches.wake_keys(namespace, keys)
+            self.locks.registry.wake_keys(namespace, keys)
             raise
         for row in rows:
-            self._lock_watches.wake(namespace, row["heads"])
+            self.locks.registry.wake(namespace, row["heads"])
 
     @asynccontextmanager
     async def lock_watch(
         self, namespace: str, keys: Sequence[str], holder: str
     ) -> AsyncIterator[EventWatch]:
-        self._start_listener()
-        if self._pool is not None and not self._lock_listened and not self._listening.is_set():
+        self.notifications.start()
+        listening = self.notifications.listening
+        if self.db.pool is not None and not self.locks.listened and not listening.is_set():
             # The listener wakes every watch whenever it connects (a release may have been
             # missed before); the first time, wait for it, so that a new watch is not woken
             # for nothing. While it reconnects, the watch is made at once.
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.pool_timeout):
-                    await self._listening.wait()
+                async with asyncio.timeout(self.db.pool_timeout):
+                    await listening.wait()
         watch = EventWatch(namespace, keys, holder)
-        self._lock_watches.add(watch)
+        self.locks.registry.add(watch)
         try:
             yield watch
         finally:
-            self._lock_watches.remove(watch)
-
-    def _lock_listening(self) -> None:
-        """The LISTEN connection is up (again): wake every watch, as a release may have been
-        announced while it was down."""
-        self._lock_listened = True
-        self._lock_watches.wake_every()
-
-    async def _lock_poll(self) -> None:
-        """In place of the notifications a release sends (no LISTEN): wake the watches of the
-        waiters that are first on a key no one holds, as lock_release names them, and no
-        other."""
-        keys: dict[str, set[str]] = {}
-        for watch in self._lock_watches.every():
-            keys.setdefault(watch.namespace, set()).update(watch.keys)
-        for namespace, wanted in keys.items():
-            rows = await self._pipelined([(_Q["lock_heads"], {
-                "namespace": namespace, "keys": sorted(wanted)})])
-            self._lock_watches.wake(namespace, [row["holder"] for row in rows])
-
-    def _lock_notified(self, payload: str) -> bool:
-        """Wake the watches of the waiters a lock notification names; False if ``payload`` is
-        not one."""
-        if not payload.startswith(_LOCK):
-            return False
-        try:
-            origin, namespace, heads = json.loads(payload[len(_LOCK):])
-            if origin != self._lock_origin:
-                self._lock_watches.wake(namespace, heads)
-        except (ValueError, TypeError):    # "lock *", or a payload not ours to read
-            self._lock_watches.wake_every()
-        return True
+            self.locks.registry.remove(watch)
 
     # -- membership ----------------------------------------------------------------------------
 
     def _members_key(self, namespace: str) -> str:
-        return f"shoal:members:{self.schema}:{namespace}"
+        return f"shoal:members:{self.db.schema}:{namespace}"
 
     async def heartbeat(
         self,
@@ -203,16 +130,16 @@ class PostgresCoordination:
         args: dict[str, Any] = {
             "namespace": namespace, "member": member, "held": held, "now": float(now),
             "until": float(now + ttl), "warmup": float(warmup), "version": version}
-        steps = [(_Q["advisory_xact_lock"], {"key": self._members_key(namespace)}),
-                 (_Q["heartbeat"], args)]
-        [row] = await self._retry(lambda: self._pipelined(steps, urgent=True))
+        steps = [(Q["advisory_xact_lock"], {"key": self._members_key(namespace)}),
+                 (Q["heartbeat"], args)]
+        [row] = await self.db.retried(steps, urgent=True)
         return MemberView(row["generation"], tuple(row["members"]), row["granted"])
 
     async def leave(self, namespace: str, member: str) -> None:
         steps: list[tuple[str, dict[str, Any]]] = [
-            (_Q["advisory_xact_lock"], {"key": self._members_key(namespace)}),
-            (_Q["leave"], {"namespace": namespace, "member": member})]
-        await self._retry(lambda: self._pipelined(steps))
+            (Q["advisory_xact_lock"], {"key": self._members_key(namespace)}),
+            (Q["leave"], {"namespace": namespace, "member": member})]
+        await self.db.retried(steps)
 
     # -- meters --------------------------------------------------------------------------------
 
@@ -226,9 +153,9 @@ class PostgresCoordination:
         args: dict[str, Any] = {
             "namespace": namespace, "keys": list(keys), "deltas": [float(d) for d in deltas],
             "now": float(now)}
-        steps = [(_Q["meter_keys_create"], args), (_Q["meter_keys"], args),
-                 (_Q["meter"], args)]
-        rows = await self._retry(lambda: self._pipelined(steps))
+        steps = [(Q["meter_keys_create"], args), (Q["meter_keys"], args),
+                 (Q["meter"], args)]
+        rows = await self.db.retried(steps)
         return [row["debt"] for row in rows]
 
     # -- the console's read ------------------------------------------------------------------
@@ -244,12 +171,12 @@ class PostgresCoordination:
                  "view_meters")
 
         async def read() -> list[list[DictRow]]:
-            async with self._connection() as conn, self._transaction(conn, snapshot=True):
+            async with self.db.connection() as conn, self.db.transaction(conn, snapshot=True):
                 async with conn.pipeline():
-                    cursors = [await conn.execute(_Q[name], args) for name in names]
+                    cursors = [await conn.execute(Q[name], args) for name in names]
                 return [await cur.fetchall() for cur in cursors]
 
-        roster, members, held, waiters, meters = await self._retry(read)
+        roster, members, held, waiters, meters = await self.db.retry(read)
         locks, cut = lock_states(held, waiters, limit)
         return CoordinationView(
             namespace, now, roster[0]["generation"] if roster else 0,
@@ -267,6 +194,6 @@ class PostgresCoordination:
         one statement (lock rows stay: they keep the fencing counters)."""
         args: dict[str, Any] = {"namespace": namespace, "before": float(before),
                                 "limit": int(limit)}
-        [row] = await self._retry(lambda: self._pipelined([(_Q["prune_coordination"], args)]))
+        [row] = await self.db.retried([(Q["prune_coordination"], args)])
         deleted: int = row["deleted"]
         return deleted

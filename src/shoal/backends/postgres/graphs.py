@@ -10,16 +10,16 @@ pipeline, so one transaction and one round trip.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from psycopg.rows import DictRow
 
 from shoal.backends._sql import queries
+from shoal.backends.postgres.connections import Connections
 from shoal.types import JSON, Fence, GraphCheckpoint, GraphWrite
 
 _Q = queries("postgres", "graphs.sql")
-_T = TypeVar("_T")
 
 
 def _fence_args(fence: Fence | None) -> dict[str, Any]:
@@ -43,17 +43,14 @@ def _checkpoint(row: DictRow) -> GraphCheckpoint:
 
 class PostgresGraphCheckpoints:
     """The checkpoints and pending writes of LangGraph threads for
-    :class:`~shoal.backends.postgres.PostgresStore`. It keeps no state of its own."""
+    :class:`~shoal.backends.postgres.PostgresStore`, on ``db``. It keeps no state of its
+    own."""
 
-    if TYPE_CHECKING:   # provided by PostgresStore (and its PostgresCoordination base)
-        async def _retry(self, attempt: Callable[[], Awaitable[_T]]) -> _T: ...
-
-        async def _pipelined(
-            self, steps: Sequence[tuple[str, dict[str, Any]]], *, urgent: bool = False
-        ) -> list[DictRow]: ...
+    def __init__(self, db: Connections) -> None:
+        self.db = db
 
     async def _graph_run(self, steps: Sequence[tuple[str, dict[str, Any]]]) -> list[DictRow]:
-        return await self._retry(lambda: self._pipelined(steps))
+        return await self.db.retried(steps)
 
     async def put_graph_checkpoint(
         self, namespace: str, tenant: str, checkpoint: GraphCheckpoint, fence: Fence | None,

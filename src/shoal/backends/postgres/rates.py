@@ -26,11 +26,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
-from psycopg.rows import DictRow
-
-from shoal.backends._sql import queries
+from shoal.backends.postgres.connections import Connections, Q
 from shoal.ports import check_counter_args, check_needs
 from shoal.types import (
     Admitted,
@@ -48,36 +46,19 @@ from shoal.types import (
     WindowResult,
 )
 
-if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-
-_Q = queries("postgres")
-_T = TypeVar("_T")
-
 
 class PostgresRateLimits:
     """Slots, windows, pauses, counters and the cost ledger for
-    :class:`~shoal.backends.postgres.PostgresStore`. It keeps no state of its own (no
-    ``__init__``)."""
+    :class:`~shoal.backends.postgres.PostgresStore`, on ``db``. It keeps no state of its
+    own."""
 
-    if TYPE_CHECKING:   # provided by PostgresStore (and its PostgresCoordination base)
-        schema: str
-
-        async def _retry(self, attempt: Callable[[], Awaitable[_T]]) -> _T: ...
-
-        async def _pipelined(
-            self, steps: Sequence[tuple[str, dict[str, Any]]], *, urgent: bool = False
-        ) -> list[DictRow]: ...
+    def __init__(self, db: Connections) -> None:
+        self.db = db
 
     def _rate_lock(self, kind: str, namespace: str, key: str) -> tuple[str, dict[str, Any]]:
         """The statement taking the advisory transaction lock of one slot or window key."""
-        name = json.dumps(["shoal-rate", self.schema, kind, namespace, key])
-        return _Q["advisory_xact_lock"], {"key": name}
-
-    async def _rate_run(
-        self, steps: Sequence[tuple[str, dict[str, Any]]], *, urgent: bool = False
-    ) -> list[DictRow]:
-        return await self._retry(lambda: self._pipelined(steps, urgent=urgent))
+        name = json.dumps(["shoal-rate", self.db.schema, kind, namespace, key])
+        return Q["advisory_xact_lock"], {"key": name}
 
     # -- slots ---------------------------------------------------------------------------------
 
@@ -87,8 +68,8 @@ class PostgresRateLimits:
         args: dict[str, Any] = {
             "namespace": namespace, "key": key, "holder": holder, "max_slots": int(max_slots),
             "now": float(now), "until": float(now + lease)}
-        [row] = await self._rate_run([self._rate_lock("slot", namespace, key),
-                                      (_Q["rate_slot_acquire"], args)])
+        [row] = await self.db.retried([self._rate_lock("slot", namespace, key),
+                                      (Q["rate_slot_acquire"], args)])
         if row["granted"]:
             return SlotGrant(now + lease)
         if row["retry_at"] is None:   # max_slots < 1 and nothing held: the reference fails too
@@ -100,14 +81,14 @@ class PostgresRateLimits:
     ) -> bool:
         args: dict[str, Any] = {"namespace": namespace, "key": key, "holder": holder,
                                 "now": float(now), "until": float(now + lease)}
-        [row] = await self._rate_run([self._rate_lock("slot", namespace, key),
-                                      (_Q["rate_slot_renew"], args)], urgent=True)
+        [row] = await self.db.retried([self._rate_lock("slot", namespace, key),
+                                      (Q["rate_slot_renew"], args)], urgent=True)
         return bool(row["renewed"] == 1)
 
     async def slot_release(self, namespace: str, key: str, holder: str) -> None:
         args: dict[str, Any] = {"namespace": namespace, "key": key, "holder": holder}
-        await self._rate_run([self._rate_lock("slot", namespace, key),
-                              (_Q["rate_slot_release"], args)])
+        await self.db.retried([self._rate_lock("slot", namespace, key),
+                              (Q["rate_slot_release"], args)])
 
     # -- windows -------------------------------------------------------------------------------
 
@@ -121,28 +102,28 @@ class PostgresRateLimits:
             "namespace": namespace, "key": key, "amount": float(amount),
             "window": float(window), "limit": None if limit is None else float(limit),
             "now": float(now), "cutoff": float(now - window)}
-        [row] = await self._rate_run([self._rate_lock("window", namespace, key),
-                                      (_Q["rate_window_prune"], args),
-                                      (_Q["rate_window_add"], args)])
+        [row] = await self.db.retried([self._rate_lock("window", namespace, key),
+                                      (Q["rate_window_prune"], args),
+                                      (Q["rate_window_add"], args)])
         total: float = row["total"]
         if not row["added"]:
             return WindowResult(False, total, row["retry_at"])
         return WindowResult(True, total + amount)
 
     async def window_clear(self, namespace: str, key: str) -> None:
-        await self._rate_run([self._rate_lock("window", namespace, key),
-                              (_Q["rate_window_clear"], {"namespace": namespace, "key": key})])
+        await self.db.retried([self._rate_lock("window", namespace, key),
+                              (Q["rate_window_clear"], {"namespace": namespace, "key": key})])
 
     # -- pauses --------------------------------------------------------------------------------
 
     async def pause_until(self, namespace: str, key: str, until: float, now: float) -> float:
-        [row] = await self._rate_run([(_Q["rate_pause_until"], {
+        [row] = await self.db.retried([(Q["rate_pause_until"], {
             "namespace": namespace, "key": key, "until": float(until)})])
         kept: float = row["until"]
         return kept
 
     async def paused_until(self, namespace: str, key: str, now: float) -> float | None:
-        rows = await self._rate_run([(_Q["rate_paused_until"], {
+        rows = await self.db.retried([(Q["rate_paused_until"], {
             "namespace": namespace, "key": key, "now": float(now)})])
         return rows[0]["until"] if rows else None
 
@@ -153,7 +134,7 @@ class PostgresRateLimits:
         windows: Sequence[tuple[str, float]] = (), pauses: Sequence[str] = (),
         counters: Sequence[str] = (),
     ) -> RateView:
-        rows = await self._rate_run([(_Q["read_rates"], {
+        rows = await self.db.retried([(Q["read_rates"], {
             "namespace": namespace, "now": float(now), "slots": list(slots),
             "windows": [k for k, _ in windows],
             "cutoffs": [float(now - w) for _, w in windows],
@@ -204,7 +185,7 @@ class PostgresRateLimits:
                 args["win_lengths"].append(float(need.window))
                 args["win_limits"].append(None if need.limit is None else float(need.limit))
                 locks.add(("window", need.key))
-                prunes.append((_Q["rate_window_prune"], {
+                prunes.append((Q["rate_window_prune"], {
                     "namespace": namespace, "key": need.key,
                     "cutoff": float(now - need.window)}))
             elif isinstance(need, CircuitNeed):
@@ -220,12 +201,12 @@ class PostgresRateLimits:
             # marks them used now as counter_add's read does
             counters = {"namespace": namespace, "now": float(now),
                         "keys": [args["opened"], args["closed"]]}
-            steps += [(_Q["rate_counter_keys_create"], counters),
-                      (_Q["rate_counter_keys"], counters)]
+            steps += [(Q["rate_counter_keys_create"], counters),
+                      (Q["rate_counter_keys"], counters)]
         steps += prunes
-        steps.append((_Q["rate_admit_generic_plan"], {}))
-        steps.append((_Q["rate_admit"], args))
-        [row] = await self._rate_run(steps)
+        steps.append((Q["rate_admit_generic_plan"], {}))
+        steps.append((Q["rate_admit"], args))
+        [row] = await self.db.retried(steps)
         if row["refused"] is None:
             return Admitted(row["trial"])
         refused = needs[row["refused"]]
@@ -255,11 +236,11 @@ class PostgresRateLimits:
             args.update(tenant=entry.tenant, run_id=entry.run_id, root_id=entry.root_id,
                         amount=float(entry.amount), currency=entry.currency, at=float(entry.at),
                         provider=entry.provider, tokens=entry.tokens)
-        steps = [(_Q["rate_counter_keys_create"], args), (_Q["rate_counter_keys"], args)]
+        steps = [(Q["rate_counter_keys_create"], args), (Q["rate_counter_keys"], args)]
         if entry is not None:   # after the counters' locks, as every spend takes them
             steps.append(self._rate_lock("ledger", namespace, ""))
-        steps.append((_Q["rate_counter_add"], args))
-        rows = await self._rate_run(steps)
+        steps.append((Q["rate_counter_add"], args))
+        rows = await self.db.retried(steps)
         over = rows[0]["over"] if rows else None
         if over is not None:
             return CounterResult(False, [r["before"] for r in rows], over - 1)   # 1-based
@@ -271,11 +252,11 @@ class PostgresRateLimits:
         since: float | None = None, until: float | None = None,
     ) -> list[SpendEntry]:
         # one statement per narrowest filter, each walking its index from `after`
-        query = (_Q["cost_ledger_of_run"] if run_id is not None
-                 else _Q["cost_ledger_of_root"] if root_id is not None
-                 else _Q["cost_ledger_of_tenant"] if tenant is not None
-                 else _Q["cost_ledger"])
-        rows = await self._rate_run([(query, {
+        query = (Q["cost_ledger_of_run"] if run_id is not None
+                 else Q["cost_ledger_of_root"] if root_id is not None
+                 else Q["cost_ledger_of_tenant"] if tenant is not None
+                 else Q["cost_ledger"])
+        rows = await self.db.retried([(query, {
             "namespace": namespace, "tenant": tenant, "root_id": root_id, "run_id": run_id,
             "after": 0 if after is None else int(after), "limit": int(limit),
             "since": None if since is None else float(since),
@@ -296,11 +277,11 @@ class PostgresRateLimits:
         entries are read again under the lock); one that was not read waits for the next batch."""
         args: dict[str, Any] = {"namespace": namespace, "before": float(before),
                                 "limit": int(limit)}
-        found = await self._rate_run([(_Q["prune_window_keys"], args)])
+        found = await self.db.retried([(Q["prune_window_keys"], args)])
         keys = sorted({r["key"] for r in found})
         steps = [self._rate_lock("window", namespace, k) for k in keys]
-        steps.append((_Q["prune_rates"], {**args, "keys": keys}))
-        [row] = await self._rate_run(steps)
+        steps.append((Q["prune_rates"], {**args, "keys": keys}))
+        [row] = await self.db.retried(steps)
         deleted: int = row["deleted"]
         return deleted
 

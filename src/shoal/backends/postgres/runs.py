@@ -1,0 +1,271 @@
+"""The run queue of the PostgreSQL store (:class:`shoal.ports.RunQueue`): reading runs, claims,
+leases, settlements (batched: :class:`~shoal.backends.postgres.batcher.Batcher`), recovery,
+cancel and retry, retention and the counts of ``stats``."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from psycopg import errors as pg_errors
+from psycopg import sql
+
+from shoal import _json
+from shoal.backends._stats import keep, since, stats_from_rows
+from shoal.backends.postgres.batcher import Batcher
+from shoal.backends.postgres.connections import RETRYABLE, Connections, Q
+from shoal.backends.postgres.records import claimed, run_of
+from shoal.types import Fence, Renewal, Run, Settlement, Stats
+
+log = logging.getLogger("shoal.store.postgres")
+_SETTLE_COLUMNS = ("id", "owner", "epoch", "status", "output", "error", "finished_at", "run_at",
+                   "attempt_inc", "traceback")
+
+
+class PostgresRuns:
+    """Runs claimed, renewed, settled and recovered, on ``db``, announced on ``channel``."""
+
+    def __init__(self, db: Connections, channel: str) -> None:
+        self.db = db
+        self.channel = channel
+        self.settles = Batcher(db, channel, "settle", _SETTLE_COLUMNS)
+
+    async def get_run(self, run_id: str) -> Run | None:
+        row = await self.db.one(Q["get_run"], {"id": run_id})
+        return None if row is None else run_of(row)
+
+    async def list_runs(
+        self,
+        namespace: str | None,
+        *,
+        status: str | None = None,
+        workflow: str | None = None,
+        tenant: str | None = None,
+        limit: int = 100,
+        after: str | None = None,
+    ) -> list[Run]:
+        where: list[sql.Composable] = []
+        args: dict[str, Any] = {"limit": limit}
+        for column, value in (("namespace", namespace), ("status", status),
+                              ("workflow", workflow), ("tenant", tenant)):
+            if value is not None:
+                where.append(sql.SQL("{} = {}").format(sql.Identifier(column),
+                                                       sql.Placeholder(column)))
+                args[column] = value
+        if after is not None:
+            where.append(sql.SQL("id > %(after)s"))
+            args["after"] = after
+        query = sql.SQL("SELECT * FROM runs {} ORDER BY id LIMIT %(limit)s").format(
+            sql.SQL("WHERE ") + sql.SQL(" AND ").join(where) if where else sql.SQL(""))
+        return [run_of(row) for row in await self.db.all(query, args)]
+
+    async def claim_runs(
+        self,
+        namespace: str,
+        workflows: Sequence[str],
+        owner: str,
+        limit: int,
+        lease: float,
+        now: float,
+        *,
+        version: str | None = None,
+        any_version: Sequence[str] = (),
+    ) -> list[Run]:
+        if limit <= 0 or not workflows:
+            return []
+        args = {"namespace": namespace, "workflows": list(workflows), "owner": owner,
+                "limit": limit, "expires": now + lease, "now": now, "version": version,
+                "any_version": list(any_version)}
+        runs: list[Run] = []
+        for _ in range(3):
+            try:
+                runs = claimed(*await self.db.tuples(Q["claim"], args, hot=True))
+                break
+            except pg_errors.UniqueViolation:
+                # Another claim of the same concurrency key committed after this statement's
+                # snapshot: runs_key_holder refused the second holder. Claiming again sees it.
+                log.debug("claim.key_race: claiming again")
+            except RETRYABLE:
+                log.debug("claim.retry")
+        return runs
+
+    async def incompatible_runs(
+        self, namespace: str, workflows: Sequence[str], version: str | None,
+        any_version: Sequence[str], now: float, limit: int = 100,
+    ) -> list[Run]:
+        if limit <= 0 or not workflows:
+            return []
+        rows = await self.db.all(Q["incompatible_runs"], {
+            "namespace": namespace, "workflows": list(workflows), "version": version,
+            "any_version": list(any_version), "now": now, "limit": limit})
+        return [run_of(r) for r in rows]
+
+    async def renew_leases(
+        self, owner: str, leases: dict[str, int], lease: float, now: float
+    ) -> Renewal:
+        if not leases:
+            return Renewal(frozenset(), frozenset())
+        ids = sorted(leases)
+        # urgent: a burst of other operations queued for a connection must not cost leases
+        rows = await self.db.retry(lambda: self.db.all(Q["renew"], {
+            "expires": now + lease, "owner": owner, "ids": ids,
+            "epochs": [leases[i] for i in ids],
+        }, urgent=True))
+        return Renewal(frozenset(r["id"] for r in rows),
+                       frozenset(r["id"] for r in rows if r["cancel_requested"]))
+
+    async def settle_run(self, fence: Fence, settlement: Settlement, now: float) -> bool:
+        return await self.settles.write(fence.run_id, _settle_row(fence, settlement, now))
+
+    async def settle_and_claim(
+        self,
+        settlements: Sequence[tuple[Fence, Settlement, float]],
+        namespace: str,
+        workflows: Sequence[str],
+        owner: str,
+        limit: int,
+        lease: float,
+        now: float,
+        *,
+        version: str | None = None,
+        any_version: Sequence[str] = (),
+    ) -> tuple[list[bool], list[Run]]:
+        if limit <= 0 or not workflows:
+            limit = 0
+        if not settlements:
+            return [], await self.claim_runs(namespace, workflows, owner, limit, lease, now,
+                                             version=version, any_version=any_version)
+        if len({f.run_id for f, _, _ in settlements}) < len(settlements):
+            # two settlements of one run cannot share the statement: one by one, then claim
+            held = [await self.settle_run(*item) for item in settlements]
+            return held, await self.claim_runs(namespace, workflows, owner, limit, lease, now,
+                                               version=version, any_version=any_version)
+        rows = [_settle_row(*item) for item in settlements]
+        settle: dict[str, Any] = {c: [row[c] for row in rows] for c in _SETTLE_COLUMNS}
+        settle["channel"] = self.channel
+        claim = {"namespace": namespace, "workflows": list(workflows), "owner": owner,
+                 "limit": limit, "expires": now + lease, "now": now, "version": version,
+                 "any_version": list(any_version)}
+        # As in claim_runs, a claim of a concurrency key can be refused when another claim of
+        # the key committed after this statement's snapshot; the whole statement was undone,
+        # so it is tried again, the third time without the claim (the settlements are never
+        # given up for it).
+        for claiming in (limit > 0, limit > 0, False):
+            try:
+                written, claimed = await self.db.retry(functools.partial(
+                    self._settle_and_claim, settle, claim if claiming else None))
+                break
+            except pg_errors.UniqueViolation:
+                if not claiming:
+                    raise
+                log.debug("claim.key_race: settling and claiming again")
+        else:
+            raise AssertionError("unreachable")
+        return [f.run_id in written for f, _, _ in settlements], claimed
+
+    async def _settle_and_claim(
+        self, settle: dict[str, Any], claim: dict[str, Any] | None
+    ) -> tuple[set[str], list[Run]]:
+        """One statement: the settlements and the claim (one round trip, one commit). The ids
+        settled, and the runs claimed."""
+        if claim is None:
+            return {r["id"] for r in await self.db.all(Q["settle"], settle, hot=True)}, []
+        names, rows = await self.db.tuples(_SETTLE_AND_CLAIM, {**settle, "s_owner": settle["owner"],
+                                                             **claim}, hot=True)
+        # one row carries the ids settled; a row without a run when none was claimed
+        settled = next((r[0] for r in rows if r[0] is not None), None)
+        return set(settled or ()), claimed(names, [r for r in rows if r[1] is not None])
+
+    async def release_run(self, fence: Fence, now: float) -> bool:
+        args = {"run_id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
+                "channel": self.channel}
+        return await self.db.retry(lambda: self.db.one(Q["release"], args)) is not None
+
+    async def recover_runs(self, namespace: str, now: float) -> list[Run]:
+        rows = await self.db.retry(lambda: self.db.all(Q["recover"], {
+            "namespace": namespace, "now": now, "channel": self.channel}))
+        return [run_of(r) for r in rows]
+
+    async def cancel_run(self, run_id: str, now: float) -> Run | None:
+        # one statement, with the tree of an unfinished root (see the query)
+        row = await self.db.retry(lambda: self.db.one(Q["cancel"], {
+            "id": run_id, "now": now, "channel": self.channel}))
+        if row is None:
+            # unknown, or final already (a final run never changes again)
+            row = await self.db.one(Q["get_run"], {"id": run_id})
+        return None if row is None else run_of(row)
+
+    async def retry_run(
+        self, namespace: str, run_id: str, tenant: str | None, now: float
+    ) -> tuple[Run | None, bool]:
+        row = await self.db.retry(lambda: self.db.one(Q["retry"], {
+            "id": run_id, "namespace": namespace, "tenant": tenant, "now": now,
+            "channel": self.channel}))
+        if row is not None:
+            return run_of(row), True
+        found = await self.db.one(Q["get_run"], {"id": run_id})
+        if found is None or found["namespace"] != namespace or (
+                tenant is not None and found["tenant"] != tenant):
+            return None, False
+        return run_of(found), False
+
+    async def prune_runs(self, namespace: str, before: float, limit: int) -> int:
+        args = {"namespace": namespace, "before": before, "limit": limit}
+        return len(await self.db.retry(lambda: self.db.all(Q["prune_runs"], args)))
+
+    async def stats(self, namespace: str, now: float) -> Stats:
+        rows = await self.db.all(Q["stats"], {"namespace": namespace, "now": now,
+                                             "since": since(now)})
+        return stats_from_rows(namespace, now, rows)
+
+    async def fold_stats(self, namespace: str, now: float) -> None:
+        args = {"namespace": namespace, "keep": keep(now)}
+        if await self.db.one(Q["fold_needed"], args) is not None:
+            await self.db.retry(lambda: self.db.all(Q["fold_counts"], args, fetch=False))
+
+
+def _compose_settle_and_claim() -> str:
+    """The ``settle`` and ``claim`` statements as one: the settlements' CTEs and update, then the
+    claim's (the same snapshot: the claim does not see the rows the settlements free), then the
+    claimed rows, the first of them (or a row of its own) carrying the ids settled."""
+    def split(name: str) -> tuple[str, str]:
+        text = Q[name]
+        start = text.index("WITH ")   # after the comment lines that describe it
+        at = text.rindex("\nUPDATE runs\n")
+        return text[start + len("WITH "):at], text[at + 1:]
+
+    settle_with, settle_update = split("settle")
+    claim_with, claim_update = split("claim")
+    # the claim's owner is one text, the settlements' one per row
+    assert settle_with.count("%(owner)b") == 1 and "%(owner)" not in settle_update
+    settle_with = settle_with.replace("%(owner)b", "%(s_owner)b")
+    composed = (f"WITH {settle_with}, settled AS (\n{settle_update}\n), {claim_with}, "
+                f"claimed AS (\n{claim_update}\n), ids AS (SELECT array_agg(id) AS settled "
+                f"FROM settled)\nSELECT CASE WHEN row_number() OVER () = 1 THEN ids.settled "
+                f"END AS settled, claimed.* FROM ids LEFT JOIN claimed ON true")
+    # Without its comments and indentation: psycopg caches the parsing of a statement's
+    # placeholders only below 4 KB, and this one is sent on every batch (its text has no
+    # string literal that either would change).
+    compact = " ".join(re.sub(r"--[^\n]*", "", composed).split())
+    assert len(compact.encode()) < 4096, len(compact)
+    return compact
+
+_SETTLE_AND_CLAIM: Any = _compose_settle_and_claim()
+
+def _settle_row(fence: Fence, settlement: Settlement, now: float) -> dict[str, Any]:
+    """One row of the batched ``settle`` statement."""
+    outcome = settlement.outcome
+    return {
+        "id": fence.run_id, "owner": fence.owner, "epoch": fence.epoch,
+        "status": "queued" if outcome == "retry" else outcome,
+        "output": (("null" if settlement.output is None else _json.dumps(settlement.output))
+                   if outcome == "succeeded" else None),
+        "error": settlement.error,
+        "finished_at": None if outcome == "retry" else now,
+        "run_at": settlement.run_at if outcome == "retry" else now,
+        "attempt_inc": 1 if outcome == "retry" else 0,
+        "traceback": settlement.traceback,
+    }

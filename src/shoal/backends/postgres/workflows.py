@@ -1,0 +1,53 @@
+"""The workflows each instance serves (:class:`shoal.ports.WorkflowRegistry`) in the PostgreSQL
+store."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from shoal import _json
+from shoal.backends.postgres.connections import Connections, Q
+from shoal.types import JSON, WORKFLOW_INSTANCE_RETENTION, WorkflowInfo
+
+
+class PostgresWorkflows:
+    """The registered workflows and the instances serving them, on ``db``."""
+
+    def __init__(self, db: Connections) -> None:
+        self.db = db
+
+    async def register_workflows(
+        self, namespace: str, workflows: Mapping[str, JSON], now: float,
+        instance: str | None = None,
+    ) -> None:
+        if not workflows:
+            return
+        # in name order: two instances registering at once lock the rows in one order
+        names = sorted(workflows)
+        args = {"namespace": namespace, "names": names, "now": now, "instance": instance,
+                "options": [_json.dumps(workflows[n]) for n in names],
+                "before": now - WORKFLOW_INSTANCE_RETENTION}
+
+        async def register() -> None:
+            async with self.db.connection() as conn, self.db.transaction(conn):
+                await conn.execute(Q["register_workflows"], args)
+                if instance is not None:
+                    await conn.execute(Q["register_workflow_instances"], args)
+                    await conn.execute(Q["forget_workflow_instances"], args)
+
+        await self.db.retry(register)
+
+    async def get_workflow(self, namespace: str, name: str) -> JSON:
+        row = await self.db.one(Q["get_workflow"], {"namespace": namespace, "name": name})
+        return None if row is None else _json.loads(row["options"])
+
+    async def list_workflows(self, namespace: str | None) -> list[WorkflowInfo]:
+        args = {"namespace": namespace}
+        served: dict[tuple[str, str], list[tuple[str, float]]] = {}
+        for row in await self.db.all(Q["list_workflow_instances"], args):
+            served.setdefault((row["namespace"], row["workflow"]), []).append(
+                (row["instance"], row["registered_at"]))
+        return [WorkflowInfo(row["namespace"], row["name"], _json.loads(row["options"]),
+                             row["registered_at"],
+                             tuple(served.get((row["namespace"], row["name"]), ())))
+                for row in await self.db.all(Q["list_workflows"], args)]
