@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from shoal.types import Progress, Run, RunStatus
 
@@ -65,6 +65,12 @@ _DEFAULTS: dict[str, object] = dict.fromkeys(f.name for f in dataclasses.fields(
 STATUSES: dict[str, RunStatus] = {status.value: status for status in RunStatus}
 
 
+class Keyed(Protocol):
+    """A row whose values are read by column name: a dict row, a ``sqlite3.Row``."""
+
+    def __getitem__(self, name: str, /) -> Any: ...
+
+
 class RunRows:
     """How one backend's rows of runs become Runs. ``decoders`` maps a kind (see
     :class:`Column`) to what makes a field's value of a column's; a kind without one is taken
@@ -78,8 +84,8 @@ class RunRows:
         """The Run of the values of :data:`COLUMNS`, in their order."""
         self.by_name = operator.itemgetter(*NAMES)
 
-    def of_mapping(self, row: Mapping[str, Any]) -> Run:
-        """The Run of a row read as a mapping of column names (a dict row)."""
+    def of_mapping(self, row: Keyed) -> Run:
+        """The Run of a row read by column name (a dict row, a ``sqlite3.Row``)."""
         return self.run(self.by_name(row))
 
     def of_tuples(self, names: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[Run]:

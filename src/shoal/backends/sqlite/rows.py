@@ -6,8 +6,9 @@ from __future__ import annotations
 import sqlite3
 
 from shoal import _json
+from shoal.backends._runs import STATUSES, RunRows
 from shoal.backends._sql import progress_of, queries
-from shoal.types import Fence, OutboxEntry, Pause, Run, RunStatus, Step
+from shoal.types import Fence, OutboxEntry, Pause, Run, Step
 
 _Q = queries("sqlite")
 
@@ -50,21 +51,12 @@ def _pause(row: sqlite3.Row) -> Pause:
     )
 
 
+# A run's row as SQLite gives it: JSON as text, 0/1 for bools, a time kept as a whole number
+# as an int (see _real), a status as its text.
+_RUNS = RunRows({"json": _json.loads, "status": STATUSES.__getitem__, "real": _real,
+                 "bool": bool}, lambda progress, at: progress_of(progress, _real(at)))
+
+
 def _run(row: sqlite3.Row) -> Run:
-    return Run(
-        id=row["id"], namespace=row["namespace"], tenant=row["tenant"],
-        workflow=row["workflow"], input=_json.loads(row["input"]),
-        output=_json.loads(row["output"]), error=row["error"], status=RunStatus(row["status"]),
-        priority=row["priority"], created_at=float(row["created_at"]),
-        run_at=_real(row["run_at"]),
-        attempts=row["attempts"], max_attempts=row["max_attempts"],
-        concurrency_key=row["concurrency_key"], idempotency_key=row["idempotency_key"],
-        owner=row["owner"], lease_expires_at=_real(row["lease_expires_at"]),
-        lease_epoch=row["lease_epoch"], cancel_requested=bool(row["cancel_requested"]),
-        version=row["version"], parent_id=row["parent_id"], root_id=row["root_id"],
-        wait_for=row["wait_for"], held=bool(row["held"]), started_at=_real(row["started_at"]),
-        finished_at=_real(row["finished_at"]), resume_reason=row["resume_reason"],
-        traceback=row["traceback"],
-        progress=progress_of(row["progress"], _real(row["progress_at"])),
-        trace_context=row["trace_context"],
-    )
+    """The Run of a row of runs (every column of :data:`shoal.backends._runs.COLUMNS`)."""
+    return _RUNS.of_mapping(row)
