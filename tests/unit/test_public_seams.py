@@ -92,7 +92,7 @@ def private_imports(source: str) -> list[str]:
             found += [f"{node.lineno}: {n}" for n in [node.module, *names] if _outside(n)]
         elif isinstance(node, ast.Import):
             found += [f"{node.lineno}: {a.name}" for a in node.names if _outside(a.name)]
-    return sorted(set(found), key=lambda line: int(line.split(":")[0]))
+    return sorted(set(found), key=lambda line: (int(line.split(":")[0]), line))
 
 
 def _outside(module: str) -> bool:
