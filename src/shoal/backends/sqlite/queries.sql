@@ -81,6 +81,17 @@ SELECT id, workflow, concurrency_key FROM (
 ORDER BY priority DESC, created_at, id
 LIMIT :scan;
 
+-- name: key_slots
+-- The slots of a key its holders take (a workflow with a concurrency_limit above 1): the claim
+-- gives a run the smallest one free.
+SELECT key_slot FROM runs INDEXED BY runs_key_holder
+WHERE namespace = :namespace AND workflow = :workflow AND concurrency_key = :key
+  AND concurrency_key IS NOT NULL AND started_at IS NOT NULL
+  AND status IN ('queued', 'running', 'sleeping', 'waiting', 'interrupted');
+
+-- name: take_key_slot
+UPDATE runs SET key_slot = :slot WHERE id = :id AND started_at IS NULL;
+
 -- name: claim
 UPDATE runs
 SET status = 'running', owner = :owner, lease_expires_at = :expires, lease_epoch = lease_epoch + 1,
