@@ -48,17 +48,13 @@ _Q = queries("sqlite")
 def _limited(text: str) -> str:
     """``claim_candidates`` for workflows that allow several runs of a key at once: a queued
     run's key is free while fewer than its workflow's limit (``:limits``, a JSON object; 1 for
-    a workflow it leaves out) hold it, and each row says whether the run started before."""
+    a workflow it leaves out) hold it."""
     start = text.index("NOT EXISTS (\n                SELECT 1 FROM runs o")
     end = text.index("'interrupted')))", start) + len("'interrupted')")
     holders = text[start + len("NOT EXISTS ("):end]
     text = (text[:start] + f"(SELECT count(*) FROM ({holders})) < coalesce(("
             "SELECT value FROM json_each(:limits) WHERE key = r.workflow), 1)" + text[end + 1:])
-    columns = "r.id, r.workflow, r.concurrency_key, r.priority, r.created_at"
-    assert text.count(columns) == 2
-    text = text.replace(columns, columns + ", r.started_at")
-    return text.replace("SELECT id, workflow, concurrency_key FROM (",
-                        "SELECT id, workflow, concurrency_key, started_at FROM (", 1)
+    return text
 
 
 _Q["claim_candidates_limited"] = _limited(_Q["claim_candidates"])
@@ -273,8 +269,9 @@ class SQLiteRuns:
         keys: set[tuple[str, str]] = set()
         for row in candidates:
             key = row["concurrency_key"]
-            # with limits, a run that started before holds its key already (rows say which)
-            if key is not None and (not concurrency_limits or row["started_at"] is None):
+            # a run that started before holds its key already (with others, under a limit
+            # lowered since they started)
+            if key is not None and row["started_at"] is None:
                 if (row["workflow"], key) in keys:
                     continue
                 keys.add((row["workflow"], key))
