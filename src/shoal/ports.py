@@ -195,11 +195,14 @@ class RunQueue(Protocol):
         *,
         version: str | None = None,
         any_version: Sequence[str] = (),
+        concurrency_limits: Mapping[str, int] | None = None,
     ) -> list[Run]:
         """Atomically claim up to ``limit`` due runs of these workflows, by priority descending,
         created_at, id: set them running under ``owner`` with a new epoch and a lease until
-        ``now + lease``. A run with a concurrency key is claimed only when no other run of its
-        workflow and key has started and not ended (invariant 4). Due: queued (not held) or
+        ``now + lease``. A run with a concurrency key is claimed only when fewer than its
+        workflow's ``concurrency_limits`` (1 for a workflow left out) other runs of its workflow
+        and key have started and not ended (invariant 4), and a claim takes at most one run of a
+        key that has not started before. Due: queued (not held) or
         sleeping/waiting with ``run_at <= now``. A run that has started is claimed only by the
         code ``version`` that started it, unless its workflow is in ``any_version``; a run's
         first claim stamps it with ``version``."""
@@ -232,6 +235,7 @@ class RunQueue(Protocol):
         *,
         version: str | None = None,
         any_version: Sequence[str] = (),
+        concurrency_limits: Mapping[str, int] | None = None,
     ) -> tuple[list[bool], list[Run]]:
         """``settle_run(fence, settlement, at)`` for each of ``settlements`` (at most one per
         run) and ``claim_runs`` with the other arguments (none when ``limit`` is 0), the claim

@@ -345,6 +345,25 @@ async def _count(app: shoal.App, status: str, n: int) -> bool:
     return len(await app.list_runs(status=status)) == n
 
 
+async def test_a_concurrency_limit_lets_n_runs_of_a_key_run_at_once(clock: VirtualClock) -> None:
+    app = make_app(clock, max_concurrent_runs=5)
+
+    @app.workflow(concurrency_key=lambda i: i["key"], concurrency_limit=2)
+    async def wf(ctx: shoal.RunContext, input: Any) -> None:
+        await ctx.wait_for("go")
+
+    async with app:
+        runs = [await app.dispatch(wf, {"key": "k"}) for _ in range(3)]
+        other = await app.dispatch(wf, {"key": "j"})
+        await until(lambda: _count(app, "waiting", 3))
+        assert (await app.get_run(other.id)).status == "waiting"
+        assert [(await app.get_run(r.id)).status for r in runs] == ["waiting", "waiting",
+                                                                    "queued"]
+        await app.signal(runs[0].id, "go")
+        await until(status_is(app, runs[2].id, "waiting"))
+        assert (await app.get_run(runs[1].id)).status == "waiting"
+
+
 async def test_idempotency_key_across_instances(clock: VirtualClock) -> None:
     def make(store: shoal.Store, clk: shoal.Clock, name: str) -> shoal.App:
         app = shoal.App("test", store=store, clock=clk, instance_id=name)

@@ -177,6 +177,10 @@ def test_the_shortest_lease_is_accepted() -> None:
     ({"concurrency_key": 5}, r"concurrency_key\).*5"),
     ({"concurrency_key": "a\x00"}, r"concurrency_key\).*NUL"),
     ({"on_incompatible": "skip"}, r"on_incompatible\).*'skip'"),
+    ({"concurrency_key": "k", "concurrency_limit": 0}, r"concurrency_limit\).*0"),
+    ({"concurrency_key": "k", "concurrency_limit": True}, r"concurrency_limit\).*True"),
+    ({"concurrency_key": "k", "concurrency_limit": 2.0}, r"concurrency_limit\).*2\.0"),
+    ({"concurrency_limit": 2}, r"concurrency_limit\).*give the workflow a concurrency_key"),
 ])
 def test_workflow_refuses_options_that_cannot_work(options: dict[str, Any], match: str) -> None:
     app = shoal.App("bad", store="memory://")

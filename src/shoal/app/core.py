@@ -379,6 +379,7 @@ class App:
         backoff: float = 1.0,
         max_backoff: float = 300.0,
         on_incompatible: Literal["wait", "resume"] = "wait",
+        concurrency_limit: int = 1,
     ) -> WorkflowDecorator: ...
 
     def workflow(
@@ -393,11 +394,13 @@ class App:
         backoff: float = 1.0,
         max_backoff: float = 300.0,
         on_incompatible: Literal["wait", "resume"] = "wait",
+        concurrency_limit: int = 1,
     ) -> Workflow[Any, Any] | WorkflowDecorator:
         """Register an ``async def fn(ctx, input)`` as a workflow. ``max_attempts`` counts failed
         attempts (an exception, or a crash of the executing instance); retries wait
         ``backoff * 2**(attempt-1)`` seconds (at most ``max_backoff``) times a jitter in
-        [0.5, 1]."""
+        [0.5, 1]. With a ``concurrency_key``, ``concurrency_limit`` runs of one key may have
+        started and not ended at once (the store enforces it in the claim)."""
 
         def register(f: WorkflowFunction) -> Workflow[Any, Any]:
             if isinstance(f, Workflow):
@@ -411,7 +414,8 @@ class App:
             wf_name = f.__name__ if name is None else name
             options = WorkflowOptions(
                 max_attempts=max_attempts, priority=priority, concurrency_key=concurrency_key,
-                backoff=backoff, max_backoff=max_backoff, on_incompatible=on_incompatible)
+                backoff=backoff, max_backoff=max_backoff, on_incompatible=on_incompatible,
+                concurrency_limit=concurrency_limit)
             check_workflow_options(wf_name, options)
             _check_workflow_signature(f, wf_name)
             if wf_name in self._registry.workflows:

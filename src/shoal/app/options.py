@@ -143,6 +143,11 @@ def check_workflow_options(name: object, options: WorkflowOptions) -> None:
     elif concurrency_key is not None and not callable(concurrency_key):
         raise ConfigurationError(f"{what}, concurrency_key) must be None, a str or a function "
                                  f"of the input giving a str, not {concurrency_key!r:.80}.")
+    _checks.integer(options.concurrency_limit, f"{what}, concurrency_limit)", CONFIG, low=1,
+                    high=_checks.INT32_MAX)
+    if options.concurrency_limit != 1 and concurrency_key is None:
+        raise ConfigurationError(f"{what}, concurrency_limit) limits the runs of one "
+                                 f"concurrency key: give the workflow a concurrency_key too.")
     _checks.seconds(options.backoff, f"{what}, backoff)", CONFIG)
     _checks.seconds(options.max_backoff, f"{what}, max_backoff)", CONFIG)
     _checks.one_of(options.on_incompatible, f"{what}, on_incompatible)", CONFIG,

@@ -86,6 +86,7 @@ class WorkflowOptions:
     backoff: float = 1.0
     max_backoff: float = 300.0
     on_incompatible: str = "wait"
+    concurrency_limit: int = 1
 
     def stored(self) -> dict[str, Any]:
         """What another process needs to dispatch this workflow by name (kept in the store)."""
@@ -163,6 +164,12 @@ class Registry:
         """The workflows whose started runs any code version may continue."""
         return [name for name, spec in self.workflows.items()
                 if spec.options.on_incompatible == "resume"]
+
+    def concurrency_limits(self) -> dict[str, int]:
+        """The workflows whose runs of one concurrency key may run more than one at once, with
+        how many (a workflow left out allows one)."""
+        return {name: spec.options.concurrency_limit for name, spec in self.workflows.items()
+                if spec.options.concurrency_limit > 1}
 
 
 class EngineHost(Protocol):
@@ -394,7 +401,8 @@ class Engine:
             sent = self.clock.now()
             runs = await self.store.claim_runs(
                 self.namespace, list(self.workflows), self.instance_id, free, self.lease, sent,
-                version=self.config.version, any_version=self.registry.any_version())
+                version=self.config.version, any_version=self.registry.any_version(),
+                concurrency_limits=self.registry.concurrency_limits())
             for run in runs:
                 self._launch(run, sent)
             if len(runs) < free:
@@ -747,7 +755,8 @@ class Engine:
         held, claimed = await self.store.settle_and_claim(
             settlements, self.namespace, list(self.workflows), self.instance_id, limit,
             self.lease, now, version=self.config.version,
-            any_version=self.registry.any_version())
+            any_version=self.registry.any_version(),
+            concurrency_limits=self.registry.concurrency_limits())
         return list(held), claimed
 
     def launch_claimed(self, runs: list[Run], claimed_at: float) -> None:

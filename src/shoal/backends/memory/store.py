@@ -231,14 +231,13 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
         ]
         return sorted(found, key=lambda r: r.id)[:limit]
 
-    def _key_held(self, run: Run) -> bool:
-        for o in self._in(run.namespace):
-            if (o.id != run.id and o.workflow == run.workflow
-                    and o.concurrency_key == run.concurrency_key
-                    and (o.status in KEY_HOLDING_STATUSES
-                         or (o.status == _Q and o.started_at is not None))):
-                return True
-        return False
+    def _key_holders(self, run: Run) -> int:
+        """How many other runs of ``run``'s workflow and key hold the key (started, not ended)."""
+        return sum(1 for o in self._in(run.namespace)
+                   if o.id != run.id and o.workflow == run.workflow
+                   and o.concurrency_key == run.concurrency_key
+                   and (o.status in KEY_HOLDING_STATUSES
+                        or (o.status == _Q and o.started_at is not None)))
 
     async def claim_runs(
         self,
@@ -251,9 +250,11 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
         *,
         version: str | None = None,
         any_version: Sequence[str] = (),
+        concurrency_limits: Mapping[str, int] | None = None,
     ) -> list[Run]:
         if limit <= 0:
             return []
+        limits = concurrency_limits or {}
         wanted = set(workflows)
         due = sorted(
             (r for r in self._in(namespace)
@@ -266,8 +267,10 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
         claimed: list[Run] = []
         keys: set[tuple[str, str]] = set()
         for r in due:
-            if r.concurrency_key is not None:
-                if (r.workflow, r.concurrency_key) in keys or self._key_held(r):
+            # a run that started before holds its key already; of the others, one per key
+            if r.concurrency_key is not None and r.started_at is None:
+                if ((r.workflow, r.concurrency_key) in keys
+                        or self._key_holders(r) >= limits.get(r.workflow, 1)):
                     continue
                 keys.add((r.workflow, r.concurrency_key))
             if r.status == RunStatus.SLEEPING:
@@ -432,11 +435,13 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
         *,
         version: str | None = None,
         any_version: Sequence[str] = (),
+        concurrency_limits: Mapping[str, int] | None = None,
     ) -> tuple[list[bool], list[Run]]:
         held = [await self.settle_run(fence, settlement, at)
                 for fence, settlement, at in settlements]
         return held, await self.claim_runs(namespace, workflows, owner, limit, lease, now,
-                                           version=version, any_version=any_version)
+                                           version=version, any_version=any_version,
+                                           concurrency_limits=concurrency_limits)
 
     async def release_run(self, fence: Fence, now: float) -> bool:
         r = self._holds(fence)

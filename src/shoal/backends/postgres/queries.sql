@@ -124,6 +124,8 @@ SELECT * FROM runs WHERE id = %(id)s;
 -- when two claims race. A run that has started is claimed only by the code version that started
 -- it (a replay on other code could diverge), unless its workflow is in any_version; its first
 -- claim stamps it with the claimer's version. The SET reads the row as it was before the update.
+-- A claimer serving a workflow with a concurrency_limit above 1 runs claim_limited instead, this
+-- statement with the key's condition and its slot made for N holders (runs.py: _limited).
 WITH queued AS (
     SELECT r.id, r.priority, r.created_at FROM runs r
     WHERE r.namespace = %(namespace)s AND r.status = 'queued' AND NOT r.held
@@ -171,6 +173,8 @@ UPDATE runs
 SET status = 'running', owner = %(owner)s, lease_expires_at = %(expires)s,
     lease_epoch = runs.lease_epoch + 1, attempts = greatest(runs.attempts, 1),
     started_at = coalesce(runs.started_at, %(now)s), wait_for = NULL, run_at = %(now)s,
+    -- a first start holds the key's one slot (a run of a limit above 1 before may have had another)
+    key_slot = CASE WHEN runs.started_at IS NULL THEN 0 ELSE runs.key_slot END,
     -- a run takes the version of the code that first executes it
     version = CASE WHEN runs.started_at IS NULL THEN %(version)s::text ELSE runs.version END,
     resume_reason = CASE WHEN runs.status = 'sleeping' THEN 'woke'

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from psycopg import errors as pg_errors
@@ -21,6 +21,40 @@ from shoal.backends.postgres.records import claimed, run_of
 from shoal.types import Fence, Renewal, Run, Settlement, Stats
 
 log = logging.getLogger("shoal.store.postgres")
+
+_HOLDERS = """SELECT 1 FROM runs h
+                WHERE h.namespace = r.namespace AND h.workflow = r.workflow
+                  AND h.concurrency_key = r.concurrency_key AND h.id <> r.id"""
+_LIMIT = ("coalesce((SELECT l.n FROM unnest(%(limited)s::text[], %(limits)s::int[]) "
+          "AS l(workflow, n) WHERE l.workflow = {run}.workflow), 1)")
+_FREE_SLOT = """(SELECT coalesce(min(s.slot), 0) FROM generate_series(0, {limit} - 1) AS s(slot)
+        WHERE NOT EXISTS (
+            SELECT 1 FROM runs h
+            WHERE h.namespace = runs.namespace AND h.workflow = runs.workflow
+              AND h.concurrency_key = runs.concurrency_key AND h.key_slot = s.slot
+              AND h.concurrency_key IS NOT NULL AND h.started_at IS NOT NULL
+              AND h.status IN ('queued', 'running', 'sleeping', 'waiting', 'interrupted')))"""
+
+
+def _limited(text: str) -> str:
+    """``claim`` for workflows that allow several runs of a key at once (``%(limited)s`` with
+    their ``%(limits)s``; 1 for a workflow left out): a queued run's key is free while fewer
+    runs than the limit hold it, and its first start takes the smallest slot of the key no
+    holder takes, so that runs_key_holder refuses a holder too many when claims race, as it
+    does for one."""
+    start = text.index("NOT EXISTS (\n                " + _HOLDERS[:20])
+    end = text.index("'interrupted'))", start) + len("'interrupted')")
+    holders = text[start + len("NOT EXISTS ("):end]
+    assert _HOLDERS in holders
+    text = (f"{text[:start]}(SELECT count(*) FROM ({holders}) k) < {_LIMIT.format(run='r')}"
+            f"{text[end + 1:]}")
+    slot = "key_slot = CASE WHEN runs.started_at IS NULL THEN 0 ELSE"
+    assert text.count(slot) == 1
+    return text.replace(slot, "key_slot = CASE WHEN runs.started_at IS NULL THEN "
+                        + _FREE_SLOT.format(limit=_LIMIT.format(run="runs")) + " ELSE")
+
+
+Q["claim_limited"] = _limited(Q["claim"])
 _SETTLE_COLUMNS = ("id", "owner", "epoch", "status", "output", "error", "finished_at", "run_at",
                    "attempt_inc", "traceback")
 
@@ -73,16 +107,18 @@ class PostgresRuns:
         *,
         version: str | None = None,
         any_version: Sequence[str] = (),
+        concurrency_limits: Mapping[str, int] | None = None,
     ) -> list[Run]:
         if limit <= 0 or not workflows:
             return []
         args = {"namespace": namespace, "workflows": list(workflows), "owner": owner,
                 "limit": limit, "expires": now + lease, "now": now, "version": version,
-                "any_version": list(any_version)}
+                "any_version": list(any_version), **_limits(concurrency_limits)}
+        query = Q["claim_limited" if "limits" in args else "claim"]
         runs: list[Run] = []
         for _ in range(3):
             try:
-                runs = claimed(*await self.db.tuples(Q["claim"], args, hot=True))
+                runs = claimed(*await self.db.tuples(query, args, hot=True))
                 break
             except pg_errors.UniqueViolation:
                 # Another claim of the same concurrency key committed after this statement's
@@ -132,23 +168,26 @@ class PostgresRuns:
         *,
         version: str | None = None,
         any_version: Sequence[str] = (),
+        concurrency_limits: Mapping[str, int] | None = None,
     ) -> tuple[list[bool], list[Run]]:
         if limit <= 0 or not workflows:
             limit = 0
         if not settlements:
             return [], await self.claim_runs(namespace, workflows, owner, limit, lease, now,
-                                             version=version, any_version=any_version)
+                                             version=version, any_version=any_version,
+                                             concurrency_limits=concurrency_limits)
         if len({f.run_id for f, _, _ in settlements}) < len(settlements):
             # two settlements of one run cannot share the statement: one by one, then claim
             held = [await self.settle_run(*item) for item in settlements]
             return held, await self.claim_runs(namespace, workflows, owner, limit, lease, now,
-                                               version=version, any_version=any_version)
+                                               version=version, any_version=any_version,
+                                               concurrency_limits=concurrency_limits)
         rows = [_settle_row(*item) for item in settlements]
         settle: dict[str, Any] = {c: [row[c] for row in rows] for c in _SETTLE_COLUMNS}
         settle["channel"] = self.channel
         claim = {"namespace": namespace, "workflows": list(workflows), "owner": owner,
                  "limit": limit, "expires": now + lease, "now": now, "version": version,
-                 "any_version": list(any_version)}
+                 "any_version": list(any_version), **_limits(concurrency_limits)}
         # As in claim_runs, a claim of a concurrency key can be refused when another claim of
         # the key committed after this statement's snapshot; the whole statement was undone,
         # so it is tried again, the third time without the claim (the settlements are never
@@ -173,8 +212,9 @@ class PostgresRuns:
         settled, and the runs claimed."""
         if claim is None:
             return {r["id"] for r in await self.db.all(Q["settle"], settle, hot=True)}, []
-        names, rows = await self.db.tuples(_SETTLE_AND_CLAIM, {**settle, "s_owner": settle["owner"],
-                                                             **claim}, hot=True)
+        statement = _SETTLE_AND_CLAIM_LIMITED if "limits" in claim else _SETTLE_AND_CLAIM
+        names, rows = await self.db.tuples(statement, {**settle, "s_owner": settle["owner"],
+                                                      **claim}, hot=True)
         # one row carries the ids settled; a row without a run when none was claimed
         settled = next((r[0] for r in rows if r[0] is not None), None)
         return set(settled or ()), claimed(names, [r for r in rows if r[1] is not None])
@@ -227,7 +267,16 @@ class PostgresRuns:
             await self.db.retry(lambda: self.db.all(Q["fold_counts"], args, fetch=False))
 
 
-def _compose_settle_and_claim() -> str:
+def _limits(concurrency_limits: Mapping[str, int] | None) -> dict[str, Any]:
+    """``claim_limited``'s arguments for the workflows that allow more than one run of a key;
+    none (``claim``) when no workflow does."""
+    if not concurrency_limits:
+        return {}
+    names = sorted(concurrency_limits)
+    return {"limited": names, "limits": [concurrency_limits[n] for n in names]}
+
+
+def _compose_settle_and_claim(claim: str = "claim") -> str:
     """The ``settle`` and ``claim`` statements as one: the settlements' CTEs and update, then the
     claim's (the same snapshot: the claim does not see the rows the settlements free), then the
     claimed rows, the first of them (or a row of its own) carrying the ids settled."""
@@ -238,7 +287,7 @@ def _compose_settle_and_claim() -> str:
         return text[start + len("WITH "):at], text[at + 1:]
 
     settle_with, settle_update = split("settle")
-    claim_with, claim_update = split("claim")
+    claim_with, claim_update = split(claim)
     # the claim's owner is one text, the settlements' one per row
     assert settle_with.count("%(owner)b") == 1 and "%(owner)" not in settle_update
     settle_with = settle_with.replace("%(owner)b", "%(s_owner)b")
@@ -250,10 +299,12 @@ def _compose_settle_and_claim() -> str:
     # placeholders only below 4 KB, and this one is sent on every batch (its text has no
     # string literal that either would change).
     compact = " ".join(re.sub(r"--[^\n]*", "", composed).split())
-    assert len(compact.encode()) < 4096, len(compact)
+    # (claim_limited's is longer: it is sent only by a claimer of a workflow with a limit)
+    assert claim != "claim" or len(compact.encode()) < 4096, len(compact)
     return compact
 
 _SETTLE_AND_CLAIM: Any = _compose_settle_and_claim()
+_SETTLE_AND_CLAIM_LIMITED: Any = _compose_settle_and_claim("claim_limited")
 
 def _settle_row(fence: Fence, settlement: Settlement, now: float) -> dict[str, Any]:
     """One row of the batched ``settle`` statement."""

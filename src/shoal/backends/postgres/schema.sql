@@ -52,15 +52,17 @@ CREATE TABLE runs (
     has_tree_keys    boolean NOT NULL DEFAULT false,  -- a root whose tree stored keys (version 16)
     progress         text,  -- the latest ctx.progress, as JSON (version 19)
     progress_at      double precision,  -- when the run reported it
-    trace_context    text  -- the W3C trace context it continues, JSON (version 22)
+    trace_context    text,  -- the W3C trace context it continues, JSON (version 22)
+    key_slot         integer NOT NULL DEFAULT 0  -- which of its key's concurrency_limit places it holds (version 24)
 );
 
 -- invariant 5: one run per (tenant, workflow, idempotency key) in a namespace
 CREATE UNIQUE INDEX runs_idempotency ON runs (namespace, tenant, workflow, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
 -- invariant 4, enforced by the database: a started, unfinished run holds its concurrency key, and
--- a claim sets started_at, so two concurrent claims of one key cannot both commit.
-CREATE UNIQUE INDEX runs_key_holder ON runs (namespace, workflow, concurrency_key)
+-- a claim sets started_at, so two concurrent claims of one key cannot both commit; a run holds one
+-- of its key's concurrency_limit slots (key_slot: 0 when the limit is 1).
+CREATE UNIQUE INDEX runs_key_holder ON runs (namespace, workflow, concurrency_key, key_slot)
     WHERE concurrency_key IS NOT NULL AND started_at IS NOT NULL
       AND status IN ('queued', 'running', 'sleeping', 'waiting', 'interrupted');
 -- the first due run of a free key is the only one of that key a claim may take
@@ -528,4 +530,5 @@ FROM (VALUES (1, '0001_runs.sql'),
              (19, '0019_run_progress.sql'),
              (20, '0020_graph_checkpoints.sql'),
              (21, '0021_ledger_tokens.sql'),
-             (22, '0022_trace_context.sql')) AS applied (version, name);
+             (22, '0022_trace_context.sql'),
+             (24, '0024_concurrency_limits.sql')) AS applied (version, name);

@@ -48,12 +48,13 @@ SELECT
 SELECT * FROM runs WHERE id = :id;
 
 -- name: claim_candidates
--- Due runs in claim order whose concurrency key no started, unfinished run of the key holds.
+-- Due runs in claim order whose concurrency key no started, unfinished run of the key holds
+-- (started_at: a run that started before holds its key itself).
 -- Two branches, each limited and walking its partial index, so the cost stays flat however
 -- many runs are finished or queued behind: queued in claim order, due sleepers and waiters.
-SELECT id, workflow, concurrency_key FROM (
+SELECT id, workflow, concurrency_key, started_at FROM (
     SELECT * FROM (
-        SELECT r.id, r.workflow, r.concurrency_key, r.priority, r.created_at
+        SELECT r.id, r.workflow, r.concurrency_key, r.priority, r.created_at, r.started_at
         FROM runs r INDEXED BY runs_queued
         WHERE r.namespace = :namespace AND r.status = 'queued' AND r.held = 0
           AND r.run_at <= :now AND r.workflow IN (SELECT value FROM json_each(:workflows))
@@ -69,7 +70,7 @@ SELECT id, workflow, concurrency_key FROM (
         LIMIT :scan)
     UNION ALL
     SELECT * FROM (
-        SELECT r.id, r.workflow, r.concurrency_key, r.priority, r.created_at
+        SELECT r.id, r.workflow, r.concurrency_key, r.priority, r.created_at, r.started_at
         FROM runs r INDEXED BY runs_timed
         WHERE r.namespace = :namespace AND r.status IN ('sleeping', 'waiting')
           AND r.run_at <= :now AND r.workflow IN (SELECT value FROM json_each(:workflows))
@@ -80,6 +81,17 @@ SELECT id, workflow, concurrency_key FROM (
 )
 ORDER BY priority DESC, created_at, id
 LIMIT :scan;
+
+-- name: key_slots
+-- The slots of a key its holders take (a workflow with a concurrency_limit above 1): the claim
+-- gives a run the smallest one free.
+SELECT key_slot FROM runs INDEXED BY runs_key_holder
+WHERE namespace = :namespace AND workflow = :workflow AND concurrency_key = :key
+  AND concurrency_key IS NOT NULL AND started_at IS NOT NULL
+  AND status IN ('queued', 'running', 'sleeping', 'waiting', 'interrupted');
+
+-- name: take_key_slot
+UPDATE runs SET key_slot = :slot WHERE id = :id AND started_at IS NULL;
 
 -- name: claim
 UPDATE runs

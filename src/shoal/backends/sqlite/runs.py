@@ -43,6 +43,21 @@ from shoal.types import (
 )
 
 _Q = queries("sqlite")
+
+
+def _limited(text: str) -> str:
+    """``claim_candidates`` for workflows that allow several runs of a key at once: a queued
+    run's key is free while fewer than its workflow's limit (``:limits``, a JSON object; 1 for
+    a workflow it leaves out) hold it."""
+    start = text.index("NOT EXISTS (\n                SELECT 1 FROM runs o")
+    end = text.index("'interrupted')))", start) + len("'interrupted')")
+    holders = text[start + len("NOT EXISTS ("):end]
+    text = (text[:start] + f"(SELECT count(*) FROM ({holders})) < coalesce(("
+            "SELECT value FROM json_each(:limits) WHERE key = r.workflow), 1)" + text[end + 1:])
+    return text
+
+
+_Q["claim_candidates_limited"] = _limited(_Q["claim_candidates"])
 _QG = queries("sqlite", "graphs.sql")
 
 
@@ -208,46 +223,60 @@ class SQLiteRuns:
         *,
         version: str | None = None,
         any_version: Sequence[str] = (),
+        concurrency_limits: Mapping[str, int] | None = None,
     ) -> list[Run]:
         if limit <= 0 or not workflows:
             return []
         # A plain read first: an idle poll takes no write lock. The write transaction uses its
         # rows unless the file changed in between, rather than running the query again.
-        args = _claim_args(namespace, workflows, limit, now, version, any_version)
+        args = _claim_args(namespace, workflows, limit, now, version, any_version,
+                           concurrency_limits)
+        query = _Q["claim_candidates_limited" if "limits" in args else "claim_candidates"]
         seen = self.connection.changes()   # before the read: a commit after it is seen as a change
-        candidates = self.connection.db.execute(_Q["claim_candidates"], args).fetchall()
+        candidates = self.connection.db.execute(query, args).fetchall()
         if not candidates:
             return []
         async with self.connection.tx() as db:
             if self.connection.changes() != seen:
-                candidates = db.execute(_Q["claim_candidates"], args).fetchall()
-            return self._claim_candidates(db, candidates, owner, limit, lease, now, version)
+                candidates = db.execute(query, args).fetchall()
+            return self._claim_candidates(db, candidates, owner, limit, lease, now, version,
+                                          concurrency_limits)
 
     def _claim(
         self, db: sqlite3.Connection, namespace: str, workflows: Sequence[str], owner: str,
         limit: int, lease: float, now: float, version: str | None, any_version: Sequence[str],
+        concurrency_limits: Mapping[str, int] | None,
     ) -> list[Run]:
         """``claim_runs``' statements, in the caller's write transaction."""
         if limit <= 0 or not workflows:
             return []
-        candidates = db.execute(_Q["claim_candidates"], _claim_args(
-            namespace, workflows, limit, now, version, any_version)).fetchall()
-        return self._claim_candidates(db, candidates, owner, limit, lease, now, version)
+        args = _claim_args(namespace, workflows, limit, now, version, any_version,
+                           concurrency_limits)
+        query = _Q["claim_candidates_limited" if "limits" in args else "claim_candidates"]
+        candidates = db.execute(query, args).fetchall()
+        return self._claim_candidates(db, candidates, owner, limit, lease, now, version,
+                                      concurrency_limits)
 
     def _claim_candidates(
         self, db: sqlite3.Connection, candidates: list[sqlite3.Row], owner: str, limit: int,
         lease: float, now: float, version: str | None,
+        concurrency_limits: Mapping[str, int] | None = None,
     ) -> list[Run]:
         """Claim the first ``limit`` of ``candidates`` (``claim_candidates``' rows as the
-        write transaction ``db`` sees them), one run per concurrency key."""
+        write transaction ``db`` sees them), one run per concurrency key that has not started
+        before; with ``concurrency_limits``, each such run takes a free slot of its key."""
         ids: list[str] = []
         keys: set[tuple[str, str]] = set()
         for row in candidates:
             key = row["concurrency_key"]
-            if key is not None:
+            # a run that started before holds its key already (with others, under a limit
+            # lowered since they started)
+            if key is not None and row["started_at"] is None:
                 if (row["workflow"], key) in keys:
                     continue
                 keys.add((row["workflow"], key))
+                if concurrency_limits:
+                    _take_key_slot(db, row, concurrency_limits.get(row["workflow"], 1))
             ids.append(row["id"])
             if len(ids) == limit:
                 break
@@ -289,17 +318,19 @@ class SQLiteRuns:
         *,
         version: str | None = None,
         any_version: Sequence[str] = (),
+        concurrency_limits: Mapping[str, int] | None = None,
     ) -> tuple[list[bool], list[Run]]:
         if not settlements:
             return [], await self.claim_runs(namespace, workflows, owner, limit, lease, now,
-                                             version=version, any_version=any_version)
+                                             version=version, any_version=any_version,
+                                             concurrency_limits=concurrency_limits)
 
         # One transaction (shared with the checkpoints queued meanwhile): each settlement
         # fenced on its own, then the claim, which sees the slots and keys they freed.
         def write(db: sqlite3.Connection) -> tuple[list[bool], list[Run]]:
             held = [_settle(db, fence, settlement, at) for fence, settlement, at in settlements]
             return held, self._claim(db, namespace, workflows, owner, limit, lease, now,
-                                     version, any_version)
+                                     version, any_version, concurrency_limits)
 
         return await self.writes.write(write)
 
@@ -400,11 +431,27 @@ class SQLiteRuns:
 
 
 def _claim_args(namespace: str, workflows: Sequence[str], limit: int, now: float,
-                version: str | None, any_version: Sequence[str]) -> dict[str, Any]:
-    """The arguments of ``claim_candidates``."""
-    return {"namespace": namespace, "workflows": _json.dumps(list(workflows)), "now": now,
+                version: str | None, any_version: Sequence[str],
+                concurrency_limits: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """The arguments of ``claim_candidates`` (of ``claim_candidates_limited``, with
+    ``limits``, when some workflow allows more than one run of a key)."""
+    args = {"namespace": namespace, "workflows": _json.dumps(list(workflows)), "now": now,
             "scan": limit * 4 + 16, "version": version,
             "any_version": _json.dumps(list(any_version))}
+    if concurrency_limits:
+        args["limits"] = _json.dumps(dict(concurrency_limits))
+    return args
+
+
+def _take_key_slot(db: sqlite3.Connection, row: sqlite3.Row, n: int) -> None:
+    """Give the unstarted run of ``row`` the smallest slot of its key in [0, n) that no holder
+    takes (the candidates query saw fewer than n holders: one is free)."""
+    run = db.execute(_Q["get_run"], {"id": row["id"]}).fetchone()
+    taken = {r["key_slot"] for r in db.execute(_Q["key_slots"], {
+        "namespace": run["namespace"], "workflow": row["workflow"],
+        "key": row["concurrency_key"]})}
+    slot = min(set(range(n)) - taken, default=0)
+    db.execute(_Q["take_key_slot"], {"slot": slot, "id": row["id"]})
 
 
 def _settle(db: sqlite3.Connection, fence: Fence, settlement: Settlement, now: float) -> bool:

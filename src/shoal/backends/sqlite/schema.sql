@@ -43,7 +43,8 @@ CREATE TABLE runs (
     traceback        TEXT,                -- a failed run's last attempt's (at most 64 KiB, its end)
     progress         TEXT,                -- the latest ctx.progress, as JSON (version 19)
     progress_at      REAL,                -- when the run reported it
-    trace_context    TEXT                 -- the W3C trace context it continues, JSON (version 22)
+    trace_context    TEXT,                -- the W3C trace context it continues, JSON (version 22)
+    key_slot         INTEGER NOT NULL DEFAULT 0  -- which of its key's concurrency_limit places it holds (version 24)
 );
 
 -- invariant 5: one run per (tenant, workflow, idempotency key) in a namespace
@@ -57,8 +58,9 @@ CREATE INDEX runs_timed ON runs (namespace, run_at)
 CREATE INDEX runs_claimed ON runs (namespace, status, lease_expires_at)
     WHERE status IN ('running', 'interrupted');
 -- invariant 4, enforced by the database: a run holds its concurrency key from its first start
--- until it ends, and at most one run of a (workflow, key) holds it
-CREATE UNIQUE INDEX runs_key_holder ON runs (namespace, workflow, concurrency_key)
+-- until it ends, and at most one run of a (workflow, key) holds each of its slots (key_slot, in
+-- [0, concurrency_limit))
+CREATE UNIQUE INDEX runs_key_holder ON runs (namespace, workflow, concurrency_key, key_slot)
     WHERE concurrency_key IS NOT NULL AND started_at IS NOT NULL
       AND status IN ('queued', 'running', 'sleeping', 'waiting', 'interrupted');
 CREATE INDEX runs_held ON runs (namespace, created_at, id) WHERE held = 1;
@@ -438,4 +440,5 @@ FROM (VALUES (1, '0001_runs.sql'),
              (19, '0019_run_progress.sql'),
              (20, '0020_graph_checkpoints.sql'),
              (21, '0021_ledger_tokens.sql'),
-             (22, '0022_trace_context.sql'));
+             (22, '0022_trace_context.sql'),
+             (24, '0024_concurrency_limits.sql'));

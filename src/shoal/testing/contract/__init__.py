@@ -11,7 +11,9 @@
   (``store``, ``other``);
 - :class:`ProgressContract`: a run's progress, the latest value only, fenced (``store``,
   ``other``);
-- :class:`StoreContract`: the seven above, a whole :class:`~shoal.ports.Store`;
+- :class:`ConcurrencyLimitContract`: up to N runs of a concurrency key at once, the claimer's
+  ``concurrency_limits`` (``store``, ``other``);
+- :class:`StoreContract`: the eight above, a whole :class:`~shoal.ports.Store`;
 - :class:`CoordContract`: locks, membership and meters, a :class:`~shoal.ports.CoordStore`
   (``coord``, ``other``);
 - :class:`RateContract`: rate limits and the ledger, a :class:`~shoal.ports.RateStore`
@@ -69,6 +71,7 @@ from shoal.testing.contract.differential import (
     run_calls,
 )
 from shoal.testing.contract.inspection import InspectionContract
+from shoal.testing.contract.limits import ConcurrencyLimitContract
 from shoal.testing.contract.outbox import OutboxContract
 from shoal.testing.contract.pauses import PauseContract
 from shoal.testing.contract.progress import ProgressContract
@@ -92,8 +95,8 @@ from shoal.testing.contract.transactional import CallerTransaction, Transactiona
 from shoal.testing.contract.trees import TreeContract
 
 
-class StoreContract(RunContract, PauseContract, TreeContract, OutboxContract, StatsContract,
-                    InspectionContract, ProgressContract):
+class StoreContract(RunContract, ConcurrencyLimitContract, PauseContract, TreeContract,
+                    OutboxContract, StatsContract, InspectionContract, ProgressContract):
     """A whole :class:`~shoal.ports.Store`: every run-store suite. Provide the ``store`` and
     ``other`` fixtures."""
 
@@ -104,6 +107,7 @@ __all__ = [
     "NS",
     "T0",
     "CallerTransaction",
+    "ConcurrencyLimitContract",
     "CoordContract",
     "CoordDifferential",
     "InspectionContract",

@@ -239,7 +239,9 @@ async def _claim(w: _RunWorld) -> None:
     claimed = await w.both(
         "claim_runs", NS, list(rnd.choice([("wf",), ("wf", "other"), ("other",)])),
         rnd.choice(["a", "b", "c"]), rnd.randint(1, 3), rnd.choice([10.0, 30.0]), w.now,
-        version=version, any_version=rnd.choice([(), ("wf",)]))
+        version=version, any_version=rnd.choice([(), ("wf",)]),
+        # a limit of one (as without limits), of two, or one raised or lowered meanwhile
+        concurrency_limits=rnd.choice([None, {"wf": 2}, {"wf": 2, "other": 3}, {"other": 2}]))
     w.claimed(claimed)
 
 
