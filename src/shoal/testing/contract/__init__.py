@@ -11,7 +11,9 @@
   (``store``, ``other``);
 - :class:`ProgressContract`: a run's progress, the latest value only, fenced (``store``,
   ``other``);
-- :class:`StoreContract`: the seven above, a whole :class:`~shoal.ports.Store`;
+- :class:`PausedWorkflowContract`: paused workflows, whose runs no claim starts (``store``,
+  ``other``);
+- :class:`StoreContract`: the eight above, a whole :class:`~shoal.ports.Store`;
 - :class:`CoordContract`: locks, membership and meters, a :class:`~shoal.ports.CoordStore`
   (``coord``, ``other``);
 - :class:`RateContract`: rate limits and the ledger, a :class:`~shoal.ports.RateStore`
@@ -70,6 +72,7 @@ from shoal.testing.contract.differential import (
 )
 from shoal.testing.contract.inspection import InspectionContract
 from shoal.testing.contract.outbox import OutboxContract
+from shoal.testing.contract.paused import PausedWorkflowContract
 from shoal.testing.contract.pauses import PauseContract
 from shoal.testing.contract.progress import ProgressContract
 from shoal.testing.contract.rates import RateContract
@@ -93,7 +96,7 @@ from shoal.testing.contract.trees import TreeContract
 
 
 class StoreContract(RunContract, PauseContract, TreeContract, OutboxContract, StatsContract,
-                    InspectionContract, ProgressContract):
+                    InspectionContract, ProgressContract, PausedWorkflowContract):
     """A whole :class:`~shoal.ports.Store`: every run-store suite. Provide the ``store`` and
     ``other`` fixtures."""
 
@@ -109,6 +112,7 @@ __all__ = [
     "InspectionContract",
     "OutboxContract",
     "PauseContract",
+    "PausedWorkflowContract",
     "ProgressContract",
     "RateContract",
     "RateDifferential",
