@@ -52,6 +52,7 @@ from shoal.stores import mask_url, open_store
 from shoal.types import (
     OutboxEntry,
     Pause,
+    PausedWorkflow,
     Run,
     RunFilter,
     RunStatus,
@@ -895,10 +896,31 @@ def dispatch(ctx: click.Context, workflow: str, payload: str | None, wait: bool,
 # -- workflows -------------------------------------------------------------------------------
 
 
-def _workflow_dict(info: WorkflowInfo) -> dict[str, Any]:
+def _workflow_dict(info: WorkflowInfo, paused: list[PausedWorkflow]) -> dict[str, Any]:
     return {"namespace": info.namespace, "name": info.name, "options": info.options,
             "registered_at": info.registered_at,
-            "instances": [{"instance": i, "registered_at": at} for i, at in info.instances]}
+            "instances": [{"instance": i, "registered_at": at} for i, at in info.instances],
+            "paused": [_paused_dict(p) for p in paused]}
+
+
+def _paused_dict(paused: PausedWorkflow) -> dict[str, Any]:
+    return {"tenant": paused.tenant, "paused_at": paused.paused_at}
+
+
+def _paused_text(paused: list[PausedWorkflow]) -> str:
+    """The ``paused`` cell of ``shoal workflows``: which tenants, since when."""
+    return "\n".join(f"{'every tenant' if p.tenant is None else escape(p.tenant)} "
+                      f"[dim]{_when(p.paused_at)}[/]" for p in paused) or "[dim]-[/]"
+
+
+async def _paused_in(store: Store, found: list[WorkflowInfo],
+                     ) -> dict[tuple[str, str], list[PausedWorkflow]]:
+    """The pauses of the workflows ``found``, by (namespace, workflow)."""
+    paused: dict[tuple[str, str], list[PausedWorkflow]] = {}
+    for namespace in sorted({info.namespace for info in found}):
+        for p in await store.paused_workflows(namespace):
+            paused.setdefault((namespace, p.workflow), []).append(p)
+    return paused
 
 
 @cli.command(short_help="The workflows the store knows, and the instances that serve them.")
@@ -908,21 +930,23 @@ def _workflow_dict(info: WorkflowInfo) -> dict[str, Any]:
 def workflows(ctx: click.Context, as_json: bool, store_override: str | None,
               namespace_override: str | None) -> None:
     """The workflows registered in the store (all namespaces unless one is given), with their
-    dispatch options and the instances that registered each when they started, latest first
-    (an instance that has not started for 30 days is forgotten)."""
+    dispatch options, the instances that registered each when they started, latest first
+    (an instance that has not started for 30 days is forgotten), and its pauses ('shoal
+    workflow pause')."""
     target = _target(ctx, store_override, namespace_override)
 
-    async def read() -> list[WorkflowInfo]:
+    async def read() -> tuple[list[WorkflowInfo], dict[tuple[str, str], list[PausedWorkflow]]]:
         async with _opened_store(target.store) as store:
             found = await store.list_workflows(target.namespace)
             if not found:
                 await _check_namespace(store, target)
-            return found
+            return found, await _paused_in(store, found)
 
-    found = _run_async(read())
+    found, paused = _run_async(read())
     if as_json:
         for info in found:
-            click.echo(json.dumps(_workflow_dict(info), ensure_ascii=False))
+            click.echo(json.dumps(_workflow_dict(info, paused.get((info.namespace, info.name),
+                                                                  [])), ensure_ascii=False))
         return
     console = _console()
     if not found:
@@ -931,13 +955,94 @@ def workflows(ctx: click.Context, as_json: bool, store_override: str | None,
                       f"{escape(mask_url(target.store))}: start a worker that serves some.")
         return
     table = Table(title=f"workflows in {escape(mask_url(target.store))}", title_justify="left")
-    for column in ("namespace", "workflow", "options", "instances (latest start first)"):
+    for column in ("namespace", "workflow", "options", "instances (latest start first)",
+                   "paused"):
         table.add_column(column, overflow="fold")
     for info in found:
         instances = "\n".join(f"{escape(i)} [dim]{_when(at)}[/]" for i, at in info.instances)
         table.add_row(escape(info.namespace), escape(info.name),
-                      escape(_json_text(info.options, 120)), instances or "[dim]-[/]")
+                      escape(_json_text(info.options, 120)), instances or "[dim]-[/]",
+                      _paused_text(paused.get((info.namespace, info.name), [])))
     console.print(table)
+
+
+@cli.group("workflow")
+def workflow_group() -> None:
+    """Pause and resume a workflow (see 'shoal workflows' for the known ones)."""
+
+
+def _pause_command(verb: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The arguments and options of ``shoal workflow pause|resume``."""
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for option in (
+            click.pass_context, _target_options,
+            click.option("--json", "as_json", is_flag=True,
+                         help="The workflow's pauses after the command, as JSON."),
+            click.option("--tenant", default=None, metavar="NAME", type=NAME,
+                         help=f"{verb.capitalize()} the runs of this tenant only (without it: "
+                              f"of every tenant)."),
+            click.argument("name", type=NAME),
+        ):
+            fn = option(fn)
+        return fn
+    return decorate
+
+
+def _pause_or_resume(ctx: click.Context, name: str, tenant: str | None, as_json: bool,
+                     store_override: str | None, namespace_override: str | None,
+                     pause: bool) -> None:
+    target = _target(ctx, store_override, namespace_override)
+
+    async def go() -> tuple[str, bool, list[PausedWorkflow]]:
+        async with _opened_store(target.store) as store:
+            app = App(await _namespace_of(store, target, name), store=store)
+            async with app.open():
+                try:
+                    call = app.pause_workflow if pause else app.resume_workflow
+                    changed = await call(name, tenant)
+                except UnknownWorkflowError:
+                    raise click.ClickException(
+                        f"No workflow named {name!r} in namespace {app.namespace!r}: no "
+                        f"instance of the namespace registered it ('shoal workflows' lists "
+                        f"the registered ones).") from None
+                paused = [p for p in await app.paused_workflows() if p.workflow == name]
+                return app.namespace, changed, paused
+
+    namespace, changed, paused = _run_async(go())
+    if as_json:
+        click.echo(json.dumps({"namespace": namespace, "workflow": name, "tenant": tenant,
+                               "changed": changed, "paused": [_paused_dict(p) for p in paused]},
+                              ensure_ascii=False))
+        return
+    whose = "every tenant" if tenant is None else f"tenant {tenant!r}"
+    if pause:
+        click.echo(f"Paused workflow {name!r} in namespace {namespace!r} for {whose}: none of "
+                   f"its runs starts until 'shoal workflow resume'; running runs go on."
+                   if changed else f"Workflow {name!r} was already paused for {whose}.")
+    else:
+        rest = (" (other pauses of it remain: 'shoal workflows')" if paused else "")
+        click.echo(f"Resumed workflow {name!r} in namespace {namespace!r} for {whose}: its "
+                   f"runs start again{rest}." if changed
+                   else f"Workflow {name!r} was not paused for {whose}; nothing to resume{rest}.")
+
+
+@workflow_group.command("pause", short_help="Start no run of a workflow until it is resumed.")
+@_pause_command("pause")
+def workflow_pause(ctx: click.Context, name: str, tenant: str | None, as_json: bool,
+                   store_override: str | None, namespace_override: str | None) -> None:
+    """Pause workflow NAME: no instance starts a run of it (of --tenant only, if given), a
+    due sleeping or waiting run included, until 'shoal workflow resume'. Running runs go on
+    and dispatch still queues. Without --namespace, the only namespace that has it."""
+    _pause_or_resume(ctx, name, tenant, as_json, store_override, namespace_override, True)
+
+
+@workflow_group.command("resume", short_help="Let a paused workflow's runs start again.")
+@_pause_command("resume")
+def workflow_resume(ctx: click.Context, name: str, tenant: str | None, as_json: bool,
+                    store_override: str | None, namespace_override: str | None) -> None:
+    """Resume workflow NAME, paused by 'shoal workflow pause' with the same --tenant (a pause
+    of every tenant and one of a tenant are resumed apart): its due runs start again."""
+    _pause_or_resume(ctx, name, tenant, as_json, store_override, namespace_override, False)
 
 
 # -- stats -----------------------------------------------------------------------------------
@@ -949,9 +1054,9 @@ def _stats_dict(stats: Stats) -> dict[str, Any]:
     return out
 
 
-def _stats_table(stats: Stats, store: str) -> list[Any]:
+def _stats_table(stats: Stats, store: str, paused: list[PausedWorkflow]) -> list[Any]:
     """What ``shoal stats`` prints for one namespace: runs by workflow and status, queued runs
-    by tenant, then a few lines."""
+    by tenant, then a few lines (the paused workflows' among them, when there are some)."""
     table = Table(title=f"runs of namespace {escape(stats.namespace)!r} in {escape(store)} at "
                         f"{_when(stats.at)}", title_justify="left")
     table.add_column("workflow")
@@ -979,6 +1084,10 @@ def _stats_table(stats: Stats, store: str) -> list[Any]:
         f"Pending pauses: {stats.pending_pauses}. Outbox: {stats.outbox_backlog} to deliver, "
         f"{stats.dead_letters} dead-lettered.",
     ]
+    if paused:
+        out.append("Paused workflows: " + ", ".join(
+            f"{escape(p.workflow)} ({'every tenant' if p.tenant is None else escape(p.tenant)})"
+            for p in paused) + ".")
     return out
 
 
@@ -995,7 +1104,7 @@ def stats(ctx: click.Context, as_json: bool, store_override: str | None,
     namespace where an instance registered workflows."""
     target = _target(ctx, store_override, namespace_override)
 
-    async def read() -> list[Stats]:
+    async def read() -> list[tuple[Stats, list[PausedWorkflow]]]:
         async with _opened_store(target.store) as store:
             await _check_namespace(store, target)   # stats of any name are all zeros
             names = await _read_namespaces(store, target)
@@ -1003,21 +1112,23 @@ def stats(ctx: click.Context, as_json: bool, store_override: str | None,
             for name in names:
                 app = App(name, store=store)
                 async with app.open():
-                    found.append(await app.stats())
+                    found.append((await app.stats(), await app.paused_workflows()))
             return found
 
     found = _run_async(read())
     if as_json:
-        for one in found:
-            click.echo(json.dumps(_stats_dict(one), ensure_ascii=False))
+        for one, paused in found:
+            click.echo(json.dumps({**_stats_dict(one),
+                                   "paused": [{"workflow": p.workflow, **_paused_dict(p)}
+                                              for p in paused]}, ensure_ascii=False))
         return
     console = _console()
     if not found:
         console.print(f"No namespace has registered workflows in "
                       f"{escape(mask_url(target.store))}: give --namespace/-n NAME.")
         return
-    for one in found:
-        for part in _stats_table(one, mask_url(target.store)):
+    for one, paused in found:
+        for part in _stats_table(one, mask_url(target.store), paused):
             console.print(part)
 
 

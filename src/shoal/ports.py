@@ -73,6 +73,7 @@ from shoal.types import (
     NewRun,
     OutboxEntry,
     Pause,
+    PausedWorkflow,
     PauseNeed,
     PauseWait,
     Progress,
@@ -145,6 +146,25 @@ class WorkflowRegistry(Protocol):
         """The workflows registered in ``namespace`` (every namespace when None), by namespace
         and name."""
 
+    async def pause_workflow(
+        self, namespace: str, workflow: str, tenant: str | None, now: float
+    ) -> bool:
+        """Pause ``workflow`` in ``namespace`` for ``tenant`` (every tenant when None): from
+        this call's commit on, no claim of any handle starts a run of it (of that tenant), a
+        due sleeping or waiting one included; running runs are untouched and runs are still
+        created. True when it was not paused so already (a second call keeps the first
+        ``paused_at``)."""
+
+    async def resume_workflow(
+        self, namespace: str, workflow: str, tenant: str | None, now: float
+    ) -> bool:
+        """Drop the pause ``pause_workflow(namespace, workflow, tenant)`` made (only that one:
+        resuming every tenant leaves a pause of one tenant in place), so its due runs are
+        claimed again, and wake waiting claimers. False when there was none."""
+
+    async def paused_workflows(self, namespace: str) -> list[PausedWorkflow]:
+        """The pauses of ``namespace``, by workflow, then tenant (every tenant first)."""
+
 
 @runtime_checkable
 class RunQueue(Protocol):
@@ -205,7 +225,8 @@ class RunQueue(Protocol):
         key that has not started before. Due: queued (not held) or
         sleeping/waiting with ``run_at <= now``. A run that has started is claimed only by the
         code ``version`` that started it, unless its workflow is in ``any_version``; a run's
-        first claim stamps it with ``version``."""
+        first claim stamps it with ``version``. A run of a paused workflow (``pause_workflow``,
+        for every tenant or for the run's) is never claimed, and takes no room of ``limit``."""
 
     async def incompatible_runs(
         self, namespace: str, workflows: Sequence[str], version: str | None,

@@ -187,6 +187,16 @@ class WorkflowInfo:
 
 
 @dataclass(frozen=True)
+class PausedWorkflow:
+    """A workflow paused in a namespace: no run of it starts (for ``tenant`` only, or for every
+    tenant when ``tenant`` is None) until it is resumed; paused since ``paused_at``."""
+
+    workflow: str
+    tenant: str | None
+    paused_at: float
+
+
+@dataclass(frozen=True)
 class NewRun:
     """What ``create_run`` inserts; the store fills in status, attempts, owner and epoch."""
 

@@ -133,6 +133,22 @@ def test_every_verb_by_name(url: str) -> None:
             client.get_run("no-such-run")
 
 
+def test_a_client_pauses_and_resumes_a_workflow(url: str) -> None:
+    with serving(make_worker(url)), shoal.Client(url) as client:
+        assert client.pause_workflow("double")
+        assert [(p.workflow, p.tenant) for p in client.paused_workflows()] == [("double", None)]
+        held = client.dispatch("double", 1)
+        failing = client.dispatch("fails", 0)    # dispatched after it, and it runs
+        with pytest.raises(shoal.RunFailedError):
+            client.result(failing.id, timeout=TIMEOUT)
+        assert client.get_run(held.id).status == shoal.RunStatus.QUEUED
+        assert client.resume_workflow("double")
+        assert client.result(held.id, timeout=TIMEOUT) == 2
+        assert client.paused_workflows() == []
+        with pytest.raises(shoal.UnknownWorkflowError):
+            client.pause_workflow("no-such-workflow")
+
+
 def test_threads_share_one_client(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'shoal.db'}"
     client = shoal.Client(url)

@@ -33,7 +33,7 @@ from shoal.clock import Clock
 from shoal.errors import ClientClosedError, SchemaVersionError, StoreUnavailableError
 from shoal.ports import Store, TransactionalDispatch
 from shoal.stores import mask_url
-from shoal.types import NewRun, Pause, Run, RunStatus, Stats
+from shoal.types import NewRun, Pause, PausedWorkflow, Run, RunStatus, Stats
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
@@ -494,6 +494,23 @@ class AsyncClient:
         return await self._call(lambda app: app.resume(pause_id, approved, data, by,
                                                        tenant=tenant, reason=reason))
 
+    async def pause_workflow(self, workflow: str | Workflow[Any, Any],
+                             tenant: str | None = None) -> bool:
+        """Start no run of the workflow (of ``tenant`` only, if given) on any instance until
+        it is resumed (``app.pause_workflow``)."""
+        name = _name(workflow)
+        return await self._call(lambda app: app.pause_workflow(name, tenant))
+
+    async def resume_workflow(self, workflow: str | Workflow[Any, Any],
+                              tenant: str | None = None) -> bool:
+        """Drop that pause: its runs start again (``app.resume_workflow``)."""
+        name = _name(workflow)
+        return await self._call(lambda app: app.resume_workflow(name, tenant))
+
+    async def paused_workflows(self) -> list[PausedWorkflow]:
+        """The namespace's paused workflows (``app.paused_workflows``)."""
+        return await self._call(lambda app: app.paused_workflows())
+
     async def stats(self) -> Stats:
         """The namespace's runs by status and workflow, queue depth, pauses (``app.stats``)."""
         return await self._call(lambda app: app.stats())
@@ -752,6 +769,21 @@ class Client:
         """Answer a pause (``app.resume``): exactly one answer wins."""
         return self._call(lambda c: c.resume(pause_id, approved, data, by, tenant=tenant,
                                              reason=reason))
+
+    def pause_workflow(self, workflow: str | Workflow[Any, Any],
+                       tenant: str | None = None) -> bool:
+        """Start no run of the workflow (of ``tenant`` only, if given) on any instance until
+        it is resumed (``app.pause_workflow``)."""
+        return self._call(lambda c: c.pause_workflow(workflow, tenant))
+
+    def resume_workflow(self, workflow: str | Workflow[Any, Any],
+                        tenant: str | None = None) -> bool:
+        """Drop that pause: its runs start again (``app.resume_workflow``)."""
+        return self._call(lambda c: c.resume_workflow(workflow, tenant))
+
+    def paused_workflows(self) -> list[PausedWorkflow]:
+        """The namespace's paused workflows (``app.paused_workflows``)."""
+        return self._call(lambda c: c.paused_workflows())
 
     def stats(self) -> Stats:
         """The namespace's runs by status and workflow, queue depth, pauses (``app.stats``)."""

@@ -92,6 +92,7 @@ from shoal.types import (
     NewRun,
     OutboxEntry,
     Pause,
+    PausedWorkflow,
     Run,
     RunStatus,
     SpendEntry,
@@ -1465,6 +1466,52 @@ class App:
         if self._engine is not None:
             self._engine.kick()
         return run
+
+    # -- paused workflows ------------------------------------------------------------------
+
+    async def pause_workflow(self, name: str | Workflow[Any, Any], tenant: str | None = None,
+                             ) -> bool:
+        """Pause workflow ``name`` in this namespace, for every tenant or for ``tenant`` only:
+        from now on no instance starts a run of it (a due sleeping or waiting run included);
+        running runs go on and dispatch still queues. The pause is stored: every replica
+        holds back at once, until ``resume_workflow``. True when it was not paused so
+        already. ``UnknownWorkflowError`` for a name no instance registered."""
+        workflow, tenant = await self._paused_args("pause_workflow", name, tenant)
+        return await self._calls.pause_workflow(self.namespace, workflow, tenant,
+                                                self.clock.now())
+
+    async def resume_workflow(self, name: str | Workflow[Any, Any], tenant: str | None = None,
+                              ) -> bool:
+        """Drop the pause ``pause_workflow(name, tenant)`` made (a pause of every tenant and
+        one of a tenant are resumed apart): its due runs start again on any instance. True
+        when it was paused so. ``UnknownWorkflowError`` for a name no instance registered."""
+        workflow, tenant = await self._paused_args("resume_workflow", name, tenant)
+        resumed = await self._calls.resume_workflow(self.namespace, workflow, tenant,
+                                                    self.clock.now())
+        if resumed and self._engine is not None:
+            self._engine.kick()
+        return resumed
+
+    async def paused_workflows(self) -> list[PausedWorkflow]:
+        """The pauses of this namespace, by workflow, then tenant (``tenant`` None, every
+        tenant, first)."""
+        await self._open_store()
+        return await self._calls.paused_workflows(self.namespace)
+
+    async def _paused_args(self, call: str, name: object, tenant: object,
+                           ) -> tuple[str, str | None]:
+        """``name`` as a workflow this app or another instance of the namespace registered
+        (else ``UnknownWorkflowError``), and ``tenant`` checked."""
+        if isinstance(name, Workflow):
+            name = name.name
+        workflow = _checks.text(name, f"app.{call}(name)", CALL)
+        if tenant is not None:
+            tenant = _checks.text(tenant, f"app.{call}(tenant)", CALL)
+        await self._open_store()
+        if (workflow not in self._registry.workflows
+                and await self._calls.get_workflow(self.namespace, workflow) is None):
+            raise UnknownWorkflowError(workflow, self.namespace)
+        return workflow, tenant
 
     # -- approvals -------------------------------------------------------------------------
 

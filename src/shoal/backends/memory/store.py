@@ -41,6 +41,7 @@ from shoal.types import (
     NewRun,
     OutboxEntry,
     Pause,
+    PausedWorkflow,
     PauseWait,
     Progress,
     QueueDepth,
@@ -86,6 +87,8 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
         self._workflows: dict[tuple[str, str], tuple[JSON, float]] = {}
         # (namespace, workflow) -> instance -> when it last registered the workflow
         self._served: dict[tuple[str, str], dict[str, float]] = {}
+        # (namespace, workflow, tenant or None for every tenant) -> paused_at
+        self._paused_workflows: dict[tuple[str, str, str | None], float] = {}
         self._pauses: dict[str, Pause] = {}
         self._outbox: dict[str, OutboxEntry] = {}
         # (root, key) -> value, claimant, tenant (the root run's)
@@ -149,6 +152,32 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
             instances = sorted(served.items(), key=lambda i: (-i[1], i[0]))
             out.append(WorkflowInfo(ns, name, copy.deepcopy(options), at, tuple(instances)))
         return out
+
+    async def pause_workflow(
+        self, namespace: str, workflow: str, tenant: str | None, now: float
+    ) -> bool:
+        if (namespace, workflow, tenant) in self._paused_workflows:
+            return False
+        self._paused_workflows[(namespace, workflow, tenant)] = now
+        return True
+
+    async def resume_workflow(
+        self, namespace: str, workflow: str, tenant: str | None, now: float
+    ) -> bool:
+        if self._paused_workflows.pop((namespace, workflow, tenant), None) is None:
+            return False
+        self._touch()
+        return True
+
+    async def paused_workflows(self, namespace: str) -> list[PausedWorkflow]:
+        found = [PausedWorkflow(w, t, at) for (ns, w, t), at in self._paused_workflows.items()
+                 if ns == namespace]
+        return sorted(found, key=lambda p: (p.workflow, p.tenant is not None, p.tenant or ""))
+
+    def _paused_run(self, run: Run) -> bool:
+        paused = self._paused_workflows
+        return bool(paused) and ((run.namespace, run.workflow, None) in paused
+                                 or (run.namespace, run.workflow, run.tenant) in paused)
 
     # -- runs ------------------------------------------------------------------------------
 
@@ -261,7 +290,8 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
              if r.workflow in wanted and r.run_at is not None and r.run_at <= now
              and ((r.status == _Q and not r.held)
                   or r.status in (RunStatus.SLEEPING, RunStatus.WAITING))
-             and (r.started_at is None or r.version == version or r.workflow in any_version)),
+             and (r.started_at is None or r.version == version or r.workflow in any_version)
+             and not self._paused_run(r)),
             key=lambda r: (-r.priority, r.created_at, r.id),
         )
         claimed: list[Run] = []
@@ -923,6 +953,7 @@ _QUIET_WRITES = frozenset({
 })
 _READS = frozenset({
     "open", "close", "migrate", "ping", "wait_for_work", "get_workflow", "list_workflows",
+    "paused_workflows",
     "get_run", "list_runs", "incompatible_runs", "load_steps", "get_tree_key", "tree_keys",
     "get_pause", "list_pauses", "dead_letters", "search_runs", "inspect_run", "run_owners",
     "finished_per_minute", "stats", "coordination_view", "ledger", "read_rates", "paused_until",

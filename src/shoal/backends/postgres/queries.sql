@@ -123,7 +123,8 @@ SELECT * FROM runs WHERE id = %(id)s;
 -- unstarted run of the key, so a batch takes at most one run per key. runs_key_holder backs this
 -- when two claims race. A run that has started is claimed only by the code version that started
 -- it (a replay on other code could diverge), unless its workflow is in any_version; its first
--- claim stamps it with the claimer's version. The SET reads the row as it was before the update.
+-- claim stamps it with the claimer's version. A run of a paused workflow is no candidate (one
+-- probe of paused_workflows' primary key). The SET reads the row as it was before the update.
 -- A claimer serving a workflow with a concurrency_limit above 1 runs claim_limited instead, this
 -- statement with the key's condition and its slot made for N holders (runs.py: _limited).
 WITH queued AS (
@@ -150,6 +151,8 @@ WITH queued AS (
                   AND e.run_at <= %(now)s
                 ORDER BY e.priority DESC, e.created_at, e.id
                 LIMIT 1)))
+      AND NOT EXISTS (SELECT FROM paused_workflows p WHERE p.namespace = r.namespace
+                      AND p.workflow = r.workflow AND p.tenant IN ('', r.tenant))
     ORDER BY r.priority DESC, r.created_at, r.id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -161,6 +164,8 @@ WITH queued AS (
       -- sleeping or waiting: started, so only its own version
       AND (r.version IS NOT DISTINCT FROM %(version)s::text
            OR r.workflow = ANY(%(any_version)s::text[]))
+      AND NOT EXISTS (SELECT FROM paused_workflows p WHERE p.namespace = r.namespace
+                      AND p.workflow = r.workflow AND p.tenant IN ('', r.tenant))
     ORDER BY r.priority DESC, r.created_at, r.id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -560,6 +565,25 @@ ORDER BY namespace, name;
 SELECT namespace, workflow, instance, registered_at FROM workflow_instances
 WHERE %(namespace)s::text IS NULL OR namespace = %(namespace)s
 ORDER BY namespace, workflow, registered_at DESC, instance;
+
+-- name: pause_workflow
+INSERT INTO paused_workflows (namespace, workflow, tenant, paused_at)
+VALUES (%(namespace)s, %(workflow)s, %(tenant)s, %(now)s)
+ON CONFLICT (namespace, workflow, tenant) DO NOTHING
+RETURNING paused_at;
+
+-- name: resume_workflow
+-- The claimers waiting for work look again.
+WITH resumed AS (
+    DELETE FROM paused_workflows
+    WHERE namespace = %(namespace)s AND workflow = %(workflow)s AND tenant = %(tenant)s
+    RETURNING 1
+)
+SELECT pg_notify(%(channel)s, '') FROM resumed;
+
+-- name: paused_workflows
+SELECT workflow, tenant, paused_at FROM paused_workflows WHERE namespace = %(namespace)s
+ORDER BY workflow, tenant;
 
 -- name: prune_runs
 -- A bounded batch of the oldest finished runs with their steps, signals, outbox entries and the

@@ -145,7 +145,7 @@ class PostgresStore:
             reconnect_timeout=reconnect_timeout, command_timeout=command_timeout)
         locks = LockWatches(self.db)
         self.notifications = Notifications(self.db, self.channel, locks)
-        self.workflows = PostgresWorkflows(self.db)
+        self.workflows = PostgresWorkflows(self.db, self.channel)
         self.dispatch = PostgresDispatch(self.db, self.channel)
         self.runs = PostgresRuns(self.db, self.channel)
         self.steps = PostgresCheckpoints(self.db, self.channel)
@@ -319,6 +319,9 @@ class PostgresStore:
     register_workflows = part("workflows", PostgresWorkflows.register_workflows)
     get_workflow = part("workflows", PostgresWorkflows.get_workflow)
     list_workflows = part("workflows", PostgresWorkflows.list_workflows)
+    pause_workflow = part("workflows", PostgresWorkflows.pause_workflow)
+    resume_workflow = part("workflows", PostgresWorkflows.resume_workflow)
+    paused_workflows = part("workflows", PostgresWorkflows.paused_workflows)
 
     create_run = part("dispatch", PostgresDispatch.create_run)
     create_runs = part("dispatch", PostgresDispatch.create_runs)

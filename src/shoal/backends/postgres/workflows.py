@@ -4,17 +4,19 @@ store."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from shoal import _json
 from shoal.backends.postgres.connections import Connections, Q
-from shoal.types import JSON, WORKFLOW_INSTANCE_RETENTION, WorkflowInfo
+from shoal.types import JSON, WORKFLOW_INSTANCE_RETENTION, PausedWorkflow, WorkflowInfo
 
 
 class PostgresWorkflows:
-    """The registered workflows and the instances serving them, on ``db``."""
+    """The registered workflows, the instances serving them and the paused ones, on ``db``."""
 
-    def __init__(self, db: Connections) -> None:
+    def __init__(self, db: Connections, channel: str) -> None:
         self.db = db
+        self.channel = channel   # a resume announces itself there
 
     async def register_workflows(
         self, namespace: str, workflows: Mapping[str, JSON], now: float,
@@ -51,3 +53,25 @@ class PostgresWorkflows:
                              row["registered_at"],
                              tuple(served.get((row["namespace"], row["name"]), ())))
                 for row in await self.db.all(Q["list_workflows"], args)]
+
+    async def pause_workflow(
+        self, namespace: str, workflow: str, tenant: str | None, now: float
+    ) -> bool:
+        args = _paused(namespace, workflow, tenant, now)
+        return await self.db.retry(lambda: self.db.one(Q["pause_workflow"], args)) is not None
+
+    async def resume_workflow(
+        self, namespace: str, workflow: str, tenant: str | None, now: float
+    ) -> bool:
+        args = {**_paused(namespace, workflow, tenant, now), "channel": self.channel}
+        return await self.db.retry(lambda: self.db.one(Q["resume_workflow"], args)) is not None
+
+    async def paused_workflows(self, namespace: str) -> list[PausedWorkflow]:
+        rows = await self.db.all(Q["paused_workflows"], {"namespace": namespace})
+        return [PausedWorkflow(row["workflow"], row["tenant"] or None, row["paused_at"])
+                for row in rows]
+
+
+def _paused(namespace: str, workflow: str, tenant: str | None, now: float) -> dict[str, Any]:
+    """The arguments of the paused_workflows statements ('' stands for every tenant)."""
+    return {"namespace": namespace, "workflow": workflow, "tenant": tenant or "", "now": now}

@@ -52,6 +52,7 @@ SELECT * FROM runs WHERE id = :id;
 -- (started_at: a run that started before holds its key itself).
 -- Two branches, each limited and walking its partial index, so the cost stays flat however
 -- many runs are finished or queued behind: queued in claim order, due sleepers and waiters.
+-- A run of a paused workflow (paused_workflows) is no candidate: one probe of its primary key.
 SELECT id, workflow, concurrency_key, started_at FROM (
     SELECT * FROM (
         SELECT r.id, r.workflow, r.concurrency_key, r.priority, r.created_at, r.started_at
@@ -66,6 +67,8 @@ SELECT id, workflow, concurrency_key, started_at FROM (
                   AND o.concurrency_key = r.concurrency_key
                   AND o.concurrency_key IS NOT NULL AND o.started_at IS NOT NULL
                   AND o.status IN ('queued', 'running', 'sleeping', 'waiting', 'interrupted')))
+          AND NOT EXISTS (SELECT 1 FROM paused_workflows p WHERE p.namespace = r.namespace
+                          AND p.workflow = r.workflow AND p.tenant IN ('', r.tenant))
         ORDER BY r.priority DESC, r.created_at, r.id
         LIMIT :scan)
     UNION ALL
@@ -76,6 +79,8 @@ SELECT id, workflow, concurrency_key, started_at FROM (
           AND r.run_at <= :now AND r.workflow IN (SELECT value FROM json_each(:workflows))
           AND (r.version IS :version
                OR r.workflow IN (SELECT value FROM json_each(:any_version)))
+          AND NOT EXISTS (SELECT 1 FROM paused_workflows p WHERE p.namespace = r.namespace
+                          AND p.workflow = r.workflow AND p.tenant IN ('', r.tenant))
         ORDER BY r.priority DESC, r.created_at, r.id
         LIMIT :scan)
 )
@@ -350,6 +355,19 @@ ORDER BY namespace, name;
 SELECT namespace, workflow, instance, registered_at FROM workflow_instances
 WHERE :namespace IS NULL OR namespace = :namespace
 ORDER BY namespace, workflow, registered_at DESC, instance;
+
+-- name: pause_workflow
+INSERT INTO paused_workflows (namespace, workflow, tenant, paused_at)
+VALUES (:namespace, :workflow, :tenant, :now)
+ON CONFLICT (namespace, workflow, tenant) DO NOTHING;
+
+-- name: resume_workflow
+DELETE FROM paused_workflows
+WHERE namespace = :namespace AND workflow = :workflow AND tenant = :tenant;
+
+-- name: paused_workflows
+SELECT workflow, tenant, paused_at FROM paused_workflows WHERE namespace = :namespace
+ORDER BY workflow, tenant;
 
 -- name: insert_pause
 INSERT INTO pauses (id, namespace, tenant, run_id, name, request, status, created_at, expires_at)

@@ -35,6 +35,7 @@ from shoal.types import (
     WORKFLOW_INSTANCE_RETENTION,
     Fence,
     NewRun,
+    PausedWorkflow,
     Renewal,
     Run,
     Settlement,
@@ -98,6 +99,27 @@ class SQLiteRuns:
                              row["registered_at"],
                              tuple(served.get((row["namespace"], row["name"]), ())))
                 for row in self.connection.db.execute(_Q["list_workflows"], args).fetchall()]
+
+    async def pause_workflow(
+        self, namespace: str, workflow: str, tenant: str | None, now: float
+    ) -> bool:
+        async with self.connection.tx() as db:
+            return db.execute(_Q["pause_workflow"], _paused(namespace, workflow, tenant, now)
+                              ).rowcount == 1
+
+    async def resume_workflow(
+        self, namespace: str, workflow: str, tenant: str | None, now: float
+    ) -> bool:
+        # the delete changes the file: waiting claimers (data_version) look again
+        async with self.connection.tx() as db:
+            return db.execute(_Q["resume_workflow"], _paused(namespace, workflow, tenant, now)
+                              ).rowcount == 1
+
+    async def paused_workflows(self, namespace: str) -> list[PausedWorkflow]:
+        rows = self.connection.db.execute(_Q["paused_workflows"],
+                                          {"namespace": namespace}).fetchall()
+        return [PausedWorkflow(row["workflow"], row["tenant"] or None, row["paused_at"])
+                for row in rows]
 
     async def create_run(
         self, new: NewRun, *, max_queued: int | None, admission: str
@@ -428,6 +450,11 @@ class SQLiteRuns:
             db.executemany(_Q["fold_insert"], [
                 {"namespace": namespace, "workflow": row["workflow"], "status": row["status"],
                  "folded": row["folded"], "n": row["n"]} for row in sums if row["n"]])
+
+
+def _paused(namespace: str, workflow: str, tenant: str | None, now: float) -> dict[str, Any]:
+    """The arguments of the paused_workflows statements ('' stands for every tenant)."""
+    return {"namespace": namespace, "workflow": workflow, "tenant": tenant or "", "now": now}
 
 
 def _claim_args(namespace: str, workflows: Sequence[str], limit: int, now: float,

@@ -124,6 +124,16 @@ CREATE TABLE workflow_instances (
 ) WITHOUT ROWID;
 CREATE INDEX workflow_instances_registered ON workflow_instances (namespace, registered_at);
 
+-- Paused workflows: no run of the workflow starts while its row is here, of every tenant when
+-- tenant is '', else of that tenant; the claims probe the primary key (version 23).
+CREATE TABLE paused_workflows (
+    namespace TEXT NOT NULL,
+    workflow  TEXT NOT NULL,
+    tenant    TEXT NOT NULL,
+    paused_at REAL NOT NULL,
+    PRIMARY KEY (namespace, workflow, tenant)
+) WITHOUT ROWID;
+
 -- pauses, the human decisions runs wait for (approvals; version 2) ---------------------------
 
 CREATE TABLE pauses (
@@ -441,4 +451,5 @@ FROM (VALUES (1, '0001_runs.sql'),
              (20, '0020_graph_checkpoints.sql'),
              (21, '0021_ledger_tokens.sql'),
              (22, '0022_trace_context.sql'),
+             (23, '0023_paused_workflows.sql'),
              (24, '0024_concurrency_limits.sql'));

@@ -13,6 +13,8 @@
   ``other``);
 - :class:`ConcurrencyLimitContract`: up to N runs of a concurrency key at once, the claimer's
   ``concurrency_limits`` (``store``, ``other``);
+- :class:`PausedWorkflowContract`: paused workflows, whose runs no claim starts (``store``,
+  ``other``);
 - :class:`StoreContract`: the eight above, a whole :class:`~shoal.ports.Store`;
 - :class:`CoordContract`: locks, membership and meters, a :class:`~shoal.ports.CoordStore`
   (``coord``, ``other``);
@@ -73,6 +75,7 @@ from shoal.testing.contract.differential import (
 from shoal.testing.contract.inspection import InspectionContract
 from shoal.testing.contract.limits import ConcurrencyLimitContract
 from shoal.testing.contract.outbox import OutboxContract
+from shoal.testing.contract.paused import PausedWorkflowContract
 from shoal.testing.contract.pauses import PauseContract
 from shoal.testing.contract.progress import ProgressContract
 from shoal.testing.contract.rates import RateContract
@@ -96,7 +99,8 @@ from shoal.testing.contract.trees import TreeContract
 
 
 class StoreContract(RunContract, ConcurrencyLimitContract, PauseContract, TreeContract,
-                    OutboxContract, StatsContract, InspectionContract, ProgressContract):
+                    OutboxContract, StatsContract, InspectionContract, ProgressContract,
+                    PausedWorkflowContract):
     """A whole :class:`~shoal.ports.Store`: every run-store suite. Provide the ``store`` and
     ``other`` fixtures."""
 
@@ -113,6 +117,7 @@ __all__ = [
     "InspectionContract",
     "OutboxContract",
     "PauseContract",
+    "PausedWorkflowContract",
     "ProgressContract",
     "RateContract",
     "RateDifferential",

@@ -245,6 +245,14 @@ async def _claim(w: _RunWorld) -> None:
     w.claimed(claimed)
 
 
+async def _pause_workflow(w: _RunWorld) -> None:
+    rnd = w.rnd
+    call = rnd.choice(["pause_workflow", "pause_workflow", "resume_workflow", "resume_workflow"])
+    await w.both(call, NS, rnd.choice(["wf", "other"]), rnd.choice([None, "default", "t2"]),
+                 w.now)
+    await w.both("paused_workflows", NS)
+
+
 async def _renew(w: _RunWorld) -> None:
     owner = w.rnd.choice(["a", "b", "c"])
     leases = {f.run_id: f.epoch for f in [*w.claims.values(), *w.stale[-3:]]
@@ -480,7 +488,7 @@ _RUN_OPS: list[tuple[Callable[[_RunWorld], Awaitable[None]], int]] = [
     (_sleep, 4), (_wait_signal, 4), (_send_signal, 5), (_recover, 5), (_cancel, 3), (_retry, 3),
     (_release_held, 2), (_create_pause, 3), (_resolve_pause, 3), (_wait_pause, 2),
     (_pause_reads, 4), (_wait_child, 3), (_tree_keys, 3), (_outbox, 5), (_reads, 6), (_prune, 1),
-    (_progress, 3),
+    (_progress, 3), (_pause_workflow, 2),
 ]
 
 
