@@ -149,10 +149,15 @@ WITH queued AS (
                   AND e.concurrency_key = r.concurrency_key
                   AND e.status = 'queued' AND e.started_at IS NULL AND NOT e.held
                   AND e.run_at <= %(now)s
+                  -- a paused tenant's run does not stand in front of another tenant's
+                  AND NOT EXISTS (SELECT FROM paused_workflows p
+                                  WHERE (p.namespace, p.workflow, p.tenant)
+                                      = (e.namespace, e.workflow, e.tenant))
                 ORDER BY e.priority DESC, e.created_at, e.id
                 LIMIT 1)))
-      AND NOT EXISTS (SELECT FROM paused_workflows p WHERE p.namespace = r.namespace
-                      AND p.workflow = r.workflow AND p.tenant IN ('', r.tenant))
+      AND NOT EXISTS (SELECT FROM paused_workflows p
+                      WHERE (p.namespace, p.workflow) = (r.namespace, r.workflow)
+                        AND p.tenant IN ('', r.tenant))
     ORDER BY r.priority DESC, r.created_at, r.id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -164,8 +169,9 @@ WITH queued AS (
       -- sleeping or waiting: started, so only its own version
       AND (r.version IS NOT DISTINCT FROM %(version)s::text
            OR r.workflow = ANY(%(any_version)s::text[]))
-      AND NOT EXISTS (SELECT FROM paused_workflows p WHERE p.namespace = r.namespace
-                      AND p.workflow = r.workflow AND p.tenant IN ('', r.tenant))
+      AND NOT EXISTS (SELECT FROM paused_workflows p
+                      WHERE (p.namespace, p.workflow) = (r.namespace, r.workflow)
+                        AND p.tenant IN ('', r.tenant))
     ORDER BY r.priority DESC, r.created_at, r.id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -348,8 +354,8 @@ RETURNING payload;
 WITH s AS (
     SELECT * FROM unnest(%(id)b::text[], %(owner)b::text[], %(epoch)b::bigint[],
                          %(status)b::text[], %(output)b::text[], %(error)b::text[],
-                         %(finished_at)b::double precision[], %(run_at)b::double precision[],
-                         %(attempt_inc)b::integer[], %(traceback)b::text[])
+                         %(finished_at)b::float8[], %(run_at)b::float8[],
+                         %(attempt_inc)b::int4[], %(traceback)b::text[])
         AS s(id, owner, epoch, status, output, error, finished_at, run_at, attempt_inc,
              traceback)
 ), fenced AS (

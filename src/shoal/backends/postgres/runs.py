@@ -295,12 +295,12 @@ def _compose_settle_and_claim(claim: str = "claim") -> str:
                 f"claimed AS (\n{claim_update}\n), ids AS (SELECT array_agg(id) AS settled "
                 f"FROM settled)\nSELECT CASE WHEN row_number() OVER () = 1 THEN ids.settled "
                 f"END AS settled, claimed.* FROM ids LEFT JOIN claimed ON true")
-    # Without its comments, its indentation and the spaces inside parentheses and around
-    # commas and equal signs: psycopg caches the parsing of a statement's placeholders only
+    # Without its comments, its indentation and the spaces around parentheses, commas and
+    # equal signs: psycopg caches the parsing of a statement's placeholders only
     # below 4 KB, and this one is sent on every batch (its text has no string literal that
     # either would change).
     compact = " ".join(re.sub(r"--[^\n]*", "", composed).split())
-    compact = re.sub(r" ?([),=]) ?", r"\1", compact).replace("( ", "(")
+    compact = re.sub(r" ?([(),=]) ?", r"\1", compact)
     # (claim_limited's is longer: it is sent only by a claimer of a workflow with a limit)
     assert claim != "claim" or len(compact.encode()) < 4096, len(compact)
     return compact

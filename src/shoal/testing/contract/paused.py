@@ -56,6 +56,19 @@ class PausedWorkflowContract:
         assert await other.resume_workflow(NS, "wf", "acme", T0 + 7)
         assert [r.id for r in await claim(store, now=T0 + 8)] == [acme.id]
 
+    async def test_a_paused_tenants_run_first_of_a_key_does_not_hold_back_another_tenants(
+        self, store: Store, other: Store
+    ) -> None:
+        # the key is shared by both tenants' runs, and the paused tenant's comes first
+        held = await add(store, T0, tenant="acme", key="k")
+        free = await add(store, T0 + 1, tenant="globex", key="k")
+        assert await store.pause_workflow(NS, "wf", "acme", T0 + 2)
+        assert [r.id for r in await claim(other, now=T0 + 3)] == [free.id]
+        assert await other.resume_workflow(NS, "wf", "acme", T0 + 4)
+        assert await claim(store, now=T0 + 5) == []   # the key is held by the run claimed
+        got = await store.get_run(held.id)
+        assert got is not None and got.status == "queued"
+
     async def test_pausing_twice_keeps_the_first_and_resuming_nothing_is_a_no_op(
         self, store: Store, other: Store
     ) -> None:
