@@ -33,8 +33,7 @@ def _last_claim(schema: str) -> int:
     """The server process that ran the store's latest claim (alone or with settlements: the
     start of either statement, as pg_stat_activity keeps only a statement's first kilobyte)."""
     return next(pid for pid, query in _backends(schema)
-                if query.startswith(("-- One statement: lock due runs", "WITH s AS (",
-                                     "WITH s AS(")))
+                if query.startswith(("WITH queued AS(", "WITH s AS(", "WITH s AS (")))
 
 
 async def test_claims_and_settlements_keep_one_server_process(schema: str) -> None:

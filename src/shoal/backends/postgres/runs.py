@@ -55,6 +55,22 @@ def _limited(text: str) -> str:
 
 
 Q["claim_limited"] = _limited(Q["claim"])
+
+
+def _compact(text: str) -> str:
+    """``text`` without its comments, its indentation and the spaces around parentheses,
+    commas and equal signs. psycopg caches the parsing of a statement's placeholders only below
+    4 KB (a longer one is parsed again, in Python, on every execution), and the claims are
+    sent every few milliseconds on a busy worker; their texts have no string literal that this
+    would change."""
+    compact = " ".join(re.sub(r"--[^\n]*", "", text).split())
+    return re.sub(r" ?([(),=]) ?", r"\1", compact)
+
+
+# the claims as they are sent (queries.sql keeps them readable, with their comments)
+_CLAIM = _compact(Q["claim"])
+_CLAIM_LIMITED = _compact(Q["claim_limited"])
+assert len(_CLAIM.encode()) < 4096, len(_CLAIM)
 _SETTLE_COLUMNS = ("id", "owner", "epoch", "status", "output", "error", "finished_at", "run_at",
                    "attempt_inc", "traceback")
 
@@ -114,7 +130,7 @@ class PostgresRuns:
         args = {"namespace": namespace, "workflows": list(workflows), "owner": owner,
                 "limit": limit, "expires": now + lease, "now": now, "version": version,
                 "any_version": list(any_version), **_limits(concurrency_limits)}
-        query = Q["claim_limited" if "limits" in args else "claim"]
+        query = _CLAIM_LIMITED if "limits" in args else _CLAIM
         runs: list[Run] = []
         for _ in range(3):
             try:
@@ -295,12 +311,7 @@ def _compose_settle_and_claim(claim: str = "claim") -> str:
                 f"claimed AS (\n{claim_update}\n), ids AS (SELECT array_agg(id) AS settled "
                 f"FROM settled)\nSELECT CASE WHEN row_number() OVER () = 1 THEN ids.settled "
                 f"END AS settled, claimed.* FROM ids LEFT JOIN claimed ON true")
-    # Without its comments, its indentation and the spaces around parentheses, commas and
-    # equal signs: psycopg caches the parsing of a statement's placeholders only
-    # below 4 KB, and this one is sent on every batch (its text has no string literal that
-    # either would change).
-    compact = " ".join(re.sub(r"--[^\n]*", "", composed).split())
-    compact = re.sub(r" ?([(),=]) ?", r"\1", compact)
+    compact = _compact(composed)   # sent on every batch: below 4 KB (see _compact)
     # (claim_limited's is longer: it is sent only by a claimer of a workflow with a limit)
     assert claim != "claim" or len(compact.encode()) < 4096, len(compact)
     return compact
