@@ -39,9 +39,11 @@ async def _work(ctx: shoal.RunContext, input: dict[str, Any], part: int) -> None
 
 def make_app(store: str, instance_id: str | None = None, limit: int = 2) -> shoal.App:
     """The app of every process of the test: workflow ``export``, ``limit`` runs of a key at
-    once, each a step, a durable sleep (it keeps its place) and a step."""
+    once, each a step, a durable sleep (it keeps its place) and a step. Two slots a process:
+    the three keys' six places need every worker, so none can take them all (a worker that
+    settles a run claims the next in the same write)."""
     app = shoal.App(NAMESPACE, store=store, instance_id=instance_id, lease=5.0,
-                    max_concurrent_runs=8)
+                    max_concurrent_runs=2)
 
     @app.workflow(name="export", concurrency_key=lambda i: i["key"], concurrency_limit=limit)
     async def export(ctx: shoal.RunContext, input: dict[str, Any]) -> None:

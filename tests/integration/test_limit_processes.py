@@ -60,6 +60,7 @@ async def test_workers_never_run_more_than_the_limit_of_a_key(tmp_path: Path,
         async with app.open():   # migrates the store before the workers open it
             for n in range(3):
                 procs.start_worker(f"w{n}")
+            await procs.wait_started(log)   # every worker claims from the first dispatch
             runs = [await app.dispatch("export", {"key": key, "seconds": 0.2})
                     for _ in range(8) for key in ("ana", "bo", "cy")]
             final = await wait_all_final(app.store, limit_app.NAMESPACE, len(runs), timeout=120)
