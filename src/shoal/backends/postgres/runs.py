@@ -127,9 +127,8 @@ class PostgresRuns:
     ) -> list[Run]:
         if limit <= 0 or not workflows:
             return []
-        args = {"namespace": namespace, "workflows": list(workflows), "owner": owner,
-                "limit": limit, "expires": now + lease, "now": now, "version": version,
-                "any_version": list(any_version), **_limits(concurrency_limits)}
+        args = _claim_args(namespace, workflows, owner, limit, lease, now, version,
+                           any_version, concurrency_limits)
         query = _CLAIM_LIMITED if "limits" in args else _CLAIM
         runs: list[Run] = []
         for _ in range(3):
@@ -201,9 +200,8 @@ class PostgresRuns:
         rows = [_settle_row(*item) for item in settlements]
         settle: dict[str, Any] = {c: [row[c] for row in rows] for c in _SETTLE_COLUMNS}
         settle["channel"] = self.channel
-        claim = {"namespace": namespace, "workflows": list(workflows), "owner": owner,
-                 "limit": limit, "expires": now + lease, "now": now, "version": version,
-                 "any_version": list(any_version), **_limits(concurrency_limits)}
+        claim = _claim_args(namespace, workflows, owner, limit, lease, now, version,
+                            any_version, concurrency_limits)
         # As in claim_runs, a claim of a concurrency key can be refused when another claim of
         # the key committed after this statement's snapshot; the whole statement was undone,
         # so it is tried again, the third time without the claim (the settlements are never
@@ -281,6 +279,15 @@ class PostgresRuns:
         args = {"namespace": namespace, "keep": keep(now)}
         if await self.db.one(Q["fold_needed"], args) is not None:
             await self.db.retry(lambda: self.db.all(Q["fold_counts"], args, fetch=False))
+
+
+def _claim_args(namespace: str, workflows: Sequence[str], owner: str, limit: int, lease: float,
+                now: float, version: str | None, any_version: Sequence[str],
+                concurrency_limits: Mapping[str, int] | None) -> dict[str, Any]:
+    """The arguments of a claim statement, alone or with settlements."""
+    return {"namespace": namespace, "workflows": list(workflows), "owner": owner,
+            "limit": limit, "expires": now + lease, "now": now, "version": version,
+            "any_version": list(any_version), **_limits(concurrency_limits)}
 
 
 def _limits(concurrency_limits: Mapping[str, int] | None) -> dict[str, Any]:
