@@ -133,7 +133,7 @@ class PostgresRuns:
         runs: list[Run] = []
         for _ in range(3):
             try:
-                runs = claimed(*await self.db.tuples(query, args, hot=True))
+                runs = claimed(*await self.db.tuples(query, args, hot=True, generic=True))
                 break
             except pg_errors.UniqueViolation:
                 # Another claim of the same concurrency key committed after this statement's
@@ -228,7 +228,7 @@ class PostgresRuns:
             return {r["id"] for r in await self.db.all(Q["settle"], settle, hot=True)}, []
         statement = _SETTLE_AND_CLAIM_LIMITED if "limits" in claim else _SETTLE_AND_CLAIM
         names, rows = await self.db.tuples(statement, {**settle, "s_owner": settle["owner"],
-                                                      **claim}, hot=True)
+                                                      **claim}, hot=True, generic=True)
         # one row carries the ids settled; a row without a run when none was claimed
         settled = next((r[0] for r in rows if r[0] is not None), None)
         return set(settled or ()), claimed(names, [r for r in rows if r[1] is not None])
