@@ -38,6 +38,7 @@ from shoal.types import (
     KEY_HOLDING_STATUSES,
     WORKFLOW_INSTANCE_RETENTION,
     Fence,
+    FlowLimits,
     NewRun,
     OutboxEntry,
     Pause,
@@ -280,6 +281,7 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
         version: str | None = None,
         any_version: Sequence[str] = (),
         concurrency_limits: Mapping[str, int] | None = None,
+        flow: Mapping[str, FlowLimits] | None = None,
     ) -> list[Run]:
         if limit <= 0:
             return []
@@ -466,12 +468,13 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
         version: str | None = None,
         any_version: Sequence[str] = (),
         concurrency_limits: Mapping[str, int] | None = None,
+        flow: Mapping[str, FlowLimits] | None = None,
     ) -> tuple[list[bool], list[Run]]:
         held = [await self.settle_run(fence, settlement, at)
                 for fence, settlement, at in settlements]
         return held, await self.claim_runs(namespace, workflows, owner, limit, lease, now,
                                            version=version, any_version=any_version,
-                                           concurrency_limits=concurrency_limits)
+                                           concurrency_limits=concurrency_limits, flow=flow)
 
     async def release_run(self, fence: Fence, now: float) -> bool:
         r = self._holds(fence)

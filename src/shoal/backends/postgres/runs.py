@@ -18,7 +18,7 @@ from shoal.backends._stats import keep, since, stats_from_rows
 from shoal.backends.postgres.batcher import Batcher
 from shoal.backends.postgres.connections import RETRYABLE, Connections, Q
 from shoal.backends.postgres.records import claimed, run_of
-from shoal.types import Fence, Renewal, Run, Settlement, Stats
+from shoal.types import Fence, FlowLimits, Renewal, Run, Settlement, Stats
 
 log = logging.getLogger("shoal.store.postgres")
 
@@ -124,6 +124,7 @@ class PostgresRuns:
         version: str | None = None,
         any_version: Sequence[str] = (),
         concurrency_limits: Mapping[str, int] | None = None,
+        flow: Mapping[str, FlowLimits] | None = None,
     ) -> list[Run]:
         if limit <= 0 or not workflows:
             return []
@@ -184,19 +185,20 @@ class PostgresRuns:
         version: str | None = None,
         any_version: Sequence[str] = (),
         concurrency_limits: Mapping[str, int] | None = None,
+        flow: Mapping[str, FlowLimits] | None = None,
     ) -> tuple[list[bool], list[Run]]:
         if limit <= 0 or not workflows:
             limit = 0
         if not settlements:
             return [], await self.claim_runs(namespace, workflows, owner, limit, lease, now,
                                              version=version, any_version=any_version,
-                                             concurrency_limits=concurrency_limits)
+                                             concurrency_limits=concurrency_limits, flow=flow)
         if len({f.run_id for f, _, _ in settlements}) < len(settlements):
             # two settlements of one run cannot share the statement: one by one, then claim
             held = [await self.settle_run(*item) for item in settlements]
             return held, await self.claim_runs(namespace, workflows, owner, limit, lease, now,
                                                version=version, any_version=any_version,
-                                               concurrency_limits=concurrency_limits)
+                                               concurrency_limits=concurrency_limits, flow=flow)
         rows = [_settle_row(*item) for item in settlements]
         settle: dict[str, Any] = {c: [row[c] for row in rows] for c in _SETTLE_COLUMNS}
         settle["channel"] = self.channel

@@ -34,6 +34,7 @@ from shoal.types import (
     JSON,
     WORKFLOW_INSTANCE_RETENTION,
     Fence,
+    FlowLimits,
     NewRun,
     PausedWorkflow,
     Renewal,
@@ -246,6 +247,7 @@ class SQLiteRuns:
         version: str | None = None,
         any_version: Sequence[str] = (),
         concurrency_limits: Mapping[str, int] | None = None,
+        flow: Mapping[str, FlowLimits] | None = None,
     ) -> list[Run]:
         if limit <= 0 or not workflows:
             return []
@@ -283,6 +285,7 @@ class SQLiteRuns:
         self, db: sqlite3.Connection, candidates: list[sqlite3.Row], owner: str, limit: int,
         lease: float, now: float, version: str | None,
         concurrency_limits: Mapping[str, int] | None = None,
+        flow: Mapping[str, FlowLimits] | None = None,
     ) -> list[Run]:
         """Claim the first ``limit`` of ``candidates`` (``claim_candidates``' rows as the
         write transaction ``db`` sees them), one run per concurrency key that has not started
@@ -341,11 +344,12 @@ class SQLiteRuns:
         version: str | None = None,
         any_version: Sequence[str] = (),
         concurrency_limits: Mapping[str, int] | None = None,
+        flow: Mapping[str, FlowLimits] | None = None,
     ) -> tuple[list[bool], list[Run]]:
         if not settlements:
             return [], await self.claim_runs(namespace, workflows, owner, limit, lease, now,
                                              version=version, any_version=any_version,
-                                             concurrency_limits=concurrency_limits)
+                                             concurrency_limits=concurrency_limits, flow=flow)
 
         # One transaction (shared with the checkpoints queued meanwhile): each settlement
         # fenced on its own, then the claim, which sees the slots and keys they freed.
