@@ -97,6 +97,18 @@ class RunningCapContract:
         got = await _claim(other, T0 + 6, limit=4, owner="b")
         assert [r.id for r in got] == [capped[3].id, *(r.id for r in more)]
 
+    async def test_a_batch_filling_a_workflow_leaves_the_rest_to_the_runs_behind(
+        self, store: Store
+    ) -> None:
+        # far more runs of the capped workflow ahead than a claim would scan for its limit
+        capped = [await add(store, T0 + i * 0.001, priority=5) for i in range(80)]
+        behind = [await add(store, T0 + 1 + i * 0.001, workflow="other") for i in range(3)]
+        got = await _claim(store, T0 + 2, {"wf": FlowLimits(max_running=1)}, limit=3)
+        assert [r.id for r in got] == [capped[0].id, behind[0].id, behind[1].id]
+        got = await _claim(store, T0 + 2, {"wf": FlowLimits(max_running_per_tenant=2)},
+                           limit=3)
+        assert [r.id for r in got] == [capped[1].id, behind[2].id]
+
     async def test_sleeping_and_waiting_runs_hold_no_share_and_need_one_to_resume(
         self, store: Store, other: Store
     ) -> None:
