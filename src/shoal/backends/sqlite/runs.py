@@ -23,9 +23,9 @@ from shoal.backends._batches import (
     namespace_of,
     queued_run,
 )
+from shoal.backends._flow import Shares
 from shoal.backends._sql import queries
 from shoal.backends._stats import keep, since, stats_from_rows
-from shoal.backends._flow import Shares
 from shoal.backends.sqlite import flow as flow_sql
 from shoal.backends.sqlite import joined
 from shoal.backends.sqlite.batches import GroupCommit
