@@ -64,6 +64,7 @@ from shoal.types import (
     CoordinationView,
     CounterResult,
     Fence,
+    FlowLimits,
     GraphCheckpoint,
     GraphWrite,
     LockGrant,
@@ -216,6 +217,7 @@ class RunQueue(Protocol):
         version: str | None = None,
         any_version: Sequence[str] = (),
         concurrency_limits: Mapping[str, int] | None = None,
+        flow: Mapping[str, FlowLimits] | None = None,
     ) -> list[Run]:
         """Atomically claim up to ``limit`` due runs of these workflows, by priority descending,
         created_at, id: set them running under ``owner`` with a new epoch and a lease until
@@ -226,7 +228,15 @@ class RunQueue(Protocol):
         sleeping/waiting with ``run_at <= now``. A run that has started is claimed only by the
         code ``version`` that started it, unless its workflow is in ``any_version``; a run's
         first claim stamps it with ``version``. A run of a paused workflow (``pause_workflow``,
-        for every tenant or for the run's) is never claimed, and takes no room of ``limit``."""
+        for every tenant or for the run's) is never claimed, and takes no room of ``limit``.
+        ``flow`` gives, for the workflows that have them, the rules of :class:`FlowLimits`
+        (a workflow left out has none): a run whose workflow has ``max_running`` runs in
+        ``running`` (or its tenant ``max_running_per_tenant``) is not claimed, nor is one whose
+        first start would make more than ``rate_limit`` first starts of its workflow and
+        ``rate_key`` in the last ``rate_per`` seconds; under ``fairness="tenant"``, due runs of
+        one priority are taken tenant by tenant (see the contract suite). Each rule holds
+        across every claimer at once, and a run held back by one takes no room of ``limit``
+        from the runs behind it."""
 
     async def incompatible_runs(
         self, namespace: str, workflows: Sequence[str], version: str | None,
@@ -257,6 +267,7 @@ class RunQueue(Protocol):
         version: str | None = None,
         any_version: Sequence[str] = (),
         concurrency_limits: Mapping[str, int] | None = None,
+        flow: Mapping[str, FlowLimits] | None = None,
     ) -> tuple[list[bool], list[Run]]:
         """``settle_run(fence, settlement, at)`` for each of ``settlements`` (at most one per
         run) and ``claim_runs`` with the other arguments (none when ``limit`` is 0), the claim

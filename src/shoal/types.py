@@ -6,6 +6,7 @@ each other (River keeps ``rivertype`` for the same reason)."""
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal
 
@@ -194,6 +195,53 @@ class PausedWorkflow:
     workflow: str
     tenant: str | None
     paused_at: float
+
+
+@dataclass(frozen=True)
+class Rate:
+    """``@app.workflow(rate_limit=shoal.Rate(limit, per=seconds, key=None))``: at most ``limit``
+    first starts of the workflow in any window of ``per`` seconds, across every replica; per
+    key when ``key`` is a function of the input giving a str (or None: the run counts with the
+    runs that have no key). A run over the limit stays queued until the window allows it."""
+
+    limit: int
+    per: float
+    key: Callable[[Any], str | None] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        # (checked here without shoal._checks: this module imports nothing of shoal)
+        limit, per = self.limit, self.per
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise TypeError(f"shoal.Rate(limit) must be an int between 1 and 2147483647 "
+                            f"(first starts per window), not {limit!r:.80}.")
+        if not 1 <= limit <= 2**31 - 1:
+            raise ValueError(f"shoal.Rate(limit) must be an int between 1 and 2147483647 "
+                             f"(first starts per window), not {limit!r}.")
+        if isinstance(per, bool) or not isinstance(per, (int, float)):
+            raise TypeError(f"shoal.Rate(per) must be a finite number of seconds > 0 (the "
+                            f"window), not {per!r:.80}.")
+        if not (per > 0 and per != float("inf")):
+            raise ValueError(f"shoal.Rate(per) must be a finite number of seconds > 0 (the "
+                             f"window), not {per!r}.")
+        object.__setattr__(self, "per", float(per))
+        if self.key is not None and not callable(self.key):
+            raise TypeError(f"shoal.Rate(key) must be None or a function of the input giving "
+                            f"a str, not {self.key!r:.80}.")
+
+
+@dataclass(frozen=True, slots=True)
+class FlowLimits:
+    """What a claim enforces for one workflow beyond its concurrency key (``claim_runs(flow=)``,
+    from the workflow's options): at most ``max_running`` of its runs in ``running`` at once,
+    and ``max_running_per_tenant`` of one tenant's; at most ``rate_limit`` first starts in any
+    window of ``rate_per`` seconds, per ``Run.rate_key``; and with ``fairness="tenant"``,
+    tenants with due runs of one priority take turns, weighted by ``set_tenant_weight``."""
+
+    max_running: int | None = None
+    max_running_per_tenant: int | None = None
+    rate_limit: int | None = None
+    rate_per: float | None = None
+    fairness: str | None = None
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,7 @@ from shoal.types import (
     OutboxEntry,
     Pause,
     PausedWorkflow,
+    Rate,
     Run,
     RunStatus,
     SpendEntry,
@@ -381,6 +382,10 @@ class App:
         max_backoff: float = 300.0,
         on_incompatible: Literal["wait", "resume"] = "wait",
         concurrency_limit: int = 1,
+        max_running: int | None = None,
+        max_running_per_tenant: int | None = None,
+        rate_limit: Rate | None = None,
+        fairness: Literal["tenant"] | None = None,
     ) -> WorkflowDecorator: ...
 
     def workflow(
@@ -396,12 +401,20 @@ class App:
         max_backoff: float = 300.0,
         on_incompatible: Literal["wait", "resume"] = "wait",
         concurrency_limit: int = 1,
+        max_running: int | None = None,
+        max_running_per_tenant: int | None = None,
+        rate_limit: Rate | None = None,
+        fairness: Literal["tenant"] | None = None,
     ) -> Workflow[Any, Any] | WorkflowDecorator:
         """Register an ``async def fn(ctx, input)`` as a workflow. ``max_attempts`` counts failed
         attempts (an exception, or a crash of the executing instance); retries wait
         ``backoff * 2**(attempt-1)`` seconds (at most ``max_backoff``) times a jitter in
         [0.5, 1]. With a ``concurrency_key``, ``concurrency_limit`` runs of one key may have
-        started and not ended at once (the store enforces it in the claim)."""
+        started and not ended at once (the store enforces it in the claim). ``max_running``
+        and ``max_running_per_tenant`` cap the workflow's runs in ``running`` (of one tenant),
+        every replica together; ``rate_limit=shoal.Rate(limit, per=seconds, key=None)`` caps
+        its first starts per window; ``fairness="tenant"`` makes tenants with due runs take
+        turns (``set_tenant_weight``). See docs/flow-control.md."""
 
         def register(f: WorkflowFunction) -> Workflow[Any, Any]:
             if isinstance(f, Workflow):
@@ -416,7 +429,9 @@ class App:
             options = WorkflowOptions(
                 max_attempts=max_attempts, priority=priority, concurrency_key=concurrency_key,
                 backoff=backoff, max_backoff=max_backoff, on_incompatible=on_incompatible,
-                concurrency_limit=concurrency_limit)
+                concurrency_limit=concurrency_limit, max_running=max_running,
+                max_running_per_tenant=max_running_per_tenant, rate_limit=rate_limit,
+                fairness=fairness)
             check_workflow_options(wf_name, options)
             _check_workflow_signature(f, wf_name)
             if wf_name in self._registry.workflows:

@@ -25,6 +25,7 @@ from shoal.engine.runner import EngineConfig, WorkflowOptions
 from shoal.errors import ConfigurationError
 from shoal.maintenance import MaintenanceConfig, RetentionConfig
 from shoal.ports import CoordStore, Store
+from shoal.types import Rate
 
 if TYPE_CHECKING:
     from shoal.telemetry.tracing import Tracing
@@ -148,6 +149,14 @@ def check_workflow_options(name: object, options: WorkflowOptions) -> None:
     if options.concurrency_limit != 1 and concurrency_key is None:
         raise ConfigurationError(f"{what}, concurrency_limit) limits the runs of one "
                                  f"concurrency key: give the workflow a concurrency_key too.")
+    for option in ("max_running", "max_running_per_tenant"):
+        if (value := getattr(options, option)) is not None:
+            _checks.integer(value, f"{what}, {option})", CONFIG, low=1, high=_checks.INT32_MAX)
+    if options.rate_limit is not None and not isinstance(options.rate_limit, Rate):
+        raise ConfigurationError(f"{what}, rate_limit) must be None or a shoal.Rate(limit, "
+                                 f"per=seconds, key=None), not {options.rate_limit!r:.80}.")
+    if options.fairness is not None:
+        _checks.one_of(options.fairness, f"{what}, fairness)", CONFIG, ("tenant",))
     _checks.seconds(options.backoff, f"{what}, backoff)", CONFIG)
     _checks.seconds(options.max_backoff, f"{what}, max_backoff)", CONFIG)
     _checks.one_of(options.on_incompatible, f"{what}, on_incompatible)", CONFIG,

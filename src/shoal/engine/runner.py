@@ -33,7 +33,7 @@ from shoal.errors import BudgetExceededError, LeaseLostError, NonDeterminismErro
 from shoal.ports import Store
 from shoal.scope import RunScope, current_run, outside_run
 from shoal.telemetry import NOTHING, Telemetry
-from shoal.types import Fence, Pause, Run, RunStatus, Settlement
+from shoal.types import Fence, FlowLimits, Pause, Rate, Run, RunStatus, Settlement
 
 log = logging.getLogger("shoal")
 
@@ -87,6 +87,23 @@ class WorkflowOptions:
     max_backoff: float = 300.0
     on_incompatible: str = "wait"
     concurrency_limit: int = 1
+    max_running: int | None = None
+    max_running_per_tenant: int | None = None
+    rate_limit: Rate | None = None
+    fairness: str | None = None
+
+    def flow(self) -> FlowLimits | None:
+        """What the claim enforces for this workflow beyond its concurrency key; None when
+        nothing (the claim of such a workflow is the plain one)."""
+        rate = self.rate_limit
+        if (self.max_running is None and self.max_running_per_tenant is None and rate is None
+                and self.fairness is None):
+            return None
+        return FlowLimits(max_running=self.max_running,
+                          max_running_per_tenant=self.max_running_per_tenant,
+                          rate_limit=None if rate is None else rate.limit,
+                          rate_per=None if rate is None else rate.per,
+                          fairness=self.fairness)
 
     def stored(self) -> dict[str, Any]:
         """What another process needs to dispatch this workflow by name (kept in the store)."""
@@ -170,6 +187,12 @@ class Registry:
         how many (a workflow left out allows one)."""
         return {name: spec.options.concurrency_limit for name, spec in self.workflows.items()
                 if spec.options.concurrency_limit > 1}
+
+    def flow_limits(self) -> dict[str, FlowLimits]:
+        """The workflows whose claims enforce more than their concurrency key (``max_running``,
+        ``max_running_per_tenant``, ``rate_limit``, ``fairness``), with what."""
+        return {name: flow for name, spec in self.workflows.items()
+                if (flow := spec.options.flow()) is not None}
 
 
 class EngineHost(Protocol):
@@ -402,7 +425,8 @@ class Engine:
             runs = await self.store.claim_runs(
                 self.namespace, list(self.workflows), self.instance_id, free, self.lease, sent,
                 version=self.config.version, any_version=self.registry.any_version(),
-                concurrency_limits=self.registry.concurrency_limits())
+                concurrency_limits=self.registry.concurrency_limits(),
+                flow=self.registry.flow_limits() or None)
             for run in runs:
                 self._launch(run, sent)
             if len(runs) < free:
@@ -756,7 +780,8 @@ class Engine:
             settlements, self.namespace, list(self.workflows), self.instance_id, limit,
             self.lease, now, version=self.config.version,
             any_version=self.registry.any_version(),
-            concurrency_limits=self.registry.concurrency_limits())
+            concurrency_limits=self.registry.concurrency_limits(),
+            flow=self.registry.flow_limits() or None)
         return list(held), claimed
 
     def launch_claimed(self, runs: list[Run], claimed_at: float) -> None:

@@ -28,6 +28,7 @@ from shoal.backends._batches import (
     namespace_of,
     queued_run,
 )
+from shoal.backends._flow import Shares, capped
 from shoal.backends._stats import since
 from shoal.backends.memory.coord import MemoryCoordination
 from shoal.backends.memory.graphs import MemoryGraphCheckpoints
@@ -38,6 +39,7 @@ from shoal.types import (
     KEY_HOLDING_STATUSES,
     WORKFLOW_INSTANCE_RETENTION,
     Fence,
+    FlowLimits,
     NewRun,
     OutboxEntry,
     Pause,
@@ -280,6 +282,7 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
         version: str | None = None,
         any_version: Sequence[str] = (),
         concurrency_limits: Mapping[str, int] | None = None,
+        flow: Mapping[str, FlowLimits] | None = None,
     ) -> list[Run]:
         if limit <= 0:
             return []
@@ -296,13 +299,23 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
         )
         claimed: list[Run] = []
         keys: set[tuple[str, str]] = set()
+        caps = capped(flow)
+        # every run in `running` holds a share of its workflow's max_running (its lease may
+        # have expired: it holds one until recovered); sleeping and waiting runs hold none
+        shares = Shares(caps, ((r.workflow, r.tenant, 1) for r in self._in(namespace)
+                               if r.status == RunStatus.RUNNING and r.workflow in caps)
+                        if caps else ())
         for r in due:
+            # a run with no share left is skipped: it takes no room of the limit
+            if not shares.fits(r.workflow, r.tenant):
+                continue
             # a run that started before holds its key already; of the others, one per key
             if r.concurrency_key is not None and r.started_at is None:
                 if ((r.workflow, r.concurrency_key) in keys
                         or self._key_holders(r) >= limits.get(r.workflow, 1)):
                     continue
                 keys.add((r.workflow, r.concurrency_key))
+            shares.take(r.workflow, r.tenant)
             if r.status == RunStatus.SLEEPING:
                 reason: str | None = "woke"
             elif r.status == RunStatus.WAITING:
@@ -466,12 +479,13 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
         version: str | None = None,
         any_version: Sequence[str] = (),
         concurrency_limits: Mapping[str, int] | None = None,
+        flow: Mapping[str, FlowLimits] | None = None,
     ) -> tuple[list[bool], list[Run]]:
         held = [await self.settle_run(fence, settlement, at)
                 for fence, settlement, at in settlements]
         return held, await self.claim_runs(namespace, workflows, owner, limit, lease, now,
                                            version=version, any_version=any_version,
-                                           concurrency_limits=concurrency_limits)
+                                           concurrency_limits=concurrency_limits, flow=flow)
 
     async def release_run(self, fence: Fence, now: float) -> bool:
         r = self._holds(fence)

@@ -12,13 +12,15 @@ from typing import Any
 
 from psycopg import errors as pg_errors
 from psycopg import sql
+from psycopg.rows import tuple_row
 
 from shoal import _json
 from shoal.backends._stats import keep, since, stats_from_rows
+from shoal.backends.postgres import flow as flow_sql
 from shoal.backends.postgres.batcher import Batcher
 from shoal.backends.postgres.connections import RETRYABLE, Connections, Q
 from shoal.backends.postgres.records import claimed, run_of
-from shoal.types import Fence, Renewal, Run, Settlement, Stats
+from shoal.types import Fence, FlowLimits, Renewal, Run, Settlement, Stats
 
 log = logging.getLogger("shoal.store.postgres")
 
@@ -71,6 +73,10 @@ def _compact(text: str) -> str:
 _CLAIM = _compact(Q["claim"])
 _CLAIM_LIMITED = _compact(Q["claim_limited"])
 assert len(_CLAIM.encode()) < 4096, len(_CLAIM)
+# a claimer with flow rules (flow=) claims with these, after flow_sql.LOCK (postgres/flow.py)
+_CLAIM_FLOW = _compact(flow_sql.derive(Q["claim"]))
+_CLAIM_LIMITED_FLOW = _compact(flow_sql.derive(Q["claim_limited"]))
+assert len(_CLAIM_FLOW.encode()) < 4096, len(_CLAIM_FLOW)
 _SETTLE_COLUMNS = ("id", "owner", "epoch", "status", "output", "error", "finished_at", "run_at",
                    "attempt_inc", "traceback")
 
@@ -124,11 +130,14 @@ class PostgresRuns:
         version: str | None = None,
         any_version: Sequence[str] = (),
         concurrency_limits: Mapping[str, int] | None = None,
+        flow: Mapping[str, FlowLimits] | None = None,
     ) -> list[Run]:
         if limit <= 0 or not workflows:
             return []
         args = _claim_args(namespace, workflows, owner, limit, lease, now, version,
                            any_version, concurrency_limits)
+        if flow:
+            return await self._claim_flow(args, flow)
         query = _CLAIM_LIMITED if "limits" in args else _CLAIM
         runs: list[Run] = []
         for _ in range(3):
@@ -141,6 +150,45 @@ class PostgresRuns:
                 log.debug("claim.key_race: claiming again")
             except RETRYABLE:
                 log.debug("claim.retry")
+        return runs
+
+    async def _claim_flow(self, args: dict[str, Any],
+                          flow: Mapping[str, FlowLimits]) -> list[Run]:
+        """The claim of a claimer with flow rules (postgres/flow.py): one transaction, the
+        advisory locks of its flowed workflows, then the flow claim statement, again while its
+        rank filters cut some of a batch that is not full."""
+        query = _CLAIM_LIMITED_FLOW if "limits" in args else _CLAIM_FLOW
+        lock = flow_sql.lock_args(args["namespace"], args["workflows"], flow)
+        args = {**args, **flow_sql.claim_args(flow)}
+        limit = args["limit"]
+        runs: list[Run] = []
+        for _ in range(3):
+            try:
+                runs = await self.db.retry(functools.partial(
+                    self._claim_flow_once, query, lock, args, limit))
+                break
+            except pg_errors.UniqueViolation:
+                # a plain claimer of a concurrency key (one serving the workflow without its
+                # flow rules: another version) committed after this statement's snapshot
+                log.debug("claim.key_race: claiming again")
+        return runs
+
+    async def _claim_flow_once(self, query: Any, lock: dict[str, Any], args: dict[str, Any],
+                               limit: int) -> list[Run]:
+        runs: list[Run] = []
+        async with self.db.connection(hot=True) as conn, self.db.transaction(conn):
+            cur = conn.cursor(row_factory=tuple_row)
+            await self.db.execute(conn, cur, flow_sql.LOCK, lock)
+            while len(runs) < limit:
+                await self.db.execute(conn, cur, query, {**args, "limit": limit - len(runs)},
+                                      binary=True)
+                names = [c.name for c in cur.description or ()]
+                rows = await cur.fetchall()
+                got = [r for r in rows if r[1] is not None]
+                runs += claimed(names, got)
+                if not rows[0][0] or not got:
+                    break   # nothing cut: the batch is what the rules allow
+        runs.sort(key=lambda r: (-r.priority, r.created_at, r.id))
         return runs
 
     async def incompatible_runs(
@@ -184,22 +232,30 @@ class PostgresRuns:
         version: str | None = None,
         any_version: Sequence[str] = (),
         concurrency_limits: Mapping[str, int] | None = None,
+        flow: Mapping[str, FlowLimits] | None = None,
     ) -> tuple[list[bool], list[Run]]:
         if limit <= 0 or not workflows:
             limit = 0
         if not settlements:
             return [], await self.claim_runs(namespace, workflows, owner, limit, lease, now,
                                              version=version, any_version=any_version,
-                                             concurrency_limits=concurrency_limits)
+                                             concurrency_limits=concurrency_limits, flow=flow)
         if len({f.run_id for f, _, _ in settlements}) < len(settlements):
             # two settlements of one run cannot share the statement: one by one, then claim
             held = [await self.settle_run(*item) for item in settlements]
             return held, await self.claim_runs(namespace, workflows, owner, limit, lease, now,
                                                version=version, any_version=any_version,
-                                               concurrency_limits=concurrency_limits)
+                                               concurrency_limits=concurrency_limits, flow=flow)
         rows = [_settle_row(*item) for item in settlements]
         settle: dict[str, Any] = {c: [row[c] for row in rows] for c in _SETTLE_COLUMNS}
         settle["channel"] = self.channel
+        if flow:
+            # the settlements' statement, then the flow claim's transaction (postgres/flow.py)
+            written, _ = await self.db.retry(functools.partial(
+                self._settle_and_claim, settle, None))
+            return [f.run_id in written for f, _, _ in settlements], await self.claim_runs(
+                namespace, workflows, owner, limit, lease, now, version=version,
+                any_version=any_version, concurrency_limits=concurrency_limits, flow=flow)
         claim = _claim_args(namespace, workflows, owner, limit, lease, now, version,
                             any_version, concurrency_limits)
         # As in claim_runs, a claim of a concurrency key can be refused when another claim of

@@ -15,7 +15,10 @@
   ``concurrency_limits`` (``store``, ``other``);
 - :class:`PausedWorkflowContract`: paused workflows, whose runs no claim starts (``store``,
   ``other``);
-- :class:`StoreContract`: the eight above, a whole :class:`~shoal.ports.Store`;
+- :class:`RunningCapContract`: at most ``max_running`` runs of a workflow (of a tenant:
+  ``max_running_per_tenant``) in ``running`` at once, the claimer's ``flow`` (``store``,
+  ``other``);
+- :class:`StoreContract`: the nine above, a whole :class:`~shoal.ports.Store`;
 - :class:`CoordContract`: locks, membership and meters, a :class:`~shoal.ports.CoordStore`
   (``coord``, ``other``);
 - :class:`RateContract`: rate limits and the ledger, a :class:`~shoal.ports.RateStore`
@@ -62,6 +65,7 @@ their records with (``new_run``, ``add``, ``claim``, ``fence``, ``T0``, ``NS``, 
 
 from __future__ import annotations
 
+from shoal.testing.contract.caps import RunningCapContract
 from shoal.testing.contract.coordination import CoordContract
 from shoal.testing.contract.differential import (
     CoordDifferential,
@@ -100,7 +104,7 @@ from shoal.testing.contract.trees import TreeContract
 
 class StoreContract(RunContract, ConcurrencyLimitContract, PauseContract, TreeContract,
                     OutboxContract, StatsContract, InspectionContract, ProgressContract,
-                    PausedWorkflowContract):
+                    PausedWorkflowContract, RunningCapContract):
     """A whole :class:`~shoal.ports.Store`: every run-store suite. Provide the ``store`` and
     ``other`` fixtures."""
 
@@ -123,6 +127,7 @@ __all__ = [
     "RateDifferential",
     "RunContract",
     "RunDifferential",
+    "RunningCapContract",
     "StatsContract",
     "StoreContract",
     "TransactionalContract",

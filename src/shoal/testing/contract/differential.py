@@ -42,6 +42,7 @@ from shoal.testing.contract.support import NS, T0
 from shoal.types import (
     CircuitNeed,
     Fence,
+    FlowLimits,
     MemberView,
     Need,
     NewRun,
@@ -241,8 +242,18 @@ async def _claim(w: _RunWorld) -> None:
         rnd.choice(["a", "b", "c"]), rnd.randint(1, 3), rnd.choice([10.0, 30.0]), w.now,
         version=version, any_version=rnd.choice([(), ("wf",)]),
         # a limit of one (as without limits), of two, or one raised or lowered meanwhile
-        concurrency_limits=rnd.choice([None, {"wf": 2}, {"wf": 2, "other": 3}, {"other": 2}]))
+        concurrency_limits=rnd.choice([None, {"wf": 2}, {"wf": 2, "other": 3}, {"other": 2}]),
+        # running caps of a workflow and of its tenants, changed from claim to claim (deploys)
+        flow=rnd.choice(_FLOWS))
     w.claimed(claimed)
+
+
+_FLOWS: list[dict[str, FlowLimits] | None] = [
+    None, None, None, {"wf": FlowLimits(max_running=2)},
+    {"wf": FlowLimits(max_running_per_tenant=1)},
+    {"wf": FlowLimits(max_running=3, max_running_per_tenant=2),
+     "other": FlowLimits(max_running=1)},
+    {"other": FlowLimits(max_running_per_tenant=1)}]
 
 
 async def _pause_workflow(w: _RunWorld) -> None:
