@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from shoal import _json
+from shoal.backends import _held
 from shoal.backends._batches import (
     Key,
     answers,
@@ -32,9 +33,11 @@ from shoal.backends._flow import Shares, capped
 from shoal.backends._stats import since
 from shoal.backends.memory.coord import MemoryCoordination
 from shoal.backends.memory.graphs import MemoryGraphCheckpoints
+from shoal.backends.memory.held import MemoryHoldCounts
 from shoal.backends.memory.rates import MemoryRateLimits
 from shoal.errors import AdmissionRejectedError
 from shoal.types import (
+    HELD_BACK_CAP,
     JSON,
     KEY_HOLDING_STATUSES,
     WORKFLOW_INSTANCE_RETENTION,
@@ -872,6 +875,15 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
     async def fold_stats(self, namespace: str, now: float) -> None:
         return None   # stats counts the rows themselves: nothing is kept to fold
 
+    async def held_back(
+        self, namespace: str, now: float, *, cap: int = HELD_BACK_CAP
+    ) -> dict[str, dict[str, int]]:
+        return await _held.held_back(self, MemoryHoldCounts(self._in), namespace, now, cap)
+
+    async def hold_reason(self, run_id: str, now: float) -> str | None:
+        return await _held.hold_reason(self, MemoryHoldCounts(self._in), self._runs.get(run_id),
+                                       now)
+
     async def release_held(self, namespace: str, max_queued: int, now: float) -> int:
         queued = self._waiting_to_start(namespace)
         held = sorted((r for r in self._in(namespace) if r.held),
@@ -971,7 +983,7 @@ _READS = frozenset({
     "get_run", "list_runs", "incompatible_runs", "load_steps", "get_tree_key", "tree_keys",
     "get_pause", "list_pauses", "dead_letters", "search_runs", "inspect_run", "run_owners",
     "finished_per_minute", "stats", "coordination_view", "ledger", "read_rates", "paused_until",
-    "get_graph_checkpoint", "list_graph_checkpoints",
+    "get_graph_checkpoint", "list_graph_checkpoints", "held_back", "hold_reason",
 })
 
 

@@ -18,7 +18,9 @@
 - :class:`RunningCapContract`: at most ``max_running`` runs of a workflow (of a tenant:
   ``max_running_per_tenant``) in ``running`` at once, the claimer's ``flow`` (``store``,
   ``other``);
-- :class:`StoreContract`: the nine above, a whole :class:`~shoal.ports.Store`;
+- :class:`FlowViewContract`: which flow-control rule holds back queued runs, and one run
+  (``store``, ``other``);
+- :class:`StoreContract`: the eleven above, a whole :class:`~shoal.ports.Store`;
 - :class:`CoordContract`: locks, membership and meters, a :class:`~shoal.ports.CoordStore`
   (``coord``, ``other``);
 - :class:`RateContract`: rate limits and the ledger, a :class:`~shoal.ports.RateStore`
@@ -76,6 +78,7 @@ from shoal.testing.contract.differential import (
     rate_calls_apart,
     run_calls,
 )
+from shoal.testing.contract.heldback import FlowViewContract
 from shoal.testing.contract.inspection import InspectionContract
 from shoal.testing.contract.limits import ConcurrencyLimitContract
 from shoal.testing.contract.outbox import OutboxContract
@@ -104,7 +107,7 @@ from shoal.testing.contract.trees import TreeContract
 
 class StoreContract(RunContract, ConcurrencyLimitContract, PauseContract, TreeContract,
                     OutboxContract, StatsContract, InspectionContract, ProgressContract,
-                    PausedWorkflowContract, RunningCapContract):
+                    PausedWorkflowContract, RunningCapContract, FlowViewContract):
     """A whole :class:`~shoal.ports.Store`: every run-store suite. Provide the ``store`` and
     ``other`` fixtures."""
 
@@ -118,6 +121,7 @@ __all__ = [
     "ConcurrencyLimitContract",
     "CoordContract",
     "CoordDifferential",
+    "FlowViewContract",
     "InspectionContract",
     "OutboxContract",
     "PauseContract",
