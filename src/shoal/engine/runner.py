@@ -113,6 +113,7 @@ class WorkflowOptions:
             "priority": self.priority,
             "concurrency_key": key if isinstance(key, str) else None,
             "key_from_input": callable(key),
+            "rate_key_from_input": self.rate_limit is not None and self.rate_limit.key is not None,
         }
 
 

@@ -82,6 +82,7 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
     def __init__(self) -> None:
         super().__init__()
         self._runs: dict[str, Run] = {}
+        self._rate_keys: dict[str, str] = {}   # run id -> its rate key (NewRun.rate_key)
         self._steps: dict[str, dict[int, Step]] = {}
         self._step_times: dict[tuple[str, int], float | None] = {}   # finished_at
         self._signals: list[_Signal] = []
@@ -204,6 +205,8 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
                 held = True
         run = queued_run(new, held)
         self._runs[run.id] = run
+        if new.rate_key is not None:
+            self._rate_keys[run.id] = new.rate_key
         self._touch()
         return run, True
 
@@ -229,6 +232,7 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
         held = held_flags(namespace, len(fresh), queued, parked, max_queued, admission)
         inserted = {new.id: queued_run(new, h) for new, h in zip(fresh, held, strict=True)}
         self._runs.update(inserted)
+        self._rate_keys.update((new.id, new.rate_key) for new in fresh if new.rate_key is not None)
         if inserted:
             self._touch()
         return answers(news, inserted, stored)
@@ -269,6 +273,14 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
                    and (o.status in KEY_HOLDING_STATUSES
                         or (o.status == _Q and o.started_at is not None)))
 
+    def _first_starts(self, namespace: str, workflow: str, rate_key: str | None,
+                      since: float) -> int:
+        """How many runs of ``workflow`` and ``rate_key`` first started after ``since``."""
+        keys = self._rate_keys
+        return sum(1 for o in self._in(namespace)
+                   if o.workflow == workflow and o.started_at is not None
+                   and o.started_at > since and keys.get(o.id) == rate_key)
+
     async def claim_runs(
         self,
         namespace: str,
@@ -298,13 +310,27 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
         )
         claimed: list[Run] = []
         keys: set[tuple[str, str]] = set()
+        rates = {w: (f.rate_limit, f.rate_per) for w, f in (flow or {}).items()
+                 if f.rate_limit is not None and f.rate_per is not None}
+        # (workflow, rate key) -> its first starts in the window, this claim's included
+        starts: dict[tuple[str, str | None], int] = {}
         for r in due:
+            # only a first start counts, and only a first start is held by a rate
+            rate = rates.get(r.workflow) if r.started_at is None else None
+            if rate is not None:
+                window = (r.workflow, self._rate_keys.get(r.id))
+                if window not in starts:
+                    starts[window] = self._first_starts(namespace, *window, now - rate[1])
+                if starts[window] >= rate[0]:
+                    continue
             # a run that started before holds its key already; of the others, one per key
             if r.concurrency_key is not None and r.started_at is None:
                 if ((r.workflow, r.concurrency_key) in keys
                         or self._key_holders(r) >= limits.get(r.workflow, 1)):
                     continue
                 keys.add((r.workflow, r.concurrency_key))
+            if rate is not None:
+                starts[window] += 1
             if r.status == RunStatus.SLEEPING:
                 reason: str | None = "woke"
             elif r.status == RunStatus.WAITING:
@@ -821,6 +847,7 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
         self._prune_graphs(namespace, {(r.tenant, r.id) for r in old})
         for run_id in gone:
             del self._runs[run_id]
+            self._rate_keys.pop(run_id, None)
             for seq in self._steps.pop(run_id, {}):
                 self._step_times.pop((run_id, seq), None)
         self._outbox = {k: e for k, e in self._outbox.items() if e.run_id not in gone}
