@@ -18,20 +18,20 @@ LIMIT :limit;
 -- name: insert_run
 INSERT INTO runs (id, namespace, tenant, workflow, input, status, priority, created_at, run_at,
                   max_attempts, concurrency_key, idempotency_key, version, parent_id, root_id, held,
-                  trace_context)
+                  trace_context, rate_key)
 VALUES (:id, :namespace, :tenant, :workflow, :input, 'queued', :priority, :created_at, :run_at,
         :max_attempts, :concurrency_key, :idempotency_key, :version, :parent_id, :root_id, :held,
-        :trace_context)
+        :trace_context, :rate_key)
 RETURNING *;
 
 -- name: insert_runs
 -- create_runs: one row per item (executemany), in the batch's transaction.
 INSERT INTO runs (id, namespace, tenant, workflow, input, status, priority, created_at, run_at,
                   max_attempts, concurrency_key, idempotency_key, version, parent_id, root_id, held,
-                  trace_context)
+                  trace_context, rate_key)
 VALUES (:id, :namespace, :tenant, :workflow, :input, 'queued', :priority, :created_at, :run_at,
         :max_attempts, :concurrency_key, :idempotency_key, :version, :parent_id, :root_id, :held,
-        :trace_context);
+        :trace_context, :rate_key);
 
 -- name: find_idempotent
 SELECT * FROM runs

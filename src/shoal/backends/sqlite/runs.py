@@ -28,6 +28,7 @@ from shoal.backends._stats import keep, since, stats_from_rows
 from shoal.backends.sqlite import joined
 from shoal.backends.sqlite.batches import GroupCommit
 from shoal.backends.sqlite.connection import SQLiteConnection, unavailable_on_failure
+from shoal.backends.sqlite.flow import RateWindows, flow_args, flowed, rates
 from shoal.backends.sqlite.rows import _run
 from shoal.errors import AdmissionRejectedError
 from shoal.types import (
@@ -60,6 +61,9 @@ def _limited(text: str) -> str:
 
 
 _Q["claim_candidates_limited"] = _limited(_Q["claim_candidates"])
+# a claimer with flow rules (claim_runs(flow=)): the same scans, with the rules' conditions
+_Q["claim_candidates_flow"] = flowed(_Q["claim_candidates"])
+_Q["claim_candidates_limited_flow"] = flowed(_Q["claim_candidates_limited"])
 _QG = queries("sqlite", "graphs.sql")
 
 
@@ -253,9 +257,8 @@ class SQLiteRuns:
             return []
         # A plain read first: an idle poll takes no write lock. The write transaction uses its
         # rows unless the file changed in between, rather than running the query again.
-        args = _claim_args(namespace, workflows, limit, now, version, any_version,
-                           concurrency_limits)
-        query = _Q["claim_candidates_limited" if "limits" in args else "claim_candidates"]
+        query, args = _candidates(namespace, workflows, limit, now, version, any_version,
+                                  concurrency_limits, flow)
         seen = self.connection.changes()   # before the read: a commit after it is seen as a change
         candidates = self.connection.db.execute(query, args).fetchall()
         if not candidates:
@@ -264,35 +267,40 @@ class SQLiteRuns:
             if self.connection.changes() != seen:
                 candidates = db.execute(query, args).fetchall()
             return self._claim_candidates(db, candidates, owner, limit, lease, now, version,
-                                          concurrency_limits)
+                                          concurrency_limits, flow, namespace)
 
     def _claim(
         self, db: sqlite3.Connection, namespace: str, workflows: Sequence[str], owner: str,
         limit: int, lease: float, now: float, version: str | None, any_version: Sequence[str],
         concurrency_limits: Mapping[str, int] | None,
+        flow: Mapping[str, FlowLimits] | None = None,
     ) -> list[Run]:
         """``claim_runs``' statements, in the caller's write transaction."""
         if limit <= 0 or not workflows:
             return []
-        args = _claim_args(namespace, workflows, limit, now, version, any_version,
-                           concurrency_limits)
-        query = _Q["claim_candidates_limited" if "limits" in args else "claim_candidates"]
+        query, args = _candidates(namespace, workflows, limit, now, version, any_version,
+                                  concurrency_limits, flow)
         candidates = db.execute(query, args).fetchall()
         return self._claim_candidates(db, candidates, owner, limit, lease, now, version,
-                                      concurrency_limits)
+                                      concurrency_limits, flow, namespace)
 
     def _claim_candidates(
         self, db: sqlite3.Connection, candidates: list[sqlite3.Row], owner: str, limit: int,
         lease: float, now: float, version: str | None,
         concurrency_limits: Mapping[str, int] | None = None,
-        flow: Mapping[str, FlowLimits] | None = None,
+        flow: Mapping[str, FlowLimits] | None = None, namespace: str = "",
     ) -> list[Run]:
         """Claim the first ``limit`` of ``candidates`` (``claim_candidates``' rows as the
         write transaction ``db`` sees them), one run per concurrency key that has not started
-        before; with ``concurrency_limits``, each such run takes a free slot of its key."""
+        before; with ``concurrency_limits``, each such run takes a free slot of its key; with
+        a rate in ``flow``, a first start only while its window has room (see ``flow``)."""
         ids: list[str] = []
         keys: set[tuple[str, str]] = set()
+        windows = RateWindows(db, namespace, rates(flow, now))
         for row in candidates:
+            window = windows.window(row["id"], row["workflow"], row["started_at"])
+            if window is not None and not windows.allows(window):
+                continue
             key = row["concurrency_key"]
             # a run that started before holds its key already (with others, under a limit
             # lowered since they started)
@@ -302,6 +310,8 @@ class SQLiteRuns:
                 keys.add((row["workflow"], key))
                 if concurrency_limits:
                     _take_key_slot(db, row, concurrency_limits.get(row["workflow"], 1))
+            if window is not None:
+                windows.take(window)
             ids.append(row["id"])
             if len(ids) == limit:
                 break
@@ -356,7 +366,7 @@ class SQLiteRuns:
         def write(db: sqlite3.Connection) -> tuple[list[bool], list[Run]]:
             held = [_settle(db, fence, settlement, at) for fence, settlement, at in settlements]
             return held, self._claim(db, namespace, workflows, owner, limit, lease, now,
-                                     version, any_version, concurrency_limits)
+                                     version, any_version, concurrency_limits, flow)
 
         return await self.writes.write(write)
 
@@ -474,6 +484,20 @@ def _claim_args(namespace: str, workflows: Sequence[str], limit: int, now: float
     return args
 
 
+def _candidates(namespace: str, workflows: Sequence[str], limit: int, now: float,
+                version: str | None, any_version: Sequence[str],
+                concurrency_limits: Mapping[str, int] | None,
+                flow: Mapping[str, FlowLimits] | None) -> tuple[str, dict[str, Any]]:
+    """The candidates query of a claim and its arguments: the plain one unless a workflow
+    allows several runs of a key (``_limited``) or the claimer has flow rules (``flow``)."""
+    args = _claim_args(namespace, workflows, limit, now, version, any_version,
+                       concurrency_limits)
+    name = "claim_candidates_limited" if "limits" in args else "claim_candidates"
+    if flow:
+        return _Q[name + "_flow"], flow_args(args, flow, now)
+    return _Q[name], args
+
+
 def _take_key_slot(db: sqlite3.Connection, row: sqlite3.Row, n: int) -> None:
     """Give the unstarted run of ``row`` the smallest slot of its key in [0, n) that no holder
     takes (the candidates query saw fewer than n holders: one is free)."""
@@ -527,7 +551,7 @@ def _create_run(
             "max_attempts": new.max_attempts, "concurrency_key": new.concurrency_key,
             "idempotency_key": new.idempotency_key, "version": new.version,
             "parent_id": new.parent_id, "root_id": new.root_id or new.id, "held": held,
-            "trace_context": new.trace_context,
+            "trace_context": new.trace_context, "rate_key": new.rate_key,
         }).fetchone()
     except sqlite3.IntegrityError:
         # a caller's transaction that read before another committed the same key (the store's
@@ -566,7 +590,7 @@ def _create_runs(
         "max_attempts": new.max_attempts, "concurrency_key": new.concurrency_key,
         "idempotency_key": new.idempotency_key, "version": new.version,
         "parent_id": new.parent_id, "root_id": new.root_id or new.id, "held": int(h),
-        "trace_context": new.trace_context,
+        "trace_context": new.trace_context, "rate_key": new.rate_key,
     } for new, h, text in rows])
     inserted = {new.id: queued_run(new, h, text) for new, h, text in rows}
     return answers(news, inserted, stored)
