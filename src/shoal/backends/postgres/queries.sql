@@ -17,11 +17,11 @@
 WITH inserted AS (
     INSERT INTO runs (id, namespace, tenant, workflow, input, status, priority, created_at,
                       run_at, max_attempts, concurrency_key, idempotency_key, version, parent_id,
-                      root_id, held, trace_context)
+                      root_id, held, trace_context, rate_key)
     VALUES (%(id)s, %(namespace)s, %(tenant)s, %(workflow)s, %(input)s, 'queued', %(priority)s,
             %(created_at)s, %(run_at)s, %(max_attempts)s, %(concurrency_key)s,
             %(idempotency_key)s, %(version)s, %(parent_id)s, %(root_id)s, %(held)s,
-            %(trace_context)s)
+            %(trace_context)s, %(rate_key)s)
     ON CONFLICT (namespace, tenant, workflow, idempotency_key)
         WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING *
@@ -38,15 +38,15 @@ FROM inserted;
 WITH inserted AS (
     INSERT INTO runs (id, namespace, tenant, workflow, input, status, priority, created_at,
                       run_at, max_attempts, concurrency_key, idempotency_key, version, parent_id,
-                      root_id, held, trace_context)
+                      root_id, held, trace_context, rate_key)
     SELECT id, %(namespace)s, tenant, workflow, input, 'queued', priority, created_at, run_at,
            max_attempts, concurrency_key, idempotency_key, version, parent_id, root_id, held,
-           trace_context
+           trace_context, rate_key
     FROM json_to_recordset(%(rows)s::json)
         AS b(id text, tenant text, workflow text, input text, priority integer,
              created_at double precision, run_at double precision, max_attempts integer,
              concurrency_key text, idempotency_key text, version text, parent_id text,
-             root_id text, held boolean, trace_context text)
+             root_id text, held boolean, trace_context text, rate_key text)
     ON CONFLICT (namespace, tenant, workflow, idempotency_key)
         WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, held
@@ -62,7 +62,7 @@ FROM inserted;
 -- the server time of insert_runs per row). The columns of insert_runs, in its order.
 COPY runs (id, namespace, tenant, workflow, input, status, priority, created_at, run_at,
            max_attempts, concurrency_key, idempotency_key, version, parent_id, root_id, held,
-           trace_context)
+           trace_context, rate_key)
 FROM STDIN;
 
 -- name: notify
