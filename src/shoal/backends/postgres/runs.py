@@ -12,9 +12,11 @@ from typing import Any
 
 from psycopg import errors as pg_errors
 from psycopg import sql
+from psycopg.rows import tuple_row
 
 from shoal import _json
 from shoal.backends._stats import keep, since, stats_from_rows
+from shoal.backends.postgres import flow as flow_claims
 from shoal.backends.postgres.batcher import Batcher
 from shoal.backends.postgres.connections import RETRYABLE, Connections, Q
 from shoal.backends.postgres.records import claimed, run_of
@@ -71,6 +73,9 @@ def _compact(text: str) -> str:
 _CLAIM = _compact(Q["claim"])
 _CLAIM_LIMITED = _compact(Q["claim_limited"])
 assert len(_CLAIM.encode()) < 4096, len(_CLAIM)
+# the claims of a claimer with flow rules (flow.py), sent only when it has some
+_FLOW_CLAIM = _compact(flow_claims.derive(Q["claim"]))
+_FLOW_CLAIM_LIMITED = _compact(flow_claims.derive(Q["claim_limited"]))
 _SETTLE_COLUMNS = ("id", "owner", "epoch", "status", "output", "error", "finished_at", "run_at",
                    "attempt_inc", "traceback")
 
@@ -130,6 +135,8 @@ class PostgresRuns:
             return []
         args = _claim_args(namespace, workflows, owner, limit, lease, now, version,
                            any_version, concurrency_limits)
+        if flow and set(flow) & set(workflows):
+            return await self._flow_claim(namespace, workflows, flow, args)
         query = _CLAIM_LIMITED if "limits" in args else _CLAIM
         runs: list[Run] = []
         for _ in range(3):
@@ -143,6 +150,39 @@ class PostgresRuns:
             except RETRYABLE:
                 log.debug("claim.retry")
         return runs
+
+    async def _flow_claim(self, namespace: str, workflows: Sequence[str],
+                          flow: Mapping[str, FlowLimits], args: dict[str, Any]) -> list[Run]:
+        """``claim_runs`` with flow rules: one transaction, the locks of the flowed workflows
+        then the flow claim statement (see flow.py), run again while its rank filters cut
+        runs from a batch that is not full (it then sees its own claims)."""
+        query = _FLOW_CLAIM_LIMITED if "limits" in args else _FLOW_CLAIM
+        args = {**args, **flow_claims.claim_args(flow, args["now"])}
+        lock = flow_claims.lock_args(namespace, workflows, flow)
+
+        async def attempt() -> list[Run]:
+            runs: list[Run] = []
+            async with self.db.connection(hot=True) as conn, self.db.transaction(conn):
+                await conn.execute(flow_claims.LOCK, lock)
+                for _ in range(8):
+                    cur = conn.cursor(row_factory=tuple_row)
+                    await cur.execute(query, {**args, "limit": args["limit"] - len(runs)},
+                                      binary=True)
+                    rows = await cur.fetchall()
+                    names = [d.name for d in cur.description or ()][1:]
+                    cut = rows[0][0] if rows else 0
+                    runs += claimed(names, [r[1:] for r in rows if r[1] is not None])
+                    if not cut or len(runs) >= args["limit"]:
+                        break
+            runs.sort(key=lambda r: (-r.priority, r.created_at, r.id))
+            return runs
+
+        for _ in range(3):
+            try:
+                return await self.db.retry(attempt)
+            except pg_errors.UniqueViolation:
+                log.debug("claim.key_race: claiming again")
+        return []
 
     async def incompatible_runs(
         self, namespace: str, workflows: Sequence[str], version: str | None,
@@ -193,6 +233,12 @@ class PostgresRuns:
             return [], await self.claim_runs(namespace, workflows, owner, limit, lease, now,
                                              version=version, any_version=any_version,
                                              concurrency_limits=concurrency_limits, flow=flow)
+        if flow and set(flow) & set(workflows):
+            # settled first (their statement), then claimed under the flow locks
+            held = [await self.settle_run(*item) for item in settlements]
+            return held, await self.claim_runs(namespace, workflows, owner, limit, lease, now,
+                                               version=version, any_version=any_version,
+                                               concurrency_limits=concurrency_limits, flow=flow)
         if len({f.run_id for f, _, _ in settlements}) < len(settlements):
             # two settlements of one run cannot share the statement: one by one, then claim
             held = [await self.settle_run(*item) for item in settlements]
