@@ -257,8 +257,9 @@ class FlowLimits:
     """What a claim enforces for one workflow beyond its concurrency key (``claim_runs(flow=)``,
     from the workflow's options): at most ``max_running`` of its runs in ``running`` at once,
     and ``max_running_per_tenant`` of one tenant's; at most ``rate_limit`` first starts in any
-    window of ``rate_per`` seconds, per ``Run.rate_key``; and with ``fairness="tenant"``,
-    tenants with due runs of one priority take turns, weighted by ``set_tenant_weight``."""
+    window of ``rate_per`` seconds, per rate key (``NewRun.rate_key``); and with
+    ``fairness="tenant"``, tenants with due runs of one priority take turns, weighted by
+    ``set_tenant_weight``."""
 
     max_running: int | None = None
     max_running_per_tenant: int | None = None
@@ -287,6 +288,9 @@ class NewRun:
     root_id: str | None = None
     # the trace context to store with the run (``Run.trace_context``)
     trace_context: str | None = None
+    # the key its workflow's rate_limit counts its first start under (``Rate.key`` of the
+    # input; None: with the runs that have none). Kept by the store, not a field of Run.
+    rate_key: str | None = None
     # the JSON text of ``input`` (as ``shoal._json.dumps`` writes it) when the caller has it
     # already (the app does: it checks each input by encoding it); a store that keeps text uses
     # it rather than encoding ``input`` again

@@ -546,3 +546,35 @@ async def test_what_other_sessions_change_is_counted_by_the_triggers(schema: str
         assert (await store.stats(NS, T0 + 10)).finished == 0
     finally:
         await store.close()
+
+
+async def test_claimers_racing_over_one_rate_never_exceed_it(schema: str) -> None:
+    """Eight stores (pools of their own) claim at once, over and over, runs of a workflow with
+    a rate of five first starts per window and two keys: no window ever holds more than five
+    starts of a key, and every window that could fill did (the rate binds, and lets five
+    through)."""
+    from shoal.testing.contract import NS, new_run
+    from shoal.types import FlowLimits
+
+    stores = [await _open(schema) for _ in range(8)]
+    try:
+        news = [new_run(1000.0 + i * 0.001, rate_key=("x", "y")[i % 2]) for i in range(60)]
+        await stores[0].create_runs(news, max_queued=None, admission="reject")
+        flow = {"wf": FlowLimits(rate_limit=5, rate_per=10.0)}
+        got: list[list[object]] = []
+        for step in range(6):   # six windows, each claimed by all eight at once, many times
+            now = 2000.0 + step * 10.0
+            for _ in range(3):
+                got += await asyncio.gather(*(
+                    s.claim_runs(NS, ["wf"], f"o{i}", 3, 30.0, now, flow=flow)
+                    for i, s in enumerate(stores)))
+            per_key: dict[str, int] = {}
+            for run in await stores[0].list_runs(NS, limit=1000):
+                if run.started_at == now:
+                    key = ("x", "y")[[n.id for n in news].index(run.id) % 2]
+                    per_key[key] = per_key.get(key, 0) + 1
+            assert per_key == {"x": 5, "y": 5}, (now, per_key)
+        assert sum(len(batch) for batch in got) == 60
+    finally:
+        for s in stores:
+            await s.close()

@@ -1139,11 +1139,12 @@ class App:
         joined = self._transactional(connection, "dispatch")
         spec, stored = await self._workflow_options(name, allow_unregistered, "dispatch")
         key = self._concurrency_key(name, spec, stored, input, options.concurrency_key)
+        rate_key = self._rate_key(name, spec, stored, input)
         now = config.clock.now()
         new = self._new_run(
             _ids.new_id(now), name, input, text, options, key, _defaults(stored), now,
             # the span active here (a child's: its parent's start_child step) is its runs'
-            self.telemetry.trace_carrier() if traced else None, parent)
+            self.telemetry.trace_carrier() if traced else None, parent, rate_key)
         if joined is not None:
             run, created = await joined.create_run_in(
                 connection, new, max_queued=config.max_queued, admission=config.admission)
@@ -1166,7 +1167,8 @@ class App:
 
     def _new_run(self, run_id: str, name: str, input: Any, text: str, options: DispatchOptions,
                  concurrency_key: str | None, defaults: tuple[int, int], now: float,
-                 trace_context: str | None, parent: Run | None = None) -> NewRun:
+                 trace_context: str | None, parent: Run | None = None,
+                 rate_key: str | None = None) -> NewRun:
         """The run a dispatch stores: its options, each one left None the workflow's
         (``defaults``: its priority and max_attempts)."""
         priority, max_attempts = defaults
@@ -1179,7 +1181,7 @@ class App:
             version=self._config.version,
             parent_id=None if parent is None else parent.id,
             root_id=run_id if parent is None else parent.root_id, input_json=text,
-            trace_context=trace_context)
+            trace_context=trace_context, rate_key=rate_key)
 
     async def dispatch_many(
         self,
@@ -1224,10 +1226,11 @@ class App:
                 zip(checked, _ids.new_ids(now, len(checked)), strict=True)):
             try:
                 key = self._concurrency_key(name, spec, stored, value, one.concurrency_key)
+                rate_key = self._rate_key(name, spec, stored, value)
             except Exception as e:
                 raise _about_item(e, i) from None
             news.append(self._new_run(run_id, name, value, text, one, key, defaults, now,
-                                      trace_context))
+                                      trace_context, rate_key=rate_key))
         if not news:
             return []
         config = self._config
@@ -1334,6 +1337,25 @@ class App:
                 f"the workflow in this app too.")
         key = options.get("concurrency_key")
         return key if isinstance(key, str) else None
+
+    def _rate_key(self, name: str, spec: WorkflowSpec | None, options: dict[str, Any],
+                  input: Any) -> str | None:
+        """The key the workflow's ``rate_limit`` counts the run under: its ``Rate.key`` of the
+        input (a non-empty str, or None), None without one."""
+        rate = None if spec is None else spec.options.rate_limit
+        if rate is not None and rate.key is not None:
+            key = rate.key(input)
+            if key is not None:
+                _checks.text(key, f"the key given by the rate_limit key function of workflow "
+                             f"{name!r} (shoal.Rate(key=...))", CALL)
+            return key
+        if spec is None and options.get("rate_key_from_input"):
+            # never queue a run under the wrong rate: this process lacks the function
+            raise ConfigurationError(
+                f"Workflow {name!r} computes its rate_limit key from the input in code this "
+                f"process does not have (shoal.Rate(key=...)). Dispatch it from a process that "
+                f"registers the workflow.")
+        return None
 
     def _workflow_name(self, workflow: Any) -> str:
         if isinstance(workflow, Workflow):

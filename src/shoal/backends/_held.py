@@ -6,7 +6,9 @@ makes (:class:`HoldCounts`) and from the rules the workflows table keeps
 A due queued run (queued, not held by admission control, ``run_at <= now``) is counted under
 the first rule of :data:`~shoal.types.HOLD_REASONS` that holds it back: its workflow (or its
 tenant) is paused; its workflow has ``max_running`` runs in ``running``; its tenant has
-``max_running_per_tenant``; its workflow's rate window is full (a run never started only); its
+``max_running_per_tenant``; the rate window of its workflow and rate key is full (a run never
+started only: ``started_at`` None, as an operator's retry leaves it; the window counts the
+first starts, ``started_at``, of the workflow's runs of that key, as the claim does); its
 concurrency key has ``concurrency_limit`` holders (a run never started only). Each count reads
 at most ``cap`` runs, so a long backlog costs no more than ``cap`` rows per count.
 """
@@ -29,20 +31,27 @@ class HoldCounts(Protocol):
     ) -> dict[tuple[str, str], int]:
         """(workflow, tenant) -> runs in ``running``, for these workflows."""
 
-    async def first_starts(self, namespace: str, workflow: str, since: float, limit: int) -> int:
-        """The workflow's runs whose first start (``started_at``) is after ``since``, counted
-        up to ``limit``."""
+    async def first_starts(self, namespace: str, workflow: str, rate_key: str | None,
+                           since: float, limit: int) -> int:
+        """The workflow's runs of the rate key ``rate_key`` (``NewRun.rate_key``) whose first
+        start (``started_at``) is after ``since``, counted up to ``limit``."""
+
+    async def rate_key(self, namespace: str, run_id: str) -> str | None:
+        """The rate key of the run ``run_id``."""
 
     async def count_due(
         self, namespace: str, workflow: str, now: float, cap: int, *,
         tenants: Sequence[str] | None = None, skip: Sequence[str] = (),
         first_only: bool = False, key_limit: int | None = None,
+        rate: tuple[int, float] | None = None, rate_full: bool = True,
     ) -> int:
         """The workflow's due queued runs (not held, ``run_at <= now``), counted up to ``cap``:
         only those of ``tenants`` when given, none of ``skip``; with ``first_only`` only those
         never started; with ``key_limit`` only those never started whose concurrency key has
         at least ``key_limit`` holders (started, not ended: KEY_HOLDING_STATUSES, or queued
-        again after a start)."""
+        again after a start); with ``rate`` (limit, since), only those never started whose
+        window (their rate key's first starts after since) has at least limit first starts
+        (``rate_full``) or fewer (not ``rate_full``)."""
 
     async def key_holders(self, namespace: str, workflow: str, key: str, cap: int) -> int:
         """The holders of the workflow's concurrency key ``key``, counted up to ``cap``."""
@@ -141,20 +150,15 @@ async def _held_of(counts: HoldCounts, namespace: str, workflow: str, rules: Rul
         if full:
             await count("max_running_per_tenant", tenants=full)
             skip = sorted([*skip, *full])
-    if rules.rate is not None and await _window_full(counts, namespace, workflow, rules.rate,
-                                                     now):
-        await count("rate_limit", skip=skip, first_only=True)
-        return out
+    # the window of each run's own rate key: the runs of a full one are the rate's, and the
+    # others are left to the rules after it
+    rate = None if rules.rate is None else (rules.rate[0], now - rules.rate[1])
+    if rate is not None:
+        await count("rate_limit", skip=skip, first_only=True, rate=rate)
     if rules.keyed:
         await count("concurrency_limit", skip=skip, first_only=True,
-                    key_limit=rules.concurrency_limit)
+                    key_limit=rules.concurrency_limit, rate=rate, rate_full=False)
     return out
-
-
-async def _window_full(counts: HoldCounts, namespace: str, workflow: str,
-                       rate: tuple[int, float], now: float) -> bool:
-    limit, per = rate
-    return await counts.first_starts(namespace, workflow, now - per, limit) >= limit
 
 
 async def hold_reason(registry: Registry, counts: HoldCounts, run: Run | None,
@@ -181,8 +185,11 @@ async def hold_reason(registry: Registry, counts: HoldCounts, run: Run | None,
             return "max_running_per_tenant"
     if run.started_at is not None:
         return None   # a resumption holds its key and is never held by the rate
-    if rules.rate is not None and await _window_full(counts, ns, workflow, rules.rate, now):
-        return "rate_limit"
+    if rules.rate is not None:
+        limit, per = rules.rate
+        key = await counts.rate_key(ns, run.id)
+        if await counts.first_starts(ns, workflow, key, now - per, limit) >= limit:
+            return "rate_limit"
     key = run.concurrency_key
     if key is not None:
         limit = rules.concurrency_limit

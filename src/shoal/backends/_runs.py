@@ -48,7 +48,7 @@ NAMES: tuple[str, ...] = tuple(c.name for c in COLUMNS)
 # the Run fields the columns fill, in their order (but progress_at's: it is part of progress)
 FIELDS: tuple[str, ...] = NAMES[:-1]
 # columns of a runs table that no Run field reads (bookkeeping of the store's own statements)
-NOT_OF_A_RUN = frozenset({"has_tree_keys", "key_slot"})
+NOT_OF_A_RUN = frozenset({"has_tree_keys", "key_slot", "rate_key"})
 
 _KINDS = frozenset({"text", "int", "real", "bool", "json", "status", "progress"})
 assert NAMES[-1] == "progress_at" and all(c.kind in _KINDS for c in COLUMNS)

@@ -120,6 +120,7 @@ class WorkflowOptions:
             "max_running_per_tenant": self.max_running_per_tenant,
             "rate_limit": None if rate is None else {"limit": rate.limit, "per": rate.per},
             "fairness": self.fairness,
+            "rate_key_from_input": rate is not None and rate.key is not None,
         }
 
 

@@ -86,6 +86,7 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
     def __init__(self) -> None:
         super().__init__()
         self._runs: dict[str, Run] = {}
+        self._rate_keys: dict[str, str] = {}   # run id -> its rate key (NewRun.rate_key)
         self._steps: dict[str, dict[int, Step]] = {}
         self._step_times: dict[tuple[str, int], float | None] = {}   # finished_at
         self._signals: list[_Signal] = []
@@ -208,6 +209,8 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
                 held = True
         run = queued_run(new, held)
         self._runs[run.id] = run
+        if new.rate_key is not None:
+            self._rate_keys[run.id] = new.rate_key
         self._touch()
         return run, True
 
@@ -233,6 +236,7 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
         held = held_flags(namespace, len(fresh), queued, parked, max_queued, admission)
         inserted = {new.id: queued_run(new, h) for new, h in zip(fresh, held, strict=True)}
         self._runs.update(inserted)
+        self._rate_keys.update((new.id, new.rate_key) for new in fresh if new.rate_key is not None)
         if inserted:
             self._touch()
         return answers(news, inserted, stored)
@@ -273,6 +277,14 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
                    and (o.status in KEY_HOLDING_STATUSES
                         or (o.status == _Q and o.started_at is not None)))
 
+    def _first_starts(self, namespace: str, workflow: str, rate_key: str | None,
+                      since: float) -> int:
+        """How many runs of ``workflow`` and ``rate_key`` first started after ``since``."""
+        keys = self._rate_keys
+        return sum(1 for o in self._in(namespace)
+                   if o.workflow == workflow and o.started_at is not None
+                   and o.started_at > since and keys.get(o.id) == rate_key)
+
     async def claim_runs(
         self,
         namespace: str,
@@ -305,12 +317,15 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
         caps = capped(flow)
         # every run in `running` holds a share of its workflow's max_running (its lease may
         # have expired: it holds one until recovered); sleeping and waiting runs hold none
-        shares = Shares(caps, ((r.workflow, r.tenant, 1) for r in self._in(namespace)
+        shares = Shares(flow, ((r.workflow, r.tenant, 1) for r in self._in(namespace)
                                if r.status == RunStatus.RUNNING and r.workflow in caps)
-                        if caps else ())
+                        if caps else (), now,
+                        lambda w, key, since: self._first_starts(namespace, w, key, since))
         for r in due:
-            # a run with no share left is skipped: it takes no room of the limit
-            if not shares.fits(r.workflow, r.tenant):
+            # a run a rule holds back is skipped: it takes no room of the limit (only a first
+            # start is held by a rate, and counts in it)
+            first, rate_key = r.started_at is None, self._rate_keys.get(r.id)
+            if not shares.fits(r.workflow, r.tenant, rate_key, first):
                 continue
             # a run that started before holds its key already; of the others, one per key
             if r.concurrency_key is not None and r.started_at is None:
@@ -318,7 +333,7 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
                         or self._key_holders(r) >= limits.get(r.workflow, 1)):
                     continue
                 keys.add((r.workflow, r.concurrency_key))
-            shares.take(r.workflow, r.tenant)
+            shares.take(r.workflow, r.tenant, rate_key, first)
             if r.status == RunStatus.SLEEPING:
                 reason: str | None = "woke"
             elif r.status == RunStatus.WAITING:
@@ -835,6 +850,7 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
         self._prune_graphs(namespace, {(r.tenant, r.id) for r in old})
         for run_id in gone:
             del self._runs[run_id]
+            self._rate_keys.pop(run_id, None)
             for seq in self._steps.pop(run_id, {}):
                 self._step_times.pop((run_id, seq), None)
         self._outbox = {k: e for k, e in self._outbox.items() if e.run_id not in gone}
@@ -878,11 +894,12 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
     async def held_back(
         self, namespace: str, now: float, *, cap: int = HELD_BACK_CAP
     ) -> dict[str, dict[str, int]]:
-        return await _held.held_back(self, MemoryHoldCounts(self._in), namespace, now, cap)
+        counts = MemoryHoldCounts(self._in, self._rate_keys)
+        return await _held.held_back(self, counts, namespace, now, cap)
 
     async def hold_reason(self, run_id: str, now: float) -> str | None:
-        return await _held.hold_reason(self, MemoryHoldCounts(self._in), self._runs.get(run_id),
-                                       now)
+        counts = MemoryHoldCounts(self._in, self._rate_keys)
+        return await _held.hold_reason(self, counts, self._runs.get(run_id), now)
 
     async def release_held(self, namespace: str, max_queued: int, now: float) -> int:
         queued = self._waiting_to_start(namespace)

@@ -82,7 +82,8 @@ class PostgresDispatch:
             "max_attempts": new.max_attempts, "concurrency_key": new.concurrency_key,
             "idempotency_key": new.idempotency_key, "version": new.version,
             "parent_id": new.parent_id, "root_id": new.root_id or new.id, "held": False,
-            "trace_context": new.trace_context, "channel": self.channel,
+            "trace_context": new.trace_context, "rate_key": new.rate_key,
+            "channel": self.channel,
         }
 
     async def create_run_in(
@@ -206,7 +207,7 @@ class PostgresDispatch:
             "max_attempts": n.max_attempts, "concurrency_key": n.concurrency_key,
             "idempotency_key": n.idempotency_key, "version": n.version,
             "parent_id": n.parent_id, "root_id": n.root_id or n.id, "held": h,
-            "trace_context": n.trace_context,
+            "trace_context": n.trace_context, "rate_key": n.rate_key,
         } for n, h, text in rows], ensure_ascii=False, separators=(",", ":"))
         found = await execute("insert_runs", {"namespace": namespace, "rows": batch,
                                               "channel": self.channel})
@@ -283,7 +284,7 @@ class _CopyLines:
                 f"queued\t{n.priority}\t{same(n.created_at)}\t{same(n.run_at)}\t"
                 f"{n.max_attempts}\t{_copy_value(n.concurrency_key)}\t\\N\t{same(n.version)}\t"
                 f"{_copy_value(n.parent_id)}\t{root}\t{'t' if held else 'f'}\t"
-                f"{_copy_value(n.trace_context)}\n")
+                f"{_copy_value(n.trace_context)}\t{_copy_value(n.rate_key)}\n")
 
 def _copy_value(value: str | float | None) -> str:
     """A value as a field of COPY's text format: NULL is \\N, a float its repr (which

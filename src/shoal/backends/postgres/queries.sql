@@ -17,11 +17,11 @@
 WITH inserted AS (
     INSERT INTO runs (id, namespace, tenant, workflow, input, status, priority, created_at,
                       run_at, max_attempts, concurrency_key, idempotency_key, version, parent_id,
-                      root_id, held, trace_context)
+                      root_id, held, trace_context, rate_key)
     VALUES (%(id)s, %(namespace)s, %(tenant)s, %(workflow)s, %(input)s, 'queued', %(priority)s,
             %(created_at)s, %(run_at)s, %(max_attempts)s, %(concurrency_key)s,
             %(idempotency_key)s, %(version)s, %(parent_id)s, %(root_id)s, %(held)s,
-            %(trace_context)s)
+            %(trace_context)s, %(rate_key)s)
     ON CONFLICT (namespace, tenant, workflow, idempotency_key)
         WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING *
@@ -38,15 +38,15 @@ FROM inserted;
 WITH inserted AS (
     INSERT INTO runs (id, namespace, tenant, workflow, input, status, priority, created_at,
                       run_at, max_attempts, concurrency_key, idempotency_key, version, parent_id,
-                      root_id, held, trace_context)
+                      root_id, held, trace_context, rate_key)
     SELECT id, %(namespace)s, tenant, workflow, input, 'queued', priority, created_at, run_at,
            max_attempts, concurrency_key, idempotency_key, version, parent_id, root_id, held,
-           trace_context
+           trace_context, rate_key
     FROM json_to_recordset(%(rows)s::json)
         AS b(id text, tenant text, workflow text, input text, priority integer,
              created_at double precision, run_at double precision, max_attempts integer,
              concurrency_key text, idempotency_key text, version text, parent_id text,
-             root_id text, held boolean, trace_context text)
+             root_id text, held boolean, trace_context text, rate_key text)
     ON CONFLICT (namespace, tenant, workflow, idempotency_key)
         WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, held
@@ -62,7 +62,7 @@ FROM inserted;
 -- the server time of insert_runs per row). The columns of insert_runs, in its order.
 COPY runs (id, namespace, tenant, workflow, input, status, priority, created_at, run_at,
            max_attempts, concurrency_key, idempotency_key, version, parent_id, root_id, held,
-           trace_context)
+           trace_context, rate_key)
 FROM STDIN;
 
 -- name: notify
@@ -1755,31 +1755,22 @@ WHERE namespace = %(namespace)s AND status = 'running' AND workflow = ANY(%(work
 GROUP BY workflow, tenant;
 
 -- name: held_first_starts
--- A workflow's runs first started after since, up to limit: live ones by the partial indexes of
--- live runs (runs_queued, runs_timed, runs_claimed), ended ones by runs_finished (a run that
--- started after since ended after it).
+-- A workflow's runs of one rate key first started (started_at) after since, up to limit: the
+-- claim's count of a rate window, walking runs_rate_starts.
 SELECT count(*) AS n FROM (
     SELECT 1 FROM runs
-    WHERE namespace = %(namespace)s AND status = 'queued' AND NOT held
-      AND workflow = %(workflow)s AND started_at > %(since)s
-    UNION ALL
-    SELECT 1 FROM runs
-    WHERE namespace = %(namespace)s AND status IN ('sleeping', 'waiting')
-      AND workflow = %(workflow)s AND started_at > %(since)s
-    UNION ALL
-    SELECT 1 FROM runs
-    WHERE namespace = %(namespace)s AND status IN ('running', 'interrupted')
-      AND workflow = %(workflow)s AND started_at > %(since)s
-    UNION ALL
-    SELECT 1 FROM runs
-    WHERE namespace = %(namespace)s AND status IN ('succeeded', 'failed', 'cancelled')
-      AND finished_at > %(since)s AND workflow = %(workflow)s AND started_at > %(since)s
+    WHERE namespace = %(namespace)s AND workflow = %(workflow)s
+      AND coalesce(rate_key, '') = coalesce(%(rate_key)s::text, '') AND started_at > %(since)s
     LIMIT %(limit)s) s;
+
+-- name: held_rate_key
+SELECT rate_key FROM runs WHERE id = %(id)s AND namespace = %(namespace)s;
 
 -- name: held_count_due
 -- A workflow's due queued runs, up to cap, walking runs_queued: of tenants only (NULL: every
 -- tenant), none of skip; with first_only, never started; with key_limit, never started and of a
--- key with at least key_limit holders (one probe of runs_key_holder each).
+-- key with at least key_limit holders (one probe of runs_key_holder each); with rate_limit, see
+-- below.
 SELECT count(*) AS n FROM (
     SELECT 1 FROM runs r
     WHERE r.namespace = %(namespace)s AND r.status = 'queued' AND NOT r.held
@@ -1793,6 +1784,15 @@ SELECT count(*) AS n FROM (
             AND h.concurrency_key = r.concurrency_key AND h.started_at IS NOT NULL
             AND h.status IN ('queued', 'running', 'sleeping', 'waiting', 'interrupted')
       ) >= %(key_limit)s::int))
+      -- with rate_limit: never started, of a window (its rate key's first starts after
+      -- rate_since) full or not (rate_full), walking runs_rate_starts
+      AND (%(rate_limit)s::int IS NULL OR (r.started_at IS NULL AND ((
+          SELECT count(*) FROM (
+              SELECT 1 FROM runs o
+              WHERE o.namespace = r.namespace AND o.workflow = r.workflow
+                AND coalesce(o.rate_key, '') = coalesce(r.rate_key, '')
+                AND o.started_at > %(rate_since)s
+              LIMIT %(rate_limit)s) s) >= %(rate_limit)s::int) = %(rate_full)s))
     LIMIT %(cap)s) q;
 
 -- name: held_key_holders

@@ -18,7 +18,7 @@ from shoal import _json
 from shoal.backends._stats import keep, since, stats_from_rows
 from shoal.backends.postgres import flow as flow_sql
 from shoal.backends.postgres.batcher import Batcher
-from shoal.backends.postgres.connections import RETRYABLE, Connections, Q
+from shoal.backends.postgres.connections import GENERIC_PLAN, RETRYABLE, Connections, Q
 from shoal.backends.postgres.records import claimed, run_of
 from shoal.types import Fence, FlowLimits, Renewal, Run, Settlement, Stats
 
@@ -73,10 +73,23 @@ def _compact(text: str) -> str:
 _CLAIM = _compact(Q["claim"])
 _CLAIM_LIMITED = _compact(Q["claim_limited"])
 assert len(_CLAIM.encode()) < 4096, len(_CLAIM)
-# a claimer with flow rules (flow=) claims with these, after flow_sql.LOCK (postgres/flow.py)
-_CLAIM_FLOW = _compact(flow_sql.derive(Q["claim"]))
-_CLAIM_LIMITED_FLOW = _compact(flow_sql.derive(Q["claim_limited"]))
-assert len(_CLAIM_FLOW.encode()) < 4096, len(_CLAIM_FLOW)
+
+
+@functools.cache
+def _claim_flow_text(rules: frozenset[str], limited: bool) -> str:
+    """The flow claim statement of a claimer whose ``flow`` has the rules ``rules`` (sent after
+    flow_sql.LOCK; postgres/flow.py), from ``claim`` or (``limited``) ``claim_limited``: one
+    text per combination, so that a claimer with one rule sends that rule's parts only."""
+    return flow_sql.compact(_compact(flow_sql.derive(Q["claim_limited" if limited else "claim"],
+                                                     rules)))
+
+
+# below psycopg's 4 KB, the parsing of its placeholders cached (see _compact), as the plain
+# claim's: a claimer with running caps alone. (A rate's is 4.2 KB, each claim_limited variant
+# and each of two rules or more is longer: a claimer with those pays a parse of its placeholders.)
+assert len(_claim_flow_text(frozenset({"caps"}), False).encode()) < 4096
+# a flow claim's transaction runs its generic plan, without JIT, as the plain claim does
+_FLOW_GENERIC = True
 _SETTLE_COLUMNS = ("id", "owner", "epoch", "status", "output", "error", "finished_at", "run_at",
                    "attempt_inc", "traceback")
 
@@ -136,6 +149,7 @@ class PostgresRuns:
             return []
         args = _claim_args(namespace, workflows, owner, limit, lease, now, version,
                            any_version, concurrency_limits)
+        flow = flow_sql.served(flow, workflows)
         if flow:
             return await self._claim_flow(args, flow)
         query = _CLAIM_LIMITED if "limits" in args else _CLAIM
@@ -154,12 +168,14 @@ class PostgresRuns:
 
     async def _claim_flow(self, args: dict[str, Any],
                           flow: Mapping[str, FlowLimits]) -> list[Run]:
-        """The claim of a claimer with flow rules (postgres/flow.py): one transaction, the
-        advisory locks of its flowed workflows, then the flow claim statement, again while its
-        rank filters cut some of a batch that is not full."""
-        query = _CLAIM_LIMITED_FLOW if "limits" in args else _CLAIM_FLOW
-        lock = flow_sql.lock_args(args["namespace"], args["workflows"], flow)
-        args = {**args, **flow_sql.claim_args(flow)}
+        """The claim of a claimer with flow rules (postgres/flow.py; ``flow``: those of the
+        workflows it serves): one transaction, the advisory locks of its flowed workflows, then
+        the flow claim statement of the rules ``flow`` has, again while its rank filters cut
+        some of a batch that is not full."""
+        rules = flow_sql.rules_of(flow)
+        query = _claim_flow_text(rules, "limits" in args)
+        lock = flow_sql.lock_args(args["namespace"], flow)
+        args = {**args, **flow_sql.claim_args(flow, args["now"], rules)}
         limit = args["limit"]
         runs: list[Run] = []
         for _ in range(3):
@@ -178,6 +194,9 @@ class PostgresRuns:
         runs: list[Run] = []
         async with self.db.connection(hot=True) as conn, self.db.transaction(conn):
             cur = conn.cursor(row_factory=tuple_row)
+            if _FLOW_GENERIC and not self.db.stateless:
+                # the claim's generic plan, without JIT, for this transaction (GENERIC_PLAN)
+                await conn.execute(GENERIC_PLAN)
             await self.db.execute(conn, cur, flow_sql.LOCK, lock)
             while len(runs) < limit:
                 await self.db.execute(conn, cur, query, {**args, "limit": limit - len(runs)},
@@ -236,6 +255,7 @@ class PostgresRuns:
     ) -> tuple[list[bool], list[Run]]:
         if limit <= 0 or not workflows:
             limit = 0
+        flow = flow_sql.served(flow, workflows)
         if not settlements:
             return [], await self.claim_runs(namespace, workflows, owner, limit, lease, now,
                                              version=version, any_version=any_version,

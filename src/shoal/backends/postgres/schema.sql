@@ -53,7 +53,8 @@ CREATE TABLE runs (
     progress         text,  -- the latest ctx.progress, as JSON (version 19)
     progress_at      double precision,  -- when the run reported it
     trace_context    text,  -- the W3C trace context it continues, JSON (version 22)
-    key_slot         integer NOT NULL DEFAULT 0  -- which of its key's concurrency_limit places it holds (version 24)
+    key_slot         integer NOT NULL DEFAULT 0,  -- which of its key's concurrency_limit places it holds (version 24)
+    rate_key         text  -- the key its rate_limit counts its first start under, never '' (version 26)
 );
 
 -- invariant 5: one run per (tenant, workflow, idempotency key) in a namespace
@@ -69,6 +70,9 @@ CREATE UNIQUE INDEX runs_key_holder ON runs (namespace, workflow, concurrency_ke
 CREATE INDEX runs_key_queued ON runs (namespace, workflow, concurrency_key, priority DESC,
                                       created_at, id)
     WHERE concurrency_key IS NOT NULL AND status = 'queued' AND started_at IS NULL AND NOT held;
+-- rate_limit: the first starts of a (workflow, rate key), counted over a window
+CREATE INDEX runs_rate_starts ON runs (namespace, workflow, (coalesce(rate_key, '')), started_at)
+    WHERE started_at IS NOT NULL;
 -- the claim scan: only live rows are indexed, so its cost does not grow with finished runs
 CREATE INDEX runs_queued ON runs (namespace, priority DESC, created_at, id)
     WHERE status = 'queued' AND NOT held;
@@ -545,4 +549,5 @@ FROM (VALUES (1, '0001_runs.sql'),
              (22, '0022_trace_context.sql'),
              (23, '0023_paused_workflows.sql'),
              (24, '0024_concurrency_limits.sql'),
-             (25, '0025_running_caps.sql')) AS applied (version, name);
+             (25, '0025_running_caps.sql'),
+             (26, '0026_rate_limits.sql')) AS applied (version, name);

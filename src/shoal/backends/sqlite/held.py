@@ -30,20 +30,28 @@ class SQLiteHoldCounts:
             "namespace": namespace, "workflows": _json.dumps(list(workflows))}).fetchall()
         return {(row["workflow"], row["tenant"]): int(row["n"]) for row in rows}
 
-    async def first_starts(self, namespace: str, workflow: str, since: float, limit: int) -> int:
+    async def first_starts(self, namespace: str, workflow: str, rate_key: str | None,
+                           since: float, limit: int) -> int:
         return self._n("held_first_starts", {"namespace": namespace, "workflow": workflow,
-                                             "since": since, "limit": limit})
+                                             "rate_key": rate_key, "since": since,
+                                             "limit": limit})
+
+    async def rate_key(self, namespace: str, run_id: str) -> str | None:
+        row = self.connection.one(_Q["held_rate_key"], {"namespace": namespace, "id": run_id})
+        return None if row is None else row["rate_key"]
 
     async def count_due(
         self, namespace: str, workflow: str, now: float, cap: int, *,
         tenants: Sequence[str] | None = None, skip: Sequence[str] = (),
         first_only: bool = False, key_limit: int | None = None,
+        rate: tuple[int, float] | None = None, rate_full: bool = True,
     ) -> int:
         return self._n("held_count_due", {
             "namespace": namespace, "workflow": workflow, "now": now, "cap": cap,
             "tenants": None if tenants is None else _json.dumps(list(tenants)),
             "skip": _json.dumps(list(skip)), "first_only": int(first_only or key_limit is not None),
-            "key_limit": key_limit})
+            "key_limit": key_limit, "rate_limit": None if rate is None else rate[0],
+            "rate_since": None if rate is None else rate[1], "rate_full": int(rate_full)})
 
     async def key_holders(self, namespace: str, workflow: str, key: str, cap: int) -> int:
         return self._n("held_key_holders", {"namespace": namespace, "workflow": workflow,

@@ -18,20 +18,20 @@ LIMIT :limit;
 -- name: insert_run
 INSERT INTO runs (id, namespace, tenant, workflow, input, status, priority, created_at, run_at,
                   max_attempts, concurrency_key, idempotency_key, version, parent_id, root_id, held,
-                  trace_context)
+                  trace_context, rate_key)
 VALUES (:id, :namespace, :tenant, :workflow, :input, 'queued', :priority, :created_at, :run_at,
         :max_attempts, :concurrency_key, :idempotency_key, :version, :parent_id, :root_id, :held,
-        :trace_context)
+        :trace_context, :rate_key)
 RETURNING *;
 
 -- name: insert_runs
 -- create_runs: one row per item (executemany), in the batch's transaction.
 INSERT INTO runs (id, namespace, tenant, workflow, input, status, priority, created_at, run_at,
                   max_attempts, concurrency_key, idempotency_key, version, parent_id, root_id, held,
-                  trace_context)
+                  trace_context, rate_key)
 VALUES (:id, :namespace, :tenant, :workflow, :input, 'queued', :priority, :created_at, :run_at,
         :max_attempts, :concurrency_key, :idempotency_key, :version, :parent_id, :root_id, :held,
-        :trace_context);
+        :trace_context, :rate_key);
 
 -- name: find_idempotent
 SELECT * FROM runs
@@ -937,32 +937,22 @@ WHERE namespace = :namespace AND status IN ('running', 'interrupted') AND status
 GROUP BY workflow, tenant;
 
 -- name: held_first_starts
--- A workflow's runs first started after :since, up to :limit: live ones by the partial indexes
--- of live runs, ended ones by runs_finished (a run that started after :since ended after it).
+-- A workflow's runs of one rate key first started (started_at) after :since, up to :limit: the
+-- claim's count of a rate window, walking runs_rate_starts.
 SELECT count(*) AS n FROM (
-    SELECT 1 FROM (
-        SELECT started_at FROM runs INDEXED BY runs_queued
-        WHERE namespace = :namespace AND status = 'queued' AND held = 0
-          AND workflow = :workflow AND started_at > :since
-        UNION ALL
-        SELECT started_at FROM runs INDEXED BY runs_timed
-        WHERE namespace = :namespace AND status IN ('sleeping', 'waiting')
-          AND workflow = :workflow AND started_at > :since
-        UNION ALL
-        SELECT started_at FROM runs INDEXED BY runs_claimed
-        WHERE namespace = :namespace AND status IN ('running', 'interrupted')
-          AND workflow = :workflow AND started_at > :since
-        UNION ALL
-        SELECT started_at FROM runs INDEXED BY runs_finished
-        WHERE namespace = :namespace AND status IN ('succeeded', 'failed', 'cancelled')
-          AND finished_at > :since AND workflow = :workflow AND started_at > :since)
+    SELECT 1 FROM runs INDEXED BY runs_rate_starts
+    WHERE namespace = :namespace AND workflow = :workflow AND rate_key IS :rate_key
+      AND started_at IS NOT NULL AND started_at > :since
     LIMIT :limit);
+
+-- name: held_rate_key
+SELECT rate_key FROM runs WHERE id = :id AND namespace = :namespace;
 
 -- name: held_count_due
 -- A workflow's due queued runs, up to :cap, walking runs_queued: of :tenants only (a JSON
 -- array, or NULL: every tenant), none of :skip; with :first_only, never started; with
 -- :key_limit, never started and of a key with at least :key_limit holders (one probe of
--- runs_key_holder each).
+-- runs_key_holder each); with :rate_limit, see below.
 SELECT count(*) AS n FROM (
     SELECT 1 FROM runs r INDEXED BY runs_queued
     WHERE r.namespace = :namespace AND r.status = 'queued' AND r.held = 0
@@ -977,6 +967,15 @@ SELECT count(*) AS n FROM (
             AND h.concurrency_key IS NOT NULL AND h.started_at IS NOT NULL
             AND h.status IN ('queued', 'running', 'sleeping', 'waiting', 'interrupted')
       ) >= :key_limit))
+      -- with :rate_limit: never started, of a window (its rate key's first starts after
+      -- :rate_since) full or not (:rate_full), walking runs_rate_starts
+      AND (:rate_limit IS NULL OR (r.started_at IS NULL AND ((
+          SELECT count(*) FROM (
+              SELECT 1 FROM runs o INDEXED BY runs_rate_starts
+              WHERE o.namespace = r.namespace AND o.workflow = r.workflow
+                AND o.rate_key IS r.rate_key
+                AND o.started_at IS NOT NULL AND o.started_at > :rate_since
+              LIMIT :rate_limit)) >= :rate_limit) = :rate_full))
     LIMIT :cap);
 
 -- name: held_key_holders

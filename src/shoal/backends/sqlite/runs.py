@@ -300,14 +300,15 @@ class SQLiteRuns:
     ) -> list[Run]:
         """The claim of a claimer with flow rules, in the write transaction ``db`` (see
         :mod:`~shoal.backends.sqlite.flow`): the flow query, walked with the shares counted in
-        ``db``, again while the walk filled a workflow or tenant and the scan left runs behind."""
+        ``db``, again while the walk filled a workflow, tenant or window and the scan left runs
+        behind."""
         query = _Q["claim_candidates_limited_flow" if "limits" in args
                    else "claim_candidates_flow"]
-        held = flow_sql.shares(db, args["namespace"], flow)
+        held = flow_sql.shares(db, args["namespace"], flow, now)
         ids: list[str] = []
         keys: set[tuple[str, str]] = set()
         while True:
-            rows = db.execute(query, flow_sql.args(args, held, ids)).fetchall()
+            rows = db.execute(query, flow_sql.args(args, flow, now, held, ids)).fetchall()
             cut = _choose(db, rows, limit, concurrency_limits, ids, keys, held)
             if len(ids) >= limit or not cut or len(rows) < args["scan"]:
                 break
@@ -503,13 +504,15 @@ def _choose(db: sqlite3.Connection, candidates: list[sqlite3.Row], limit: int,
     """Add to ``ids`` the ``candidates`` (in claim order) the claim takes, up to ``limit`` in
     all: one run per concurrency key that has not started before (``keys``: those taken); with
     ``concurrency_limits``, each such run takes a free slot of its key; with ``held``, a run of
-    a workflow or tenant with no share left is skipped and each run taken holds one. True when
-    the shares skipped a run."""
+    a workflow or tenant with no share left, or a first start of a full window, is skipped and
+    each run taken holds a share (a place of its window). True when the shares skipped a run."""
     cut = False
     for row in candidates:
         if len(ids) >= limit:
             break
-        if held is not None and not held.fits(row["workflow"], row["tenant"]):
+        first = row["started_at"] is None
+        if held is not None and not held.fits(row["workflow"], row["tenant"], row["rate_key"],
+                                              first):
             cut = True
             continue
         key = row["concurrency_key"]
@@ -522,7 +525,7 @@ def _choose(db: sqlite3.Connection, candidates: list[sqlite3.Row], limit: int,
             if concurrency_limits:
                 _take_key_slot(db, row, concurrency_limits.get(row["workflow"], 1))
         if held is not None:
-            held.take(row["workflow"], row["tenant"])
+            held.take(row["workflow"], row["tenant"], row["rate_key"], first)
         ids.append(row["id"])
     return cut
 
@@ -580,7 +583,7 @@ def _create_run(
             "max_attempts": new.max_attempts, "concurrency_key": new.concurrency_key,
             "idempotency_key": new.idempotency_key, "version": new.version,
             "parent_id": new.parent_id, "root_id": new.root_id or new.id, "held": held,
-            "trace_context": new.trace_context,
+            "trace_context": new.trace_context, "rate_key": new.rate_key,
         }).fetchone()
     except sqlite3.IntegrityError:
         # a caller's transaction that read before another committed the same key (the store's
@@ -619,7 +622,7 @@ def _create_runs(
         "max_attempts": new.max_attempts, "concurrency_key": new.concurrency_key,
         "idempotency_key": new.idempotency_key, "version": new.version,
         "parent_id": new.parent_id, "root_id": new.root_id or new.id, "held": int(h),
-        "trace_context": new.trace_context,
+        "trace_context": new.trace_context, "rate_key": new.rate_key,
     } for new, h, text in rows])
     inserted = {new.id: queued_run(new, h, text) for new, h, text in rows}
     return answers(news, inserted, stored)

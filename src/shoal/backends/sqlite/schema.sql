@@ -44,7 +44,8 @@ CREATE TABLE runs (
     progress         TEXT,                -- the latest ctx.progress, as JSON (version 19)
     progress_at      REAL,                -- when the run reported it
     trace_context    TEXT,                -- the W3C trace context it continues, JSON (version 22)
-    key_slot         INTEGER NOT NULL DEFAULT 0  -- which of its key's concurrency_limit places it holds (version 24)
+    key_slot         INTEGER NOT NULL DEFAULT 0, -- which of its key's concurrency_limit places it holds (version 24)
+    rate_key         TEXT                 -- the key its rate_limit counts its first start under (version 26)
 );
 
 -- invariant 5: one run per (tenant, workflow, idempotency key) in a namespace
@@ -65,6 +66,9 @@ CREATE INDEX runs_running ON runs (namespace, workflow, tenant) WHERE status = '
 CREATE UNIQUE INDEX runs_key_holder ON runs (namespace, workflow, concurrency_key, key_slot)
     WHERE concurrency_key IS NOT NULL AND started_at IS NOT NULL
       AND status IN ('queued', 'running', 'sleeping', 'waiting', 'interrupted');
+-- rate_limit: the first starts of a (workflow, rate key), counted over a window
+CREATE INDEX runs_rate_starts ON runs (namespace, workflow, rate_key, started_at)
+    WHERE started_at IS NOT NULL;
 CREATE INDEX runs_held ON runs (namespace, created_at, id) WHERE held = 1;
 -- retention: finished runs are pruned oldest first
 CREATE INDEX runs_finished ON runs (namespace, finished_at)
@@ -455,4 +459,5 @@ FROM (VALUES (1, '0001_runs.sql'),
              (22, '0022_trace_context.sql'),
              (23, '0023_paused_workflows.sql'),
              (24, '0024_concurrency_limits.sql'),
-             (25, '0025_running_caps.sql'));
+             (25, '0025_running_caps.sql'),
+             (26, '0026_rate_limits.sql'));

@@ -20,7 +20,9 @@
   ``other``);
 - :class:`FlowViewContract`: which flow-control rule holds back queued runs, and one run
   (``store``, ``other``);
-- :class:`StoreContract`: the eleven above, a whole :class:`~shoal.ports.Store`;
+- :class:`RateLimitContract`: at most N first starts of a workflow and rate key per window,
+  the claimer's ``flow`` (``store``, ``other``);
+- :class:`StoreContract`: the twelve above, a whole :class:`~shoal.ports.Store`;
 - :class:`CoordContract`: locks, membership and meters, a :class:`~shoal.ports.CoordStore`
   (``coord``, ``other``);
 - :class:`RateContract`: rate limits and the ledger, a :class:`~shoal.ports.RateStore`
@@ -78,6 +80,7 @@ from shoal.testing.contract.differential import (
     rate_calls_apart,
     run_calls,
 )
+from shoal.testing.contract.flowrates import RateLimitContract
 from shoal.testing.contract.heldback import FlowViewContract
 from shoal.testing.contract.inspection import InspectionContract
 from shoal.testing.contract.limits import ConcurrencyLimitContract
@@ -107,7 +110,8 @@ from shoal.testing.contract.trees import TreeContract
 
 class StoreContract(RunContract, ConcurrencyLimitContract, PauseContract, TreeContract,
                     OutboxContract, StatsContract, InspectionContract, ProgressContract,
-                    PausedWorkflowContract, RunningCapContract, FlowViewContract):
+                    PausedWorkflowContract, RunningCapContract, FlowViewContract,
+                    RateLimitContract):
     """A whole :class:`~shoal.ports.Store`: every run-store suite. Provide the ``store`` and
     ``other`` fixtures."""
 
@@ -129,6 +133,7 @@ __all__ = [
     "ProgressContract",
     "RateContract",
     "RateDifferential",
+    "RateLimitContract",
     "RunContract",
     "RunDifferential",
     "RunningCapContract",

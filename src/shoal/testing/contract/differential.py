@@ -214,7 +214,7 @@ async def _create(w: _RunWorld) -> None:
         created_at=w.now, run_at=w.now + rnd.choice([0, 0, 0, 5, 40]),
         max_attempts=rnd.choice([1, 2, 3]), concurrency_key=rnd.choice([None, None, "k1", "k2"]),
         idempotency_key=rnd.choice([None, None, None, "i1", "i2", "i3"]), version=None,
-        root_id=run_id)
+        root_id=run_id, rate_key=rnd.choice([None, None, "r1", "r2"]))
     parent_run = await w.reference.get_run(parent) if parent is not None else None
     if parent_run is not None:          # a child (unless its parent was pruned)
         new = dataclasses.replace(new, parent_id=parent_run.id, root_id=parent_run.root_id,
@@ -243,17 +243,27 @@ async def _claim(w: _RunWorld) -> None:
         version=version, any_version=rnd.choice([(), ("wf",)]),
         # a limit of one (as without limits), of two, or one raised or lowered meanwhile
         concurrency_limits=rnd.choice([None, {"wf": 2}, {"wf": 2, "other": 3}, {"other": 2}]),
-        # running caps of a workflow and of its tenants, changed from claim to claim (deploys)
+        # flow rules (see _FLOWS), changed from claim to claim (deploys)
         flow=rnd.choice(_FLOWS))
     w.claimed(claimed)
 
 
+# the flow rules of a claim: none, running caps of a workflow and of its tenants, a rate, or
+# both (changed from claim to claim, as by deploys)
 _FLOWS: list[dict[str, FlowLimits] | None] = [
     None, None, None, {"wf": FlowLimits(max_running=2)},
     {"wf": FlowLimits(max_running_per_tenant=1)},
     {"wf": FlowLimits(max_running=3, max_running_per_tenant=2),
      "other": FlowLimits(max_running=1)},
-    {"other": FlowLimits(max_running_per_tenant=1)}]
+    {"other": FlowLimits(max_running_per_tenant=1)},
+    {"wf": FlowLimits(rate_limit=2, rate_per=10.0)},
+    {"wf": FlowLimits(rate_limit=1, rate_per=30.0),
+     "other": FlowLimits(rate_limit=3, rate_per=5.0)},
+    {"wf": FlowLimits(max_running=2, rate_limit=2, rate_per=10.0),
+     "other": FlowLimits(max_running_per_tenant=1)},
+    {"wf": FlowLimits(rate_limit=3, rate_per=30.0),
+     "other": FlowLimits(max_running=2, rate_limit=1, rate_per=5.0)},
+]
 
 
 async def _pause_workflow(w: _RunWorld) -> None:

@@ -31,6 +31,7 @@ def new_run(
     max_attempts: int = 3,
     namespace: str = NS,
     input: Any = None,
+    rate_key: str | None = None,
 ) -> NewRun:
     """A root run created at ``now``, due ``delay`` seconds later (``key``: its concurrency key,
     ``idem``: its idempotency key)."""
@@ -39,7 +40,7 @@ def new_run(
         id=run_id, namespace=namespace, tenant=tenant, workflow=workflow,
         input=input if input is not None else {"n": 1}, priority=priority, created_at=now,
         run_at=now + delay, max_attempts=max_attempts, concurrency_key=key,
-        idempotency_key=idem, version=None, root_id=run_id,
+        idempotency_key=idem, version=None, root_id=run_id, rate_key=rate_key,
     )
 
 
