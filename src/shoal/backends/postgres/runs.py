@@ -195,9 +195,13 @@ class PostgresRuns:
         async with self.db.connection(hot=True) as conn, self.db.transaction(conn):
             cur = conn.cursor(row_factory=tuple_row)
             if _FLOW_GENERIC and not self.db.stateless:
-                # the claim's generic plan, without JIT, for this transaction (GENERIC_PLAN)
-                await conn.execute(GENERIC_PLAN)
-            await self.db.execute(conn, cur, flow_sql.LOCK, lock)
+                # the claim's generic plan, without JIT, for this transaction (GENERIC_PLAN),
+                # sent with the locks: one round trip
+                async with conn.pipeline():
+                    await conn.execute(GENERIC_PLAN)
+                    await cur.execute(flow_sql.LOCK, lock)
+            else:
+                await self.db.execute(conn, cur, flow_sql.LOCK, lock)
             while len(runs) < limit:
                 await self.db.execute(conn, cur, query, {**args, "limit": limit - len(runs)},
                                       binary=True)
