@@ -22,7 +22,9 @@
   (``store``, ``other``);
 - :class:`RateLimitContract`: at most N first starts of a workflow and rate key per window,
   the claimer's ``flow`` (``store``, ``other``);
-- :class:`StoreContract`: the twelve above, a whole :class:`~shoal.ports.Store`;
+- :class:`FlowRulesTogetherContract`: flow rules together, on one workflow and on workflows
+  served by one claim (``store``, ``other``);
+- :class:`StoreContract`: the thirteen above, a whole :class:`~shoal.ports.Store`;
 - :class:`CoordContract`: locks, membership and meters, a :class:`~shoal.ports.CoordStore`
   (``coord``, ``other``);
 - :class:`RateContract`: rate limits and the ledger, a :class:`~shoal.ports.RateStore`
@@ -80,6 +82,7 @@ from shoal.testing.contract.differential import (
     rate_calls_apart,
     run_calls,
 )
+from shoal.testing.contract.flowmix import FlowRulesTogetherContract
 from shoal.testing.contract.flowrates import RateLimitContract
 from shoal.testing.contract.heldback import FlowViewContract
 from shoal.testing.contract.inspection import InspectionContract
@@ -111,7 +114,7 @@ from shoal.testing.contract.trees import TreeContract
 class StoreContract(RunContract, ConcurrencyLimitContract, PauseContract, TreeContract,
                     OutboxContract, StatsContract, InspectionContract, ProgressContract,
                     PausedWorkflowContract, RunningCapContract, FlowViewContract,
-                    RateLimitContract):
+                    RateLimitContract, FlowRulesTogetherContract):
     """A whole :class:`~shoal.ports.Store`: every run-store suite. Provide the ``store`` and
     ``other`` fixtures."""
 
@@ -125,6 +128,7 @@ __all__ = [
     "ConcurrencyLimitContract",
     "CoordContract",
     "CoordDifferential",
+    "FlowRulesTogetherContract",
     "FlowViewContract",
     "InspectionContract",
     "OutboxContract",
