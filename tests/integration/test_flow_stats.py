@@ -33,11 +33,12 @@ def test_the_stored_options_carry_every_flow_rule() -> None:
     assert options.stored() == {
         "max_attempts": 3, "priority": 0, "concurrency_key": None, "key_from_input": True,
         "concurrency_limit": 3, "max_running": 5, "max_running_per_tenant": 2,
-        "rate_limit": {"limit": 10, "per": 60.0}, "fairness": "tenant"}
+        "rate_limit": {"limit": 10, "per": 60.0}, "fairness": "tenant",
+        "rate_key_from_input": False}
     assert WorkflowOptions().stored() == {
         "max_attempts": 3, "priority": 0, "concurrency_key": None, "key_from_input": False,
         "concurrency_limit": 1, "max_running": None, "max_running_per_tenant": None,
-        "rate_limit": None, "fairness": None}
+        "rate_limit": None, "fairness": None, "rate_key_from_input": False}
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgres"])

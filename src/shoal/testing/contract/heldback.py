@@ -111,6 +111,22 @@ class FlowViewContract:
         assert await other.held_back(NS, T0 + 71) == {}
         assert await other.hold_reason(runs[2].id, T0 + 71) is None
 
+    async def test_the_rate_window_is_each_rate_keys_own(self, store: Store,
+                                                         other: Store) -> None:
+        await store.register_workflows(
+            NS, {"wf": {"rate_limit": {"limit": 1, "per": 60.0}}}, T0)
+        x = [await add(store, T0 + i, rate_key="x") for i in range(3)]
+        y = await add(store, T0 + 3, rate_key="y")
+        unkeyed = await add(store, T0 + 4)
+        claimed = await claim(store, now=T0 + 10, limit=1)   # x's window fills, no other
+        assert [r.id for r in claimed] == [x[0].id]
+        # x's other two are the rate's; y and the run without a key wait for a worker only
+        assert await other.held_back(NS, T0 + 20) == {"wf": {"rate_limit": 2}}
+        assert await other.hold_reason(x[1].id, T0 + 20) == "rate_limit"
+        assert await other.hold_reason(y.id, T0 + 20) is None
+        assert await other.hold_reason(unkeyed.id, T0 + 20) is None
+        assert await other.held_back(NS, T0 + 71) == {}
+
     async def test_each_count_stops_at_the_cap(self, store: Store, other: Store) -> None:
         await store.register_workflows(NS, {"wf": {"max_running": 1}}, T0)
         for i in range(6):
