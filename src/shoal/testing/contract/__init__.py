@@ -15,7 +15,9 @@
   ``concurrency_limits`` (``store``, ``other``);
 - :class:`PausedWorkflowContract`: paused workflows, whose runs no claim starts (``store``,
   ``other``);
-- :class:`StoreContract`: the eight above, a whole :class:`~shoal.ports.Store`;
+- :class:`FairnessContract`: ``fairness="tenant"``, tenants taking turns in the claim, and
+  the stored tenant weights (``store``, ``other``);
+- :class:`StoreContract`: the ten above, a whole :class:`~shoal.ports.Store`;
 - :class:`CoordContract`: locks, membership and meters, a :class:`~shoal.ports.CoordStore`
   (``coord``, ``other``);
 - :class:`RateContract`: rate limits and the ledger, a :class:`~shoal.ports.RateStore`
@@ -72,6 +74,7 @@ from shoal.testing.contract.differential import (
     rate_calls_apart,
     run_calls,
 )
+from shoal.testing.contract.fairness import FairnessContract
 from shoal.testing.contract.inspection import InspectionContract
 from shoal.testing.contract.limits import ConcurrencyLimitContract
 from shoal.testing.contract.outbox import OutboxContract
@@ -100,7 +103,7 @@ from shoal.testing.contract.trees import TreeContract
 
 class StoreContract(RunContract, ConcurrencyLimitContract, PauseContract, TreeContract,
                     OutboxContract, StatsContract, InspectionContract, ProgressContract,
-                    PausedWorkflowContract):
+                    PausedWorkflowContract, FairnessContract):
     """A whole :class:`~shoal.ports.Store`: every run-store suite. Provide the ``store`` and
     ``other`` fixtures."""
 
@@ -113,6 +116,7 @@ __all__ = [
     "CallerTransaction",
     "ConcurrencyLimitContract",
     "CoordContract",
+    "FairnessContract",
     "CoordDifferential",
     "InspectionContract",
     "OutboxContract",
