@@ -23,11 +23,13 @@ from shoal.backends._batches import (
     namespace_of,
     queued_run,
 )
+from shoal.backends._fairness import fair_workflows
 from shoal.backends._sql import queries
 from shoal.backends._stats import keep, since, stats_from_rows
 from shoal.backends.sqlite import joined
 from shoal.backends.sqlite.batches import GroupCommit
 from shoal.backends.sqlite.connection import SQLiteConnection, unavailable_on_failure
+from shoal.backends.sqlite.flow import fair_candidates
 from shoal.backends.sqlite.rows import _run
 from shoal.errors import AdmissionRejectedError
 from shoal.types import (
@@ -121,6 +123,16 @@ class SQLiteRuns:
                                           {"namespace": namespace}).fetchall()
         return [PausedWorkflow(row["workflow"], row["tenant"] or None, row["paused_at"])
                 for row in rows]
+
+    async def set_tenant_weight(self, namespace: str, tenant: str, weight: float) -> None:
+        args = {"namespace": namespace, "tenant": tenant, "weight": float(weight)}
+        async with self.connection.tx() as db:
+            db.execute(_Q["clear_tenant_weight" if weight == 1 else "set_tenant_weight"], args)
+
+    async def tenant_weights(self, namespace: str) -> dict[str, float]:
+        rows = self.connection.db.execute(_Q["tenant_weights"],
+                                          {"namespace": namespace}).fetchall()
+        return {row["tenant"]: row["weight"] for row in rows}
 
     async def create_run(
         self, new: NewRun, *, max_queued: int | None, admission: str
@@ -261,7 +273,9 @@ class SQLiteRuns:
         if not candidates:
             return []
         async with self.connection.tx() as db:
-            if self.connection.changes() != seen:
+            if fair := fair_workflows(flow, workflows):
+                candidates = fair_candidates(db, query, args, fair)
+            elif self.connection.changes() != seen:
                 candidates = db.execute(query, args).fetchall()
             return self._claim_candidates(db, candidates, owner, limit, lease, now, version,
                                           concurrency_limits)
@@ -270,6 +284,7 @@ class SQLiteRuns:
         self, db: sqlite3.Connection, namespace: str, workflows: Sequence[str], owner: str,
         limit: int, lease: float, now: float, version: str | None, any_version: Sequence[str],
         concurrency_limits: Mapping[str, int] | None,
+        flow: Mapping[str, FlowLimits] | None = None,
     ) -> list[Run]:
         """``claim_runs``' statements, in the caller's write transaction."""
         if limit <= 0 or not workflows:
@@ -277,7 +292,10 @@ class SQLiteRuns:
         args = _claim_args(namespace, workflows, limit, now, version, any_version,
                            concurrency_limits)
         query = _Q["claim_candidates_limited" if "limits" in args else "claim_candidates"]
-        candidates = db.execute(query, args).fetchall()
+        if fair := fair_workflows(flow, workflows):
+            candidates = fair_candidates(db, query, args, fair)
+        else:
+            candidates = db.execute(query, args).fetchall()
         return self._claim_candidates(db, candidates, owner, limit, lease, now, version,
                                       concurrency_limits)
 
@@ -356,7 +374,7 @@ class SQLiteRuns:
         def write(db: sqlite3.Connection) -> tuple[list[bool], list[Run]]:
             held = [_settle(db, fence, settlement, at) for fence, settlement, at in settlements]
             return held, self._claim(db, namespace, workflows, owner, limit, lease, now,
-                                     version, any_version, concurrency_limits)
+                                     version, any_version, concurrency_limits, flow)
 
         return await self.writes.write(write)
 
