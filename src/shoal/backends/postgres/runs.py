@@ -8,15 +8,17 @@ import functools
 import logging
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, LiteralString
 
 from psycopg import errors as pg_errors
 from psycopg import sql
+from psycopg.rows import tuple_row
 
 from shoal import _json
 from shoal.backends._stats import keep, since, stats_from_rows
 from shoal.backends.postgres.batcher import Batcher
 from shoal.backends.postgres.connections import RETRYABLE, Connections, Q
+from shoal.backends.postgres.flow import LOCK, flow_args, flow_claim
 from shoal.backends.postgres.records import claimed, run_of
 from shoal.types import Fence, FlowLimits, Renewal, Run, Settlement, Stats
 
@@ -71,6 +73,9 @@ def _compact(text: str) -> str:
 _CLAIM = _compact(Q["claim"])
 _CLAIM_LIMITED = _compact(Q["claim_limited"])
 assert len(_CLAIM.encode()) < 4096, len(_CLAIM)
+# the claims of a claimer with flow rules (flow.py), longer: sent with the advisory locks
+_CLAIM_FLOW = _compact(flow_claim(Q["claim"]))
+_CLAIM_LIMITED_FLOW = _compact(flow_claim(Q["claim_limited"]))
 _SETTLE_COLUMNS = ("id", "owner", "epoch", "status", "output", "error", "finished_at", "run_at",
                    "attempt_inc", "traceback")
 
@@ -131,10 +136,16 @@ class PostgresRuns:
         args = _claim_args(namespace, workflows, owner, limit, lease, now, version,
                            any_version, concurrency_limits)
         query = _CLAIM_LIMITED if "limits" in args else _CLAIM
+        if flowing := flow_args(flow, workflows):
+            args.update(flowing)
+            query = _CLAIM_LIMITED_FLOW if "limits" in args else _CLAIM_FLOW
         runs: list[Run] = []
         for _ in range(3):
             try:
-                runs = claimed(*await self.db.tuples(query, args, hot=True))
+                if flowing:
+                    runs = await self._flow_claim(query, args)
+                else:
+                    runs = claimed(*await self.db.tuples(query, args, hot=True))
                 break
             except pg_errors.UniqueViolation:
                 # Another claim of the same concurrency key committed after this statement's
@@ -143,6 +154,15 @@ class PostgresRuns:
             except RETRYABLE:
                 log.debug("claim.retry")
         return runs
+
+    async def _flow_claim(self, query: LiteralString, args: dict[str, Any]) -> list[Run]:
+        """The flow claim (:mod:`~shoal.backends.postgres.flow`): the advisory locks of the
+        workflows of ``flow`` the claimer serves, then the claim, in one transaction."""
+        async with self.db.connection(hot=True) as conn, self.db.transaction(conn):
+            await self.db.execute(conn, conn.cursor(), LOCK, args)
+            cur = conn.cursor(row_factory=tuple_row)
+            await self.db.execute(conn, cur, query, args, binary=True)
+            return claimed([c.name for c in cur.description or ()], await cur.fetchall())
 
     async def incompatible_runs(
         self, namespace: str, workflows: Sequence[str], version: str | None,
@@ -189,6 +209,14 @@ class PostgresRuns:
     ) -> tuple[list[bool], list[Run]]:
         if limit <= 0 or not workflows:
             limit = 0
+        if settlements and limit and flow_args(flow, workflows):
+            # a flow claim takes its locks first: the settlements, then the claim
+            held, _ = await self.settle_and_claim(settlements, namespace, workflows, owner, 0,
+                                                  lease, now)
+            return held, await self.claim_runs(namespace, workflows, owner, limit, lease, now,
+                                               version=version, any_version=any_version,
+                                               concurrency_limits=concurrency_limits,
+                                               flow=flow)
         if not settlements:
             return [], await self.claim_runs(namespace, workflows, owner, limit, lease, now,
                                              version=version, any_version=any_version,
