@@ -364,6 +364,8 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
             claimed.append(run)
             if len(claimed) == limit:
                 break
+        if fair:   # answered in priority, created_at, id order, as without the rule
+            claimed.sort(key=lambda r: (-r.priority, r.created_at, r.id))
         return claimed
 
     async def incompatible_runs(

@@ -42,6 +42,7 @@ from shoal.testing.contract.support import NS, T0
 from shoal.types import (
     CircuitNeed,
     Fence,
+    FlowLimits,
     MemberView,
     Need,
     NewRun,
@@ -241,8 +242,20 @@ async def _claim(w: _RunWorld) -> None:
         rnd.choice(["a", "b", "c"]), rnd.randint(1, 3), rnd.choice([10.0, 30.0]), w.now,
         version=version, any_version=rnd.choice([(), ("wf",)]),
         # a limit of one (as without limits), of two, or one raised or lowered meanwhile
-        concurrency_limits=rnd.choice([None, {"wf": 2}, {"wf": 2, "other": 3}, {"other": 2}]))
+        concurrency_limits=rnd.choice([None, {"wf": 2}, {"wf": 2, "other": 3}, {"other": 2}]),
+        # tenants taking turns (with the weights _tenant_weight stores) in one workflow or both
+        flow=rnd.choice([None, None, {"wf": _FAIR}, {"other": _FAIR}, {"wf": _FAIR, "other": _FAIR}]))
     w.claimed(claimed)
+
+
+_FAIR = FlowLimits(fairness="tenant")
+
+
+async def _tenant_weight(w: _RunWorld) -> None:
+    rnd = w.rnd
+    await w.both("set_tenant_weight", NS, rnd.choice(["default", "t2"]),
+                 rnd.choice([1, 2, 3, 0.5]))
+    await w.both("tenant_weights", NS)
 
 
 async def _pause_workflow(w: _RunWorld) -> None:
@@ -488,7 +501,7 @@ _RUN_OPS: list[tuple[Callable[[_RunWorld], Awaitable[None]], int]] = [
     (_sleep, 4), (_wait_signal, 4), (_send_signal, 5), (_recover, 5), (_cancel, 3), (_retry, 3),
     (_release_held, 2), (_create_pause, 3), (_resolve_pause, 3), (_wait_pause, 2),
     (_pause_reads, 4), (_wait_child, 3), (_tree_keys, 3), (_outbox, 5), (_reads, 6), (_prune, 1),
-    (_progress, 3), (_pause_workflow, 2),
+    (_progress, 3), (_pause_workflow, 2), (_tenant_weight, 2),
 ]
 
 
