@@ -11,8 +11,9 @@ flow claimer. The flow claim is derived from the plain one (``flow_claim``), so 
 the plain claim carries over.
 
 ``fairness="tenant"`` (the rule: :mod:`shoal.backends._fairness`): ``chosen`` drops the fair
-workflows' runs the plain ``queued`` scan found (their places are dealt again); ``fair_tenants`` finds the tenants with queued runs of each
-fair workflow by a recursive skip scan of ``runs_fair_queued`` (one probe a tenant: a backlog is
+workflows' runs the plain ``queued`` scan found (their places are dealt again);
+``fair_tenants`` finds the tenants with queued runs of each fair workflow by a recursive skip
+scan of ``runs_fair_queued`` (one probe a tenant: a backlog is
 never read), ``fair_runs`` takes each tenant's first ``limit`` candidates under the plain
 ``queued`` conditions (key, version, pause), ``fair_dealt`` scores them
 ``(running + k) / weight`` and deals the workflow's FIFO places of each priority by score, and
@@ -81,8 +82,8 @@ _FAIR = """, fair_tenants AS (
     LIMIT %(limit)s
     FOR UPDATE OF r SKIP LOCKED
 )"""
-_FAIR_CHOSEN = """SELECT c.id FROM (SELECT q.*, q.id AS place FROM queued q JOIN runs r ON r.id = q.id
-                       WHERE NOT (r.workflow = ANY(%(fair)s::text[]))
+_FAIR_CHOSEN = """SELECT c.id FROM (SELECT q.*, q.id AS place FROM queued q
+                       JOIN runs r ON r.id = q.id WHERE NOT (r.workflow = ANY(%(fair)s::text[]))
                        UNION ALL SELECT *, id AS place FROM timed
                        UNION ALL SELECT * FROM fair_locked) c
     ORDER BY c.priority DESC, c.created_at, c.place"""

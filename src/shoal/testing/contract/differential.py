@@ -244,7 +244,8 @@ async def _claim(w: _RunWorld) -> None:
         # a limit of one (as without limits), of two, or one raised or lowered meanwhile
         concurrency_limits=rnd.choice([None, {"wf": 2}, {"wf": 2, "other": 3}, {"other": 2}]),
         # tenants taking turns (with the weights _tenant_weight stores) in one workflow or both
-        flow=rnd.choice([None, None, {"wf": _FAIR}, {"other": _FAIR}, {"wf": _FAIR, "other": _FAIR}]))
+        flow=rnd.choice([None, None, {"wf": _FAIR}, {"other": _FAIR},
+                         {"wf": _FAIR, "other": _FAIR}]))
     w.claimed(claimed)
 
 
