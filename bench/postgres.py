@@ -53,10 +53,15 @@ PEERS_DIR = HERE / "peers"
 PEER_VENV = HERE / ".venv-peers"
 PEER_REQUIREMENTS = HERE / "requirements-peers.txt"
 PEERS = ("pgqueuer", "procrastinate", "dbos")
-WORKFLOWS = ("noop", "steps5")
+WORKFLOWS = ("noop", "steps5", "noop_flow")
 STEPS = 5
 # The systems that run each workflow (None: all): only shoal and DBOS have durable steps.
-RUNS_WORKFLOW: dict[str, tuple[str, ...] | None] = {"noop": None, "steps5": ("shoal", "dbos")}
+RUNS_WORKFLOW: dict[str, tuple[str, ...] | None] = {"noop": None, "steps5": ("shoal", "dbos"),
+                                                   "noop_flow": ("shoal",)}
+# noop_flow: every flow-control rule on, none of them binding (what the rules cost a claim)
+FLOW_LIMITS: dict[str, Any] = {"max_running": 1_000_000, "max_running_per_tenant": 1_000_000,
+                               "rate_limit": shoal.Rate(1_000_000_000, per=60.0),
+                               "fairness": "tenant"}
 # The systems whose jobs have priorities (higher first): the loaded latency's probes jump the
 # backlog. DBOS's queue priorities are left out (they need a queue made with priorities on).
 PRIORITIES = ("shoal", "pgqueuer", "pgqueuer-asyncpg", "procrastinate")
@@ -112,6 +117,10 @@ def build_app(store: str, *, instance_id: str | None = None, slots: int = 16,
 
     @app.workflow(name="noop")
     async def noop(ctx: shoal.RunContext, input: Any) -> None:
+        hit(input)
+
+    @app.workflow(name="noop_flow", **FLOW_LIMITS)
+    async def noop_flow(ctx: shoal.RunContext, input: Any) -> None:
         hit(input)
 
     @app.workflow(name="steps5")
@@ -610,7 +619,7 @@ def start_workers(procs: Processes, system: str, dsn: str, tag: str, args: argpa
 def throughput(procs: Processes, server: Server, system: str, workflow: str,
                args: argparse.Namespace, rep: int) -> dict[str, Any]:
     tag = f"{system}_{workflow}_tp{rep}"
-    n = args.runs if workflow == "noop" else args.steps_runs
+    n = args.steps_runs if workflow == "steps5" else args.runs
     dsn, sql_dsn = prepare(procs, server, system, tag, args)
     try:
         enqueue_s = enqueue(procs, system, dsn, n, tag, args, workflow)
@@ -1105,8 +1114,9 @@ def render_throughput(console: Any, table: Any, result: dict[str, Any], workflow
     """Tables 2 and 2b of one workflow."""
     args = result["args"]
     rounds = args["repeat"]
-    what = ("no-op jobs" if workflow == "noop" else
-            f"runs of {STEPS} checkpointed async steps (shoal and DBOS)")
+    what = {"noop": "no-op jobs",
+            "noop_flow": "no-op runs with every flow-control rule on, none binding (shoal)",
+            }.get(workflow, f"runs of {STEPS} checkpointed async steps (shoal and DBOS)")
     console.print(f"\n[bold]2. Runs end to end, {workflow}[/]: {rows[0]['runs']} {what} enqueued "
                   f"first, then {args['workers']} worker processes x {args['slots']} slots; "
                   f"runs/s from the first job start to the moment no job is left (median of "
@@ -1226,7 +1236,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workflow", default="noop",
                         help="workflows of the throughput test, comma separated: noop (no-op "
                              "jobs, every system), steps5 (5 checkpointed async steps per run: "
-                             "shoal and DBOS); default noop")
+                             "shoal and DBOS), noop_flow (no-op runs of a workflow with every "
+                             "flow-control rule on, none binding: shoal); default noop")
     parser.add_argument("--steps-runs", type=int,
                         help="runs per steps5 throughput test (default: --runs)")
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")

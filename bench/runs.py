@@ -49,7 +49,11 @@ STEPS = 5
 # shares none: a claim, one checkpoint per step, the settle. The store writes those of several
 # runs together, so the table shows the measured number; this is the fallback when the store
 # could not be instrumented.
-COMMITS_PER_RUN = {"noop": 2, "steps5": 2 + STEPS}
+COMMITS_PER_RUN = {"noop": 2, "steps5": 2 + STEPS, "noop_flow": 2}
+# every flow-control rule on, none of them binding: what the rules cost a claim (--flow)
+FLOW_LIMITS: dict[str, Any] = {"max_running": 1_000_000, "max_running_per_tenant": 1_000_000,
+                               "rate_limit": shoal.Rate(1_000_000_000, per=60.0),
+                               "fairness": "tenant"}
 
 
 # -- the workflows (the same code in the dispatcher and in every worker) ---------------------------
@@ -67,6 +71,10 @@ def build_app(store: str, *, instance_id: str | None = None, slots: int = 8,
 
     @app.workflow(name="noop")
     async def noop(ctx: shoal.RunContext, input: Any) -> None:
+        count[0] += 1
+
+    @app.workflow(name="noop_flow", **FLOW_LIMITS)
+    async def noop_flow(ctx: shoal.RunContext, input: Any) -> None:
         count[0] += 1
 
     @app.workflow(name="steps5")
@@ -707,6 +715,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="give up on one test after this many seconds")
     parser.add_argument("--dir", default=None,
                         help="make the temporary folder here (default: the system temp dir)")
+    parser.add_argument("--flow", action="store_true",
+                        help="also noop_flow: no-op runs of a workflow with every flow-control "
+                             "rule on (max_running, max_running_per_tenant, rate_limit, "
+                             "fairness), none of them binding")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     parser.add_argument("--profile", metavar="DIR",
@@ -753,6 +765,8 @@ def main(argv: list[str] | None = None) -> int:
         configs = [(workflow, n, count, 0) for workflow, n in (("noop", args.runs),
                                                                ("steps5", step_runs))
                    for count in counts]
+        if args.flow:
+            configs += [("noop_flow", args.runs, count, 0) for count in counts]
         if args.history:
             configs.append(("noop", args.runs, 1, args.history))
         # Rounds of every test rather than one test repeated: load from elsewhere on the machine

@@ -50,6 +50,8 @@ from shoal.logs import FORMAT_ENV, FORMATS
 from shoal.ports import Store
 from shoal.stores import mask_url, open_store
 from shoal.types import (
+    HELD_BACK_CAP,
+    HOLD_REASONS,
     OutboxEntry,
     Pause,
     PausedWorkflow,
@@ -621,15 +623,17 @@ def run_show(ctx: click.Context, run_id: str, as_json: bool, follow: bool,
         _follow_run(target, run_id, tenant, as_json, interval or 1.0)
         return
 
-    async def read() -> tuple[Run, list[Step]]:
+    async def read() -> tuple[Run, list[Step], str | None]:
         async with _opened_store(target.store) as store, \
                 _app_for_run(target, store, run_id) as app:
             found = await app.get_run(run_id, tenant=tenant)
-            return found, await store.load_steps(run_id)
+            return (found, await store.load_steps(run_id),
+                    await app.hold_reason(found, tenant=tenant))
 
-    found, steps = _run_async(read())
+    found, steps, reason = _run_async(read())
     if as_json:
-        click.echo(json.dumps(_run_and_steps(found, steps), ensure_ascii=False, indent=2))
+        click.echo(json.dumps(_run_and_steps(found, steps) | {"hold_reason": reason},
+                              ensure_ascii=False, indent=2))
         return
     console = _console()
     fields = Table(show_header=False, title=f"run {found.id}", title_justify="left")
@@ -656,6 +660,8 @@ def run_show(ctx: click.Context, run_id: str, as_json: bool, follow: bool,
             text = escape("" if value is None else str(value))
         fields.add_row(field.name, text)
     console.print(fields)
+    if reason is not None:
+        console.print(f"[bold]held back[/]: queued, {escape(HOLD_REASONS[reason])} ({reason}).")
     if steps:
         table = Table(title="steps", title_justify="left")
         for column in ("seq", "name", "finished", "epoch", "output"):
@@ -1088,7 +1094,21 @@ def _stats_table(stats: Stats, store: str, paused: list[PausedWorkflow]) -> list
         out.append("Paused workflows: " + ", ".join(
             f"{escape(p.workflow)} ({'every tenant' if p.tenant is None else escape(p.tenant)})"
             for p in paused) + ".")
+    if stats.held_back:
+        held = Table(title="due queued runs held back, by rule", title_justify="left")
+        for column in ("workflow", "rule", "runs", "why"):
+            held.add_column(column, justify="right" if column == "runs" else "left")
+        for workflow, reasons in sorted(stats.held_back.items()):
+            for reason, n in reasons.items():
+                held.add_row(escape(workflow), reason, _held_count(n),
+                             escape(HOLD_REASONS.get(reason, reason)))
+        out.append(held)
     return out
+
+
+def _held_count(n: int) -> str:
+    """A count of held-back runs; one that reached the cap is a lower bound."""
+    return f"{n:,}+" if n >= HELD_BACK_CAP else f"{n:,}"
 
 
 @cli.command(short_help="Counts of runs by status, workflow and tenant; the queue's age.")

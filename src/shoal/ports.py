@@ -59,6 +59,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Literal, Protocol, runtime_checkable
 
 from shoal.types import (
+    HELD_BACK_CAP,
     JSON,
     Admitted,
     CoordinationView,
@@ -541,8 +542,33 @@ class RunInspection(Protocol):
 
 
 @runtime_checkable
+class FlowView(Protocol):
+    """Which flow-control rule holds back due queued runs now (a console, ``shoal stats``,
+    the metrics), from the rules the workflows table keeps (``register_workflows``' options:
+    ``concurrency_key``/``key_from_input``, ``concurrency_limit``, ``max_running``,
+    ``max_running_per_tenant``, ``rate_limit`` as ``{"limit", "per"}``) and the pauses. A
+    run is counted under the first rule of :data:`~shoal.types.HOLD_REASONS` that holds it:
+    paused (its workflow, or its tenant); ``max_running`` runs of its workflow in ``running``;
+    ``max_running_per_tenant`` of its tenant's; its workflow's rate window full (at least
+    ``limit`` runs first started in the last ``per`` seconds; a run never started only); its
+    concurrency key with ``concurrency_limit`` holders (a run never started only). Reads
+    only; each count reads at most ``cap`` runs, however long the backlog."""
+
+    async def held_back(
+        self, namespace: str, now: float, *, cap: int = HELD_BACK_CAP
+    ) -> dict[str, dict[str, int]]:
+        """Workflow -> rule -> the due queued runs of ``namespace`` that rule holds back at
+        ``now`` (each at most ``cap``); only workflows and rules with some."""
+
+    async def hold_reason(self, run_id: str, now: float) -> str | None:
+        """The rule that holds back the run ``run_id`` at ``now``, as :meth:`held_back` would
+        count it; None for an unknown run, one that is not due and queued, or one that no
+        rule holds back (it waits for a worker)."""
+
+
+@runtime_checkable
 class Store(StoreLifecycle, WorkflowRegistry, RunQueue, Checkpoints, Pauses, Trees,
-            Outbox, RunInspection, Protocol):
+            Outbox, RunInspection, FlowView, Protocol):
     """A run store: every concern above, as the memory, SQLite and PostgreSQL backends provide
     it (each also provides :class:`Coordination` and :class:`RateStore`).
     ``shoal.testing.contract`` is the behaviour to match."""

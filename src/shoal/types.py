@@ -129,6 +129,23 @@ class QueueDepth:
         return self.due + self.delayed + self.held
 
 
+# The rules that can hold back a due queued run, in the order a run is counted under the first
+# that holds it (a run held by several is counted once), with what the console says of a run
+# each one holds back. ``paused``: its workflow or tenant is paused; ``max_running``: its
+# workflow has max_running runs in ``running``; ``max_running_per_tenant``: its tenant has;
+# ``rate_limit``: the window of its workflow's rate is full (first starts only);
+# ``concurrency_limit``: its concurrency key has concurrency_limit holders (first starts only).
+HOLD_REASONS = {
+    "paused": "paused",
+    "max_running": "waiting for a max_running share",
+    "max_running_per_tenant": "waiting for a max_running_per_tenant share",
+    "rate_limit": "rate limited until the window allows",
+    "concurrency_limit": "waiting for a slot of its concurrency key",
+}
+# each count of held-back runs stops here (a console refresh reads no more of a long backlog)
+HELD_BACK_CAP = 10_000
+
+
 @dataclass(frozen=True)
 class Stats:
     """A namespace's runs as one read of the store saw them at ``at`` (the app's clock).
@@ -141,7 +158,11 @@ class Stats:
     final status, the runs that ended in the last minute: those whose ``finished_at`` is at
     least ``floor(at) - 59`` (whole seconds of the clock). ``pending_pauses``: approvals waiting
     for a decision; ``outbox_backlog``: outbox entries still to deliver (not delivered, not
-    dead); ``dead_letters``: outbox entries dead-lettered (until pruned with their run)."""
+    dead); ``dead_letters``: outbox entries dead-lettered (until pruned with their run).
+    ``held_back``: workflow -> rule (a key of :data:`HOLD_REASONS`) -> due queued runs that
+    rule holds back now, each counted under the first rule that holds it and each count at
+    most :data:`HELD_BACK_CAP`; only rules holding some. ``paused``: the namespace's paused
+    workflows (``app.paused_workflows()``)."""
 
     namespace: str
     at: float
@@ -153,6 +174,8 @@ class Stats:
     pending_pauses: int
     outbox_backlog: int
     dead_letters: int
+    held_back: dict[str, dict[str, int]] = field(default_factory=dict)
+    paused: tuple[PausedWorkflow, ...] = ()
 
     @property
     def live(self) -> int:

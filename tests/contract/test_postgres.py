@@ -34,7 +34,7 @@ from shoal.testing.contract import (
     fence,
     new_run,
 )
-from shoal.types import Fence, RunStatus, Settlement, Step
+from shoal.types import Fence, FlowLimits, RunStatus, Settlement, Step
 
 URL = os.environ.get("SHOAL_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -199,6 +199,52 @@ async def test_settle_and_claim_racing_a_key_holder_still_settles(schema: str) -
         assert (await s.get_run(first.id)).status == RunStatus.QUEUED  # type: ignore[union-attr]
     finally:
         await s.close()
+
+
+async def test_racing_flow_claimers_never_exceed_a_running_cap(schema: str) -> None:
+    """Many claims at once on separate connections (four stores, four connections each) against
+    one max_running and one max_running_per_tenant: each claim counts in a snapshot taken after
+    the advisory lock of the workflow, so no two see the same count; the caps bind and are
+    never exceeded, round after round of claims and settlements."""
+    stores = [await _open(schema) for _ in range(4)]
+    flow = {"wf": FlowLimits(max_running=5, max_running_per_tenant=3)}
+    try:
+        for i in range(120):
+            await add(stores[0], T0 + i * 0.001, tenant=("acme", "globex", "initech")[i % 3])
+        peak, done = 0, 0
+        for n in range(12):
+            now = T0 + 1 + n
+            got = await asyncio.gather(*(
+                stores[k % 4].claim_runs(NS, ["wf"], f"w{k}", 3, 30.0, now, flow=flow)
+                for k in range(24)))
+            running = [r for batch in got for r in batch]
+            rows = await stores[1].db.all(
+                "SELECT tenant, count(*) AS n FROM runs WHERE status = 'running' "
+                "GROUP BY tenant", {})
+            assert sum(r["n"] for r in rows) <= 5, rows
+            assert all(r["n"] <= 3 for r in rows), rows
+            peak = max(peak, sum(r["n"] for r in rows))
+            # some settle at once while others claim (settle_and_claim: its flow path)
+            answers = await asyncio.gather(*(
+                stores[k % 4].settle_and_claim(
+                    [(fence(r), Settlement("succeeded"), now + 0.5)], NS, ["wf"], r.owner or "",
+                    2, 30.0, now + 0.5, flow=flow)
+                for k, r in enumerate(running)))
+            assert all(held == [True] for held, _ in answers)
+            done += len(running)
+            for _, batch in answers:
+                for r in batch:
+                    assert await stores[2].settle_run(fence(r), Settlement("succeeded"),
+                                                      now + 0.7)
+                    done += 1
+            count = await stores[3].db.one(
+                "SELECT count(*) AS n FROM runs WHERE status = 'running'", {})
+            assert count is not None and count["n"] == 0
+        assert peak == 5    # the cap binds
+        assert done >= 60
+    finally:
+        for s in stores:
+            await s.close()
 
 
 async def _listening(s: PostgresStore) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import logging
 import math
@@ -1409,10 +1410,27 @@ class App:
     async def stats(self) -> Stats:
         """This namespace's runs by status and workflow, queued runs per tenant (due, delayed,
         held), the age of the oldest due run, the runs that ended in the last minute, pending
-        pauses and the outbox, as one read of the store at the app's clock. Cheap however many
-        final runs the store keeps: for a console or a metrics scrape."""
+        pauses and the outbox, as one read of the store at the app's clock, with the due
+        queued runs each flow-control rule holds back (``held_back``: workflow -> rule -> runs,
+        each count at most ``shoal.types.HELD_BACK_CAP``) and the paused workflows (``paused``).
+        Cheap however many final runs the store keeps: for a console or a metrics scrape."""
         await self._open_store()
-        return await self._calls.stats(self.namespace, self.clock.now())
+        now = self.clock.now()
+        stats = await self._calls.stats(self.namespace, now)
+        held = await self._calls.held_back(self.namespace, now)
+        paused = await self._calls.paused_workflows(self.namespace)
+        return dataclasses.replace(stats, held_back=held, paused=tuple(paused))
+
+    async def hold_reason(self, run_id: str | Run[Any], *, tenant: str | None = None
+                          ) -> str | None:
+        """The flow-control rule that holds back this queued run now, a key of
+        ``shoal.types.HOLD_REASONS`` (``"paused"``, ``"max_running"``,
+        ``"max_running_per_tenant"``, ``"rate_limit"``, ``"concurrency_limit"``, the first that
+        applies in that order); None when the run is not due and queued or no rule holds it (it
+        waits for a worker). ``UnknownRunError`` as ``get_run``."""
+        run = await self.get_run(run_id if isinstance(run_id, str) else run_id.id,
+                                 tenant=tenant)
+        return await self._calls.hold_reason(run.id, self.clock.now())
 
     @overload
     async def result(self, run_id: Run[O], timeout: float | None = None, *,

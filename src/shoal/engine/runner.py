@@ -106,13 +106,20 @@ class WorkflowOptions:
                           fairness=self.fairness)
 
     def stored(self) -> dict[str, Any]:
-        """What another process needs to dispatch this workflow by name (kept in the store)."""
-        key = self.concurrency_key
+        """What another process needs to dispatch this workflow by name, and to say which of
+        its flow-control rules holds a run back (the console, ``shoal stats``): kept in the
+        store."""
+        key, rate = self.concurrency_key, self.rate_limit
         return {
             "max_attempts": self.max_attempts,
             "priority": self.priority,
             "concurrency_key": key if isinstance(key, str) else None,
             "key_from_input": callable(key),
+            "concurrency_limit": self.concurrency_limit,
+            "max_running": self.max_running,
+            "max_running_per_tenant": self.max_running_per_tenant,
+            "rate_limit": None if rate is None else {"limit": rate.limit, "per": rate.per},
+            "fairness": self.fairness,
         }
 
 

@@ -573,7 +573,7 @@ class _StoreCollector:
     NAMES = ("shoal_stats_sampler", "shoal_runs", "shoal_queued_runs",
              "shoal_oldest_due_age_seconds", "shoal_pending_approvals", "shoal_outbox_backlog",
              "shoal_outbox_dead_letters", "shoal_provider_breaker_state",
-             "shoal_provider_paused")
+             "shoal_provider_paused", "shoal_held_back_runs")
 
     def __init__(self, metrics: PrometheusMetrics) -> None:
         self._metrics = metrics
@@ -609,6 +609,15 @@ def _store_gauges(sample: StoreSample) -> Iterator[Metric]:
         for state in ("due", "delayed", "held"):
             queued.add_metric([tenant, state], getattr(depth, state))
     yield queued
+    held = GaugeMetricFamily("shoal_held_back_runs", "Due queued runs a flow-control rule "
+                             "holds back now, by workflow and rule (paused, max_running, "
+                             "max_running_per_tenant, rate_limit, concurrency_limit), each "
+                             "counted under the first rule that holds it.",
+                             labels=["workflow", "reason"])
+    for workflow, reasons in sorted(stats.held_back.items()):
+        for reason, n in sorted(reasons.items()):
+            held.add_metric([workflow, reason], n)
+    yield held
     if stats.oldest_due_age is not None:
         yield GaugeMetricFamily("shoal_oldest_due_age_seconds", "How long the run waiting "
                                 "longest for a worker has been due (absent: none is due).",

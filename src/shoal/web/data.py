@@ -60,6 +60,8 @@ from shoal.errors import (
 from shoal.ports import RunInspection
 from shoal.stores import mask_url
 from shoal.types import (
+    HELD_BACK_CAP,
+    HOLD_REASONS,
     CoordinationView,
     LockState,
     MeterState,
@@ -363,7 +365,11 @@ class Console:
         ``stats`` is ``app.stats()``: ``{"by_status": {status: n}, "by_workflow": {workflow:
         {status: n}}, "queued": {tenant: {"due", "delayed", "held", "total"}},
         "oldest_due_age", "finished_last_minute": {status: n}, "pending_pauses",
-        "outbox_backlog", "dead_letters", "live", "executing", "finished"}``."""
+        "outbox_backlog", "dead_letters", "live", "executing", "finished", "held_back":
+        [{"workflow", "reason", "runs", "text", "capped"}], "paused": [{"workflow", "tenant",
+        "paused_at"}]}``: ``held_back`` the due queued runs each flow-control rule holds back
+        (``reason`` a key of ``HOLD_REASONS``, ``text`` what it means, ``capped`` when the
+        count reached ``HELD_BACK_CAP``: at least that many)."""
         stats = await self.app.stats()
         now = stats.at
         since = (math.floor(now / 60) - (MINUTES - 1)) * 60.0
@@ -380,6 +386,13 @@ class Console:
                 "pending_pauses": stats.pending_pauses, "outbox_backlog": stats.outbox_backlog,
                 "dead_letters": stats.dead_letters, "live": stats.live,
                 "executing": stats.executing, "finished": stats.finished,
+                "held_back": [{"workflow": w, "reason": reason, "runs": n,
+                               "text": HOLD_REASONS.get(reason, reason),
+                               "capped": n >= HELD_BACK_CAP}
+                              for w, reasons in sorted(stats.held_back.items())
+                              for reason, n in reasons.items()],
+                "paused": [{"workflow": p.workflow, "tenant": p.tenant,
+                            "paused_at": p.paused_at} for p in stats.paused],
             },
             "finished_per_minute": {"since": since, "width": 60, "counts": counts},
             "instances": [i for i in replicas["instances"] if i["live"] is not False],
@@ -434,7 +447,9 @@ class Console:
         "retries", "started_at", "finished_at", "duration", "since_previous", "output"}],
         "signals": [{"id", "name", "payload", "created_at",
         "consumed"}], "pauses": [pause], "tree": [run_summary], "outbox": [outbox_entry],
-        "spend": spend_dict, "actions": {"cancel", "retry", "signal": bool}}``: ``tree`` is
+        "spend": spend_dict, "actions": {"cancel", "retry", "signal": bool}, "hold": {"reason",
+        "text"}|None}``: ``hold`` the flow-control rule holding the queued run back, if one
+        does (``app.hold_reason``); ``tree`` is
         the runs of its root's tree (root first, each with its ``parent_id``; at most 200),
         ``actions`` what may be asked of it now (all False when read-only), ``at`` the time
         of the read (the app's clock). 404 when unknown."""
@@ -443,6 +458,8 @@ class Console:
         run = record.run
         spend = await self.app.ledger(run_id=run.id, limit=1000)
         live = not run.status.final and not self.read_only
+        reason = (await self.app.hold_reason(run.id) if run.status == RunStatus.QUEUED
+                  else None)
         return {
             "run": run_full(run), "at": now,
             "steps": step_dicts(record.steps, run.started_at),
@@ -456,6 +473,8 @@ class Console:
             "actions": {"cancel": live, "signal": live,
                         "retry": not self.read_only and run.status in (
                             RunStatus.FAILED, RunStatus.CANCELLED)},
+            "hold": None if reason is None else {"reason": reason,
+                                                 "text": HOLD_REASONS.get(reason, reason)},
         }
 
     async def _record(self, run_id: str) -> RunRecord:

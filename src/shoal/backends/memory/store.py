@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from shoal import _json
+from shoal.backends import _held
 from shoal.backends._batches import (
     Key,
     answers,
@@ -29,12 +30,15 @@ from shoal.backends._batches import (
     queued_run,
 )
 from shoal.backends._fairness import fair_order, fair_workflows
+from shoal.backends._flow import Shares, capped
 from shoal.backends._stats import since
 from shoal.backends.memory.coord import MemoryCoordination
 from shoal.backends.memory.graphs import MemoryGraphCheckpoints
+from shoal.backends.memory.held import MemoryHoldCounts
 from shoal.backends.memory.rates import MemoryRateLimits
 from shoal.errors import AdmissionRejectedError
 from shoal.types import (
+    HELD_BACK_CAP,
     JSON,
     KEY_HOLDING_STATUSES,
     WORKFLOW_INSTANCE_RETENTION,
@@ -188,14 +192,17 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
         return {t: w for (ns, t), w in sorted(self._tenant_weights.items()) if ns == namespace}
 
     def _fair(self, namespace: str, due: list[Run], fair: list[str],
-              limits: Mapping[str, int]) -> list[Run]:
+              limits: Mapping[str, int], shares: Shares) -> list[Run]:
         """``due`` (in claim order) dealt by tenant for the ``fair`` workflows
         (:mod:`shoal.backends._fairness`), their queued runs that the claim may not take
         whatever the order left out, as the SQL stores leave them out of their candidates:
-        an unstarted run whose key is full or is not the key's first due run."""
+        an unstarted run whose key is full or is not the key's first due run (of those that
+        ``shares``, as the claim starts, lets start)."""
         firsts: set[tuple[str, str]] = set()
         kept: list[Run] = []
         for r in due:
+            if not shares.fits(r.workflow, r.tenant):
+                continue   # held back by a cap: it stands in front of nothing
             if (r.workflow in fair and r.status == _Q and r.started_at is None
                     and r.concurrency_key is not None):
                 if ((r.workflow, r.concurrency_key) in firsts
@@ -334,17 +341,27 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
              and not self._paused_run(r)),
             key=lambda r: (-r.priority, r.created_at, r.id),
         )
-        if fair := fair_workflows(flow, workflows):
-            due = self._fair(namespace, due, fair, limits)
         claimed: list[Run] = []
         keys: set[tuple[str, str]] = set()
+        caps = capped(flow)
+        # every run in `running` holds a share of its workflow's max_running (its lease may
+        # have expired: it holds one until recovered); sleeping and waiting runs hold none
+        shares = Shares(caps, ((r.workflow, r.tenant, 1) for r in self._in(namespace)
+                               if r.status == RunStatus.RUNNING and r.workflow in caps)
+                        if caps else ())
+        if fair := fair_workflows(flow, workflows):
+            due = self._fair(namespace, due, fair, limits, shares)
         for r in due:
+            # a run with no share left is skipped: it takes no room of the limit
+            if not shares.fits(r.workflow, r.tenant):
+                continue
             # a run that started before holds its key already; of the others, one per key
             if r.concurrency_key is not None and r.started_at is None:
                 if ((r.workflow, r.concurrency_key) in keys
                         or self._key_holders(r) >= limits.get(r.workflow, 1)):
                     continue
                 keys.add((r.workflow, r.concurrency_key))
+            shares.take(r.workflow, r.tenant)
             if r.status == RunStatus.SLEEPING:
                 reason: str | None = "woke"
             elif r.status == RunStatus.WAITING:
@@ -903,6 +920,15 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
     async def fold_stats(self, namespace: str, now: float) -> None:
         return None   # stats counts the rows themselves: nothing is kept to fold
 
+    async def held_back(
+        self, namespace: str, now: float, *, cap: int = HELD_BACK_CAP
+    ) -> dict[str, dict[str, int]]:
+        return await _held.held_back(self, MemoryHoldCounts(self._in), namespace, now, cap)
+
+    async def hold_reason(self, run_id: str, now: float) -> str | None:
+        return await _held.hold_reason(self, MemoryHoldCounts(self._in), self._runs.get(run_id),
+                                       now)
+
     async def release_held(self, namespace: str, max_queued: int, now: float) -> int:
         queued = self._waiting_to_start(namespace)
         held = sorted((r for r in self._in(namespace) if r.held),
@@ -1002,7 +1028,7 @@ _READS = frozenset({
     "get_run", "list_runs", "incompatible_runs", "load_steps", "get_tree_key", "tree_keys",
     "get_pause", "list_pauses", "dead_letters", "search_runs", "inspect_run", "run_owners",
     "finished_per_minute", "stats", "coordination_view", "ledger", "read_rates", "paused_until",
-    "get_graph_checkpoint", "list_graph_checkpoints",
+    "get_graph_checkpoint", "list_graph_checkpoints", "held_back", "hold_reason",
 })
 
 

@@ -42,6 +42,20 @@ RETRYABLE = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
 _T = TypeVar("_T")
 
 
+# Sent before a claim, for its transaction only. A statement psycopg prepares (from its fifth
+# execution) is either planned again for every execution or runs one generic plan made once,
+# and the server chooses by their estimated costs: for the claims it plans every time, as their
+# generic plan's estimate (LIMIT unknown) is the higher, and planning them cost more than
+# running them (0.7 ms of a 1.5 ms claim of one run; 0.5 ms a claim with the generic plan,
+# which is the same plan, over 3,600 or 100,000 queued runs alike: bench/postgres.py --only
+# claims). Only for the claims: other statements' best plans depend on their arguments (a
+# list of failed runs, 0.5 ms, took 290 ms with its generic plan). The generic plan's high
+# estimate also passes jit_above_cost, and JIT-compiling it cost 50 ms a claim: JIT is for
+# long analytical queries, never for this.
+GENERIC_PLAN: LiteralString = ("SELECT set_config('plan_cache_mode', 'force_generic_plan', true), "
+                               "set_config('jit', 'off', true)")
+
+
 class Connections:
     """The connections of one store: ``conninfo`` as libpq reads it, the tables in ``schema``
     (set as each connection's search_path, or per transaction when ``stateless``), ``url`` the
@@ -479,14 +493,28 @@ class Connections:
             return await cur.fetchall() if fetch else []
 
     async def tuples(
-        self, query: LiteralString, args: dict[str, Any], *, hot: bool = False
+        self, query: LiteralString, args: dict[str, Any], *, hot: bool = False,
+        generic: bool = False,
     ) -> tuple[list[str], list[tuple[Any, ...]]]:
         """The names of one statement's columns and its rows as tuples, in PostgreSQL's binary
         format: the claims' whole runs (the server formats no number as text and the client
-        parses none; a tuple costs a run less than a dict). ``hot``: see :meth:`connection`."""
+        parses none; a tuple costs a run less than a dict). ``hot``: see :meth:`connection`.
+
+        ``generic``: the statement runs its generic plan (see :data:`GENERIC_PLAN`), for the
+        claims, whose best plan is one whatever their arguments."""
         async with self.connection(hot=hot) as conn:
             cur = conn.cursor(row_factory=tuple_row)
-            await self.execute(conn, cur, query, args, binary=True)
+            if generic and not self.stateless:
+                if conn.info.transaction_status == pq.TransactionStatus.IDLE:
+                    # one round trip, one implicit transaction: the settings are the claim's
+                    async with conn.pipeline():
+                        await conn.execute(GENERIC_PLAN)
+                        await cur.execute(query, args, binary=True)
+                else:
+                    await conn.execute(GENERIC_PLAN)
+                    await cur.execute(query, args, binary=True)
+            else:
+                await self.execute(conn, cur, query, args, binary=True)
             return [c.name for c in cur.description or ()], await cur.fetchall()
 
     async def pipelined(

@@ -1758,3 +1758,59 @@ RETURNING *;
 
 -- name: get_outbox
 SELECT * FROM outbox WHERE id = %(id)s AND namespace = %(namespace)s;
+
+-- name: held_running
+-- The runs in running per (workflow, tenant) of the workflows given: what max_running and
+-- max_running_per_tenant count, read by the index of claimed runs (runs_claimed).
+SELECT workflow, tenant, count(*) AS n FROM runs
+WHERE namespace = %(namespace)s AND status = 'running' AND workflow = ANY(%(workflows)s::text[])
+GROUP BY workflow, tenant;
+
+-- name: held_first_starts
+-- A workflow's runs first started after since, up to limit: live ones by the partial indexes of
+-- live runs (runs_queued, runs_timed, runs_claimed), ended ones by runs_finished (a run that
+-- started after since ended after it).
+SELECT count(*) AS n FROM (
+    SELECT 1 FROM runs
+    WHERE namespace = %(namespace)s AND status = 'queued' AND NOT held
+      AND workflow = %(workflow)s AND started_at > %(since)s
+    UNION ALL
+    SELECT 1 FROM runs
+    WHERE namespace = %(namespace)s AND status IN ('sleeping', 'waiting')
+      AND workflow = %(workflow)s AND started_at > %(since)s
+    UNION ALL
+    SELECT 1 FROM runs
+    WHERE namespace = %(namespace)s AND status IN ('running', 'interrupted')
+      AND workflow = %(workflow)s AND started_at > %(since)s
+    UNION ALL
+    SELECT 1 FROM runs
+    WHERE namespace = %(namespace)s AND status IN ('succeeded', 'failed', 'cancelled')
+      AND finished_at > %(since)s AND workflow = %(workflow)s AND started_at > %(since)s
+    LIMIT %(limit)s) s;
+
+-- name: held_count_due
+-- A workflow's due queued runs, up to cap, walking runs_queued: of tenants only (NULL: every
+-- tenant), none of skip; with first_only, never started; with key_limit, never started and of a
+-- key with at least key_limit holders (one probe of runs_key_holder each).
+SELECT count(*) AS n FROM (
+    SELECT 1 FROM runs r
+    WHERE r.namespace = %(namespace)s AND r.status = 'queued' AND NOT r.held
+      AND r.workflow = %(workflow)s AND r.run_at <= %(now)s
+      AND (%(tenants)s::text[] IS NULL OR r.tenant = ANY(%(tenants)s::text[]))
+      AND NOT r.tenant = ANY(%(skip)s::text[])
+      AND (NOT %(first_only)s OR r.started_at IS NULL)
+      AND (%(key_limit)s::int IS NULL OR (r.concurrency_key IS NOT NULL AND (
+          SELECT count(*) FROM runs h
+          WHERE h.namespace = r.namespace AND h.workflow = r.workflow
+            AND h.concurrency_key = r.concurrency_key AND h.started_at IS NOT NULL
+            AND h.status IN ('queued', 'running', 'sleeping', 'waiting', 'interrupted')
+      ) >= %(key_limit)s::int))
+    LIMIT %(cap)s) q;
+
+-- name: held_key_holders
+SELECT count(*) AS n FROM (
+    SELECT 1 FROM runs
+    WHERE namespace = %(namespace)s AND workflow = %(workflow)s AND concurrency_key = %(key)s
+      AND started_at IS NOT NULL
+      AND status IN ('queued', 'running', 'sleeping', 'waiting', 'interrupted')
+    LIMIT %(cap)s) k;

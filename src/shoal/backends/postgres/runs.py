@@ -8,7 +8,7 @@ import functools
 import logging
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, LiteralString
+from typing import Any
 
 from psycopg import errors as pg_errors
 from psycopg import sql
@@ -16,9 +16,9 @@ from psycopg.rows import tuple_row
 
 from shoal import _json
 from shoal.backends._stats import keep, since, stats_from_rows
+from shoal.backends.postgres import flow as flow_sql
 from shoal.backends.postgres.batcher import Batcher
 from shoal.backends.postgres.connections import RETRYABLE, Connections, Q
-from shoal.backends.postgres.flow import LOCK, flow_args, flow_claim
 from shoal.backends.postgres.records import claimed, run_of
 from shoal.types import Fence, FlowLimits, Renewal, Run, Settlement, Stats
 
@@ -73,9 +73,14 @@ def _compact(text: str) -> str:
 _CLAIM = _compact(Q["claim"])
 _CLAIM_LIMITED = _compact(Q["claim_limited"])
 assert len(_CLAIM.encode()) < 4096, len(_CLAIM)
-# the claims of a claimer with flow rules (flow.py), longer: sent with the advisory locks
-_CLAIM_FLOW = _compact(flow_claim(Q["claim"]))
-_CLAIM_LIMITED_FLOW = _compact(flow_claim(Q["claim_limited"]))
+# a claimer with flow rules (flow=) claims with these, after flow_sql.LOCK (postgres/flow.py)
+_CLAIM_FLOW = _compact(flow_sql.derive(Q["claim"]))
+_CLAIM_LIMITED_FLOW = _compact(flow_sql.derive(Q["claim_limited"]))
+assert len(_CLAIM_FLOW.encode()) < 4096, len(_CLAIM_FLOW)
+# ... and with these when some workflow of theirs has fairness="tenant" (longer than 4 KB: psycopg
+# parses them again each time, a cost only such claimers pay)
+_CLAIM_FAIR = _compact(flow_sql.fair(flow_sql.derive(Q["claim"])))
+_CLAIM_LIMITED_FAIR = _compact(flow_sql.fair(flow_sql.derive(Q["claim_limited"])))
 _SETTLE_COLUMNS = ("id", "owner", "epoch", "status", "output", "error", "finished_at", "run_at",
                    "attempt_inc", "traceback")
 
@@ -135,17 +140,13 @@ class PostgresRuns:
             return []
         args = _claim_args(namespace, workflows, owner, limit, lease, now, version,
                            any_version, concurrency_limits)
+        if flow:
+            return await self._claim_flow(args, flow)
         query = _CLAIM_LIMITED if "limits" in args else _CLAIM
-        if flowing := flow_args(flow, workflows):
-            args.update(flowing)
-            query = _CLAIM_LIMITED_FLOW if "limits" in args else _CLAIM_FLOW
         runs: list[Run] = []
         for _ in range(3):
             try:
-                if flowing:
-                    runs = await self._flow_claim(query, args)
-                else:
-                    runs = claimed(*await self.db.tuples(query, args, hot=True))
+                runs = claimed(*await self.db.tuples(query, args, hot=True, generic=True))
                 break
             except pg_errors.UniqueViolation:
                 # Another claim of the same concurrency key committed after this statement's
@@ -155,14 +156,47 @@ class PostgresRuns:
                 log.debug("claim.retry")
         return runs
 
-    async def _flow_claim(self, query: LiteralString, args: dict[str, Any]) -> list[Run]:
-        """The flow claim (:mod:`~shoal.backends.postgres.flow`): the advisory locks of the
-        workflows of ``flow`` the claimer serves, then the claim, in one transaction."""
+    async def _claim_flow(self, args: dict[str, Any],
+                          flow: Mapping[str, FlowLimits]) -> list[Run]:
+        """The claim of a claimer with flow rules (postgres/flow.py): one transaction, the
+        advisory locks of its flowed workflows, then the flow claim statement, again while its
+        rank filters cut some of a batch that is not full."""
+        lock = flow_sql.lock_args(args["namespace"], args["workflows"], flow)
+        args = {**args, **flow_sql.claim_args(flow, args["workflows"])}
+        if args["fair"]:
+            query = _CLAIM_LIMITED_FAIR if "limits" in args else _CLAIM_FAIR
+        else:
+            query = _CLAIM_LIMITED_FLOW if "limits" in args else _CLAIM_FLOW
+        limit = args["limit"]
+        runs: list[Run] = []
+        for _ in range(3):
+            try:
+                runs = await self.db.retry(functools.partial(
+                    self._claim_flow_once, query, lock, args, limit))
+                break
+            except pg_errors.UniqueViolation:
+                # a plain claimer of a concurrency key (one serving the workflow without its
+                # flow rules: another version) committed after this statement's snapshot
+                log.debug("claim.key_race: claiming again")
+        return runs
+
+    async def _claim_flow_once(self, query: Any, lock: dict[str, Any], args: dict[str, Any],
+                               limit: int) -> list[Run]:
+        runs: list[Run] = []
         async with self.db.connection(hot=True) as conn, self.db.transaction(conn):
-            await self.db.execute(conn, conn.cursor(), LOCK, args)
             cur = conn.cursor(row_factory=tuple_row)
-            await self.db.execute(conn, cur, query, args, binary=True)
-            return claimed([c.name for c in cur.description or ()], await cur.fetchall())
+            await self.db.execute(conn, cur, flow_sql.LOCK, lock)
+            while len(runs) < limit:
+                await self.db.execute(conn, cur, query, {**args, "limit": limit - len(runs)},
+                                      binary=True)
+                names = [c.name for c in cur.description or ()]
+                rows = await cur.fetchall()
+                got = [r for r in rows if r[1] is not None]
+                runs += claimed(names, got)
+                if not rows[0][0] or not got:
+                    break   # nothing cut: the batch is what the rules allow
+        runs.sort(key=lambda r: (-r.priority, r.created_at, r.id))
+        return runs
 
     async def incompatible_runs(
         self, namespace: str, workflows: Sequence[str], version: str | None,
@@ -209,14 +243,6 @@ class PostgresRuns:
     ) -> tuple[list[bool], list[Run]]:
         if limit <= 0 or not workflows:
             limit = 0
-        if settlements and limit and flow_args(flow, workflows):
-            # a flow claim takes its locks first: the settlements, then the claim
-            held, _ = await self.settle_and_claim(settlements, namespace, workflows, owner, 0,
-                                                  lease, now)
-            return held, await self.claim_runs(namespace, workflows, owner, limit, lease, now,
-                                               version=version, any_version=any_version,
-                                               concurrency_limits=concurrency_limits,
-                                               flow=flow)
         if not settlements:
             return [], await self.claim_runs(namespace, workflows, owner, limit, lease, now,
                                              version=version, any_version=any_version,
@@ -230,6 +256,13 @@ class PostgresRuns:
         rows = [_settle_row(*item) for item in settlements]
         settle: dict[str, Any] = {c: [row[c] for row in rows] for c in _SETTLE_COLUMNS}
         settle["channel"] = self.channel
+        if flow:
+            # the settlements' statement, then the flow claim's transaction (postgres/flow.py)
+            written, _ = await self.db.retry(functools.partial(
+                self._settle_and_claim, settle, None))
+            return [f.run_id in written for f, _, _ in settlements], await self.claim_runs(
+                namespace, workflows, owner, limit, lease, now, version=version,
+                any_version=any_version, concurrency_limits=concurrency_limits, flow=flow)
         claim = _claim_args(namespace, workflows, owner, limit, lease, now, version,
                             any_version, concurrency_limits)
         # As in claim_runs, a claim of a concurrency key can be refused when another claim of
@@ -258,7 +291,7 @@ class PostgresRuns:
             return {r["id"] for r in await self.db.all(Q["settle"], settle, hot=True)}, []
         statement = _SETTLE_AND_CLAIM_LIMITED if "limits" in claim else _SETTLE_AND_CLAIM
         names, rows = await self.db.tuples(statement, {**settle, "s_owner": settle["owner"],
-                                                      **claim}, hot=True)
+                                                      **claim}, hot=True, generic=True)
         # one row carries the ids settled; a row without a run when none was claimed
         settled = next((r[0] for r in rows if r[0] is not None), None)
         return set(settled or ()), claimed(names, [r for r in rows if r[1] is not None])

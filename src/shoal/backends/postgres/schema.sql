@@ -80,6 +80,8 @@ CREATE INDEX runs_timed ON runs (namespace, run_at)
     WHERE status IN ('sleeping', 'waiting');
 CREATE INDEX runs_claimed ON runs (namespace, status, lease_expires_at)
     WHERE status IN ('running', 'interrupted');
+-- what a claim counts for max_running / max_running_per_tenant (version 25)
+CREATE INDEX runs_running ON runs (namespace, workflow, tenant) WHERE status = 'running';
 CREATE INDEX runs_held ON runs (namespace, created_at, id) WHERE held;
 -- A namespace's runs by id (listings, the console). It costs every run an entry at each of its
 -- three writes (no update of a run is HOT: its status, in the partial indexes' conditions,
@@ -555,4 +557,5 @@ FROM (VALUES (1, '0001_runs.sql'),
              (22, '0022_trace_context.sql'),
              (23, '0023_paused_workflows.sql'),
              (24, '0024_concurrency_limits.sql'),
+             (25, '0025_running_caps.sql'),
              (27, '0027_tenant_fairness.sql')) AS applied (version, name);

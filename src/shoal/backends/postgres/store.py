@@ -42,6 +42,7 @@ import psycopg
 from psycopg import pq, sql
 from psycopg.conninfo import conninfo_to_dict
 
+from shoal.backends import _held
 from shoal.backends._parts import part
 from shoal.backends._sql import behind, current_schema, migrations
 from shoal.backends._urls import mask_url
@@ -49,6 +50,7 @@ from shoal.backends.postgres.connections import Connections, Q
 from shoal.backends.postgres.coord import PostgresCoordination
 from shoal.backends.postgres.dispatch import PostgresDispatch
 from shoal.backends.postgres.graphs import PostgresGraphCheckpoints
+from shoal.backends.postgres.held import PostgresHoldCounts
 from shoal.backends.postgres.inspection import PostgresInspection
 from shoal.backends.postgres.notifications import POLL_INTERVAL, LockWatches, Notifications
 from shoal.backends.postgres.outbox import PostgresOutbox
@@ -59,6 +61,7 @@ from shoal.backends.postgres.steps import PostgresCheckpoints
 from shoal.backends.postgres.trees import PostgresTrees
 from shoal.backends.postgres.workflows import PostgresWorkflows
 from shoal.errors import ConfigurationError
+from shoal.types import HELD_BACK_CAP
 
 if TYPE_CHECKING:
     from shoal.ports import CoordStore, GraphCheckpoints, RateStore, Store, TransactionalDispatch
@@ -156,6 +159,7 @@ class PostgresStore:
         self.coord = PostgresCoordination(self.db, self.channel, locks, self.notifications)
         self.rates = PostgresRateLimits(self.db)
         self.graphs = PostgresGraphCheckpoints(self.db)
+        self.held = PostgresHoldCounts(self.db)
 
     @property
     def in_flight(self) -> int:
@@ -330,6 +334,15 @@ class PostgresStore:
     create_run_in = part("dispatch", PostgresDispatch.create_run_in)
     create_runs_in = part("dispatch", PostgresDispatch.create_runs_in)
     release_held = part("dispatch", PostgresDispatch.release_held)
+
+    async def held_back(
+        self, namespace: str, now: float, *, cap: int = HELD_BACK_CAP
+    ) -> dict[str, dict[str, int]]:
+        return await _held.held_back(self.workflows, self.held, namespace, now, cap)
+
+    async def hold_reason(self, run_id: str, now: float) -> str | None:
+        return await _held.hold_reason(self.workflows, self.held,
+                                       await self.runs.get_run(run_id), now)
 
     get_run = part("runs", PostgresRuns.get_run)
     list_runs = part("runs", PostgresRuns.list_runs)

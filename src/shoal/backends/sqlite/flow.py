@@ -1,45 +1,105 @@
-"""The claim's flow rules in the SQLite store that reorder or filter its candidates:
-``fairness="tenant"`` (the rule: :mod:`shoal.backends._fairness`).
+"""The claim of a claimer with flow rules (``claim_runs(flow=)``) on SQLite: the candidates query
+derived from the plain one (``claim_candidates``, or ``claim_candidates_limited``), so that a fix
+of the plain claim carries over, and the walk of its rows in Python.
 
-A claim writes under ``BEGIN IMMEDIATE`` (one writer at a time), so what it reads in its write
-transaction (the runs in ``running``, the weights) is exact against every other claimer. The
-statements are derived from ``claim_candidates`` (or its limited form), so that a condition
-added to the plain claim applies here too:
+SQLite writes under BEGIN IMMEDIATE: one writer at a time, so the counts read in the claim's
+write transaction are exact against every other claimer. Each rule contributes
 
-- ``all``: the plain candidates with their tenant and status;
-- ``tenant``: the same conditions on the queued runs of one workflow and tenant, in claim
-  order, walking ``runs_fair_queued``;
-- the tenants with queued runs of a workflow are found by a skip scan of that index (one probe
-  a tenant), so a long backlog of one tenant is never read beyond its first ``scan`` runs.
+- a condition on the candidate ``r`` in both branches of the query (``_HELD``), so that a run it
+  holds back is skipped by the scan and takes no room of its ``LIMIT :scan``, and
+- a check in :class:`~shoal.backends._flow.Shares` of each row walked, so that a batch does not
+  overshoot (the k-th run of a workflow taken needs count + k <= N).
+
+When the walk skipped a row because the batch filled a workflow or tenant, and the scan may
+have left runs behind it, the query runs again (those now excluded): each round fills at least
+one more, so it ends, and its result is the memory reference's.
+
+``fairness="tenant"`` (the rule: :mod:`shoal.backends._fairness`) reorders the rows walked
+(:func:`fair_candidates`): to the flow query's rows it adds the first ``scan`` candidates of each
+tenant with queued runs of a fair workflow (the same conditions, for one workflow and tenant,
+walking ``runs_fair_queued``; the tenants found by a skip scan of that index, one probe a
+tenant, so a long backlog of one tenant is never read beyond its first runs), then deals them.
 """
 
 from __future__ import annotations
 
 import functools
 import sqlite3
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shoal import _json
 from shoal.backends._fairness import fair_order
+from shoal.backends._flow import Shares, capped
+from shoal.types import FlowLimits
 
-_COLUMNS = "r.created_at, r.started_at\n"
+# what a scan skips: a workflow or a (workflow, tenant) with no share left, and the runs this
+# claim took already (a query run again)
+_HELD = """
+          AND r.workflow NOT IN (SELECT value FROM json_each(:flow_full))
+          AND r.workflow || char(31) || r.tenant NOT IN (
+                SELECT value FROM json_each(:flow_full_tenants))
+          AND r.id NOT IN (SELECT value FROM json_each(:flow_taken))"""
+
+COUNT_RUNNING = """
+SELECT workflow, tenant, count(*) FROM runs INDEXED BY runs_running
+WHERE namespace = :namespace AND status = 'running'
+  AND workflow IN (SELECT value FROM json_each(:capped))
+GROUP BY workflow, tenant"""
 
 
-def _with_tenant(text: str) -> str:
-    """``claim_candidates`` (or its limited form) answering each row's tenant, status,
-    priority and created_at too."""
+def derive(text: str) -> str:
+    """The flow claim's candidates query from the plain one ``text``: each branch's WHERE gains
+    ``_HELD`` (before its ORDER BY), and the rows carry the run's tenant."""
+    columns = "r.id, r.workflow, r.concurrency_key, r.priority, r.created_at, r.started_at"
+    assert text.count(columns) == 2, "the claim's branches changed: derive() must follow"
+    text = text.replace(columns, columns + ", r.tenant")
     outer = "SELECT id, workflow, concurrency_key, started_at FROM ("
-    assert text.count(outer) == 1 and text.count(_COLUMNS) == 2
-    text = text.replace(outer, "SELECT id, workflow, concurrency_key, started_at, tenant, status,"
-                        " priority, created_at FROM (")
-    return text.replace(_COLUMNS, "r.created_at, r.started_at, r.tenant, r.status\n")
+    assert text.count(outer) == 1
+    text = text.replace(outer, "SELECT id, workflow, concurrency_key, started_at, tenant FROM (")
+    order = "\n        ORDER BY r.priority DESC, r.created_at, r.id\n        LIMIT :scan)"
+    assert text.count(order) == 2
+    return text.replace(order, _HELD + order)
+
+
+def shares(db: sqlite3.Connection, namespace: str,
+           flow: Mapping[str, FlowLimits] | None) -> Shares:
+    """The shares the runs in ``running`` hold, read in the write transaction ``db``."""
+    caps = capped(flow)
+    if not caps:
+        return Shares(caps)
+    rows = db.execute(COUNT_RUNNING, {"namespace": namespace,
+                                      "capped": _json.dumps(sorted(caps))}).fetchall()
+    return Shares(caps, ((w, t, n) for w, t, n in rows))
+
+
+def args(base: Mapping[str, Any], held: Shares, taken: list[str]) -> dict[str, Any]:
+    """The flow query's arguments: the plain ones and what the scan skips."""
+    full, full_tenants = held.full()
+    return {**base, "flow_full": _json.dumps(full), "flow_full_tenants": _json.dumps(full_tenants),
+            "flow_taken": _json.dumps(taken)}
+
+
+# -- fairness="tenant" ---------------------------------------------------------------------------
+
+_FLOW_COLUMNS = "r.created_at, r.started_at, r.tenant\n"
+_FLOW_OUTER = "SELECT id, workflow, concurrency_key, started_at, tenant FROM ("
+
+
+def _with_status(text: str) -> str:
+    """The flow query ``text`` (:func:`derive`'s) answering each row's status, priority and
+    created_at too."""
+    assert text.count(_FLOW_OUTER) == 1 and text.count(_FLOW_COLUMNS) == 2
+    text = text.replace(_FLOW_OUTER, _FLOW_OUTER.replace(" FROM (",
+                                                         ", status, priority, created_at FROM ("))
+    return text.replace(_FLOW_COLUMNS, "r.created_at, r.started_at, r.tenant, r.status\n")
 
 
 def _of_tenant(text: str) -> str:
-    """The queued branch of ``_with_tenant(text)`` for one workflow and tenant
+    """The queued branch of ``_with_status(text)`` for one workflow and tenant
     (``:fair_workflow``, ``:fair_tenant``), by ``runs_fair_queued``."""
-    text = _with_tenant(text)
+    text = _with_status(text)
     start = text.index("SELECT r.id, r.workflow")
     end = text.index("LIMIT :scan)", start) + len("LIMIT :scan")
     branch = text[start:end]
@@ -49,46 +109,48 @@ def _of_tenant(text: str) -> str:
             .replace(where, f"{where} r.workflow = :fair_workflow AND r.tenant = :fair_tenant AND"))
 
 
+@functools.cache
+def _fair_statements(query: str) -> tuple[str, str]:
+    return _with_status(query), _of_tenant(query)
+
+
 _NEXT_TENANT = """SELECT tenant FROM runs INDEXED BY runs_fair_queued
 WHERE namespace = :namespace AND workflow = :fair_workflow AND status = 'queued' AND held = 0
   AND tenant {} :after
 ORDER BY tenant LIMIT 1"""
-_RUNNING = """SELECT workflow, tenant, count(*) AS n FROM runs INDEXED BY runs_claimed
-WHERE namespace = :namespace AND status IN ('running', 'interrupted') AND status = 'running'
+_FAIR_RUNNING = """SELECT workflow, tenant, count(*) AS n FROM runs INDEXED BY runs_running
+WHERE namespace = :namespace AND status = 'running'
   AND workflow IN (SELECT value FROM json_each(:fair))
 GROUP BY workflow, tenant"""
 _WEIGHTS = "SELECT tenant, weight FROM tenant_weights WHERE namespace = :namespace"
 
-@functools.cache
-def _statements(query: str) -> tuple[str, str]:
-    return _with_tenant(query), _of_tenant(query)
 
-
-def fair_candidates(db: sqlite3.Connection, query: str, args: dict[str, Any],
-                    fair: Sequence[str]) -> list[sqlite3.Row]:
-    """The candidates of the claim statement ``query`` (``claim_candidates`` or its limited
-    form) with ``args``, in the order of the claim under fairness for the workflows ``fair``,
-    read in the write transaction ``db``: the plain candidates and the first ``scan``
-    candidates of each tenant with queued runs of a fair workflow, the latter dealt in
-    turns."""
-    every, of_tenant = _statements(query)
+def fair_candidates(db: sqlite3.Connection, query: str, args: Mapping[str, Any],
+                    fair: Sequence[str], taken: Counter[tuple[str, str]]) -> list[sqlite3.Row]:
+    """The rows of the flow query ``query`` (:func:`derive`'s) with ``args``, in the order of
+    the claim under fairness for the workflows ``fair``, read in the write transaction ``db``:
+    its rows and the first ``scan`` candidates of each tenant with queued runs of a fair
+    workflow, dealt in turns. ``taken``: the runs of each (workflow, tenant) an earlier round
+    of this claim took, which count as running."""
+    every, of_tenant = _fair_statements(query)
     rows = {row["id"]: row for row in db.execute(every, args).fetchall()}
     for workflow in fair:
         after, op = "", ">="
         while (found := db.execute(_NEXT_TENANT.format(op), {
-                **args, "fair_workflow": workflow, "after": after}).fetchone()) is not None:
+                "namespace": args["namespace"], "fair_workflow": workflow,
+                "after": after}).fetchone()) is not None:
             after, op = found["tenant"], ">"
             for row in db.execute(of_tenant, {**args, "fair_workflow": workflow,
-                                                    "fair_tenant": after}).fetchall():
+                                              "fair_tenant": after}).fetchall():
                 rows.setdefault(row["id"], row)
     ordered = sorted(rows.values(), key=lambda r: (-r["priority"], r["created_at"], r["id"]))
     fair_args = {"namespace": args["namespace"], "fair": _json.dumps(list(fair))}
-    running = {(r["workflow"], r["tenant"]): r["n"]
-               for r in db.execute(_RUNNING, fair_args).fetchall()}
+    running = Counter(taken)
+    for r in db.execute(_FAIR_RUNNING, fair_args).fetchall():
+        running[(r["workflow"], r["tenant"])] += r["n"]
     weights = {r["tenant"]: r["weight"] for r in db.execute(_WEIGHTS, fair_args).fetchall()}
     wanted = set(fair)
     return fair_order(ordered, lambda r: r["workflow"] in wanted and r["status"] == "queued",
                       lambda r: (r["workflow"], r["tenant"], r["priority"], r["created_at"],
                                  r["id"]),
                       running, weights)
-

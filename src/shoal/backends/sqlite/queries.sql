@@ -938,3 +938,62 @@ RETURNING *;
 
 -- name: get_outbox
 SELECT * FROM outbox WHERE id = :id AND namespace = :namespace;
+
+-- name: held_running
+-- The runs in running per (workflow, tenant) of the workflows given (a JSON array): what
+-- max_running and max_running_per_tenant count, read by the index of claimed runs.
+SELECT workflow, tenant, count(*) AS n FROM runs INDEXED BY runs_claimed
+WHERE namespace = :namespace AND status IN ('running', 'interrupted') AND status = 'running'
+  AND workflow IN (SELECT value FROM json_each(:workflows))
+GROUP BY workflow, tenant;
+
+-- name: held_first_starts
+-- A workflow's runs first started after :since, up to :limit: live ones by the partial indexes
+-- of live runs, ended ones by runs_finished (a run that started after :since ended after it).
+SELECT count(*) AS n FROM (
+    SELECT 1 FROM (
+        SELECT started_at FROM runs INDEXED BY runs_queued
+        WHERE namespace = :namespace AND status = 'queued' AND held = 0
+          AND workflow = :workflow AND started_at > :since
+        UNION ALL
+        SELECT started_at FROM runs INDEXED BY runs_timed
+        WHERE namespace = :namespace AND status IN ('sleeping', 'waiting')
+          AND workflow = :workflow AND started_at > :since
+        UNION ALL
+        SELECT started_at FROM runs INDEXED BY runs_claimed
+        WHERE namespace = :namespace AND status IN ('running', 'interrupted')
+          AND workflow = :workflow AND started_at > :since
+        UNION ALL
+        SELECT started_at FROM runs INDEXED BY runs_finished
+        WHERE namespace = :namespace AND status IN ('succeeded', 'failed', 'cancelled')
+          AND finished_at > :since AND workflow = :workflow AND started_at > :since)
+    LIMIT :limit);
+
+-- name: held_count_due
+-- A workflow's due queued runs, up to :cap, walking runs_queued: of :tenants only (a JSON
+-- array, or NULL: every tenant), none of :skip; with :first_only, never started; with
+-- :key_limit, never started and of a key with at least :key_limit holders (one probe of
+-- runs_key_holder each).
+SELECT count(*) AS n FROM (
+    SELECT 1 FROM runs r INDEXED BY runs_queued
+    WHERE r.namespace = :namespace AND r.status = 'queued' AND r.held = 0
+      AND r.workflow = :workflow AND r.run_at <= :now
+      AND (:tenants IS NULL OR r.tenant IN (SELECT value FROM json_each(:tenants)))
+      AND r.tenant NOT IN (SELECT value FROM json_each(:skip))
+      AND (:first_only = 0 OR r.started_at IS NULL)
+      AND (:key_limit IS NULL OR (r.concurrency_key IS NOT NULL AND (
+          SELECT count(*) FROM runs h INDEXED BY runs_key_holder
+          WHERE h.namespace = r.namespace AND h.workflow = r.workflow
+            AND h.concurrency_key = r.concurrency_key
+            AND h.concurrency_key IS NOT NULL AND h.started_at IS NOT NULL
+            AND h.status IN ('queued', 'running', 'sleeping', 'waiting', 'interrupted')
+      ) >= :key_limit))
+    LIMIT :cap);
+
+-- name: held_key_holders
+SELECT count(*) AS n FROM (
+    SELECT 1 FROM runs INDEXED BY runs_key_holder
+    WHERE namespace = :namespace AND workflow = :workflow AND concurrency_key = :key
+      AND concurrency_key IS NOT NULL AND started_at IS NOT NULL
+      AND status IN ('queued', 'running', 'sleeping', 'waiting', 'interrupted')
+    LIMIT :cap);

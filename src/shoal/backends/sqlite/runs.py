@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,12 +25,13 @@ from shoal.backends._batches import (
     queued_run,
 )
 from shoal.backends._fairness import fair_workflows
+from shoal.backends._flow import Shares
 from shoal.backends._sql import queries
 from shoal.backends._stats import keep, since, stats_from_rows
+from shoal.backends.sqlite import flow as flow_sql
 from shoal.backends.sqlite import joined
 from shoal.backends.sqlite.batches import GroupCommit
 from shoal.backends.sqlite.connection import SQLiteConnection, unavailable_on_failure
-from shoal.backends.sqlite.flow import fair_candidates
 from shoal.backends.sqlite.rows import _run
 from shoal.errors import AdmissionRejectedError
 from shoal.types import (
@@ -62,6 +64,9 @@ def _limited(text: str) -> str:
 
 
 _Q["claim_candidates_limited"] = _limited(_Q["claim_candidates"])
+# a claimer with flow rules (flow=): the same with what the rules hold back skipped by the scan
+_Q["claim_candidates_flow"] = flow_sql.derive(_Q["claim_candidates"])
+_Q["claim_candidates_limited_flow"] = flow_sql.derive(_Q["claim_candidates_limited"])
 _QG = queries("sqlite", "graphs.sql")
 
 
@@ -271,11 +276,12 @@ class SQLiteRuns:
         seen = self.connection.changes()   # before the read: a commit after it is seen as a change
         candidates = self.connection.db.execute(query, args).fetchall()
         if not candidates:
-            return []
+            return []   # (a flow claim's candidates are a part of these)
         async with self.connection.tx() as db:
-            if fair := fair_workflows(flow, workflows):
-                candidates = fair_candidates(db, query, args, fair)
-            elif self.connection.changes() != seen:
+            if flow:
+                return self._claim_flow(db, args, owner, limit, lease, now, version,
+                                        concurrency_limits, flow)
+            if self.connection.changes() != seen:
                 candidates = db.execute(query, args).fetchall()
             return self._claim_candidates(db, candidates, owner, limit, lease, now, version,
                                           concurrency_limits)
@@ -291,38 +297,59 @@ class SQLiteRuns:
             return []
         args = _claim_args(namespace, workflows, limit, now, version, any_version,
                            concurrency_limits)
+        if flow:
+            return self._claim_flow(db, args, owner, limit, lease, now, version,
+                                    concurrency_limits, flow)
         query = _Q["claim_candidates_limited" if "limits" in args else "claim_candidates"]
-        if fair := fair_workflows(flow, workflows):
-            candidates = fair_candidates(db, query, args, fair)
-        else:
-            candidates = db.execute(query, args).fetchall()
+        candidates = db.execute(query, args).fetchall()
         return self._claim_candidates(db, candidates, owner, limit, lease, now, version,
                                       concurrency_limits)
+
+    def _claim_flow(
+        self, db: sqlite3.Connection, args: dict[str, Any], owner: str, limit: int,
+        lease: float, now: float, version: str | None,
+        concurrency_limits: Mapping[str, int] | None, flow: Mapping[str, FlowLimits],
+    ) -> list[Run]:
+        """The claim of a claimer with flow rules, in the write transaction ``db`` (see
+        :mod:`~shoal.backends.sqlite.flow`): the flow query, walked with the shares counted in
+        ``db``, again while the walk filled a workflow or tenant and the scan left runs behind."""
+        query = _Q["claim_candidates_limited_flow" if "limits" in args
+                   else "claim_candidates_flow"]
+        held = flow_sql.shares(db, args["namespace"], flow)
+        fair = fair_workflows(flow, _json.loads(args["workflows"]))
+        ids: list[str] = []
+        keys: set[tuple[str, str]] = set()
+        taken: Counter[tuple[str, str]] = Counter()   # by an earlier round, under fairness
+        while True:
+            if fair:
+                rows = flow_sql.fair_candidates(db, query, flow_sql.args(args, held, ids), fair,
+                                                taken)
+            else:
+                rows = db.execute(query, flow_sql.args(args, held, ids)).fetchall()
+            before = len(ids)
+            cut = _choose(db, rows, limit, concurrency_limits, ids, keys, held)
+            if fair:
+                chosen = set(ids[before:])
+                taken.update((r["workflow"], r["tenant"]) for r in rows if r["id"] in chosen)
+            if len(ids) >= limit or not cut or len(rows) < args["scan"]:
+                break
+        return self._claim_ids(db, ids, owner, lease, now, version)
 
     def _claim_candidates(
         self, db: sqlite3.Connection, candidates: list[sqlite3.Row], owner: str, limit: int,
         lease: float, now: float, version: str | None,
         concurrency_limits: Mapping[str, int] | None = None,
-        flow: Mapping[str, FlowLimits] | None = None,
     ) -> list[Run]:
         """Claim the first ``limit`` of ``candidates`` (``claim_candidates``' rows as the
         write transaction ``db`` sees them), one run per concurrency key that has not started
         before; with ``concurrency_limits``, each such run takes a free slot of its key."""
         ids: list[str] = []
-        keys: set[tuple[str, str]] = set()
-        for row in candidates:
-            key = row["concurrency_key"]
-            # a run that started before holds its key already (with others, under a limit
-            # lowered since they started)
-            if key is not None and row["started_at"] is None:
-                if (row["workflow"], key) in keys:
-                    continue
-                keys.add((row["workflow"], key))
-                if concurrency_limits:
-                    _take_key_slot(db, row, concurrency_limits.get(row["workflow"], 1))
-            ids.append(row["id"])
-            if len(ids) == limit:
-                break
+        _choose(db, candidates, limit, concurrency_limits, ids, set())
+        return self._claim_ids(db, ids, owner, lease, now, version)
+
+    def _claim_ids(self, db: sqlite3.Connection, ids: list[str], owner: str, lease: float,
+                   now: float, version: str | None) -> list[Run]:
+        """Set the runs ``ids`` running under ``owner``: the claim's update."""
         if not ids:
             return []
         rows = db.execute(_Q["claim"], {
@@ -490,6 +517,36 @@ def _claim_args(namespace: str, workflows: Sequence[str], limit: int, now: float
     if concurrency_limits:
         args["limits"] = _json.dumps(dict(concurrency_limits))
     return args
+
+
+def _choose(db: sqlite3.Connection, candidates: list[sqlite3.Row], limit: int,
+            concurrency_limits: Mapping[str, int] | None, ids: list[str],
+            keys: set[tuple[str, str]], held: Shares | None = None) -> bool:
+    """Add to ``ids`` the ``candidates`` (in claim order) the claim takes, up to ``limit`` in
+    all: one run per concurrency key that has not started before (``keys``: those taken); with
+    ``concurrency_limits``, each such run takes a free slot of its key; with ``held``, a run of
+    a workflow or tenant with no share left is skipped and each run taken holds one. True when
+    the shares skipped a run."""
+    cut = False
+    for row in candidates:
+        if len(ids) >= limit:
+            break
+        if held is not None and not held.fits(row["workflow"], row["tenant"]):
+            cut = True
+            continue
+        key = row["concurrency_key"]
+        # a run that started before holds its key already (with others, under a limit
+        # lowered since they started)
+        if key is not None and row["started_at"] is None:
+            if (row["workflow"], key) in keys:
+                continue
+            keys.add((row["workflow"], key))
+            if concurrency_limits:
+                _take_key_slot(db, row, concurrency_limits.get(row["workflow"], 1))
+        if held is not None:
+            held.take(row["workflow"], row["tenant"])
+        ids.append(row["id"])
+    return cut
 
 
 def _take_key_slot(db: sqlite3.Connection, row: sqlite3.Row, n: int) -> None:

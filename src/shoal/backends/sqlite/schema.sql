@@ -61,6 +61,8 @@ CREATE INDEX runs_timed ON runs (namespace, run_at)
     WHERE status IN ('sleeping', 'waiting');
 CREATE INDEX runs_claimed ON runs (namespace, status, lease_expires_at)
     WHERE status IN ('running', 'interrupted');
+-- what a claim counts for max_running / max_running_per_tenant (version 25)
+CREATE INDEX runs_running ON runs (namespace, workflow, tenant) WHERE status = 'running';
 -- invariant 4, enforced by the database: a run holds its concurrency key from its first start
 -- until it ends, and at most one run of a (workflow, key) holds each of its slots (key_slot, in
 -- [0, concurrency_limit))
@@ -465,4 +467,5 @@ FROM (VALUES (1, '0001_runs.sql'),
              (22, '0022_trace_context.sql'),
              (23, '0023_paused_workflows.sql'),
              (24, '0024_concurrency_limits.sql'),
+             (25, '0025_running_caps.sql'),
              (27, '0027_tenant_fairness.sql'));

@@ -16,12 +16,14 @@ import time
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
+from shoal.backends import _held
 from shoal.backends._parts import part
 from shoal.backends._sql import behind, current_schema, migrations
 from shoal.backends.sqlite.batches import GroupCommit
 from shoal.backends.sqlite.connection import SQLiteConnection, unavailable_on_failure
 from shoal.backends.sqlite.coord import SQLiteCoordination
 from shoal.backends.sqlite.graphs import SQLiteGraphCheckpoints
+from shoal.backends.sqlite.held import SQLiteHoldCounts
 from shoal.backends.sqlite.inspection import SQLiteInspection
 from shoal.backends.sqlite.outbox import SQLiteOutbox
 from shoal.backends.sqlite.pauses import SQLitePauses
@@ -31,6 +33,7 @@ from shoal.backends.sqlite.runs import SQLiteRuns
 from shoal.backends.sqlite.runs import _create_run as _create_run
 from shoal.backends.sqlite.steps import SQLiteSteps
 from shoal.errors import ConfigurationError, StoreUnavailableError
+from shoal.types import HELD_BACK_CAP
 
 
 @unavailable_on_failure
@@ -54,6 +57,7 @@ class SQLiteStore:
         self._coord = SQLiteCoordination(connection)
         self._rates = SQLiteRateLimits(connection)
         self._graphs = SQLiteGraphCheckpoints(connection)
+        self._held = SQLiteHoldCounts(connection)
 
     @classmethod
     def from_url(cls, url: str) -> SQLiteStore:
@@ -176,6 +180,17 @@ class SQLiteStore:
 
     ping = part("_connection", SQLiteConnection.ping)
     wait_for_work = part("_connection", SQLiteConnection.wait_for_work)
+
+    # -- what holds runs back (shoal.ports.FlowView) ------------------------------------------
+
+    async def held_back(
+        self, namespace: str, now: float, *, cap: int = HELD_BACK_CAP
+    ) -> dict[str, dict[str, int]]:
+        return await _held.held_back(self._runs, self._held, namespace, now, cap)
+
+    async def hold_reason(self, run_id: str, now: float) -> str | None:
+        return await _held.hold_reason(self._runs, self._held, await self._runs.get_run(run_id),
+                                       now)
 
     # -- runs ------------------------------------------------------------------------------------
 

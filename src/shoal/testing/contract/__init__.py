@@ -15,9 +15,14 @@
   ``concurrency_limits`` (``store``, ``other``);
 - :class:`PausedWorkflowContract`: paused workflows, whose runs no claim starts (``store``,
   ``other``);
+- :class:`RunningCapContract`: at most ``max_running`` runs of a workflow (of a tenant:
+  ``max_running_per_tenant``) in ``running`` at once, the claimer's ``flow`` (``store``,
+  ``other``);
+- :class:`FlowViewContract`: which flow-control rule holds back queued runs, and one run
+  (``store``, ``other``);
 - :class:`FairnessContract`: ``fairness="tenant"``, tenants taking turns in the claim, and
   the stored tenant weights (``store``, ``other``);
-- :class:`StoreContract`: the ten above, a whole :class:`~shoal.ports.Store`;
+- :class:`StoreContract`: the twelve above, a whole :class:`~shoal.ports.Store`;
 - :class:`CoordContract`: locks, membership and meters, a :class:`~shoal.ports.CoordStore`
   (``coord``, ``other``);
 - :class:`RateContract`: rate limits and the ledger, a :class:`~shoal.ports.RateStore`
@@ -64,6 +69,7 @@ their records with (``new_run``, ``add``, ``claim``, ``fence``, ``T0``, ``NS``, 
 
 from __future__ import annotations
 
+from shoal.testing.contract.caps import RunningCapContract
 from shoal.testing.contract.coordination import CoordContract
 from shoal.testing.contract.differential import (
     CoordDifferential,
@@ -75,6 +81,7 @@ from shoal.testing.contract.differential import (
     run_calls,
 )
 from shoal.testing.contract.fairness import FairnessContract
+from shoal.testing.contract.heldback import FlowViewContract
 from shoal.testing.contract.inspection import InspectionContract
 from shoal.testing.contract.limits import ConcurrencyLimitContract
 from shoal.testing.contract.outbox import OutboxContract
@@ -103,7 +110,8 @@ from shoal.testing.contract.trees import TreeContract
 
 class StoreContract(RunContract, ConcurrencyLimitContract, PauseContract, TreeContract,
                     OutboxContract, StatsContract, InspectionContract, ProgressContract,
-                    PausedWorkflowContract, FairnessContract):
+                    PausedWorkflowContract, RunningCapContract, FlowViewContract,
+                    FairnessContract):
     """A whole :class:`~shoal.ports.Store`: every run-store suite. Provide the ``store`` and
     ``other`` fixtures."""
 
@@ -118,6 +126,7 @@ __all__ = [
     "CoordContract",
     "CoordDifferential",
     "FairnessContract",
+    "FlowViewContract",
     "InspectionContract",
     "OutboxContract",
     "PauseContract",
@@ -127,6 +136,7 @@ __all__ = [
     "RateDifferential",
     "RunContract",
     "RunDifferential",
+    "RunningCapContract",
     "StatsContract",
     "StoreContract",
     "TransactionalContract",

@@ -243,13 +243,28 @@ async def _claim(w: _RunWorld) -> None:
         version=version, any_version=rnd.choice([(), ("wf",)]),
         # a limit of one (as without limits), of two, or one raised or lowered meanwhile
         concurrency_limits=rnd.choice([None, {"wf": 2}, {"wf": 2, "other": 3}, {"other": 2}]),
-        # tenants taking turns (with the weights _tenant_weight stores) in one workflow or both
-        flow=rnd.choice([None, None, {"wf": _FAIR}, {"other": _FAIR},
-                         {"wf": _FAIR, "other": _FAIR}]))
+        # running caps of a workflow and of its tenants, changed from claim to claim (deploys),
+        # and tenants taking turns (with the weights _tenant_weight stores), alone or with caps
+        flow=_flow(rnd))
     w.claimed(claimed)
 
 
-_FAIR = FlowLimits(fairness="tenant")
+_FLOWS: list[dict[str, FlowLimits] | None] = [
+    None, None, None, {"wf": FlowLimits(max_running=2)},
+    {"wf": FlowLimits(max_running_per_tenant=1)},
+    {"wf": FlowLimits(max_running=3, max_running_per_tenant=2),
+     "other": FlowLimits(max_running=1)},
+    {"other": FlowLimits(max_running_per_tenant=1)}]
+_FAIR: list[tuple[str, ...]] = [(), (), ("wf",), ("other",), ("wf", "other")]
+
+
+def _flow(rnd: random.Random) -> dict[str, FlowLimits] | None:
+    """A claim's flow: one of _FLOWS, with fairness="tenant" on some of its workflows."""
+    chosen = rnd.choice(_FLOWS)
+    flow = dict(chosen) if chosen else {}
+    for workflow in rnd.choice(_FAIR):
+        flow[workflow] = dataclasses.replace(flow.get(workflow, FlowLimits()), fairness="tenant")
+    return flow or None
 
 
 async def _tenant_weight(w: _RunWorld) -> None:

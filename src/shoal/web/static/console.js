@@ -278,6 +278,16 @@
         h("td", { class: "num" }, s.queued[t].due), h("td", { class: "num" }, s.queued[t].delayed),
         h("td", { class: "num" }, s.queued[t].held)));
 
+    rows(document.getElementById("held-back"), s.held_back, "No rule holds a run back.", 4,
+      (x) => h("tr", {}, h("td", {}, link(q({ workflow: x.workflow, status: "queued" }), x.workflow)),
+        h("td", { class: "mono" }, x.reason),
+        h("td", { class: "num" }, x.runs.toLocaleString("en-US") + (x.capped ? "+" : "")),
+        h("td", {}, x.text)));
+    rows(document.getElementById("paused"), s.paused, "No workflow is paused.", 3,
+      (p) => h("tr", {}, h("td", {}, p.workflow),
+        h("td", {}, p.tenant === null ? muted("every tenant") : p.tenant),
+        h("td", {}, h("time", { "data-ts": p.paused_at }, utcTime(p.paused_at)))));
+
     renderInstances(o);
 
     rows(document.getElementById("circuits"), o.open_circuits, "Every circuit is closed.", 3,
