@@ -24,13 +24,16 @@ Each rule (:class:`Rule`, in :data:`RULES`) contributes, in one place each:
 ``fairness="tenant"`` (the rule: :mod:`shoal.backends._fairness`) is not a filter but an order,
 added by :func:`fair` to a derived statement only for a claimer with a fair workflow:
 ``fair_tenants`` finds the tenants with queued runs of each fair workflow by a recursive skip
-scan of ``runs_fair_queued`` (one probe a tenant: a backlog is never read), ``fair_runs`` takes
-each tenant's first ``limit`` candidates under the ``queued`` scan's conditions (key, version,
-pause, every rule's ``held``), ``fair_scored`` scores them ``(running + k) / weight``,
-``fair_dealt`` deals the workflow's first-come places of each priority by score, and
-``fair_locked`` locks the first ``limit`` of them (SKIP LOCKED, their status checked again).
-The batch is ranked over the plain scans' rows (less the fair workflows' own, whose places are
-dealt again) and those, by place.
+scan of ``runs_fair_queued`` (one probe a tenant: a backlog is never read); ``fair_first``
+takes each one's first candidate under the ``queued`` scan's conditions (key, version, pause,
+every rule's ``held``) and ranks the tenants by it (priority, ``running / weight``, age); the
+first ``limit`` tenants (no other can have a run among the first ``limit`` dealt) give their
+first ``limit`` candidates to ``fair_scored``, which scores them ``(running + k) / weight``;
+``fair_dealt`` deals them, by score, the places the ``queued`` scan found for the workflow's
+runs (first come, first served, in each priority), and ``fair_locked`` locks them (SKIP LOCKED,
+their status checked again). The batch is ranked over the plain scans' rows (less the fair
+workflows' own, whose places are dealt again) and those, by place. So a claim reads a probe and
+a run a tenant with queued runs, and ``limit`` runs of at most ``limit`` tenants.
 
 The statement returns ``flow_cut`` (how many rows of the batch the rank filters cut) on a first
 row of its own: when some were cut and the batch is not full, the claim runs the statement again
@@ -185,34 +188,43 @@ _FAIR = """, fair_tenants AS (
                         WHERE r.namespace = %(namespace)s AND r.workflow = t.workflow
                           AND r.status = 'queued' AND NOT r.held AND r.tenant > t.tenant)
     FROM fair_tenants t WHERE t.tenant IS NOT NULL
-), fair_runs AS (
-    SELECT c.* FROM fair_tenants t CROSS JOIN LATERAL (
-        SELECT r.id, r.workflow, r.tenant, r.priority, r.created_at FROM runs r
-        WHERE r.workflow = t.workflow AND r.tenant = t.tenant AND {where}
-        ORDER BY r.priority DESC, r.created_at, r.id
-        LIMIT %(limit)s) c
-    WHERE t.tenant IS NOT NULL
 ), fair_running AS (
     SELECT r.workflow, r.tenant, count(*) AS n FROM runs r
     WHERE r.namespace = %(namespace)s AND r.status = 'running'
       AND r.workflow = ANY(%(fair)s::text[])
     GROUP BY r.workflow, r.tenant
+), fair_first AS (
+    SELECT c.*, coalesce(n.n, 0) AS running, coalesce(w.weight, 1) AS weight,
+           row_number() OVER (PARTITION BY c.workflow
+                              ORDER BY c.priority DESC, coalesce(n.n, 0) / coalesce(w.weight, 1),
+                                       c.created_at, c.id) AS turn
+    FROM fair_tenants t CROSS JOIN LATERAL (
+        SELECT r.id, r.workflow, r.tenant, r.priority, r.created_at FROM runs r
+        WHERE r.workflow = t.workflow AND r.tenant = t.tenant AND {where}
+        ORDER BY r.priority DESC, r.created_at, r.id
+        LIMIT 1) c
+    LEFT JOIN fair_running n ON (n.workflow, n.tenant) = (c.workflow, c.tenant)
+    LEFT JOIN tenant_weights w ON (w.namespace, w.tenant) = (%(namespace)s, c.tenant)
+    WHERE t.tenant IS NOT NULL
 ), fair_scored AS (
-    SELECT f.*, (coalesce(n.n, 0) + row_number() OVER (
-                    PARTITION BY f.workflow, f.tenant
-                    ORDER BY f.priority DESC, f.created_at, f.id) - 1)::float8
-                / coalesce(w.weight, 1) AS score
-    FROM fair_runs f
-    LEFT JOIN fair_running n ON (n.workflow, n.tenant) = (f.workflow, f.tenant)
-    LEFT JOIN tenant_weights w ON (w.namespace, w.tenant) = (%(namespace)s, f.tenant)
+    SELECT c.*, (t.running + row_number() OVER (
+                    PARTITION BY c.workflow, c.tenant
+                    ORDER BY c.priority DESC, c.created_at, c.id) - 1)::float8
+                / t.weight AS score
+    FROM fair_first t CROSS JOIN LATERAL (
+        SELECT r.id, r.workflow, r.tenant, r.priority, r.created_at FROM runs r
+        WHERE r.workflow = t.workflow AND r.tenant = t.tenant AND {where}
+        ORDER BY r.priority DESC, r.created_at, r.id
+        LIMIT %(limit)s) c
+    WHERE t.turn <= %(limit)s
 ), fair_dealt AS (
     SELECT d.id, p.priority, p.created_at, p.id AS place FROM (
         SELECT id, workflow, priority, row_number() OVER (
             PARTITION BY workflow, priority ORDER BY score, created_at, id) AS j
         FROM fair_scored) d
-    JOIN (SELECT id, workflow, priority, created_at, row_number() OVER (
-              PARTITION BY workflow, priority ORDER BY created_at, id) AS j
-          FROM fair_scored) p USING (workflow, priority, j)
+    JOIN (SELECT q.id, q.workflow, q.priority, q.created_at, row_number() OVER (
+              PARTITION BY q.workflow, q.priority ORDER BY q.created_at, q.id) AS j
+          FROM queued q WHERE q.workflow = ANY(%(fair)s::text[])) p USING (workflow, priority, j)
 ), fair_locked AS (
     SELECT r.id, f.priority, f.created_at, r.workflow, r.tenant, f.place
     FROM runs r JOIN fair_dealt f ON f.id = r.id

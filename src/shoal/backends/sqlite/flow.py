@@ -15,10 +15,11 @@ have left runs behind it, the query runs again (those now excluded): each round 
 one more, so it ends, and its result is the memory reference's.
 
 ``fairness="tenant"`` (the rule: :mod:`shoal.backends._fairness`) reorders the rows walked
-(:func:`fair_candidates`): to the flow query's rows it adds the first ``scan`` candidates of each
-tenant with queued runs of a fair workflow (the same conditions, for one workflow and tenant,
-walking ``runs_fair_queued``; the tenants found by a skip scan of that index, one probe a
-tenant, so a long backlog of one tenant is never read beyond its first runs), then deals them.
+(:func:`fair_candidates`): to the flow query's rows it adds the first ``scan`` candidates of
+the first tenants with queued runs of a fair workflow (the same conditions, for one workflow
+and tenant, walking ``runs_fair_queued``; the tenants found by a skip scan of that index and
+ranked by their first candidate, one probe and one run a tenant, so a long backlog of one
+tenant is never read beyond its first runs), then deals them.
 """
 
 from __future__ import annotations
@@ -126,29 +127,40 @@ _WEIGHTS = "SELECT tenant, weight FROM tenant_weights WHERE namespace = :namespa
 
 
 def fair_candidates(db: sqlite3.Connection, query: str, args: Mapping[str, Any],
-                    fair: Sequence[str], taken: Counter[tuple[str, str]]) -> list[sqlite3.Row]:
+                    fair: Sequence[str], taken: Counter[tuple[str, str]],
+                    limit: int) -> list[sqlite3.Row]:
     """The rows of the flow query ``query`` (:func:`derive`'s) with ``args``, in the order of
     the claim under fairness for the workflows ``fair``, read in the write transaction ``db``:
-    its rows and the first ``scan`` candidates of each tenant with queued runs of a fair
-    workflow, dealt in turns. ``taken``: the runs of each (workflow, tenant) an earlier round
-    of this claim took, which count as running."""
+    its rows and the first ``scan`` candidates of the first ``limit`` tenants of each fair
+    workflow (by their first candidate: priority, running / weight, age; no other tenant can
+    have a run among the first ``limit`` dealt), dealt in turns. ``taken``: the runs of each
+    (workflow, tenant) an earlier round of this claim took, which count as running."""
     every, of_tenant = _fair_statements(query)
     rows = {row["id"]: row for row in db.execute(every, args).fetchall()}
-    for workflow in fair:
-        after, op = "", ">="
-        while (found := db.execute(_NEXT_TENANT.format(op), {
-                "namespace": args["namespace"], "fair_workflow": workflow,
-                "after": after}).fetchone()) is not None:
-            after, op = found["tenant"], ">"
-            for row in db.execute(of_tenant, {**args, "fair_workflow": workflow,
-                                              "fair_tenant": after}).fetchall():
-                rows.setdefault(row["id"], row)
-    ordered = sorted(rows.values(), key=lambda r: (-r["priority"], r["created_at"], r["id"]))
     fair_args = {"namespace": args["namespace"], "fair": _json.dumps(list(fair))}
     running = Counter(taken)
     for r in db.execute(_FAIR_RUNNING, fair_args).fetchall():
         running[(r["workflow"], r["tenant"])] += r["n"]
     weights = {r["tenant"]: r["weight"] for r in db.execute(_WEIGHTS, fair_args).fetchall()}
+    for workflow in fair:
+        firsts = []
+        after, op = "", ">="
+        while (found := db.execute(_NEXT_TENANT.format(op), {
+                "namespace": args["namespace"], "fair_workflow": workflow,
+                "after": after}).fetchone()) is not None:
+            after, op = found["tenant"], ">"
+            first = db.execute(of_tenant, {**args, "fair_workflow": workflow,
+                                           "fair_tenant": after, "scan": 1}).fetchone()
+            if first is not None:
+                firsts.append(first)
+        firsts.sort(key=lambda r: (-r["priority"],
+                                   running[(workflow, r["tenant"])] / weights.get(r["tenant"], 1.0),
+                                   r["created_at"], r["id"]))
+        for first in firsts[:limit]:
+            for row in db.execute(of_tenant, {**args, "fair_workflow": workflow,
+                                              "fair_tenant": first["tenant"]}).fetchall():
+                rows.setdefault(row["id"], row)
+    ordered = sorted(rows.values(), key=lambda r: (-r["priority"], r["created_at"], r["id"]))
     wanted = set(fair)
     return fair_order(ordered, lambda r: r["workflow"] in wanted and r["status"] == "queued",
                       lambda r: (r["workflow"], r["tenant"], r["priority"], r["created_at"],

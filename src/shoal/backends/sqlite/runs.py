@@ -323,7 +323,7 @@ class SQLiteRuns:
         while True:
             if fair:
                 rows = flow_sql.fair_candidates(db, query, flow_sql.args(args, held, ids), fair,
-                                                taken)
+                                                taken, limit)
             else:
                 rows = db.execute(query, flow_sql.args(args, held, ids)).fetchall()
             before = len(ids)

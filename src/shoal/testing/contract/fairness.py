@@ -109,6 +109,18 @@ class FairnessContract:
         got = await fair_claim(other, T0 + 41, limit=16)
         assert late.id in {r.id for r in got} and len(got) == 16
 
+    async def test_a_batch_goes_to_the_tenants_with_fewest_running_among_many(
+        self, store: Store, other: Store
+    ) -> None:
+        for j in range(3):
+            news = [new_run(T0 + j * 100 + i, tenant=f"t{i:02d}") for i in range(40)]
+            await store.create_runs(news, max_queued=None, admission="reject")
+        first = await fair_claim(store, T0 + 400, limit=20)
+        assert tenants(first) == [f"t{i:02d}" for i in range(20)]   # one each, oldest first
+        got = await fair_claim(other, T0 + 401, limit=4)
+        assert tenants(got) == ["t20", "t21", "t22", "t23"]
+        assert all(r.created_at < T0 + 100 for r in got)   # each one's oldest
+
     async def test_priorities_still_come_first(self, store: Store, other: Store) -> None:
         for i in range(3):
             await add(store, T0 + i, tenant="acme")
