@@ -167,6 +167,15 @@ class WorkflowRegistry(Protocol):
     async def paused_workflows(self, namespace: str) -> list[PausedWorkflow]:
         """The pauses of ``namespace``, by workflow, then tenant (every tenant first)."""
 
+    async def set_tenant_weight(self, namespace: str, tenant: str, weight: float) -> None:
+        """Store ``tenant``'s weight in ``namespace`` (a positive number, checked by the
+        caller; 1, the default, is stored as no row): under ``fairness="tenant"`` every claim
+        of every handle after this call's commit deals the tenant ``weight`` turns for one of
+        a tenant of weight 1 (see :mod:`shoal.backends._fairness`)."""
+
+    async def tenant_weights(self, namespace: str) -> dict[str, float]:
+        """The weights of ``namespace`` other than the default 1, by tenant."""
+
 
 @runtime_checkable
 class RunQueue(Protocol):

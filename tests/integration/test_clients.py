@@ -149,6 +149,14 @@ def test_a_client_pauses_and_resumes_a_workflow(url: str) -> None:
             client.pause_workflow("no-such-workflow")
 
 
+def test_a_client_sets_tenant_weights(url: str) -> None:
+    with shoal.Client(url) as client:
+        client.set_tenant_weight("acme", 2)
+        assert client.tenant_weights() == {"acme": 2.0}
+        with pytest.raises(ValueError, match="weight"):
+            client.set_tenant_weight("acme", 0)
+
+
 def test_threads_share_one_client(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'shoal.db'}"
     client = shoal.Client(url)

@@ -511,6 +511,14 @@ class AsyncClient:
         """The namespace's paused workflows (``app.paused_workflows``)."""
         return await self._call(lambda app: app.paused_workflows())
 
+    async def set_tenant_weight(self, tenant: str, weight: float) -> None:
+        """Store the tenant's shares under ``fairness="tenant"`` (``app.set_tenant_weight``)."""
+        await self._call(lambda app: app.set_tenant_weight(tenant, weight))
+
+    async def tenant_weights(self) -> dict[str, float]:
+        """The namespace's stored tenant weights (``app.tenant_weights``)."""
+        return await self._call(lambda app: app.tenant_weights())
+
     async def stats(self) -> Stats:
         """The namespace's runs by status and workflow, queue depth, pauses (``app.stats``)."""
         return await self._call(lambda app: app.stats())
@@ -784,6 +792,14 @@ class Client:
     def paused_workflows(self) -> list[PausedWorkflow]:
         """The namespace's paused workflows (``app.paused_workflows``)."""
         return self._call(lambda c: c.paused_workflows())
+
+    def set_tenant_weight(self, tenant: str, weight: float) -> None:
+        """Store the tenant's shares under ``fairness="tenant"`` (``app.set_tenant_weight``)."""
+        self._call(lambda c: c.set_tenant_weight(tenant, weight))
+
+    def tenant_weights(self) -> dict[str, float]:
+        """The namespace's stored tenant weights (``app.tenant_weights``)."""
+        return self._call(lambda c: c.tenant_weights())
 
     def stats(self) -> Stats:
         """The namespace's runs by status and workflow, queue depth, pauses (``app.stats``)."""

@@ -1553,6 +1553,27 @@ class App:
         await self._open_store()
         return await self._calls.paused_workflows(self.namespace)
 
+    # -- tenant weights (fairness="tenant") --------------------------------------------------
+
+    async def set_tenant_weight(self, tenant: str, weight: float) -> None:
+        """Give ``tenant`` ``weight`` shares under ``fairness="tenant"`` in this namespace
+        (default 1): where tenants take turns, one of weight 2 gets two turns for one of
+        weight 1. Stored: the next claim of every replica deals by it. ``weight`` is a
+        positive finite number (``TypeError``/``ValueError`` naming it otherwise)."""
+        tenant = _checks.text(tenant, "app.set_tenant_weight(tenant)", CALL)
+        value = _checks.finite(weight, "app.set_tenant_weight(weight)", CALL)
+        if value <= 0:
+            raise ValueError(f"app.set_tenant_weight(weight) must be a positive number, "
+                             f"not {weight!r:.80}.")
+        await self._open_store()
+        await self._calls.set_tenant_weight(self.namespace, tenant, value)
+
+    async def tenant_weights(self) -> dict[str, float]:
+        """The weights ``set_tenant_weight`` stored in this namespace, by tenant (a tenant
+        left out has weight 1)."""
+        await self._open_store()
+        return await self._calls.tenant_weights(self.namespace)
+
     async def _paused_args(self, call: str, name: object, tenant: object,
                            ) -> tuple[str, str | None]:
         """``name`` as a workflow this app or another instance of the namespace registered

@@ -29,6 +29,7 @@ from shoal.backends._batches import (
     namespace_of,
     queued_run,
 )
+from shoal.backends._fairness import fair_order, fair_workflows
 from shoal.backends._flow import Shares, capped
 from shoal.backends._stats import since
 from shoal.backends.memory.coord import MemoryCoordination
@@ -95,6 +96,8 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
         self._served: dict[tuple[str, str], dict[str, float]] = {}
         # (namespace, workflow, tenant or None for every tenant) -> paused_at
         self._paused_workflows: dict[tuple[str, str, str | None], float] = {}
+        # (namespace, tenant) -> weight under fairness="tenant" (1 when missing)
+        self._tenant_weights: dict[tuple[str, str], float] = {}
         self._pauses: dict[str, Pause] = {}
         self._outbox: dict[str, OutboxEntry] = {}
         # (root, key) -> value, claimant, tenant (the root run's)
@@ -179,6 +182,45 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
         found = [PausedWorkflow(w, t, at) for (ns, w, t), at in self._paused_workflows.items()
                  if ns == namespace]
         return sorted(found, key=lambda p: (p.workflow, p.tenant is not None, p.tenant or ""))
+
+    async def set_tenant_weight(self, namespace: str, tenant: str, weight: float) -> None:
+        if weight == 1:
+            self._tenant_weights.pop((namespace, tenant), None)
+        else:
+            self._tenant_weights[(namespace, tenant)] = float(weight)
+
+    async def tenant_weights(self, namespace: str) -> dict[str, float]:
+        return {t: w for (ns, t), w in sorted(self._tenant_weights.items()) if ns == namespace}
+
+    def _fair(self, namespace: str, due: list[Run], fair: list[str],
+              limits: Mapping[str, int], shares: Shares) -> list[Run]:
+        """``due`` (in claim order) dealt by tenant for the ``fair`` workflows
+        (:mod:`shoal.backends._fairness`), their queued runs that the claim may not take
+        whatever the order left out, as the SQL stores leave them out of their candidates:
+        an unstarted run whose key is full or is not the key's first due run (of those that
+        ``shares``, as the claim starts, lets start: a rule holding a run back leaves it out)."""
+        firsts: set[tuple[str, str]] = set()
+        kept: list[Run] = []
+        for r in due:
+            if not shares.fits(r.workflow, r.tenant, self._rate_keys.get(r.id),
+                               r.started_at is None):
+                continue   # held back by a cap or a rate: it stands in front of nothing
+            if (r.workflow in fair and r.status == _Q and r.started_at is None
+                    and r.concurrency_key is not None):
+                if ((r.workflow, r.concurrency_key) in firsts
+                        or self._key_holders(r) >= limits.get(r.workflow, 1)):
+                    firsts.add((r.workflow, r.concurrency_key))
+                    continue
+                firsts.add((r.workflow, r.concurrency_key))
+            kept.append(r)
+        running: dict[tuple[str, str], int] = {}
+        for o in self._in(namespace):
+            if o.status == RunStatus.RUNNING and o.workflow in fair:
+                running[(o.workflow, o.tenant)] = running.get((o.workflow, o.tenant), 0) + 1
+        weights = {t: w for (ns, t), w in self._tenant_weights.items() if ns == namespace}
+        return fair_order(kept, lambda r: r.workflow in fair and r.status == _Q,
+                          lambda r: (r.workflow, r.tenant, r.priority, r.created_at, r.id),
+                          running, weights)
 
     def _paused_run(self, run: Run) -> bool:
         paused = self._paused_workflows
@@ -321,6 +363,8 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
                                if r.status == RunStatus.RUNNING and r.workflow in caps)
                         if caps else (), now,
                         lambda w, key, since: self._first_starts(namespace, w, key, since))
+        if fair := fair_workflows(flow, workflows):
+            due = self._fair(namespace, due, fair, limits, shares)
         for r in due:
             # a run a rule holds back is skipped: it takes no room of the limit (only a first
             # start is held by a rate, and counts in it)
@@ -353,6 +397,8 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
             claimed.append(run)
             if len(claimed) == limit:
                 break
+        if fair:   # answered in priority, created_at, id order, as without the rule
+            claimed.sort(key=lambda r: (-r.priority, r.created_at, r.id))
         return claimed
 
     async def incompatible_runs(
@@ -996,7 +1042,7 @@ _QUIET_WRITES = frozenset({
 })
 _READS = frozenset({
     "open", "close", "migrate", "ping", "wait_for_work", "get_workflow", "list_workflows",
-    "paused_workflows",
+    "paused_workflows", "tenant_weights",
     "get_run", "list_runs", "incompatible_runs", "load_steps", "get_tree_key", "tree_keys",
     "get_pause", "list_pauses", "dead_letters", "search_runs", "inspect_run", "run_owners",
     "finished_per_minute", "stats", "coordination_view", "ledger", "read_rates", "paused_until",

@@ -572,6 +572,18 @@ SELECT namespace, workflow, instance, registered_at FROM workflow_instances
 WHERE %(namespace)s::text IS NULL OR namespace = %(namespace)s
 ORDER BY namespace, workflow, registered_at DESC, instance;
 
+-- name: set_tenant_weight
+INSERT INTO tenant_weights (namespace, tenant, weight)
+VALUES (%(namespace)s, %(tenant)s, %(weight)s)
+ON CONFLICT (namespace, tenant) DO UPDATE SET weight = excluded.weight;
+
+-- name: clear_tenant_weight
+-- 1 is the default: no row
+DELETE FROM tenant_weights WHERE namespace = %(namespace)s AND tenant = %(tenant)s;
+
+-- name: tenant_weights
+SELECT tenant, weight FROM tenant_weights WHERE namespace = %(namespace)s ORDER BY tenant;
+
 -- name: pause_workflow
 INSERT INTO paused_workflows (namespace, workflow, tenant, paused_at)
 VALUES (%(namespace)s, %(workflow)s, %(tenant)s, %(now)s)

@@ -203,8 +203,10 @@ class PostgresRuns:
             else:
                 await self.db.execute(conn, cur, flow_sql.LOCK, lock)
             while len(runs) < limit:
-                await self.db.execute(conn, cur, query, {**args, "limit": limit - len(runs)},
-                                      binary=True)
+                left = limit - len(runs)
+                # scan: how far a fair claim's scans read (postgres/flow.py), as SQLite's do
+                await self.db.execute(conn, cur, query,
+                                      {**args, "limit": left, "scan": left * 4 + 16}, binary=True)
                 names = [c.name for c in cur.description or ()]
                 rows = await cur.fetchall()
                 got = [r for r in rows if r[1] is not None]

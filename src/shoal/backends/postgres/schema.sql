@@ -76,6 +76,10 @@ CREATE INDEX runs_rate_starts ON runs (namespace, workflow, (coalesce(rate_key, 
 -- the claim scan: only live rows are indexed, so its cost does not grow with finished runs
 CREATE INDEX runs_queued ON runs (namespace, priority DESC, created_at, id)
     WHERE status = 'queued' AND NOT held;
+-- fairness="tenant": the tenants with queued runs of a workflow (a skip scan) and each one's
+-- first runs in claim order (version 27)
+CREATE INDEX runs_fair_queued ON runs (namespace, workflow, tenant, priority DESC, created_at, id)
+    WHERE status = 'queued' AND NOT held;
 CREATE INDEX runs_timed ON runs (namespace, run_at)
     WHERE status IN ('sleeping', 'waiting');
 CREATE INDEX runs_claimed ON runs (namespace, status, lease_expires_at)
@@ -156,6 +160,14 @@ CREATE TABLE paused_workflows (
     tenant    text NOT NULL,
     paused_at double precision NOT NULL,
     PRIMARY KEY (namespace, workflow, tenant)
+);
+
+-- Tenant weights under fairness="tenant" (no row: 1), read by every claim (version 27).
+CREATE TABLE tenant_weights (
+    namespace text NOT NULL,
+    tenant    text NOT NULL,
+    weight    double precision NOT NULL CHECK (weight > 0),
+    PRIMARY KEY (namespace, tenant)
 );
 
 -- Pauses, the human decisions runs wait for (approvals; version 2) -----------------------------
@@ -550,4 +562,5 @@ FROM (VALUES (1, '0001_runs.sql'),
              (23, '0023_paused_workflows.sql'),
              (24, '0024_concurrency_limits.sql'),
              (25, '0025_running_caps.sql'),
-             (26, '0026_rate_limits.sql')) AS applied (version, name);
+             (26, '0026_rate_limits.sql'),
+             (27, '0027_tenant_fairness.sql')) AS applied (version, name);

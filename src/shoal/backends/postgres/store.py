@@ -326,6 +326,8 @@ class PostgresStore:
     pause_workflow = part("workflows", PostgresWorkflows.pause_workflow)
     resume_workflow = part("workflows", PostgresWorkflows.resume_workflow)
     paused_workflows = part("workflows", PostgresWorkflows.paused_workflows)
+    set_tenant_weight = part("workflows", PostgresWorkflows.set_tenant_weight)
+    tenant_weights = part("workflows", PostgresWorkflows.tenant_weights)
 
     create_run = part("dispatch", PostgresDispatch.create_run)
     create_runs = part("dispatch", PostgresDispatch.create_runs)

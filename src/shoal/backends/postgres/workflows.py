@@ -12,7 +12,8 @@ from shoal.types import JSON, WORKFLOW_INSTANCE_RETENTION, PausedWorkflow, Workf
 
 
 class PostgresWorkflows:
-    """The registered workflows, the instances serving them and the paused ones, on ``db``."""
+    """The registered workflows, the instances serving them, the paused ones and the tenant
+    weights, on ``db``."""
 
     def __init__(self, db: Connections, channel: str) -> None:
         self.db = db
@@ -70,6 +71,16 @@ class PostgresWorkflows:
         rows = await self.db.all(Q["paused_workflows"], {"namespace": namespace})
         return [PausedWorkflow(row["workflow"], row["tenant"] or None, row["paused_at"])
                 for row in rows]
+
+    async def set_tenant_weight(self, namespace: str, tenant: str, weight: float) -> None:
+        args = {"namespace": namespace, "tenant": tenant, "weight": float(weight)}
+        query = Q["clear_tenant_weight" if weight == 1 else "set_tenant_weight"]
+        await self.db.retry(lambda: self.db.all(query, args, fetch=False))
+
+    async def tenant_weights(self, namespace: str) -> dict[str, float]:
+        rows = await self.db.all(Q["tenant_weights"], {"namespace": namespace})
+        return {row["tenant"]: row["weight"] for row in rows}
+
 
 
 def _paused(namespace: str, workflow: str, tenant: str | None, now: float) -> dict[str, Any]:

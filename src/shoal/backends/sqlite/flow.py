@@ -18,15 +18,25 @@ write transaction are exact against every other claimer. Each rule contributes
 When the walk skipped a row because the batch filled a workflow, tenant or window, and the scan
 may have left runs behind it, the query runs again (those now excluded, and the runs taken):
 each round fills at least one more, so it ends, and its result is the memory reference's.
+
+``fairness="tenant"`` (the rule: :mod:`shoal.backends._fairness`) reorders the rows walked
+(:func:`fair_candidates`): to the flow query's rows it adds the first ``scan`` candidates of
+the first tenants with queued runs of a fair workflow (the same conditions, for one workflow
+and tenant, walking ``runs_fair_queued``; the tenants found by a skip scan of that index and
+ranked by their first candidate, one probe and one run a tenant, so a long backlog of one
+tenant is never read beyond its first runs), then deals them.
 """
 
 from __future__ import annotations
 
+import functools
 import sqlite3
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shoal import _json
+from shoal.backends._fairness import fair_order
 from shoal.backends._flow import Shares, capped, rated
 from shoal.types import FlowLimits
 
@@ -100,3 +110,89 @@ def args(base: Mapping[str, Any], flow: Mapping[str, FlowLimits], now: float, he
             "flow_full_windows": _json.dumps(full_windows),
             "rates": _json.dumps({w: list(r) for w, r in rated(flow, now).items()}),
             "flow_taken": _json.dumps(taken)}
+
+
+# -- fairness="tenant" ---------------------------------------------------------------------------
+
+_FLOW_COLUMNS = "r.created_at, r.started_at, r.tenant, r.rate_key\n"
+_FLOW_OUTER = "SELECT id, workflow, concurrency_key, started_at, tenant, rate_key FROM ("
+
+
+def _with_status(text: str) -> str:
+    """The flow query ``text`` (:func:`derive`'s) answering each row's status, priority and
+    created_at too."""
+    assert text.count(_FLOW_OUTER) == 1 and text.count(_FLOW_COLUMNS) == 2
+    text = text.replace(_FLOW_OUTER, _FLOW_OUTER.replace(" FROM (",
+                                                         ", status, priority, created_at FROM ("))
+    return text.replace(_FLOW_COLUMNS, _FLOW_COLUMNS.replace("\n", ", r.status\n"))
+
+
+def _of_tenant(text: str) -> str:
+    """The queued branch of ``_with_status(text)`` for one workflow and tenant
+    (``:fair_workflow``, ``:fair_tenant``), by ``runs_fair_queued``."""
+    text = _with_status(text)
+    start = text.index("SELECT r.id, r.workflow")
+    end = text.index("LIMIT :scan)", start) + len("LIMIT :scan")
+    branch = text[start:end]
+    index, where = "INDEXED BY runs_queued", "WHERE r.namespace = :namespace AND"
+    assert branch.count(index) == 1 and branch.count(where) == 1
+    return (branch.replace(index, "INDEXED BY runs_fair_queued")
+            .replace(where, f"{where} r.workflow = :fair_workflow AND r.tenant = :fair_tenant AND"))
+
+
+@functools.cache
+def _fair_statements(query: str) -> tuple[str, str]:
+    return _with_status(query), _of_tenant(query)
+
+
+_NEXT_TENANT = """SELECT tenant FROM runs INDEXED BY runs_fair_queued
+WHERE namespace = :namespace AND workflow = :fair_workflow AND status = 'queued' AND held = 0
+  AND tenant {} :after
+ORDER BY tenant LIMIT 1"""
+_FAIR_RUNNING = """SELECT workflow, tenant, count(*) AS n FROM runs INDEXED BY runs_running
+WHERE namespace = :namespace AND status = 'running'
+  AND workflow IN (SELECT value FROM json_each(:fair))
+GROUP BY workflow, tenant"""
+_WEIGHTS = "SELECT tenant, weight FROM tenant_weights WHERE namespace = :namespace"
+
+
+def fair_candidates(db: sqlite3.Connection, query: str, args: Mapping[str, Any],
+                    fair: Sequence[str], taken: Counter[tuple[str, str]],
+                    limit: int) -> list[sqlite3.Row]:
+    """The rows of the flow query ``query`` (:func:`derive`'s) with ``args``, in the order of
+    the claim under fairness for the workflows ``fair``, read in the write transaction ``db``:
+    its rows and the first ``scan`` candidates of the first ``limit`` tenants of each fair
+    workflow (by their first candidate: priority, running / weight, age; no other tenant can
+    have a run among the first ``limit`` dealt), dealt in turns. ``taken``: the runs of each
+    (workflow, tenant) an earlier round of this claim took, which count as running."""
+    every, of_tenant = _fair_statements(query)
+    rows = {row["id"]: row for row in db.execute(every, args).fetchall()}
+    fair_args = {"namespace": args["namespace"], "fair": _json.dumps(list(fair))}
+    running = Counter(taken)
+    for r in db.execute(_FAIR_RUNNING, fair_args).fetchall():
+        running[(r["workflow"], r["tenant"])] += r["n"]
+    weights = {r["tenant"]: r["weight"] for r in db.execute(_WEIGHTS, fair_args).fetchall()}
+    for workflow in fair:
+        firsts = []
+        after, op = "", ">="
+        while (found := db.execute(_NEXT_TENANT.format(op), {
+                "namespace": args["namespace"], "fair_workflow": workflow,
+                "after": after}).fetchone()) is not None:
+            after, op = found["tenant"], ">"
+            first = db.execute(of_tenant, {**args, "fair_workflow": workflow,
+                                           "fair_tenant": after, "scan": 1}).fetchone()
+            if first is not None:
+                firsts.append(first)
+        firsts.sort(key=lambda r: (-r["priority"],
+                                   running[(workflow, r["tenant"])] / weights.get(r["tenant"], 1.0),
+                                   r["created_at"], r["id"]))
+        for first in firsts[:limit]:
+            for row in db.execute(of_tenant, {**args, "fair_workflow": workflow,
+                                              "fair_tenant": first["tenant"]}).fetchall():
+                rows.setdefault(row["id"], row)
+    ordered = sorted(rows.values(), key=lambda r: (-r["priority"], r["created_at"], r["id"]))
+    wanted = set(fair)
+    return fair_order(ordered, lambda r: r["workflow"] in wanted and r["status"] == "queued",
+                      lambda r: (r["workflow"], r["tenant"], r["priority"], r["created_at"],
+                                 r["id"]),
+                      running, weights)

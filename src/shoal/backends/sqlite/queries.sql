@@ -365,6 +365,17 @@ ON CONFLICT (namespace, workflow, tenant) DO NOTHING;
 DELETE FROM paused_workflows
 WHERE namespace = :namespace AND workflow = :workflow AND tenant = :tenant;
 
+-- name: set_tenant_weight
+INSERT INTO tenant_weights (namespace, tenant, weight) VALUES (:namespace, :tenant, :weight)
+ON CONFLICT (namespace, tenant) DO UPDATE SET weight = excluded.weight;
+
+-- name: clear_tenant_weight
+-- 1 is the default: no row
+DELETE FROM tenant_weights WHERE namespace = :namespace AND tenant = :tenant;
+
+-- name: tenant_weights
+SELECT tenant, weight FROM tenant_weights WHERE namespace = :namespace ORDER BY tenant;
+
 -- name: paused_workflows
 SELECT workflow, tenant, paused_at FROM paused_workflows WHERE namespace = :namespace
 ORDER BY workflow, tenant;

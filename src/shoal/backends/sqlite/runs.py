@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,6 +24,7 @@ from shoal.backends._batches import (
     namespace_of,
     queued_run,
 )
+from shoal.backends._fairness import fair_workflows
 from shoal.backends._flow import Shares
 from shoal.backends._sql import queries
 from shoal.backends._stats import keep, since, stats_from_rows
@@ -126,6 +128,16 @@ class SQLiteRuns:
                                           {"namespace": namespace}).fetchall()
         return [PausedWorkflow(row["workflow"], row["tenant"] or None, row["paused_at"])
                 for row in rows]
+
+    async def set_tenant_weight(self, namespace: str, tenant: str, weight: float) -> None:
+        args = {"namespace": namespace, "tenant": tenant, "weight": float(weight)}
+        async with self.connection.tx() as db:
+            db.execute(_Q["clear_tenant_weight" if weight == 1 else "set_tenant_weight"], args)
+
+    async def tenant_weights(self, namespace: str) -> dict[str, float]:
+        rows = self.connection.db.execute(_Q["tenant_weights"],
+                                          {"namespace": namespace}).fetchall()
+        return {row["tenant"]: row["weight"] for row in rows}
 
     async def create_run(
         self, new: NewRun, *, max_queued: int | None, admission: str
@@ -305,11 +317,21 @@ class SQLiteRuns:
         query = _Q["claim_candidates_limited_flow" if "limits" in args
                    else "claim_candidates_flow"]
         held = flow_sql.shares(db, args["namespace"], flow, now)
+        fair = fair_workflows(flow, _json.loads(args["workflows"]))
         ids: list[str] = []
         keys: set[tuple[str, str]] = set()
+        taken: Counter[tuple[str, str]] = Counter()   # by an earlier round, under fairness
         while True:
-            rows = db.execute(query, flow_sql.args(args, flow, now, held, ids)).fetchall()
+            values = flow_sql.args(args, flow, now, held, ids)
+            if fair:
+                rows = flow_sql.fair_candidates(db, query, values, fair, taken, limit)
+            else:
+                rows = db.execute(query, values).fetchall()
+            before = len(ids)
             cut = _choose(db, rows, limit, concurrency_limits, ids, keys, held)
+            if fair:
+                chosen = set(ids[before:])
+                taken.update((r["workflow"], r["tenant"]) for r in rows if r["id"] in chosen)
             if len(ids) >= limit or not cut or len(rows) < args["scan"]:
                 break
         return self._claim_ids(db, ids, owner, lease, now, version)

@@ -200,6 +200,8 @@ class SQLiteStore:
     pause_workflow = part("_runs", SQLiteRuns.pause_workflow)
     resume_workflow = part("_runs", SQLiteRuns.resume_workflow)
     paused_workflows = part("_runs", SQLiteRuns.paused_workflows)
+    set_tenant_weight = part("_runs", SQLiteRuns.set_tenant_weight)
+    tenant_weights = part("_runs", SQLiteRuns.tenant_weights)
     create_run = part("_runs", SQLiteRuns.create_run)
     create_run_in = part("_runs", SQLiteRuns.create_run_in)
     create_runs = part("_runs", SQLiteRuns.create_runs)

@@ -24,7 +24,9 @@
   the claimer's ``flow`` (``store``, ``other``);
 - :class:`FlowRulesTogetherContract`: flow rules together, on one workflow and on workflows
   served by one claim (``store``, ``other``);
-- :class:`StoreContract`: the thirteen above, a whole :class:`~shoal.ports.Store`;
+- :class:`FairnessContract`: ``fairness="tenant"``, tenants taking turns in the claim, and
+  the stored tenant weights (``store``, ``other``);
+- :class:`StoreContract`: the fourteen above, a whole :class:`~shoal.ports.Store`;
 - :class:`CoordContract`: locks, membership and meters, a :class:`~shoal.ports.CoordStore`
   (``coord``, ``other``);
 - :class:`RateContract`: rate limits and the ledger, a :class:`~shoal.ports.RateStore`
@@ -82,6 +84,7 @@ from shoal.testing.contract.differential import (
     rate_calls_apart,
     run_calls,
 )
+from shoal.testing.contract.fairness import FairnessContract
 from shoal.testing.contract.flowmix import FlowRulesTogetherContract
 from shoal.testing.contract.flowrates import RateLimitContract
 from shoal.testing.contract.heldback import FlowViewContract
@@ -114,7 +117,8 @@ from shoal.testing.contract.trees import TreeContract
 class StoreContract(RunContract, ConcurrencyLimitContract, PauseContract, TreeContract,
                     OutboxContract, StatsContract, InspectionContract, ProgressContract,
                     PausedWorkflowContract, RunningCapContract, FlowViewContract,
-                    RateLimitContract, FlowRulesTogetherContract):
+                    RateLimitContract, FlowRulesTogetherContract,
+                    FairnessContract):
     """A whole :class:`~shoal.ports.Store`: every run-store suite. Provide the ``store`` and
     ``other`` fixtures."""
 
@@ -128,6 +132,7 @@ __all__ = [
     "ConcurrencyLimitContract",
     "CoordContract",
     "CoordDifferential",
+    "FairnessContract",
     "FlowRulesTogetherContract",
     "FlowViewContract",
     "InspectionContract",

@@ -243,8 +243,9 @@ async def _claim(w: _RunWorld) -> None:
         version=version, any_version=rnd.choice([(), ("wf",)]),
         # a limit of one (as without limits), of two, or one raised or lowered meanwhile
         concurrency_limits=rnd.choice([None, {"wf": 2}, {"wf": 2, "other": 3}, {"other": 2}]),
-        # flow rules (see _FLOWS), changed from claim to claim (deploys)
-        flow=rnd.choice(_FLOWS))
+        # flow rules (see _FLOWS) changed from claim to claim (deploys), and tenants taking
+        # turns (with the weights _tenant_weight stores), alone or with the other rules
+        flow=_flow(rnd))
     w.claimed(claimed)
 
 
@@ -264,6 +265,23 @@ _FLOWS: list[dict[str, FlowLimits] | None] = [
     {"wf": FlowLimits(rate_limit=3, rate_per=30.0),
      "other": FlowLimits(max_running=2, rate_limit=1, rate_per=5.0)},
 ]
+_FAIR: list[tuple[str, ...]] = [(), (), ("wf",), ("other",), ("wf", "other")]
+
+
+def _flow(rnd: random.Random) -> dict[str, FlowLimits] | None:
+    """A claim's flow: one of _FLOWS, with fairness="tenant" on some of its workflows."""
+    chosen = rnd.choice(_FLOWS)
+    flow = dict(chosen) if chosen else {}
+    for workflow in rnd.choice(_FAIR):
+        flow[workflow] = dataclasses.replace(flow.get(workflow, FlowLimits()), fairness="tenant")
+    return flow or None
+
+
+async def _tenant_weight(w: _RunWorld) -> None:
+    rnd = w.rnd
+    await w.both("set_tenant_weight", NS, rnd.choice(["default", "t2"]),
+                 rnd.choice([1, 2, 3, 0.5]))
+    await w.both("tenant_weights", NS)
 
 
 async def _pause_workflow(w: _RunWorld) -> None:
@@ -509,7 +527,7 @@ _RUN_OPS: list[tuple[Callable[[_RunWorld], Awaitable[None]], int]] = [
     (_sleep, 4), (_wait_signal, 4), (_send_signal, 5), (_recover, 5), (_cancel, 3), (_retry, 3),
     (_release_held, 2), (_create_pause, 3), (_resolve_pause, 3), (_wait_pause, 2),
     (_pause_reads, 4), (_wait_child, 3), (_tree_keys, 3), (_outbox, 5), (_reads, 6), (_prune, 1),
-    (_progress, 3), (_pause_workflow, 2),
+    (_progress, 3), (_pause_workflow, 2), (_tenant_weight, 2),
 ]
 
 

@@ -1,7 +1,8 @@
 """The contract of flow rules together: several rules on one workflow (a run starts when every
-rule lets it), and workflows with different rules served by one claim (each held back by its
-own rules only, none taking room of the claim's ``limit`` from the others). The memory store is
-the reference; every store must claim exactly what it claims.
+rule lets it; under fairness, tenants take turns among the runs the other rules let start), and
+workflows with different rules served by one claim (each held back by its own rules only, none
+taking room of the claim's ``limit`` from the others). The memory store is the reference; every
+store must claim exactly what it claims.
 
 Subclass :class:`FlowRulesTogetherContract` and provide the ``store`` and ``other`` fixtures
 (see :mod:`shoal.testing.contract`).
@@ -60,3 +61,49 @@ class FlowRulesTogetherContract:
         assert await _ids(got) == [runs[2].id]   # the rated one waits for its window
         got = await store.claim_runs(NS, serves, "a", 3, LEASE, T0 + 61, flow=flow)
         assert await _ids(got) == [runs[3].id]
+
+    async def test_caps_a_rate_and_fairness_on_one_workflow(self, store: Store,
+                                                             other: Store) -> None:
+        flow = {"wf": FlowLimits(max_running=3, max_running_per_tenant=2, rate_limit=2,
+                                 rate_per=10.0, fairness="tenant")}
+        spec = [("a", "x"), ("a", "x"), ("a", "x"), ("a", "x"), ("b", "y"), ("b", "y"),
+                ("c", "x")]
+        a0, a1, a2, a3, b0, b1, c0 = [await add(store, T0 + i * 0.001, tenant=t, rate_key=k)
+                                      for i, (t, k) in enumerate(spec)]
+
+        async def claim(s: Store, now: float) -> list[Run]:
+            return await s.claim_runs(NS, ["wf"], "a", 10, LEASE, now, flow=flow)
+
+        # tenants take turns (first come, first served would take a0, a1 and b0)
+        first = await claim(store, T0 + 1)
+        assert await _ids(first) == [a0.id, b0.id, c0.id]
+        assert await store.settle_run(fence(first[0]), Settlement("succeeded"), T0 + 2)
+        # a has no run in running, but x's window is full: b's turn
+        [b] = await claim(other, T0 + 3)
+        assert b.id == b1.id
+        # x's window moved on, but the workflow has its three running
+        assert await claim(store, T0 + 12) == []
+        for run in first[1:]:
+            assert await store.settle_run(fence(run), Settlement("succeeded"), T0 + 12)
+        # a's two: its tenant's share and x's window both allow two
+        assert await _ids(await claim(other, T0 + 13)) == [a1.id, a2.id]
+        assert (await store.get_run(a3.id)).status == "queued"  # type: ignore[union-attr]
+
+    async def test_three_workflows_each_with_one_rule_in_one_claim(self, store: Store) -> None:
+        flow = {"capped": FlowLimits(max_running=1),
+                "rated": FlowLimits(rate_limit=1, rate_per=60.0),
+                "fair": FlowLimits(fairness="tenant")}
+        spec = [("fair", "a"), ("fair", "a"), ("capped", "a"), ("capped", "a"), ("rated", "a"),
+                ("rated", "a"), ("fair", "b")]
+        fa0, fa1, c0, c1, r0, r1, fb0 = [await add(store, T0 + i * 0.001, workflow=w, tenant=t)
+                                         for i, (w, t) in enumerate(spec)]
+        serves = ["capped", "rated", "fair"]
+        # b's turn comes before a's second; the capped and rated runs held take no room
+        got = await store.claim_runs(NS, serves, "a", 4, LEASE, T0 + 1, flow=flow)
+        assert await _ids(got) == [fa0.id, c0.id, r0.id, fb0.id]
+        got = await store.claim_runs(NS, serves, "a", 4, LEASE, T0 + 2, flow=flow)
+        assert await _ids(got) == [fa1.id]
+        for run in await store.list_runs(NS, status="running"):
+            assert await store.settle_run(fence(run), Settlement("succeeded"), T0 + 3)
+        got = await store.claim_runs(NS, serves, "a", 4, LEASE, T0 + 61, flow=flow)
+        assert await _ids(got) == [c1.id, r1.id]
