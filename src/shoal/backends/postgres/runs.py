@@ -88,7 +88,10 @@ def _claim_flow_text(rules: frozenset[str], limited: bool) -> str:
 # claim's: a claimer with running caps alone. (A rate's is 4.2 KB, each claim_limited variant
 # and each of two rules or more is longer: a claimer with those pays a parse of its placeholders.)
 assert len(_claim_flow_text(frozenset({"caps"}), False).encode()) < 4096
-# a flow claim's transaction runs its generic plan, without JIT, as the plain claim does
+# a flow claim's transaction runs its generic plan, without JIT, as the plain claim does: a
+# claim of one run over 20,000 queued (analyzed), 20 tenants, went from 2.7-3.0 to 1.6-1.7 ms
+# with caps, 3.9-4.1 to 1.9-2.4 ms with caps and a rate, 6.6-7.7 to 2.7 ms with fairness; with
+# all three, 13-18 ms either way
 _FLOW_GENERIC = True
 _SETTLE_COLUMNS = ("id", "owner", "epoch", "status", "output", "error", "finished_at", "run_at",
                    "attempt_inc", "traceback")
