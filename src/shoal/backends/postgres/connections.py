@@ -42,16 +42,18 @@ RETRYABLE = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
 _T = TypeVar("_T")
 
 
-# Sent before a claim, for its transaction only. A statement psycopg prepares (from its fifth
-# execution) is either planned again for every execution or runs one generic plan made once,
-# and the server chooses by their estimated costs: for the claims it plans every time, as their
-# generic plan's estimate (LIMIT unknown) is the higher, and planning them cost more than
-# running them (0.7 ms of a 1.5 ms claim of one run; 0.5 ms a claim with the generic plan,
-# which is the same plan, over 3,600 or 100,000 queued runs alike: bench/postgres.py --only
-# claims). Only for the claims: other statements' best plans depend on their arguments (a
-# list of failed runs, 0.5 ms, took 290 ms with its generic plan). The generic plan's high
-# estimate also passes jit_above_cost, and JIT-compiling it cost 50 ms a claim: JIT is for
-# long analytical queries, never for this.
+# Sent first in a flow claim's transaction (runs.py: a claimer with flow-control rules), for
+# that transaction only. A statement psycopg prepares (from its fifth execution) is either
+# planned again for every execution or runs one generic plan made once, and the server chooses
+# by their estimated costs: for the claims it plans every time, as their generic plan's
+# estimate (LIMIT unknown) is the higher, and planning them costs more than running them (0.7
+# ms of a 1.5 ms claim of one run; 0.5 ms with the generic plan, which is the same plan, over
+# 3,600 or 100,000 queued runs alike). Only for the claims: other statements' best plans
+# depend on their arguments (a list of failed runs, 0.5 ms, took 290 ms with its generic
+# plan). The generic plan's high estimate also passes jit_above_cost, and JIT-compiling it
+# cost 50 ms a claim. Not before the plain claims: sent as a statement of its own before each
+# (a pipeline), it cost a small batch more than the planning it saved (no-op runs at 10 slots,
+# 5,400 -> 4,400 runs/s); a connection of their own, set once, would not.
 GENERIC_PLAN: LiteralString = ("SELECT set_config('plan_cache_mode', 'force_generic_plan', true), "
                                "set_config('jit', 'off', true)")
 

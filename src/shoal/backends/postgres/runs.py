@@ -159,7 +159,7 @@ class PostgresRuns:
         runs: list[Run] = []
         for _ in range(3):
             try:
-                runs = claimed(*await self.db.tuples(query, args, hot=True, generic=True))
+                runs = claimed(*await self.db.tuples(query, args, hot=True))
                 break
             except pg_errors.UniqueViolation:
                 # Another claim of the same concurrency key committed after this statement's
@@ -313,7 +313,7 @@ class PostgresRuns:
             return {r["id"] for r in await self.db.all(Q["settle"], settle, hot=True)}, []
         statement = _SETTLE_AND_CLAIM_LIMITED if "limits" in claim else _SETTLE_AND_CLAIM
         names, rows = await self.db.tuples(statement, {**settle, "s_owner": settle["owner"],
-                                                      **claim}, hot=True, generic=True)
+                                                      **claim}, hot=True)
         # one row carries the ids settled; a row without a run when none was claimed
         settled = next((r[0] for r in rows if r[0] is not None), None)
         return set(settled or ()), claimed(names, [r for r in rows if r[1] is not None])
