@@ -1341,13 +1341,16 @@ class App:
     def _rate_key(self, name: str, spec: WorkflowSpec | None, options: dict[str, Any],
                   input: Any) -> str | None:
         """The key the workflow's ``rate_limit`` counts the run under: its ``Rate.key`` of the
-        input (a non-empty str, or None), None without one."""
+        input (a non-empty str), '' for no key (a rate without a key function, or one that
+        gave None), None for a workflow without a rate (its runs stay out of the index of
+        first starts, runs_rate_starts)."""
         rate = None if spec is None else spec.options.rate_limit
         if rate is not None and rate.key is not None:
             key = rate.key(input)
-            if key is not None:
-                _checks.text(key, f"the key given by the rate_limit key function of workflow "
-                             f"{name!r} (shoal.Rate(key=...))", CALL)
+            if key is None:
+                return ""
+            _checks.text(key, f"the key given by the rate_limit key function of workflow "
+                         f"{name!r} (shoal.Rate(key=...))", CALL)
             return key
         if spec is None and options.get("rate_key_from_input"):
             # never queue a run under the wrong rate: this process lacks the function
@@ -1355,6 +1358,8 @@ class App:
                 f"Workflow {name!r} computes its rate_limit key from the input in code this "
                 f"process does not have (shoal.Rate(key=...)). Dispatch it from a process that "
                 f"registers the workflow.")
+        if rate is not None or (spec is None and options.get("rate_limit") is not None):
+            return ""
         return None
 
     def _workflow_name(self, workflow: Any) -> str:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from shoal.types import FlowLimits
 
 # (workflow, rate key): the window of first starts a rate counts
-Window = tuple[str, str | None]
+Window = tuple[str, str]
 
 
 def capped(flow: Mapping[str, FlowLimits] | None) -> dict[str, FlowLimits]:
@@ -65,7 +65,7 @@ class Shares:
         """The window a candidate's start counts in, counted; None when no rate holds it."""
         if not first or workflow not in self.rates:
             return None
-        window = (workflow, rate_key)
+        window = (workflow, rate_key or "")   # None: dispatched before the rate, counted as ''
         if window not in self.starts:
             assert self._first_starts is not None
             self.starts[window] = self._first_starts(workflow, rate_key,
@@ -99,12 +99,12 @@ class Shares:
     def full(self) -> tuple[list[str], list[str], list[str]]:
         """What a scan may skip: the capped workflows with no share left, the (workflow,
         tenant) pairs with none left, each as ``workflow + "\\x1f" + tenant``, and the windows
-        counted with no room left, as ``workflow + "\\x1f" + (rate_key or "")`` (a rate key is
-        never '')."""
+        counted with no room left, as ``workflow + "\\x1f" + rate_key`` ('': no key; a rate key
+        is never '')."""
         workflows = sorted(w for w, f in self.caps.items()
                            if f.max_running is not None and self.workflows[w] >= f.max_running)
         tenants = sorted(f"{w}\x1f{t}" for (w, t), n in self.tenants.items()
                          if (cap := self.caps[w].max_running_per_tenant) is not None and n >= cap)
-        windows = sorted(f"{w}\x1f{k or ''}" for (w, k), n in self.starts.items()
+        windows = sorted(f"{w}\x1f{k}" for (w, k), n in self.starts.items()
                          if n >= self.rates[w][0])
         return workflows, tenants, windows

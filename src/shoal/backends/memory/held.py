@@ -35,7 +35,7 @@ class MemoryHoldCounts:
         keys = self._rate_keys
         return sum(1 for r in runs
                    if r.workflow == workflow and r.started_at is not None
-                   and r.started_at > since and keys.get(r.id) == rate_key)
+                   and r.started_at > since and keys.get(r.id) == (rate_key or ""))
 
     async def rate_key(self, namespace: str, run_id: str) -> str | None:
         return self._rate_keys.get(run_id)

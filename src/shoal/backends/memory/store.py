@@ -325,7 +325,7 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
         keys = self._rate_keys
         return sum(1 for o in self._in(namespace)
                    if o.workflow == workflow and o.started_at is not None
-                   and o.started_at > since and keys.get(o.id) == rate_key)
+                   and o.started_at > since and keys.get(o.id) == (rate_key or ""))
 
     async def claim_runs(
         self,
@@ -378,6 +378,9 @@ class MemoryStore(MemoryGraphCheckpoints, MemoryCoordination, MemoryRateLimits):
                     continue
                 keys.add((r.workflow, r.concurrency_key))
             shares.take(r.workflow, r.tenant, rate_key, first)
+            if first and rate_key is None and r.workflow in shares.rates:
+                # dispatched before its workflow had a rate: its first start counts under ''
+                self._rate_keys[r.id] = ""
             if r.status == RunStatus.SLEEPING:
                 reason: str | None = "woke"
             elif r.status == RunStatus.WAITING:

@@ -132,11 +132,12 @@ def _rate_args(flow: Mapping[str, FlowLimits], now: float) -> dict[str, Any]:
 
 
 # The first starts of {run}'s workflow and rate key after its window's start (q.since): a walk
-# of runs_rate_starts (its expression; `started_at >` implies its predicate, IS NOT NULL).
+# of runs_rate_starts (its predicate, said; a NULL key is a run dispatched before its workflow
+# had a rate: its first start counts under '', as the claim then writes).
 _STARTS = """(SELECT count(*) FROM runs o
               WHERE o.namespace = %(namespace)s AND o.workflow = {run}.workflow
-                AND coalesce(o.rate_key, '') = coalesce({run}.rate_key, '')
-                AND o.started_at > q.since)"""
+                AND o.rate_key IS NOT NULL AND o.rate_key = coalesce({run}.rate_key, '')
+                AND o.started_at IS NOT NULL AND o.started_at > q.since)"""
 
 # rate_limit: fq each rated workflow's limit and window start (now - rate_per, computed by the
 # claimer, as the memory reference computes it). Only a first start (started_at NULL) is held
@@ -263,6 +264,14 @@ def derive(text: str, names: frozenset[str] = frozenset({*_BY_NAME, FAIR})) -> s
     start = text.index("WITH ") + len("WITH ")
     at = text.rindex("\nUPDATE runs\n")
     body, update = text[start:at], text[at + 1:].rstrip().rstrip(";")
+    if RATE in rules:
+        # a first start of a rated workflow's run dispatched before it had a rate (rate_key
+        # NULL) counts under '' (no key), in runs_rate_starts
+        assert update.count("\nSET status = 'running',") == 1
+        update = update.replace("\nSET status = 'running',", """
+SET rate_key = CASE WHEN runs.started_at IS NULL AND runs.workflow = ANY(%(rated)s::text[])
+                    THEN coalesce(runs.rate_key, '') ELSE runs.rate_key END,
+    status = 'running',""")
 
     def held(run: str) -> str:
         return "".join(f"\n      AND {rule.held.format(run=run)}" for rule in rules)

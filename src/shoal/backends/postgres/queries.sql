@@ -1772,7 +1772,8 @@ GROUP BY workflow, tenant;
 SELECT count(*) AS n FROM (
     SELECT 1 FROM runs
     WHERE namespace = %(namespace)s AND workflow = %(workflow)s
-      AND coalesce(rate_key, '') = coalesce(%(rate_key)s::text, '') AND started_at > %(since)s
+      AND rate_key IS NOT NULL AND rate_key = coalesce(%(rate_key)s::text, '')
+      AND started_at IS NOT NULL AND started_at > %(since)s
     LIMIT %(limit)s) s;
 
 -- name: held_rate_key
@@ -1802,8 +1803,8 @@ SELECT count(*) AS n FROM (
           SELECT count(*) FROM (
               SELECT 1 FROM runs o
               WHERE o.namespace = r.namespace AND o.workflow = r.workflow
-                AND coalesce(o.rate_key, '') = coalesce(r.rate_key, '')
-                AND o.started_at > %(rate_since)s
+                AND o.rate_key IS NOT NULL AND o.rate_key = coalesce(r.rate_key, '')
+                AND o.started_at IS NOT NULL AND o.started_at > %(rate_since)s
               LIMIT %(rate_limit)s) s) >= %(rate_limit)s::int) = %(rate_full)s))
     LIMIT %(cap)s) q;
 

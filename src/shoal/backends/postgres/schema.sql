@@ -54,7 +54,7 @@ CREATE TABLE runs (
     progress_at      double precision,  -- when the run reported it
     trace_context    text,  -- the W3C trace context it continues, JSON (version 22)
     key_slot         integer NOT NULL DEFAULT 0,  -- which of its key's concurrency_limit places it holds (version 24)
-    rate_key         text  -- the key its rate_limit counts its first start under, never '' (version 26)
+    rate_key         text  -- the key its rate_limit counts its first start under, '' none, NULL no rate (version 26)
 );
 
 -- invariant 5: one run per (tenant, workflow, idempotency key) in a namespace
@@ -70,9 +70,10 @@ CREATE UNIQUE INDEX runs_key_holder ON runs (namespace, workflow, concurrency_ke
 CREATE INDEX runs_key_queued ON runs (namespace, workflow, concurrency_key, priority DESC,
                                       created_at, id)
     WHERE concurrency_key IS NOT NULL AND status = 'queued' AND started_at IS NULL AND NOT held;
--- rate_limit: the first starts of a (workflow, rate key), counted over a window
-CREATE INDEX runs_rate_starts ON runs (namespace, workflow, (coalesce(rate_key, '')), started_at)
-    WHERE started_at IS NOT NULL;
+-- rate_limit: the first starts of a (workflow, rate key), counted over a window (the runs of
+-- rated workflows only: rate_key NULL is a workflow without a rate, '' a rate without a key)
+CREATE INDEX runs_rate_starts ON runs (namespace, workflow, rate_key, started_at)
+    WHERE rate_key IS NOT NULL AND started_at IS NOT NULL;
 -- the claim scan: only live rows are indexed, so its cost does not grow with finished runs
 CREATE INDEX runs_queued ON runs (namespace, priority DESC, created_at, id)
     WHERE status = 'queued' AND NOT held;
@@ -84,8 +85,6 @@ CREATE INDEX runs_timed ON runs (namespace, run_at)
     WHERE status IN ('sleeping', 'waiting');
 CREATE INDEX runs_claimed ON runs (namespace, status, lease_expires_at)
     WHERE status IN ('running', 'interrupted');
--- what a claim counts for max_running / max_running_per_tenant (version 25)
-CREATE INDEX runs_running ON runs (namespace, workflow, tenant) WHERE status = 'running';
 CREATE INDEX runs_held ON runs (namespace, created_at, id) WHERE held;
 -- A namespace's runs by id (listings, the console). It costs every run an entry at each of its
 -- three writes (no update of a run is HOT: its status, in the partial indexes' conditions,

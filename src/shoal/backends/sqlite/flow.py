@@ -43,7 +43,8 @@ from shoal.types import FlowLimits
 # How many runs of a (workflow, rate key) first started after the window's start: a walk of
 # runs_rate_starts.
 _STARTS = ("SELECT count(*) FROM runs o INDEXED BY runs_rate_starts "
-           "WHERE o.namespace = {ns} AND o.workflow = {wf} AND o.rate_key IS {key} "
+           "WHERE o.namespace = {ns} AND o.workflow = {wf} "
+           "AND o.rate_key IS NOT NULL AND o.rate_key = coalesce({key}, '') "
            "AND o.started_at IS NOT NULL AND o.started_at > {since}")
 _RATE = "json_extract(value, '$[{i}]') FROM json_each(:rates) WHERE key = r.workflow"
 
@@ -65,10 +66,15 @@ _HELD = """
 _COUNT_STARTS = _STARTS.format(ns=":namespace", wf=":workflow", key=":key", since=":since")
 
 COUNT_RUNNING = """
-SELECT workflow, tenant, count(*) FROM runs INDEXED BY runs_running
-WHERE namespace = :namespace AND status = 'running'
+SELECT workflow, tenant, count(*) FROM runs INDEXED BY runs_claimed
+WHERE namespace = :namespace AND status IN ('running', 'interrupted') AND status = 'running'
   AND workflow IN (SELECT value FROM json_each(:capped))
 GROUP BY workflow, tenant"""
+
+# the first starts of a rated workflow's runs dispatched before it had a rate (rate_key NULL)
+# count under '' (no key), in runs_rate_starts
+NO_RATE_KEY = ("UPDATE runs SET rate_key = '' "
+               "WHERE id IN (SELECT value FROM json_each(:ids)) AND rate_key IS NULL")
 
 
 def derive(text: str) -> str:
@@ -149,8 +155,8 @@ _NEXT_TENANT = """SELECT tenant FROM runs INDEXED BY runs_fair_queued
 WHERE namespace = :namespace AND workflow = :fair_workflow AND status = 'queued' AND held = 0
   AND tenant {} :after
 ORDER BY tenant LIMIT 1"""
-_FAIR_RUNNING = """SELECT workflow, tenant, count(*) AS n FROM runs INDEXED BY runs_running
-WHERE namespace = :namespace AND status = 'running'
+_FAIR_RUNNING = """SELECT workflow, tenant, count(*) AS n FROM runs INDEXED BY runs_claimed
+WHERE namespace = :namespace AND status IN ('running', 'interrupted') AND status = 'running'
   AND workflow IN (SELECT value FROM json_each(:fair))
 GROUP BY workflow, tenant"""
 _WEIGHTS = "SELECT tenant, weight FROM tenant_weights WHERE namespace = :namespace"

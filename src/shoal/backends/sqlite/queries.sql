@@ -952,7 +952,8 @@ GROUP BY workflow, tenant;
 -- claim's count of a rate window, walking runs_rate_starts.
 SELECT count(*) AS n FROM (
     SELECT 1 FROM runs INDEXED BY runs_rate_starts
-    WHERE namespace = :namespace AND workflow = :workflow AND rate_key IS :rate_key
+    WHERE namespace = :namespace AND workflow = :workflow
+      AND rate_key IS NOT NULL AND rate_key = coalesce(:rate_key, '')
       AND started_at IS NOT NULL AND started_at > :since
     LIMIT :limit);
 
@@ -984,7 +985,7 @@ SELECT count(*) AS n FROM (
           SELECT count(*) FROM (
               SELECT 1 FROM runs o INDEXED BY runs_rate_starts
               WHERE o.namespace = r.namespace AND o.workflow = r.workflow
-                AND o.rate_key IS r.rate_key
+                AND o.rate_key IS NOT NULL AND o.rate_key = coalesce(r.rate_key, '')
                 AND o.started_at IS NOT NULL AND o.started_at > :rate_since
               LIMIT :rate_limit)) >= :rate_limit) = :rate_full))
     LIMIT :cap);

@@ -321,6 +321,7 @@ class SQLiteRuns:
         ids: list[str] = []
         keys: set[tuple[str, str]] = set()
         taken: Counter[tuple[str, str]] = Counter()   # by an earlier round, under fairness
+        unkeyed: set[str] = set()   # first starts of a rated workflow without a rate key
         while True:
             values = flow_sql.args(args, flow, now, held, ids)
             if fair:
@@ -329,11 +330,16 @@ class SQLiteRuns:
                 rows = db.execute(query, values).fetchall()
             before = len(ids)
             cut = _choose(db, rows, limit, concurrency_limits, ids, keys, held)
+            unkeyed.update(r["id"] for r in rows if r["rate_key"] is None
+                           and r["started_at"] is None and r["workflow"] in held.rates)
             if fair:
                 chosen = set(ids[before:])
                 taken.update((r["workflow"], r["tenant"]) for r in rows if r["id"] in chosen)
             if len(ids) >= limit or not cut or len(rows) < args["scan"]:
                 break
+        if unkeyed := unkeyed.intersection(ids):
+            # dispatched before its workflow had a rate: its first start counts under ''
+            db.execute(flow_sql.NO_RATE_KEY, {"ids": _json.dumps(sorted(unkeyed))})
         return self._claim_ids(db, ids, owner, lease, now, version)
 
     def _claim_candidates(

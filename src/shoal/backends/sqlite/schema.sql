@@ -45,7 +45,7 @@ CREATE TABLE runs (
     progress_at      REAL,                -- when the run reported it
     trace_context    TEXT,                -- the W3C trace context it continues, JSON (version 22)
     key_slot         INTEGER NOT NULL DEFAULT 0, -- which of its key's concurrency_limit places it holds (version 24)
-    rate_key         TEXT                 -- the key its rate_limit counts its first start under (version 26)
+    rate_key         TEXT                 -- the key its rate_limit counts its first start under, '' none, NULL no rate (version 26)
 );
 
 -- invariant 5: one run per (tenant, workflow, idempotency key) in a namespace
@@ -62,17 +62,16 @@ CREATE INDEX runs_timed ON runs (namespace, run_at)
     WHERE status IN ('sleeping', 'waiting');
 CREATE INDEX runs_claimed ON runs (namespace, status, lease_expires_at)
     WHERE status IN ('running', 'interrupted');
--- what a claim counts for max_running / max_running_per_tenant (version 25)
-CREATE INDEX runs_running ON runs (namespace, workflow, tenant) WHERE status = 'running';
 -- invariant 4, enforced by the database: a run holds its concurrency key from its first start
 -- until it ends, and at most one run of a (workflow, key) holds each of its slots (key_slot, in
 -- [0, concurrency_limit))
 CREATE UNIQUE INDEX runs_key_holder ON runs (namespace, workflow, concurrency_key, key_slot)
     WHERE concurrency_key IS NOT NULL AND started_at IS NOT NULL
       AND status IN ('queued', 'running', 'sleeping', 'waiting', 'interrupted');
--- rate_limit: the first starts of a (workflow, rate key), counted over a window
+-- rate_limit: the first starts of a (workflow, rate key), counted over a window (the runs of
+-- rated workflows only: rate_key NULL is a workflow without a rate, '' a rate without a key)
 CREATE INDEX runs_rate_starts ON runs (namespace, workflow, rate_key, started_at)
-    WHERE started_at IS NOT NULL;
+    WHERE rate_key IS NOT NULL AND started_at IS NOT NULL;
 CREATE INDEX runs_held ON runs (namespace, created_at, id) WHERE held = 1;
 -- retention: finished runs are pruned oldest first
 CREATE INDEX runs_finished ON runs (namespace, finished_at)

@@ -7,6 +7,12 @@ woken, resumed, retried after a failed attempt, recovered) is never held and nev
 
 The window ends at the claim's ``now``: a first start at ``s`` counts while ``now - s < S``.
 
+``NewRun.rate_key`` is the key a run's first start counts under; dispatch writes '' (no key)
+for a run of a workflow with a rate and no key function, and None for a run of a workflow
+without a rate (so that the stores index only the first starts of rated workflows). A run
+written with None before its workflow had a rate counts under '' once a claimer with the rate
+first starts it; a first start by a claimer without the rate counts in no window.
+
 Subclass :class:`RateLimitContract` and provide the ``store`` and ``other`` fixtures (see
 :mod:`shoal.testing.contract`).
 """
@@ -81,6 +87,27 @@ class RateLimitContract:
         assert await _claim(other, T0 + 2, rate, owner="b") == []
         got = await _claim(other, T0 + 61, rate, owner="b")
         assert [r.id for r in got] == [runs[i].id for i in (1, 4, 5)]
+
+    async def test_a_run_dispatched_before_its_workflow_had_a_rate_counts_without_a_key(
+        self, store: Store, other: Store
+    ) -> None:
+        rate = _rate(2, 60.0)
+        before = [await add(store, T0 + i * 0.001) for i in range(3)]       # rate_key None
+        after = await add(store, T0 + 0.01, rate_key="")                   # dispatched since
+        # a claimer without the rate (the old code) starts one: it counts in no window
+        [old] = await _claim(other, T0 + 1, {}, limit=1, owner="b")
+        assert old.id == before[0].id
+        # a claimer with the rate: the runs without a key and those of '' share one window
+        got = await _claim(store, T0 + 2, rate)
+        assert [r.id for r in got] == [r.id for r in before[1:]]
+        assert await _claim(other, T0 + 3, rate, owner="b") == []
+        await store.register_workflows(NS, {"wf": {"rate_limit": {"limit": 2, "per": 60.0}}},
+                                       T0 + 3)
+        assert await other.hold_reason(after.id, T0 + 3) == "rate_limit"
+        assert await other.held_back(NS, T0 + 3) == {"wf": {"rate_limit": 1}}
+        # the window moves past their first starts (T0 + 2), not past the old claimer's
+        [last] = await _claim(other, T0 + 62, rate, owner="b")
+        assert last.id == after.id
 
     async def test_a_held_workflow_takes_no_room_from_other_workflows(self,
                                                                       store: Store) -> None:

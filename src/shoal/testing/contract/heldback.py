@@ -100,7 +100,8 @@ class FlowViewContract:
     ) -> None:
         await store.register_workflows(
             NS, {"wf": {"rate_limit": {"limit": 2, "per": 60.0}}}, T0)
-        runs = [await add(store, T0 + i) for i in range(4)]
+        # rate_key '': as dispatch writes the runs of a workflow with a rate and no key
+        runs = [await add(store, T0 + i, rate_key="") for i in range(4)]
         await claim(store, now=T0 + 10, limit=2)        # two first starts at T0 + 10
         assert await other.held_back(NS, T0 + 20) == {"wf": {"rate_limit": 2}}
         assert await other.hold_reason(runs[2].id, T0 + 20) == "rate_limit"
