@@ -289,7 +289,9 @@ class NewRun:
     # the trace context to store with the run (``Run.trace_context``)
     trace_context: str | None = None
     # the key its workflow's rate_limit counts its first start under (``Rate.key`` of the
-    # input; None: with the runs that have none). Kept by the store, not a field of Run.
+    # input; '': with the runs that have none; None: its workflow has no rate, so a store need
+    # not index it, and a claim with a rate counts it under ''). Kept by the store, not a field
+    # of Run.
     rate_key: str | None = None
     # the JSON text of ``input`` (as ``shoal._json.dumps`` writes it) when the caller has it
     # already (the app does: it checks each input by encoding it); a store that keeps text uses
